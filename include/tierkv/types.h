@@ -106,18 +106,32 @@ struct LayoutSpec {
 
 }  // namespace tierkv
 
+namespace tierkv::internal {
+// MurmurHash3's 64-bit finalizer: every input bit affects every output bit,
+// so low bits are usable for sharding even for structured test keys.
+constexpr uint64_t Mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+}  // namespace tierkv::internal
+
 template <>
 struct std::hash<tierkv::PageHash> {
   size_t operator()(const tierkv::PageHash& h) const noexcept {
-    return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull));
+    return static_cast<size_t>(
+        tierkv::internal::Mix64(h.lo ^ tierkv::internal::Mix64(h.hi)));
   }
 };
 
 template <>
 struct std::hash<tierkv::SegmentKey> {
   size_t operator()(const tierkv::SegmentKey& k) const noexcept {
-    uint64_t mix = (uint64_t{k.layer} << 8) | k.part;
-    return std::hash<tierkv::PageHash>()(k.page) ^
-           static_cast<size_t>((mix + 1) * 0xC2B2AE3D27D4EB4Full);
+    const uint64_t mix = (uint64_t{k.layer} << 8) | k.part;
+    return static_cast<size_t>(tierkv::internal::Mix64(
+        k.page.lo ^ tierkv::internal::Mix64(k.page.hi ^ (mix << 40))));
   }
 };

@@ -1,0 +1,149 @@
+#include "storage/host_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::storage {
+namespace {
+
+SegmentKey Key(uint64_t n, uint16_t layer = 0) {
+  return SegmentKey{PageHash{n, n * 31 + 7}, layer, 0};
+}
+
+std::unique_ptr<HostTier> MakeTier(uint64_t capacity, uint32_t shards) {
+  auto tier = HostTier::Create(
+      {.name = "t", .capacity_bytes = capacity, .shards = shards});
+  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  return std::move(tier).value();
+}
+
+// Reserve + write + commit, as a client does.
+void PutSegment(HostTier& tier, const SegmentKey& key, uint64_t size,
+                char fill) {
+  auto loc = tier.Reserve(key, size);
+  ASSERT_OK(loc);
+  std::memset(tier.arena().base() + loc->offset, fill, size);
+  ASSERT_OK(tier.Commit(key));
+}
+
+TEST(HostTierTest, CommittedSegmentIsReadableAtItsOffset) {
+  auto tier = MakeTier(8 << 20, 1);
+  PutSegment(*tier, Key(1), 72 * 1024, 'a');
+  auto loc = tier->Acquire(Key(1));
+  ASSERT_OK(loc);
+  EXPECT_EQ(loc->size, 72u * 1024);
+  EXPECT_EQ(static_cast<char>(tier->arena().base()[loc->offset + 100]), 'a');
+  tier->Release(Key(1));
+  EXPECT_EQ(tier->Stats().segments, 1u);
+}
+
+TEST(HostTierTest, ReservedSegmentIsInvisibleUntilCommitted) {
+  auto tier = MakeTier(8 << 20, 1);
+  ASSERT_OK(tier->Reserve(Key(1), 4096));
+  EXPECT_EQ(tier->Acquire(Key(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->Reserve(Key(1), 4096).status().code(), StatusCode::kBusy);
+  tier->Abort(Key(1));
+  EXPECT_EQ(tier->Stats().reserved_bytes, 0u);
+  EXPECT_EQ(tier->Stats().aborts, 1u);
+  ASSERT_OK(tier->Reserve(Key(1), 4096));
+}
+
+TEST(HostTierTest, DuplicatePutIsDedupedWithoutUsingSpace) {
+  auto tier = MakeTier(8 << 20, 2);
+  PutSegment(*tier, Key(1), 10000, 'x');
+  const uint64_t used = tier->Stats().used_bytes;
+  EXPECT_EQ(tier->Reserve(Key(1), 10000).status().code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(tier->Stats().used_bytes, used);
+  EXPECT_EQ(tier->Stats().dedup_hits, 1u);
+}
+
+TEST(HostTierTest, EvictsLeastRecentlyUsedSegmentFirst) {
+  auto tier = MakeTier(1 << 20, 1);  // 16 segments of 64 KiB
+  for (uint64_t i = 0; i < 16; ++i) PutSegment(*tier, Key(i), 65536, 'a');
+  ASSERT_TRUE(tier->Touch(Key(0)));  // 0 is now most recent; 1 is oldest
+  PutSegment(*tier, Key(100), 65536, 'b');
+  EXPECT_TRUE(tier->Touch(Key(0)));
+  EXPECT_FALSE(tier->Touch(Key(1)));
+  EXPECT_TRUE(tier->Touch(Key(2)));
+  EXPECT_EQ(tier->Stats().evictions, 1u);
+}
+
+TEST(HostTierTest, NeverEvictsReferencedSegments) {
+  auto tier = MakeTier(1 << 20, 1);
+  for (uint64_t i = 0; i < 16; ++i) PutSegment(*tier, Key(i), 65536, 'a');
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_OK(tier->Acquire(Key(i)));
+  for (uint64_t i = 100; i < 140; ++i) PutSegment(*tier, Key(i), 65536, 'b');
+  for (uint64_t i = 0; i < 8; ++i) EXPECT_TRUE(tier->Touch(Key(i))) << i;
+  EXPECT_EQ(tier->Stats().referenced_segments, 8u);
+  // With every segment referenced, a put fails cleanly.
+  for (uint64_t i = 100; i < 140; ++i) (void)tier->Acquire(Key(i));
+  EXPECT_EQ(tier->Reserve(Key(999), 65536).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
+TEST(HostTierTest, EvictionListenerSeesBytesBeforeTheyAreFreed) {
+  auto tier = MakeTier(1 << 20, 1);
+  std::vector<std::pair<SegmentKey, char>> seen;
+  tier->SetEvictionListener(
+      [&](const SegmentKey& k, std::span<const std::byte> bytes) {
+        seen.emplace_back(k, static_cast<char>(bytes[0]));
+      });
+  for (uint64_t i = 0; i < 17; ++i) {
+    PutSegment(*tier, Key(i), 65536, static_cast<char>('a' + i));
+  }
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].first, Key(0));
+  EXPECT_EQ(seen[0].second, 'a');
+}
+
+TEST(HostTierTest, ShardsAreIndependentLruDomains) {
+  auto tier = MakeTier(8 << 20, 8);
+  EXPECT_EQ(tier->shard_bytes(), 1u << 20);
+  EXPECT_EQ(tier->Reserve(Key(1), (1 << 20) + 1).status().code(),
+            StatusCode::kInvalidArgument);
+  // Fill well past capacity; accounting never exceeds it.
+  for (uint64_t i = 0; i < 400; ++i) PutSegment(*tier, Key(i), 65536, 'z');
+  auto s = tier->Stats();
+  EXPECT_LE(s.used_bytes, s.capacity_bytes);
+  EXPECT_EQ(s.inserts - s.evictions, s.segments);
+  EXPECT_GE(s.segments, 100u);
+}
+
+TEST(HostTierTest, RejectsBadOptions) {
+  EXPECT_FALSE(HostTier::Create({.capacity_bytes = 1 << 20, .shards = 8}).ok());
+  EXPECT_FALSE(HostTier::Create({.capacity_bytes = 8 << 20, .shards = 0}).ok());
+  EXPECT_FALSE(HostTier::Create(
+                   {.capacity_bytes = 8 << 20, .shards = 1, .alignment = 48})
+                   .ok());
+}
+
+TEST(HostTierTest, ConcurrentPutsAndReadsKeepAccountingExact) {
+  auto tier = MakeTier(16 << 20, 4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 2000; ++i) {
+        SegmentKey k = Key(i % 500, static_cast<uint16_t>(t));
+        auto loc = tier->Reserve(k, 8192 + 64 * (i % 7));
+        if (loc.ok()) {
+          std::memset(tier->arena().base() + loc->offset, t, loc->size);
+          EXPECT_OK(tier->Commit(k));
+        }
+        if (tier->Acquire(k).ok()) tier->Release(k);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  auto s = tier->Stats();
+  EXPECT_EQ(s.referenced_segments, 0u);
+  EXPECT_EQ(s.reserved_bytes, 0u);
+  EXPECT_EQ(s.inserts - s.evictions, s.segments);
+}
+
+}  // namespace
+}  // namespace tierkv::storage

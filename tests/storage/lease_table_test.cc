@@ -1,0 +1,85 @@
+#include "storage/lease_table.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::storage {
+namespace {
+
+using std::chrono::milliseconds;
+
+class LeaseTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tier_ = std::move(HostTier::Create({.capacity_bytes = 1 << 20, .shards = 1})).value();
+  }
+  SegmentKey Key(uint64_t n) { return SegmentKey{PageHash{n, n}, 0, 0}; }
+  void Put(const SegmentKey& k) {
+    ASSERT_OK(tier_->Reserve(k, 65536));
+    ASSERT_OK(tier_->Commit(k));
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<HostTier> tier_;
+};
+
+TEST_F(LeaseTableTest, ExpiredReadLeaseMakesSegmentEvictableAgain) {
+  LeaseTable leases(&clock_);
+  for (uint64_t i = 0; i < 16; ++i) Put(Key(i));
+  ASSERT_OK(tier_->Acquire(Key(0)));
+  leases.Add(/*owner=*/1, LeaseKind::kRead, tier_.get(), {Key(0)},
+             milliseconds(100));
+  EXPECT_EQ(tier_->Stats().referenced_segments, 1u);
+  clock_.Advance(milliseconds(99));
+  EXPECT_EQ(leases.ExpireDue(), 0u);
+  clock_.Advance(milliseconds(1));
+  EXPECT_EQ(leases.ExpireDue(), 1u);
+  EXPECT_EQ(tier_->Stats().referenced_segments, 0u);
+}
+
+TEST_F(LeaseTableTest, ExpiredWriteLeaseReclaimsReservedSpace) {
+  LeaseTable leases(&clock_);
+  ASSERT_OK(tier_->Reserve(Key(1), 65536));
+  ASSERT_OK(tier_->Reserve(Key(2), 65536));
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1), Key(2)},
+                           milliseconds(10));
+  auto committed = leases.Commit(1, id, std::vector{Key(1)});
+  ASSERT_OK(committed[0]);
+  clock_.Advance(milliseconds(10));
+  EXPECT_EQ(leases.ExpireDue(), 1u);
+  EXPECT_EQ(tier_->Stats().reserved_bytes, 0u);
+  EXPECT_TRUE(tier_->Touch(Key(1)));
+  EXPECT_FALSE(tier_->Touch(Key(2)));
+}
+
+TEST_F(LeaseTableTest, OwnersCannotTouchEachOthersLeases) {
+  LeaseTable leases(&clock_);
+  ASSERT_OK(tier_->Reserve(Key(1), 4096));
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1)},
+                           milliseconds(1000));
+  EXPECT_EQ(leases.Release(2, id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(leases.Commit(2, id, std::vector{Key(1)})[0].code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(leases.Commit(1, id, std::vector{Key(7)})[0].code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(leases.ReleaseOwner(1), 1u);
+  EXPECT_EQ(tier_->Stats().reserved_bytes, 0u);
+  EXPECT_EQ(leases.size(), 0u);
+}
+
+TEST_F(LeaseTableTest, CommittingEveryKeyEndsTheLease) {
+  LeaseTable leases(&clock_);
+  ASSERT_OK(tier_->Reserve(Key(1), 4096));
+  ASSERT_OK(tier_->Reserve(Key(2), 4096));
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1), Key(2)},
+                           milliseconds(1000));
+  auto st = leases.Commit(1, id, std::vector{Key(2), Key(1)});
+  EXPECT_OK(st[0]);
+  EXPECT_OK(st[1]);
+  EXPECT_EQ(leases.size(), 0u);
+  EXPECT_EQ(tier_->Stats().segments, 2u);
+}
+
+}  // namespace
+}  // namespace tierkv::storage
