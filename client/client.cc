@@ -1,0 +1,339 @@
+// libtierkv: implements tierkv/client.h over transport's UdsChannel.
+#include "tierkv/client.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include "transport/protocol.h"
+#include "transport/uds_channel.h"
+
+namespace tierkv {
+
+using namespace transport;  // NOLINT: protocol message types
+
+class Client::Impl {
+ public:
+  explicit Impl(std::unique_ptr<UdsChannel> channel)
+      : channel_(std::move(channel)) {}
+  ~Impl() {
+    if (arena_) ::munmap(arena_, arena_bytes_);
+  }
+
+  // Sends a request and decodes its response; serialized on the channel.
+  template <typename Response>
+  Status Call(Opcode op, const std::vector<std::byte>& payload, Response& out,
+              int* fd = nullptr) {
+    Result<ChannelReply> reply = [&] {
+      std::lock_guard lock(mu_);
+      return channel_->Call(static_cast<uint16_t>(op), payload);
+    }();
+    if (!reply.ok()) return reply.status();
+    if (fd) {
+      *fd = reply->fd;
+    } else if (reply->fd >= 0) {
+      ::close(reply->fd);
+    }
+    TIERKV_RETURN_IF_ERROR(Decode(reply->payload, out));
+    return out.status;
+  }
+
+  // The arena bytes [offset, offset + size), or empty if the daemon sent a
+  // range outside the mapping (never trusted blindly).
+  std::span<std::byte> ArenaRange(uint64_t offset, uint64_t size) const {
+    if (!arena_ || offset > arena_bytes_ || size > arena_bytes_ - offset) {
+      return {};
+    }
+    return {arena_ + offset, size};
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<UdsChannel> channel_;  // guarded by mu_
+  std::byte* arena_ = nullptr;           // set once by OpenNamespace
+  uint64_t arena_bytes_ = 0;
+  std::optional<LayoutSpec> layout_;
+};
+
+namespace {
+
+// Splits [0, n) into request-sized chunks.
+template <typename Fn>
+void ForEachChunk(size_t n, Fn fn) {
+  for (size_t begin = 0; begin < n; begin += kMaxBatchItems) {
+    fn(begin, std::min<size_t>(n, begin + kMaxBatchItems));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto channel = UdsChannel::Connect(options.socket_path, options.timeout);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<Impl>(std::move(channel).value())));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Status Client::OpenNamespace(const std::string& name, const std::string& token) {
+  if (impl_->arena_) {
+    return Status::InvalidArgument("this client already opened a namespace");
+  }
+  OpenNamespaceResponse resp;
+  int fd = -1;
+  Status s = impl_->Call(Opcode::kOpenNamespace,
+                         Encode(OpenNamespaceRequest{name, token}), resp, &fd);
+  if (!s.ok()) {
+    if (fd >= 0) ::close(fd);
+    return s;
+  }
+  if (fd < 0) return Status::ProtocolError("daemon sent no arena descriptor");
+  void* base = ::mmap(nullptr, resp.arena_bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the memory alive
+  if (base == MAP_FAILED) {
+    return Status::IOError(std::string("mmap arena: ") + std::strerror(errno));
+  }
+  impl_->arena_ = static_cast<std::byte*>(base);
+  impl_->arena_bytes_ = resp.arena_bytes;
+  if (resp.has_layout) impl_->layout_ = resp.layout;
+  return Status::OK();
+}
+
+Status Client::RegisterLayout(const LayoutSpec& layout) {
+  TIERKV_RETURN_IF_ERROR(layout.Validate());
+  StatusResponse resp;
+  TIERKV_RETURN_IF_ERROR(
+      impl_->Call(Opcode::kRegisterLayout, Encode(RegisterLayoutRequest{layout}), resp));
+  impl_->layout_ = layout;
+  return Status::OK();
+}
+
+const LayoutSpec* Client::layout() const {
+  return impl_->layout_ ? &*impl_->layout_ : nullptr;
+}
+
+Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
+  MatchResult result;
+  bool leading = true;
+  Status failure;
+  ForEachChunk(pages.size(), [&](size_t begin, size_t end) {
+    if (!failure.ok()) return;
+    MatchRequest req;
+    req.pages.assign(pages.begin() + begin, pages.begin() + end);
+    MatchResponse resp;
+    failure = impl_->Call(Opcode::kMatch, Encode(req), resp);
+    if (!failure.ok()) return;
+    if (resp.tiers.size() != req.pages.size()) {
+      failure = Status::ProtocolError("match reply has the wrong item count");
+      return;
+    }
+    if (leading) result.leading_pages += resp.leading_pages;
+    leading = leading && resp.leading_pages == req.pages.size();
+    result.tiers.insert(result.tiers.end(), resp.tiers.begin(), resp.tiers.end());
+  });
+  if (!failure.ok()) return failure;
+  return result;
+}
+
+std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
+  std::vector<Status> out(writes.size());
+  ForEachChunk(writes.size(), [&](size_t begin, size_t end) {
+    PutReserveRequest req;
+    req.items.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      req.items.push_back({writes[i].key, writes[i].data.size()});
+    }
+    PutReserveResponse reserved;
+    Status s = impl_->Call(Opcode::kPutReserve, Encode(req), reserved);
+    if (s.ok() && reserved.items.size() != req.items.size()) {
+      s = Status::ProtocolError("reserve reply has the wrong item count");
+    }
+    if (!s.ok()) {
+      for (size_t i = begin; i < end; ++i) out[i] = s;
+      return;
+    }
+    KeysRequest commit;
+    commit.lease_id = reserved.lease_id;
+    std::vector<size_t> committed_index;
+    for (size_t i = begin; i < end; ++i) {
+      const Placement& p = reserved.items[i - begin];
+      out[i] = p.status;
+      if (!p.status.ok()) continue;
+      auto dst = impl_->ArenaRange(p.offset, writes[i].data.size());
+      if (dst.empty()) {
+        out[i] = Status::ProtocolError("daemon placed a segment outside the arena");
+        continue;  // the reservation expires with the lease
+      }
+      std::memcpy(dst.data(), writes[i].data.data(), dst.size());
+      commit.keys.push_back(writes[i].key);
+      committed_index.push_back(i);
+    }
+    if (commit.keys.empty()) {
+      if (reserved.lease_id) (void)ReleaseLease(reserved.lease_id);
+      return;
+    }
+    ItemStatusResponse done;
+    s = impl_->Call(Opcode::kPutCommit, Encode(commit), done);
+    if (s.ok() && done.items.size() != commit.keys.size()) {
+      s = Status::ProtocolError("commit reply has the wrong item count");
+    }
+    for (size_t j = 0; j < committed_index.size(); ++j) {
+      out[committed_index[j]] = s.ok() ? done.items[j] : s;
+    }
+  });
+  return out;
+}
+
+std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
+  std::vector<Status> out(reads.size());
+  ForEachChunk(reads.size(), [&](size_t begin, size_t end) {
+    KeysRequest req;
+    req.keys.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) req.keys.push_back(reads[i].key);
+    GetResponse resp;
+    Status s = impl_->Call(Opcode::kGet, Encode(req), resp);
+    if (s.ok() && resp.items.size() != req.keys.size()) {
+      s = Status::ProtocolError("get reply has the wrong item count");
+    }
+    if (!s.ok()) {
+      for (size_t i = begin; i < end; ++i) out[i] = s;
+      return;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const Location& loc = resp.items[i - begin];
+      out[i] = loc.status;
+      if (!loc.status.ok()) continue;
+      if (loc.size != reads[i].dst.size()) {
+        out[i] = Status::InvalidArgument(
+            "destination is " + std::to_string(reads[i].dst.size()) +
+            " B but the segment is " + std::to_string(loc.size) + " B");
+        continue;
+      }
+      auto src = impl_->ArenaRange(loc.offset, loc.size);
+      if (src.empty()) {
+        out[i] = Status::ProtocolError("daemon located a segment outside the arena");
+        continue;
+      }
+      std::memcpy(reads[i].dst.data(), src.data(), src.size());
+    }
+    if (resp.lease_id) (void)ReleaseLease(resp.lease_id);
+  });
+  return out;
+}
+
+Result<ReadLease> Client::Acquire(std::span<const SegmentKey> keys) {
+  if (keys.size() > kMaxBatchItems) {
+    return Status::InvalidArgument("too many keys for one lease");
+  }
+  KeysRequest req;
+  req.keys.assign(keys.begin(), keys.end());
+  GetResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kGet, Encode(req), resp));
+  if (resp.items.size() != keys.size()) {
+    if (resp.lease_id) (void)ReleaseLease(resp.lease_id);
+    return Status::ProtocolError("get reply has the wrong item count");
+  }
+  ReadLease lease;
+  lease.client_ = this;
+  lease.lease_id_ = resp.lease_id;
+  for (const auto& loc : resp.items) {
+    auto range = loc.status.ok() ? impl_->ArenaRange(loc.offset, loc.size)
+                                 : std::span<std::byte>();
+    lease.statuses_.push_back(
+        loc.status.ok() && range.empty()
+            ? Status::ProtocolError("segment outside the arena")
+            : loc.status);
+    lease.views_.emplace_back(range.data(), range.size());
+  }
+  return lease;
+}
+
+Result<PinLease> Client::Pin(std::span<const SegmentKey> keys,
+                             std::chrono::milliseconds ttl) {
+  if (keys.size() > kMaxBatchItems) {
+    return Status::InvalidArgument("too many keys for one pin");
+  }
+  KeysRequest req;
+  req.ttl_ms = static_cast<uint32_t>(
+      std::min<int64_t>(ttl.count(), std::numeric_limits<uint32_t>::max()));
+  req.keys.assign(keys.begin(), keys.end());
+  ItemStatusResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kPin, Encode(req), resp));
+  PinLease pin;
+  pin.client_ = this;
+  pin.lease_id_ = resp.lease_id;
+  pin.statuses_ = std::move(resp.items);
+  return pin;
+}
+
+Result<std::string> Client::Ping() {
+  PingResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kPing, {}, resp));
+  return resp.info_json;
+}
+
+Result<std::string> Client::StatsJson() {
+  StatsResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kStats, {}, resp));
+  return resp.stats_json;
+}
+
+Result<std::vector<Client::ListedSegment>> Client::List(uint32_t limit) {
+  ListResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kList, Encode(ListRequest{limit}), resp));
+  std::vector<ListedSegment> out;
+  for (const auto& s : resp.segments) out.push_back({s.key, s.size, s.refs, s.tier});
+  return out;
+}
+
+Status Client::ReleaseLease(uint64_t lease_id) {
+  StatusResponse resp;
+  return impl_->Call(Opcode::kRelease, Encode(ReleaseRequest{lease_id}), resp);
+}
+
+// ReadLease / PinLease: RAII over a daemon lease.
+
+ReadLease::ReadLease(ReadLease&& o) noexcept { *this = std::move(o); }
+ReadLease& ReadLease::operator=(ReadLease&& o) noexcept {
+  if (this != &o) {
+    (void)Release();
+    client_ = std::exchange(o.client_, nullptr);
+    lease_id_ = std::exchange(o.lease_id_, 0);
+    statuses_ = std::move(o.statuses_);
+    views_ = std::move(o.views_);
+  }
+  return *this;
+}
+ReadLease::~ReadLease() { (void)Release(); }
+Status ReadLease::Release() {
+  views_.clear();
+  if (!client_ || lease_id_ == 0) return Status::OK();
+  Status s = client_->ReleaseLease(std::exchange(lease_id_, 0));
+  client_ = nullptr;
+  return s;
+}
+
+PinLease::PinLease(PinLease&& o) noexcept { *this = std::move(o); }
+PinLease& PinLease::operator=(PinLease&& o) noexcept {
+  if (this != &o) {
+    (void)Unpin();
+    client_ = std::exchange(o.client_, nullptr);
+    lease_id_ = std::exchange(o.lease_id_, 0);
+    statuses_ = std::move(o.statuses_);
+  }
+  return *this;
+}
+PinLease::~PinLease() { (void)Unpin(); }
+Status PinLease::Unpin() {
+  if (!client_ || lease_id_ == 0) return Status::OK();
+  Status s = client_->ReleaseLease(std::exchange(lease_id_, 0));
+  client_ = nullptr;
+  return s;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,289 @@
+#include "daemon/config.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace tierkv::daemon {
+namespace {
+
+Status Bad(std::string_view where, std::string_view what) {
+  return Status::InvalidArgument(fmt::format("config {}: {}", where, what));
+}
+
+// Rejects keys we do not know: a typo must not silently become a default.
+Status CheckKeys(const toml::table& table, std::string_view section,
+                 std::set<std::string_view> known) {
+  for (const auto& [key, value] : table) {
+    if (!known.count(key.str())) {
+      return Bad(fmt::format("[{}] line {}", section, key.source().begin.line),
+                 fmt::format("unknown key '{}'", key.str()));
+    }
+  }
+  return Status::OK();
+}
+
+template <typename T>
+Status ReadInt(const toml::table& t, std::string_view section,
+               std::string_view key, T& out) {
+  const toml::node* node = t.get(key);
+  if (!node) return Status::OK();
+  auto v = node->value<int64_t>();
+  if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
+    return Bad(fmt::format("{}.{}", section, key),
+               "must be a non-negative integer in range");
+  }
+  out = static_cast<T>(*v);
+  return Status::OK();
+}
+
+Status ReadString(const toml::table& t, std::string_view section,
+                  std::string_view key, std::string& out) {
+  const toml::node* node = t.get(key);
+  if (!node) return Status::OK();
+  auto v = node->value<std::string>();
+  if (!v) return Bad(fmt::format("{}.{}", section, key), "must be a string");
+  out = *v;
+  return Status::OK();
+}
+
+Status ReadBytes(const toml::table& t, std::string_view section,
+                 std::string_view key, uint64_t& out) {
+  const toml::node* node = t.get(key);
+  if (!node) return Status::OK();
+  if (auto i = node->value<int64_t>()) {
+    if (*i <= 0) return Bad(fmt::format("{}.{}", section, key), "must be > 0");
+    out = static_cast<uint64_t>(*i);
+    return Status::OK();
+  }
+  if (auto s = node->value<std::string>()) {
+    auto parsed = ParseByteSize(*s);
+    if (!parsed.ok()) {
+      return Bad(fmt::format("{}.{}", section, key), parsed.status().message());
+    }
+    out = *parsed;
+    return Status::OK();
+  }
+  return Bad(fmt::format("{}.{}", section, key),
+             "must be a byte count or a string like \"1GiB\"");
+}
+
+Status ReadMode(const toml::table& t, uint32_t& out) {
+  const toml::node* node = t.get("socket_mode");
+  if (!node) return Status::OK();
+  auto s = node->value<std::string>();
+  if (!s || s->empty() || s->size() > 4 ||
+      s->find_first_not_of("01234567") != std::string::npos) {
+    return Bad("server.socket_mode", "must be an octal string like \"0660\"");
+  }
+  out = static_cast<uint32_t>(std::stoul(*s, nullptr, 8));
+  return Status::OK();
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", rd());
+  return token;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  uint64_t value = 0;
+  size_t digits = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    if (value > (UINT64_MAX - 9) / 10) return Status::InvalidArgument("size overflows");
+    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
+    ++i;
+    ++digits;
+  }
+  if (digits == 0) return Status::InvalidArgument(fmt::format("'{}' is not a size", text));
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) unit += static_cast<char>(std::tolower(text[i]));
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") mult = uint64_t{1} << 10;
+  else if (unit == "m" || unit == "mib" || unit == "mb") mult = uint64_t{1} << 20;
+  else if (unit == "g" || unit == "gib" || unit == "gb") mult = uint64_t{1} << 30;
+  else if (unit == "t" || unit == "tib" || unit == "tb") mult = uint64_t{1} << 40;
+  else return Status::InvalidArgument(fmt::format("unknown size unit '{}'", unit));
+  if (value > UINT64_MAX / mult) return Status::InvalidArgument("size overflows");
+  if (value * mult == 0) return Status::InvalidArgument("size must be > 0");
+  return value * mult;
+}
+
+DaemonConfig EmbeddedDefaults() {
+  DaemonConfig c;
+  NamespaceConfig ns;
+  ns.name = "default";
+  ns.token_file = (std::filesystem::path(c.socket_path).parent_path() /
+                   "default.token")
+                      .string();
+  c.namespaces.push_back(ns);
+  return c;
+}
+
+Status DaemonConfig::Validate() const {
+  if (socket_path.empty()) return Bad("server.socket", "must not be empty");
+  if (socket_path.size() > 107) return Bad("server.socket", "longer than 107 bytes");
+  if (socket_mode > 0777) return Bad("server.socket_mode", "must be <= 0777");
+  if (socket_mode & 0007) {
+    return Bad("server.socket_mode",
+               "must not grant access to others (use a group instead)");
+  }
+  if (io_threads == 0 || io_threads > 64) return Bad("server.io_threads", "must be in [1, 64]");
+  if (max_frame_bytes < 4096 || max_frame_bytes > (uint64_t{1} << 30)) {
+    return Bad("server.max_frame_bytes", "must be in [4 KiB, 1 GiB]");
+  }
+  if (lease_ttl_ms == 0) return Bad("leases.ttl_ms", "must be > 0");
+  if (max_pin_ttl_ms == 0) return Bad("leases.max_pin_ttl_ms", "must be > 0");
+  if (sweep_interval_ms == 0 || sweep_interval_ms > 60000) {
+    return Bad("leases.sweep_interval_ms", "must be in [1, 60000]");
+  }
+  static const std::set<std::string_view> kLevels = {
+      "trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (!kLevels.count(log_level)) return Bad("log.level", "unknown level '" + log_level + "'");
+  if (namespaces.empty()) return Bad("namespace", "at least one [[namespace]] is required");
+  std::set<std::string_view> names;
+  for (const auto& ns : namespaces) {
+    const std::string where = fmt::format("namespace '{}'", ns.name);
+    if (ns.name.empty() || ns.name.size() > 128) return Bad(where, "name must have 1..128 characters");
+    for (char ch : ns.name) {
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' &&
+          ch != '.' && ch != '@') {
+        return Bad(where, "name may use letters, digits and - _ . @");
+      }
+    }
+    if (!names.insert(ns.name).second) return Bad(where, "duplicate namespace");
+    if (ns.token.empty() && ns.token_file.empty()) {
+      return Bad(where, "needs a token or a token_file");
+    }
+    if (!ns.token.empty() && ns.token.size() < 8) {
+      return Bad(where, "token must have at least 8 characters");
+    }
+    if (ns.shards == 0 || ns.shards > 256) return Bad(where, "shards must be in [1, 256]");
+    if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
+      return Bad(where, "host_bytes must be at least 1 MiB per shard");
+    }
+  }
+  return Status::OK();
+}
+
+Result<DaemonConfig> LoadConfigFile(const std::string& path,
+                                    const DaemonConfig& base) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    return Status::InvalidArgument(fmt::format("config {}:{}:{}: {}", path, where.line,
+                                               where.column, e.description()));
+  }
+  DaemonConfig c = base;
+  TIERKV_RETURN_IF_ERROR(CheckKeys(root, "top level",
+                                   {"server", "metrics", "leases", "log", "namespace"}));
+  if (auto* server = root["server"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(*server, "server",
+                                     {"socket", "socket_mode", "socket_group",
+                                      "io_threads", "max_frame_bytes"}));
+    TIERKV_RETURN_IF_ERROR(ReadString(*server, "server", "socket", c.socket_path));
+    TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
+    TIERKV_RETURN_IF_ERROR(ReadString(*server, "server", "socket_group", c.socket_group));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "io_threads", c.io_threads));
+    TIERKV_RETURN_IF_ERROR(ReadBytes(*server, "server", "max_frame_bytes", c.max_frame_bytes));
+  }
+  if (auto* metrics = root["metrics"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(*metrics, "metrics", {"listen"}));
+    TIERKV_RETURN_IF_ERROR(ReadString(*metrics, "metrics", "listen", c.metrics_listen));
+  }
+  if (auto* leases = root["leases"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(*leases, "leases",
+                                     {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms"}));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "ttl_ms", c.lease_ttl_ms));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "max_pin_ttl_ms", c.max_pin_ttl_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*leases, "leases", "sweep_interval_ms", c.sweep_interval_ms));
+  }
+  if (auto* log = root["log"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(*log, "log", {"level"}));
+    TIERKV_RETURN_IF_ERROR(ReadString(*log, "log", "level", c.log_level));
+  }
+  if (const toml::node* node = root.get("namespace")) {
+    const toml::array* list = node->as_array();
+    if (!list) return Bad("namespace", "must be an array of tables ([[namespace]])");
+    c.namespaces.clear();
+    for (const auto& item : *list) {
+      const toml::table* t = item.as_table();
+      if (!t) return Bad("namespace", "entries must be tables");
+      NamespaceConfig ns;
+      TIERKV_RETURN_IF_ERROR(CheckKeys(*t, "namespace",
+                                       {"name", "token", "token_file", "host_bytes",
+                                        "shards", "hugepages"}));
+      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
+      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
+      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token_file", ns.token_file));
+      if (!ns.token.empty() && !ns.token_file.empty()) {
+        return Bad(fmt::format("namespace '{}'", ns.name),
+                   "give either token or token_file, not both");
+      }
+      TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
+      TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
+      if (const toml::node* h = t->get("hugepages")) {
+        auto v = h->value<bool>();
+        if (!v) return Bad("namespace.hugepages", "must be true or false");
+        ns.hugepages = *v;
+      }
+      c.namespaces.push_back(std::move(ns));
+    }
+  }
+  return c;
+}
+
+Status ResolveTokens(DaemonConfig& config) {
+  for (auto& ns : config.namespaces) {
+    if (ns.token_file.empty()) continue;
+    std::ifstream in(ns.token_file);
+    if (in) {
+      std::getline(in, ns.token);
+      while (!ns.token.empty() && std::isspace(static_cast<unsigned char>(ns.token.back()))) {
+        ns.token.pop_back();
+      }
+      if (ns.token.size() < 8) {
+        return Status::InvalidArgument(fmt::format(
+            "token file {} of namespace '{}' holds fewer than 8 characters",
+            ns.token_file, ns.name));
+      }
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(
+        std::filesystem::path(ns.token_file).parent_path(), ec);
+    int fd = ::open(ns.token_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return Status::IOError(fmt::format("cannot create token file {}: {}",
+                                         ns.token_file, std::strerror(errno)));
+    }
+    ns.token = RandomToken();
+    std::string line = ns.token + "\n";
+    bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    ::close(fd);
+    if (!ok) return Status::IOError("cannot write token file " + ns.token_file);
+  }
+  return Status::OK();
+}
+
+}  // namespace tierkv::daemon

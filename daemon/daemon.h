@@ -1,0 +1,57 @@
+// Daemon: wires configuration, storage, transport and metrics into a
+// running tierkvd (DESIGN.md §2: daemon/ is the only place that knows both
+// storage/ and transport/).
+//
+// Start() builds every namespace's tiers, binds the socket and the metrics
+// listener and starts the lease sweeper; Wait() blocks until SIGTERM/SIGINT
+// or Shutdown(); destruction stops everything in reverse order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/cache_service.h"
+#include "daemon/config.h"
+#include "daemon/metrics.h"
+#include "daemon/namespace.h"
+#include "storage/clock.h"
+#include "storage/lease_table.h"
+#include "transport/uds_server.h"
+
+namespace tierkv::daemon {
+
+class Daemon {
+ public:
+  // REQUIRES: config.Validate() is OK and tokens are resolved.
+  static Result<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
+  ~Daemon();
+
+  // Blocks until Shutdown() is called (from any thread or a signal handler
+  // thread).
+  void Wait();
+  void Shutdown();
+
+  int metrics_port() const { return metrics_.port(); }
+
+ private:
+  explicit Daemon(const DaemonConfig& config);
+  void SweepLoop();
+
+  const DaemonConfig config_;
+  DaemonMetrics metrics_;
+  std::vector<std::unique_ptr<Namespace>> namespaces_;
+  std::unique_ptr<storage::LeaseTable> leases_;
+  std::unique_ptr<CacheService> service_;
+  std::unique_ptr<transport::UdsServer> server_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread sweeper_;
+};
+
+}  // namespace tierkv::daemon

@@ -1,0 +1,134 @@
+#include "daemon/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+
+namespace tierkv::daemon {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+
+DaemonMetrics::DaemonMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auth_failures_ = &BuildCounter()
+                        .Name("tierkv_auth_failures_total")
+                        .Help("OpenNamespace calls with a wrong name or token")
+                        .Register(*registry_)
+                        .Add({});
+  protocol_errors_ = &BuildCounter()
+                          .Name("tierkv_protocol_errors_total")
+                          .Help("Requests rejected as malformed")
+                          .Register(*registry_)
+                          .Add({});
+  active_leases_ = &BuildGauge()
+                        .Name("tierkv_active_leases")
+                        .Help("Read, pin and write leases held by clients")
+                        .Register(*registry_)
+                        .Add({});
+  connections_ = &BuildGauge()
+                      .Name("tierkv_connections")
+                      .Help("Connected clients")
+                      .Register(*registry_)
+                      .Add({});
+}
+
+DaemonMetrics::~DaemonMetrics() = default;
+
+Status DaemonMetrics::Serve(const std::string& listen) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+  } catch (const std::exception& e) {
+    return Status::IOError("metrics listener " + listen + ": " + e.what());
+  }
+  exposer_->RegisterCollectable(registry_);
+  return Status::OK();
+}
+
+int DaemonMetrics::port() const {
+  if (!exposer_) return 0;
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
+  auto m = std::make_unique<NamespaceMetrics>();
+  auto& lookups = BuildCounter()
+                      .Name("tierkv_lookups_total")
+                      .Help("Match requests")
+                      .Register(*registry_);
+  auto& tokens = BuildCounter()
+                     .Name("tierkv_lookup_tokens_total")
+                     .Help("Tokens of looked-up pages, by the tier that held them")
+                     .Register(*registry_);
+  auto& gets = BuildCounter()
+                   .Name("tierkv_get_segments_total")
+                   .Help("Segments requested by Get, by result")
+                   .Register(*registry_);
+  auto& puts = BuildCounter()
+                   .Name("tierkv_put_segments_total")
+                   .Help("Segments offered by Put, by result")
+                   .Register(*registry_);
+  auto& dedup = BuildCounter()
+                    .Name("tierkv_dedup_hits_total")
+                    .Help("Puts of segments already stored (nothing copied)")
+                    .Register(*registry_);
+  auto& evictions = BuildCounter()
+                        .Name("tierkv_evictions_total")
+                        .Help("Segments evicted")
+                        .Register(*registry_);
+  auto& evicted_bytes = BuildCounter()
+                            .Name("tierkv_evicted_bytes_total")
+                            .Help("Bytes evicted")
+                            .Register(*registry_);
+  auto& bytes = BuildGauge()
+                    .Name("tierkv_tier_bytes")
+                    .Help("Bytes per tier and state")
+                    .Register(*registry_);
+  auto& segments = BuildGauge()
+                       .Name("tierkv_tier_segments")
+                       .Help("Committed segments per tier")
+                       .Register(*registry_);
+  m->lookups = &lookups.Add({{"namespace", ns}});
+  m->lookup_tokens_host = &tokens.Add({{"namespace", ns}, {"tier", "host"}});
+  m->lookup_tokens_miss = &tokens.Add({{"namespace", ns}, {"tier", "miss"}});
+  m->get_hits = &gets.Add({{"namespace", ns}, {"result", "hit"}});
+  m->get_misses = &gets.Add({{"namespace", ns}, {"result", "miss"}});
+  m->put_stored = &puts.Add({{"namespace", ns}, {"result", "stored"}});
+  m->put_dedup = &puts.Add({{"namespace", ns}, {"result", "dedup"}});
+  m->put_failed = &puts.Add({{"namespace", ns}, {"result", "failed"}});
+  m->dedup_hits = &dedup.Add({{"namespace", ns}});
+  m->evictions =
+      &evictions.Add({{"namespace", ns}, {"tier", "host"}, {"policy", "lru"}});
+  m->evicted_bytes = &evicted_bytes.Add({{"namespace", ns}, {"tier", "host"}});
+  m->bytes_used =
+      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "used"}});
+  m->bytes_reserved =
+      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "reserved"}});
+  m->bytes_capacity =
+      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "capacity"}});
+  m->segments = &segments.Add({{"namespace", ns}, {"tier", "host"}});
+  namespaces_.push_back(std::move(m));
+  return namespaces_.back().get();
+}
+
+void DaemonMetrics::Refresh(NamespaceMetrics& m,
+                            const storage::HostTierStats& s) {
+  m.bytes_used->Set(static_cast<double>(s.used_bytes));
+  m.bytes_reserved->Set(static_cast<double>(s.reserved_bytes));
+  m.bytes_capacity->Set(static_cast<double>(s.capacity_bytes));
+  m.segments->Set(static_cast<double>(s.segments));
+  auto bump = [](prometheus::Counter* c, double& last, uint64_t now) {
+    const double v = static_cast<double>(now);
+    if (v > last) c->Increment(v - last);
+    last = v;
+  };
+  bump(m.evictions, m.last_evictions, s.evictions);
+  bump(m.evicted_bytes, m.last_evicted_bytes, s.evicted_bytes);
+  bump(m.dedup_hits, m.last_dedup, s.dedup_hits);
+}
+
+}  // namespace tierkv::daemon

@@ -1,0 +1,79 @@
+// DaemonMetrics: tierkvd's Prometheus metrics (DESIGN.md §9), served by
+// prometheus-cpp on a loopback address by default.
+//
+// Event counters (lookups, gets, puts, dedup hits, auth failures) are bumped
+// where the event happens; occupancy gauges and eviction counters are
+// refreshed from storage stats by Refresh(), called periodically.
+//
+// Thread safety: prometheus-cpp metrics are thread-safe; Refresh() must not
+// run concurrently with itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/host_tier.h"
+#include "tierkv/status.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Registry;
+class Exposer;
+}  // namespace prometheus
+
+namespace tierkv::daemon {
+
+// One namespace's metrics; references point into the registry.
+struct NamespaceMetrics {
+  prometheus::Counter* lookups;            // Match calls
+  prometheus::Counter* lookup_tokens_host;  // tokens of pages found in host
+  prometheus::Counter* lookup_tokens_miss;
+  prometheus::Counter* get_hits;           // segments
+  prometheus::Counter* get_misses;
+  prometheus::Counter* put_stored;         // segments
+  prometheus::Counter* put_dedup;
+  prometheus::Counter* put_failed;
+  prometheus::Counter* dedup_hits;
+  prometheus::Counter* evictions;          // refreshed from storage
+  prometheus::Counter* evicted_bytes;
+  prometheus::Gauge* bytes_used;
+  prometheus::Gauge* bytes_reserved;
+  prometheus::Gauge* bytes_capacity;
+  prometheus::Gauge* segments;
+  double last_evictions = 0;
+  double last_evicted_bytes = 0;
+  double last_dedup = 0;
+};
+
+class DaemonMetrics {
+ public:
+  DaemonMetrics();
+  ~DaemonMetrics();
+
+  // Serves /metrics on `listen` ("127.0.0.1:9400"; port 0 picks one).
+  // IOError when the address cannot be bound.
+  Status Serve(const std::string& listen);
+  // The bound port, or 0 when not serving.
+  int port() const;
+
+  NamespaceMetrics* AddNamespace(const std::string& name);
+  void Refresh(NamespaceMetrics& m, const storage::HostTierStats& stats);
+
+  prometheus::Counter& auth_failures() { return *auth_failures_; }
+  prometheus::Counter& protocol_errors() { return *protocol_errors_; }
+  prometheus::Gauge& active_leases() { return *active_leases_; }
+  prometheus::Gauge& connections() { return *connections_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
+  prometheus::Counter* auth_failures_;
+  prometheus::Counter* protocol_errors_;
+  prometheus::Gauge* active_leases_;
+  prometheus::Gauge* connections_;
+};
+
+}  // namespace tierkv::daemon

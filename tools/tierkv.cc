@@ -1,0 +1,226 @@
+// tierkv: command-line client for tierkvd (status, stats, put/get/ls for
+// debugging a namespace, and the quick-start demo). See README "CLI".
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "tierkv/client.h"
+#include "tierkv/page_hash.h"
+#include "tools/demo_workload.h"
+
+namespace {
+
+using tierkv::Status;
+
+struct Connection {
+  std::string socket = "/run/tierkv/tierkv.sock";
+  std::string ns = "default";
+  std::string token;
+  std::string token_file;  // default: <socket dir>/<namespace>.token
+};
+
+int Fail(const Status& s) {
+  fmt::print(stderr, "tierkv: {}\n", s.ToString());
+  return 1;
+}
+
+tierkv::Result<std::unique_ptr<tierkv::Client>> Connect(const Connection& c,
+                                                        bool open_namespace) {
+  auto client = tierkv::Client::Connect({.socket_path = c.socket});
+  if (!client.ok() || !open_namespace) return client;
+  std::string token = c.token;
+  if (token.empty()) {
+    std::string file = c.token_file;
+    if (file.empty()) {
+      file = (std::filesystem::path(c.socket).parent_path() / (c.ns + ".token")).string();
+    }
+    std::ifstream in(file);
+    if (!in) {
+      return Status::PermissionDenied("no --token given and cannot read token file " + file);
+    }
+    std::getline(in, token);
+  }
+  TIERKV_RETURN_IF_ERROR((*client)->OpenNamespace(c.ns, token));
+  return client;
+}
+
+tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
+                                           const std::string& tokens,
+                                           const std::string& ns) {
+  if (!page.empty()) return tierkv::PageHash::FromHex(page);
+  if (tokens.empty()) return Status::InvalidArgument("give --page HEX or --tokens 1,2,3");
+  std::vector<uint32_t> ids;
+  std::stringstream in(tokens);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      ids.push_back(static_cast<uint32_t>(std::stoul(item)));
+    } catch (...) {
+      return Status::InvalidArgument("--tokens must be comma-separated integers");
+    }
+  }
+  // The hash of the whole token list taken as one page.
+  return tierkv::NextPageHash(tierkv::RootPageHash(ns), ids);
+}
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+int PrintStats(const std::string& json_text, bool raw) {
+  if (raw) {
+    fmt::print("{}\n", json_text);
+    return 0;
+  }
+  auto j = nlohmann::json::parse(json_text);
+  const auto& h = j["host"];
+  const double hit = j["lookup_tokens"]["host"].get<double>();
+  const double miss = j["lookup_tokens"]["miss"].get<double>();
+  const double ghit = j["get_segments"]["hit"].get<double>();
+  const double gmiss = j["get_segments"]["miss"].get<double>();
+  fmt::print("namespace {}\n", j["namespace"].get<std::string>());
+  fmt::print("  host tier   {} / {} used ({:.1f}%), {} reserved, {} segments{}\n",
+             Human(h["used_bytes"].get<double>()), Human(h["capacity_bytes"].get<double>()),
+             100.0 * h["used_bytes"].get<double>() / h["capacity_bytes"].get<double>(),
+             Human(h["reserved_bytes"].get<double>()), h["segments"].get<uint64_t>(),
+             h["hugepages"].get<bool>() ? ", hugepages" : "");
+  fmt::print("  lookups     {:.0f} requests; tokens hit {:.0f}, missed {:.0f} "
+             "(hit rate {:.1f}%)\n", j["lookups"].get<double>(), hit, miss,
+             100.0 * hit / std::max(1.0, hit + miss));
+  fmt::print("  gets        {:.0f} segments hit, {:.0f} missed (hit rate {:.1f}%)\n",
+             ghit, gmiss, 100.0 * ghit / std::max(1.0, ghit + gmiss));
+  fmt::print("  puts        {:.0f} stored, {:.0f} deduplicated, {:.0f} failed\n",
+             j["put_segments"]["stored"].get<double>(),
+             j["put_segments"]["dedup"].get<double>(),
+             j["put_segments"]["failed"].get<double>());
+  fmt::print("  evictions   {} segments, {}\n", h["evictions"].get<uint64_t>(),
+             Human(h["evicted_bytes"].get<double>()));
+  fmt::print("  leases      {} active, {} segments referenced\n",
+             j["active_leases"].get<uint64_t>(), h["referenced_segments"].get<uint64_t>());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tierkv: command-line client for tierkvd"};
+  app.require_subcommand(1);
+  Connection conn;
+  app.add_option("--socket", conn.socket, "daemon socket")->capture_default_str();
+  app.add_option("-n,--namespace", conn.ns, "namespace")->capture_default_str();
+  app.add_option("--token", conn.token, "namespace token");
+  app.add_option("--token-file", conn.token_file,
+                 "file holding the token (default: <socket dir>/<namespace>.token)");
+
+  auto* status = app.add_subcommand("status", "Is the daemon up? Version, uptime, namespaces");
+  bool json_out = false;
+  auto* stats = app.add_subcommand("stats", "Hit rates, occupancy, evictions of a namespace");
+  stats->add_flag("--json", json_out, "print the raw JSON");
+
+  std::string page, tokens, file, out;
+  uint16_t layer = 0;
+  uint16_t part = 0;
+  auto add_key = [&](CLI::App* sub) {
+    sub->add_option("--page", page, "page hash (32 hex digits)");
+    sub->add_option("--tokens", tokens, "token ids forming one page: 1,2,3");
+    sub->add_option("--layer", layer, "layer")->capture_default_str();
+    sub->add_option("--part", part, "part index within the layer")->capture_default_str();
+  };
+  auto* put = app.add_subcommand("put", "Store a file as one segment");
+  add_key(put);
+  put->add_option("--file", file, "bytes to store")->required();
+  auto* get = app.add_subcommand("get", "Fetch one segment");
+  add_key(get);
+  get->add_option("--out", out, "write the bytes here (default: print size and hash)");
+  uint32_t limit = 100;
+  auto* ls = app.add_subcommand("ls", "List stored segments");
+  ls->add_option("--limit", limit, "at most this many")->capture_default_str();
+
+  tierkv::tools::DemoOptions demo_options;
+  auto* demo = app.add_subcommand("demo", "Run the quick-start workload");
+  demo->add_option("--sessions", demo_options.sessions)->capture_default_str();
+  demo->add_option("--prefix-tokens", demo_options.shared_prefix_tokens)->capture_default_str();
+  demo->add_option("--session-tokens", demo_options.session_tokens)->capture_default_str();
+  demo->add_option("--layers", demo_options.layers)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto client = Connect(conn, /*open_namespace=*/!status->parsed());
+  if (!client.ok()) return Fail(client.status());
+  tierkv::Client& c = **client;
+
+  if (status->parsed()) {
+    auto info = c.Ping();
+    if (!info.ok()) return Fail(info.status());
+    auto j = nlohmann::json::parse(*info);
+    fmt::print("tierkvd up: {} (pid {}), uptime {:.0f} s, namespaces: {}\n",
+               j["version"].get<std::string>(), j["pid"].get<int>(),
+               j["uptime_s"].get<double>(), j["namespaces"].dump());
+    return 0;
+  }
+  if (stats->parsed()) {
+    auto s = c.StatsJson();
+    if (!s.ok()) return Fail(s.status());
+    return PrintStats(*s, json_out);
+  }
+  if (ls->parsed()) {
+    auto segments = c.List(limit);
+    if (!segments.ok()) return Fail(segments.status());
+    fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", "page", "layer", "part", "bytes",
+               "refs", "tier");
+    for (const auto& s : *segments) {
+      fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", s.key.page.ToHex(), s.key.layer,
+                 s.key.part, s.size, s.refs, tierkv::TierName(s.tier));
+    }
+    return 0;
+  }
+  if (demo->parsed()) {
+    Status s = tierkv::tools::RunDemo(c, demo_options);
+    return s.ok() ? 0 : Fail(s);
+  }
+  auto hash = ParsePage(page, tokens, conn.ns);
+  if (!hash.ok()) return Fail(hash.status());
+  if (part > 255) return Fail(Status::InvalidArgument("--part must be < 256"));
+  tierkv::SegmentKey key{*hash, layer, static_cast<uint8_t>(part)};
+  if (put->parsed()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Fail(Status::NotFound("cannot read " + file));
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    tierkv::SegmentWrite w{key, std::as_bytes(std::span(data))};
+    Status s = c.Put(std::span(&w, 1))[0];
+    if (s.IsAlreadyExists()) {
+      fmt::print("{} already stored (deduplicated, nothing copied)\n", key.ToString());
+      return 0;
+    }
+    if (!s.ok()) return Fail(s);
+    fmt::print("stored {} ({} bytes)\n", key.ToString(), data.size());
+    return 0;
+  }
+  if (get->parsed()) {
+    auto lease = c.Acquire(std::span(&key, 1));
+    if (!lease.ok()) return Fail(lease.status());
+    if (!lease->statuses()[0].ok()) return Fail(lease->statuses()[0]);
+    auto bytes = lease->data(0);
+    if (out.empty()) {
+      fmt::print("{}: {} bytes\n", key.ToString(), bytes.size());
+    } else {
+      std::ofstream o(out, std::ios::binary);
+      o.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+      if (!o) return Fail(Status::IOError("cannot write " + out));
+      fmt::print("wrote {} bytes to {}\n", bytes.size(), out);
+    }
+    return 0;
+  }
+  return 0;
+}

@@ -1,0 +1,295 @@
+#include "transport/protocol.h"
+
+namespace tierkv::transport {
+namespace {
+
+constexpr size_t kMaxJson = size_t{1} << 20;
+constexpr size_t kMaxName = 256;
+constexpr size_t kMinStatusBytes = 1 + 4;
+
+bool ValidTier(uint8_t raw) {
+  return raw <= static_cast<uint8_t>(Tier::kPeer) ||
+         raw == static_cast<uint8_t>(Tier::kMiss);
+}
+
+Tier ReadTier(WireReader& r) {
+  const uint8_t raw = r.Int<uint8_t>();
+  if (!ValidTier(raw)) {
+    r.Fail();
+    return Tier::kMiss;
+  }
+  return static_cast<Tier>(raw);
+}
+
+// Decodes the leading overall Status of a response.
+template <typename Fn>
+Status DecodeResponse(std::span<const std::byte> in, Status& status, Fn body) {
+  WireReader r(in);
+  status = r.StatusValue();
+  if (r.failed()) return r.status();
+  body(r);
+  return r.status();
+}
+
+}  // namespace
+
+std::vector<std::byte> Encode(const PingResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.String(m.info_json);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, PingResponse& out) {
+  return DecodeResponse(in, out.status,
+                        [&](WireReader& r) { out.info_json = r.String(kMaxJson); });
+}
+
+std::vector<std::byte> Encode(const OpenNamespaceRequest& m) {
+  WireWriter w;
+  w.String(m.name);
+  w.String(m.token);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, OpenNamespaceRequest& out) {
+  WireReader r(in);
+  out.name = r.String(kMaxName);
+  out.token = r.String(kMaxName);
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const OpenNamespaceResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(m.arena_bytes);
+  w.Int<uint8_t>(m.has_layout ? 1 : 0);
+  if (m.has_layout) w.Layout(m.layout);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, OpenNamespaceResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.arena_bytes = r.Int<uint64_t>();
+    out.has_layout = r.Int<uint8_t>() != 0;
+    if (out.has_layout) out.layout = r.Layout();
+  });
+}
+
+std::vector<std::byte> Encode(const RegisterLayoutRequest& m) {
+  WireWriter w;
+  w.Layout(m.layout);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, RegisterLayoutRequest& out) {
+  WireReader r(in);
+  out.layout = r.Layout();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const MatchRequest& m) {
+  WireWriter w;
+  w.Int(static_cast<uint32_t>(m.pages.size()));
+  for (const auto& h : m.pages) w.Hash(h);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, MatchRequest& out) {
+  WireReader r(in);
+  out.pages.resize(r.Count(kWireHashBytes, kMaxBatchItems));
+  for (auto& h : out.pages) h = r.Hash();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const MatchResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(m.leading_pages);
+  w.Int(static_cast<uint32_t>(m.tiers.size()));
+  for (Tier t : m.tiers) w.Int(static_cast<uint8_t>(t));
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, MatchResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.leading_pages = r.Int<uint32_t>();
+    out.tiers.resize(r.Count(1, kMaxBatchItems));
+    for (auto& t : out.tiers) t = ReadTier(r);
+  });
+}
+
+std::vector<std::byte> Encode(const PutReserveRequest& m) {
+  WireWriter w;
+  w.Int(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.Key(it.key);
+    w.Int(it.size);
+  }
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, PutReserveRequest& out) {
+  WireReader r(in);
+  out.items.resize(r.Count(kWireKeyBytes + 8, kMaxBatchItems));
+  for (auto& it : out.items) {
+    it.key = r.Key();
+    it.size = r.Int<uint64_t>();
+  }
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const PutReserveResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(m.lease_id);
+  w.Int(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.StatusValue(it.status);
+    w.Int(it.offset);
+  }
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, PutReserveResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.lease_id = r.Int<uint64_t>();
+    out.items.resize(r.Count(kMinStatusBytes + 8, kMaxBatchItems));
+    for (auto& it : out.items) {
+      it.status = r.StatusValue();
+      it.offset = r.Int<uint64_t>();
+    }
+  });
+}
+
+std::vector<std::byte> Encode(const KeysRequest& m) {
+  WireWriter w;
+  w.Int(m.lease_id);
+  w.Int(m.ttl_ms);
+  w.Int(static_cast<uint32_t>(m.keys.size()));
+  for (const auto& k : m.keys) w.Key(k);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, KeysRequest& out) {
+  WireReader r(in);
+  out.lease_id = r.Int<uint64_t>();
+  out.ttl_ms = r.Int<uint32_t>();
+  out.keys.resize(r.Count(kWireKeyBytes, kMaxBatchItems));
+  for (auto& k : out.keys) k = r.Key();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const ItemStatusResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(m.lease_id);
+  w.Int(static_cast<uint32_t>(m.items.size()));
+  for (const auto& s : m.items) w.StatusValue(s);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, ItemStatusResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.lease_id = r.Int<uint64_t>();
+    out.items.resize(r.Count(kMinStatusBytes, kMaxBatchItems));
+    for (auto& s : out.items) s = r.StatusValue();
+  });
+}
+
+std::vector<std::byte> Encode(const GetResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(m.lease_id);
+  w.Int(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.StatusValue(it.status);
+    w.Int(static_cast<uint8_t>(it.tier));
+    w.Int(it.offset);
+    w.Int(it.size);
+  }
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, GetResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.lease_id = r.Int<uint64_t>();
+    out.items.resize(r.Count(kMinStatusBytes + 17, kMaxBatchItems));
+    for (auto& it : out.items) {
+      it.status = r.StatusValue();
+      it.tier = ReadTier(r);
+      it.offset = r.Int<uint64_t>();
+      it.size = r.Int<uint64_t>();
+    }
+  });
+}
+
+std::vector<std::byte> Encode(const ReleaseRequest& m) {
+  WireWriter w;
+  w.Int(m.lease_id);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, ReleaseRequest& out) {
+  WireReader r(in);
+  out.lease_id = r.Int<uint64_t>();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const StatusResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, StatusResponse& out) {
+  return DecodeResponse(in, out.status, [](WireReader&) {});
+}
+
+std::vector<std::byte> Encode(const StatsResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.String(m.stats_json);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, StatsResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.stats_json = r.String(kMaxJson);
+  });
+}
+
+std::vector<std::byte> Encode(const ListRequest& m) {
+  WireWriter w;
+  w.Int(m.limit);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, ListRequest& out) {
+  WireReader r(in);
+  out.limit = r.Int<uint32_t>();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const ListResponse& m) {
+  WireWriter w;
+  w.StatusValue(m.status);
+  w.Int(static_cast<uint32_t>(m.segments.size()));
+  for (const auto& s : m.segments) {
+    w.Key(s.key);
+    w.Int(s.size);
+    w.Int(s.refs);
+    w.Int(static_cast<uint8_t>(s.tier));
+  }
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, ListResponse& out) {
+  return DecodeResponse(in, out.status, [&](WireReader& r) {
+    out.segments.resize(r.Count(kWireKeyBytes + 13, kMaxBatchItems));
+    for (auto& s : out.segments) {
+      s.key = r.Key();
+      s.size = r.Int<uint64_t>();
+      s.refs = r.Int<uint32_t>();
+      s.tier = ReadTier(r);
+    }
+  });
+}
+
+std::vector<std::byte> EncodeError(const Status& s) {
+  WireWriter w;
+  w.StatusValue(s);
+  return w.Take();
+}
+Status DecodeError(std::span<const std::byte> in) {
+  WireReader r(in);
+  Status s = r.StatusValue();
+  if (!r.status().ok()) return r.status();
+  return s;
+}
+
+}  // namespace tierkv::transport

@@ -1,0 +1,177 @@
+// The tierkv request/response messages (DESIGN.md §7) and their encodings.
+//
+// Each request type has Encode() (client side) and Decode() (daemon side);
+// each response likewise. Decode() never trusts the peer: it returns
+// ProtocolError on truncation, trailing bytes, hostile counts or lengths.
+// Batched requests carry one result per item in the response (STYLE #12).
+// Every response begins with an overall Status; per-item Statuses follow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+#include "transport/wire.h"
+
+namespace tierkv::transport {
+
+enum class Opcode : uint16_t {
+  kPing = 1,            // daemon info (JSON); needs no namespace
+  kOpenNamespace = 2,   // name + token -> arena memfd (SCM_RIGHTS)
+  kRegisterLayout = 3,
+  kMatch = 4,           // page hashes -> leading fully-present pages
+  kPutReserve = 5,      // keys + sizes -> write lease + arena offsets
+  kPutCommit = 6,       // write lease + keys -> per-key status
+  kGet = 7,             // keys -> read lease + arena offsets
+  kRelease = 8,         // ends a read, pin or write lease
+  kPin = 9,             // keys + ttl -> pin lease
+  kStats = 10,          // namespace stats (JSON)
+  kList = 11,           // segments of the namespace
+};
+
+// Largest number of items in one batched request.
+inline constexpr uint32_t kMaxBatchItems = 1u << 16;
+
+struct PingResponse {
+  Status status;
+  std::string info_json;
+};
+
+struct OpenNamespaceRequest {
+  std::string name;
+  std::string token;
+};
+struct OpenNamespaceResponse {
+  Status status;
+  uint64_t arena_bytes = 0;
+  bool has_layout = false;
+  LayoutSpec layout;  // valid iff has_layout
+};
+
+struct RegisterLayoutRequest {
+  LayoutSpec layout;
+};
+
+struct MatchRequest {
+  std::vector<PageHash> pages;
+};
+struct MatchResponse {
+  Status status;
+  // Pages [0, leading_pages) have every segment of the layout stored.
+  uint32_t leading_pages = 0;
+  // Per page: the slowest tier holding one of its segments, or kMiss when
+  // the page is not fully present.
+  std::vector<Tier> tiers;
+};
+
+struct PutItem {
+  SegmentKey key;
+  uint64_t size = 0;
+};
+struct PutReserveRequest {
+  std::vector<PutItem> items;
+};
+struct Placement {
+  Status status;  // OK: write `size` bytes at `offset`, then commit
+  uint64_t offset = 0;
+};
+struct PutReserveResponse {
+  Status status;
+  uint64_t lease_id = 0;  // 0 when nothing was reserved
+  std::vector<Placement> items;
+};
+
+struct KeysRequest {  // kPutCommit (with lease), kGet, kPin (with ttl)
+  uint64_t lease_id = 0;
+  uint32_t ttl_ms = 0;
+  std::vector<SegmentKey> keys;
+};
+
+struct ItemStatusResponse {  // kPutCommit, kPin
+  Status status;
+  uint64_t lease_id = 0;
+  std::vector<Status> items;
+};
+
+struct Location {
+  Status status;
+  Tier tier = Tier::kMiss;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+struct GetResponse {
+  Status status;
+  uint64_t lease_id = 0;  // 0 when nothing was leased
+  std::vector<Location> items;
+};
+
+struct ReleaseRequest {
+  uint64_t lease_id = 0;
+};
+
+struct StatusResponse {  // kRegisterLayout, kRelease
+  Status status;
+};
+
+struct StatsResponse {
+  Status status;
+  std::string stats_json;
+};
+
+struct ListRequest {
+  uint32_t limit = 1000;
+};
+struct ListedSegment {
+  SegmentKey key;
+  uint64_t size = 0;
+  uint32_t refs = 0;
+  Tier tier = Tier::kHost;
+};
+struct ListResponse {
+  Status status;
+  std::vector<ListedSegment> segments;
+};
+
+// Encoders.
+std::vector<std::byte> Encode(const PingResponse& m);
+std::vector<std::byte> Encode(const OpenNamespaceRequest& m);
+std::vector<std::byte> Encode(const OpenNamespaceResponse& m);
+std::vector<std::byte> Encode(const RegisterLayoutRequest& m);
+std::vector<std::byte> Encode(const MatchRequest& m);
+std::vector<std::byte> Encode(const MatchResponse& m);
+std::vector<std::byte> Encode(const PutReserveRequest& m);
+std::vector<std::byte> Encode(const PutReserveResponse& m);
+std::vector<std::byte> Encode(const KeysRequest& m);
+std::vector<std::byte> Encode(const ItemStatusResponse& m);
+std::vector<std::byte> Encode(const GetResponse& m);
+std::vector<std::byte> Encode(const ReleaseRequest& m);
+std::vector<std::byte> Encode(const StatusResponse& m);
+std::vector<std::byte> Encode(const StatsResponse& m);
+std::vector<std::byte> Encode(const ListRequest& m);
+std::vector<std::byte> Encode(const ListResponse& m);
+
+// Decoders: `out` is valid only when OK is returned.
+Status Decode(std::span<const std::byte> in, PingResponse& out);
+Status Decode(std::span<const std::byte> in, OpenNamespaceRequest& out);
+Status Decode(std::span<const std::byte> in, OpenNamespaceResponse& out);
+Status Decode(std::span<const std::byte> in, RegisterLayoutRequest& out);
+Status Decode(std::span<const std::byte> in, MatchRequest& out);
+Status Decode(std::span<const std::byte> in, MatchResponse& out);
+Status Decode(std::span<const std::byte> in, PutReserveRequest& out);
+Status Decode(std::span<const std::byte> in, PutReserveResponse& out);
+Status Decode(std::span<const std::byte> in, KeysRequest& out);
+Status Decode(std::span<const std::byte> in, ItemStatusResponse& out);
+Status Decode(std::span<const std::byte> in, GetResponse& out);
+Status Decode(std::span<const std::byte> in, ReleaseRequest& out);
+Status Decode(std::span<const std::byte> in, StatusResponse& out);
+Status Decode(std::span<const std::byte> in, StatsResponse& out);
+Status Decode(std::span<const std::byte> in, ListRequest& out);
+Status Decode(std::span<const std::byte> in, ListResponse& out);
+
+// The payload of a kErrorOpcode frame: just a Status.
+std::vector<std::byte> EncodeError(const Status& s);
+Status DecodeError(std::span<const std::byte> in);
+
+}  // namespace tierkv::transport

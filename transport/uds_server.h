@@ -1,0 +1,82 @@
+// UdsServer: the daemon's Unix-domain-socket front end (Boost.Asio).
+//
+// Reads frames (frame.h), hands each valid one to a FrameHandler and writes
+// the handler's reply, optionally with a file descriptor (SCM_RIGHTS). A
+// connection handles one frame at a time, so a handler never sees two
+// concurrent frames from one connection; different connections run in
+// parallel on `io_threads` threads.
+//
+// Hostile input never reaches the handler:
+//   * bad magic, reserved bits or an over-long payload: an error frame, then
+//     the connection is closed (the stream cannot be resynchronized);
+//   * a wrong protocol version or checksum: an error frame; the connection
+//     stays usable;
+//   * a peer that disconnects mid-frame: the connection is dropped and
+//     OnDisconnect runs, so its leases can be released.
+// Memory per connection is bounded by Options::max_payload_bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tierkv/status.h"
+
+namespace tierkv::transport {
+
+struct HandlerReply {
+  std::vector<std::byte> payload;
+  int fd = -1;  // sent with the reply when >= 0; borrowed, not closed
+  // Send `payload` (an EncodeError() Status) as a kErrorOpcode frame, e.g.
+  // for an unknown opcode or an undecodable request.
+  bool is_error = false;
+};
+
+// Implemented by the daemon. Must be thread-safe across connections.
+class FrameHandler {
+ public:
+  virtual ~FrameHandler() = default;
+  virtual void OnConnect(uint64_t connection_id) { (void)connection_id; }
+  // Handles one request; the reply goes back with opcode | kResponseBit.
+  virtual HandlerReply OnFrame(uint64_t connection_id, uint16_t opcode,
+                               std::span<const std::byte> payload) = 0;
+  virtual void OnDisconnect(uint64_t connection_id) { (void)connection_id; }
+};
+
+struct UdsServerOptions {
+  std::string path;  // REQUIRES: non-empty; a stale socket file is replaced
+  // Permission bits of the socket file. Default: 0660 (owner and group).
+  uint32_t mode = 0660;
+  // Group owning the socket file; empty keeps the daemon's group.
+  std::string group;
+  // Largest accepted request payload. Default: 16 MiB.
+  uint64_t max_payload_bytes = uint64_t{16} << 20;
+  uint32_t io_threads = 2;        // Default: 2
+  uint32_t max_connections = 1024;  // further connections are closed
+};
+
+class UdsServer {
+ public:
+  // Binds and listens; IOError when the path cannot be bound or chmod'ed,
+  // InvalidArgument for a bad group. `handler` is borrowed and must outlive
+  // the server.
+  static Result<std::unique_ptr<UdsServer>> Start(const UdsServerOptions& o,
+                                                  FrameHandler* handler);
+  ~UdsServer();  // Stop()s
+
+  // Closes the listener and every connection, joins the io threads and
+  // removes the socket file. Idempotent.
+  void Stop();
+
+  size_t connection_count() const;
+
+  class Impl;  // defined in uds_server.cc
+
+ private:
+  explicit UdsServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierkv::transport
