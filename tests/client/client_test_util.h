@@ -1,0 +1,54 @@
+// Helpers shared by the client integration tests: a small GLM-like layout,
+// deterministic segment bytes, and put/get shorthands.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "tierkv/client.h"
+#include "tierkv/page_hash.h"
+
+namespace tierkv::testing {
+
+// One layer, one "kv" part of `bytes_per_token`, 64-token pages.
+inline LayoutSpec OnePartLayout(uint32_t bytes_per_token = 1024) {
+  return LayoutSpec::Uniform(64, 1, {{"kv", bytes_per_token}});
+}
+
+// Pages of a synthetic prompt: `n` pages of tokens starting at `first`.
+inline std::vector<PageHash> Pages(size_t n, uint32_t first = 0,
+                                   std::string_view ns = "default") {
+  std::vector<uint32_t> tokens(n * 64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  return PageHashChain(RootPageHash(ns), tokens, 64);
+}
+
+inline std::vector<std::byte> SegmentBytes(const SegmentKey& key, size_t size) {
+  std::vector<std::byte> out(size);
+  uint64_t x = key.page.lo ^ (uint64_t{key.layer} << 20) ^ key.part;
+  for (size_t i = 0; i < size; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    out[i] = static_cast<std::byte>(x >> 56);
+  }
+  return out;
+}
+
+// Puts segment (page, 0, 0) of `size` bytes for every page; returns statuses.
+inline std::vector<Status> PutPages(Client& c, const std::vector<PageHash>& pages,
+                                    size_t size) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<SegmentWrite> writes;
+  for (const auto& p : pages) data.push_back(SegmentBytes({p, 0, 0}, size));
+  for (size_t i = 0; i < pages.size(); ++i) writes.push_back({{pages[i], 0, 0}, data[i]});
+  return c.Put(writes);
+}
+
+// True when segment (page, 0, 0) reads back exactly as PutPages wrote it.
+inline bool ReadsBackExact(Client& c, const PageHash& page, size_t size) {
+  std::vector<std::byte> dst(size);
+  SegmentRead r{{page, 0, 0}, dst};
+  if (!c.Get(std::span(&r, 1))[0].ok()) return false;
+  return dst == SegmentBytes({page, 0, 0}, size);
+}
+
+}  // namespace tierkv::testing

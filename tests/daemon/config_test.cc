@@ -1,0 +1,137 @@
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tierkv::daemon {
+namespace {
+
+Result<DaemonConfig> Load(const testing::TempDir& dir, const std::string& text) {
+  std::ofstream(dir.File("c.toml")) << text;
+  return LoadConfigFile(dir.File("c.toml"), EmbeddedDefaults());
+}
+
+TEST(ConfigTest, EmbeddedDefaultsAreValid) {
+  DaemonConfig c = EmbeddedDefaults();
+  EXPECT_OK(c.Validate());
+  EXPECT_EQ(c.socket_path, "/run/tierkv/tierkv.sock");
+  EXPECT_EQ(c.socket_mode, 0660u);
+  EXPECT_EQ(c.metrics_listen, "127.0.0.1:9400");
+  ASSERT_EQ(c.namespaces.size(), 1u);
+  EXPECT_EQ(c.namespaces[0].token_file, "/run/tierkv/default.token");
+}
+
+TEST(ConfigTest, ParsesAFullFile) {
+  testing::TempDir dir;
+  auto c = Load(dir, R"(
+[server]
+socket = "/tmp/x.sock"
+socket_mode = "0600"
+io_threads = 4
+[metrics]
+listen = ""
+[leases]
+ttl_ms = 5000
+[[namespace]]
+name = "glm-5@bf16"
+token = "secret-token"
+host_bytes = "2GiB"
+shards = 16
+hugepages = false
+)");
+  ASSERT_OK(c);
+  EXPECT_OK(c->Validate());
+  EXPECT_EQ(c->socket_mode, 0600u);
+  EXPECT_EQ(c->io_threads, 4u);
+  EXPECT_EQ(c->metrics_listen, "");
+  EXPECT_EQ(c->lease_ttl_ms, 5000u);
+  ASSERT_EQ(c->namespaces.size(), 1u);
+  EXPECT_EQ(c->namespaces[0].host_bytes, uint64_t{2} << 30);
+  EXPECT_FALSE(c->namespaces[0].hugepages);
+}
+
+TEST(ConfigTest, MistakesAreNamed) {
+  testing::TempDir dir;
+  auto typo = Load(dir, "[server]\nsokcet = \"/x\"\n");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("sokcet"), std::string_view::npos);
+  auto syntax = Load(dir, "[server\n");
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_NE(syntax.status().message().find("c.toml:1"), std::string_view::npos);
+  auto type = Load(dir, "[server]\nio_threads = \"four\"\n");
+  ASSERT_FALSE(type.ok());
+  EXPECT_NE(type.status().message().find("io_threads"), std::string_view::npos);
+  auto size = Load(dir, "[[namespace]]\nname = \"a\"\ntoken = \"12345678\"\nhost_bytes = \"1 furlong\"\n");
+  ASSERT_FALSE(size.ok());
+  EXPECT_NE(size.status().message().find("host_bytes"), std::string_view::npos);
+  auto both = Load(dir, "[[namespace]]\nname = \"a\"\ntoken = \"12345678\"\ntoken_file = \"/x\"\n");
+  EXPECT_FALSE(both.ok());
+}
+
+TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
+  DaemonConfig c = EmbeddedDefaults();
+  c.socket_mode = 0666;
+  EXPECT_NE(c.Validate().message().find("others"), std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.namespaces.push_back(c.namespaces[0]);
+  EXPECT_NE(c.Validate().message().find("duplicate"), std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.namespaces[0].host_bytes = 1 << 20;  // 8 shards need 8 MiB
+  EXPECT_FALSE(c.Validate().ok());
+  c = EmbeddedDefaults();
+  c.namespaces[0].name = "a/b";
+  EXPECT_FALSE(c.Validate().ok());
+  c = EmbeddedDefaults();
+  c.log_level = "loud";
+  EXPECT_FALSE(c.Validate().ok());
+}
+
+TEST(ConfigTest, ParsesByteSizes) {
+  EXPECT_EQ(*ParseByteSize("1GiB"), uint64_t{1} << 30);
+  EXPECT_EQ(*ParseByteSize("512 MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("64k"), 65536u);
+  EXPECT_EQ(*ParseByteSize("1048576"), 1048576u);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("GiB").ok());
+  EXPECT_FALSE(ParseByteSize("0").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999999999999").ok());
+  EXPECT_FALSE(ParseByteSize("17000000000T").ok());
+}
+
+TEST(ConfigTest, TokenFilesAreCreatedPrivateAndReused) {
+  testing::TempDir dir;
+  DaemonConfig c = EmbeddedDefaults();
+  c.namespaces[0].token_file = dir.File("sub/default.token");
+  ASSERT_OK(ResolveTokens(c));
+  const std::string token = c.namespaces[0].token;
+  EXPECT_GE(token.size(), 32u);
+  struct stat st{};
+  ASSERT_EQ(::stat(dir.File("sub/default.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  DaemonConfig again = EmbeddedDefaults();
+  again.namespaces[0].token_file = dir.File("sub/default.token");
+  ASSERT_OK(ResolveTokens(again));
+  EXPECT_EQ(again.namespaces[0].token, token);
+}
+
+TEST(ConfigTest, DaemonExitsNonZeroWithAClearMessageOnABadConfig) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("bad.toml")) << "[server]\nio_threads = 0\n";
+  const char* bin = std::getenv("TIERKV_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  std::string cmd = std::string(bin) + "/tierkvd --config " + dir.File("bad.toml") +
+                    " --socket " + dir.File("s.sock") + " > " + dir.File("out") + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
+  std::ifstream out(dir.File("out"));
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("server.io_threads"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace tierkv::daemon

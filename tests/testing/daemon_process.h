@@ -1,0 +1,67 @@
+// DaemonProcess: a real tierkvd started for one test, on a socket in a
+// temporary directory, stopped (SIGTERM, then SIGKILL) on destruction.
+//
+// The binary is found through $TIERKV_BIN_DIR (set by CTest) or next to the
+// test binary. Start() waits for the daemon's --ready-file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/testing/temp_dir.h"
+#include "tierkv/client.h"
+#include "tierkv/status.h"
+
+namespace tierkv::testing {
+
+struct DaemonSpec {
+  // TOML config text; empty runs on embedded defaults. "{SOCKET}" and
+  // "{DIR}" are replaced with the socket path and the temp dir.
+  std::string config_toml;
+  std::vector<std::string> extra_args;  // e.g. {"--host-bytes", "8MiB"}
+};
+
+class DaemonProcess {
+ public:
+  DaemonProcess() = default;
+  ~DaemonProcess();
+
+  Status Start(const DaemonSpec& spec = {});
+  // Sends `signal` and waits for exit; returns the exit status (waitpid).
+  int Stop(int signal = 15);
+
+  const std::string& socket_path() const { return socket_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
+  const TempDir& dir() const { return dir_; }
+  std::string log() const;  // the daemon's stdout+stderr so far
+
+  // A client connected and bound to `ns` with the token of `ns` (read
+  // from the config or the embedded default token file).
+  Result<std::unique_ptr<Client>> Connect(const std::string& ns = "default",
+                                          const std::string& token = "") const;
+
+  // Resident memory of the daemon, from /proc.
+  uint64_t RssBytes() const;
+
+ private:
+  TempDir dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+  int metrics_port_ = 0;
+};
+
+// The directory holding tierkvd, tierkv, ... ($TIERKV_BIN_DIR).
+std::string BinDir();
+
+// HTTP GET http://127.0.0.1:<port><path>; returns the body.
+Result<std::string> HttpGet(int port, const std::string& path);
+
+// The value of the Prometheus sample whose line starts with `series`
+// (e.g. `tierkv_dedup_hits_total{namespace="default"}`), or -1.
+double MetricValue(const std::string& metrics_text, const std::string& series);
+
+}  // namespace tierkv::testing

@@ -1,0 +1,123 @@
+// UdsServer + UdsChannel without any tier code: an echo handler.
+#include "transport/uds_server.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "transport/protocol.h"
+#include "transport/uds_channel.h"
+
+namespace tierkv::transport {
+namespace {
+
+class EchoHandler : public FrameHandler {
+ public:
+  HandlerReply OnFrame(uint64_t, uint16_t opcode,
+                       std::span<const std::byte> payload) override {
+    frames++;
+    if (opcode == 2) return {{}, memfd, false};  // send a descriptor
+    if (opcode == 3) return {EncodeError(Status::Busy("try later")), -1, true};
+    return {{payload.begin(), payload.end()}, -1, false};
+  }
+  void OnDisconnect(uint64_t) override { disconnects++; }
+
+  int memfd = -1;
+  std::atomic<int> frames{0};
+  std::atomic<int> disconnects{0};
+};
+
+TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  handler.memfd = ::memfd_create("t", 0);
+  ASSERT_EQ(::ftruncate(handler.memfd, 4096), 0);
+  auto server = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
+  ASSERT_OK(server);
+  struct stat st{};
+  ASSERT_EQ(::stat(dir.File("s.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+  ASSERT_OK(ch);
+  std::vector<std::byte> big(3 << 20, std::byte{7});
+  auto reply = (*ch)->Call(1, big);
+  ASSERT_OK(reply);
+  EXPECT_EQ(reply->payload, big);
+
+  auto with_fd = (*ch)->Call(2, {});
+  ASSERT_OK(with_fd);
+  ASSERT_GE(with_fd->fd, 0);
+  struct stat fd_st{};
+  ASSERT_EQ(::fstat(with_fd->fd, &fd_st), 0);
+  EXPECT_EQ(fd_st.st_size, 4096);
+  ::close(with_fd->fd);
+
+  EXPECT_EQ((*ch)->Call(3, {}).status().code(), StatusCode::kBusy);
+  EXPECT_OK((*ch)->Call(1, {}));  // still usable after an error frame
+  ch->reset();
+  for (int i = 0; i < 100 && handler.disconnects.load() == 0; ++i) usleep(10000);
+  EXPECT_EQ(handler.disconnects.load(), 1);
+  ::close(handler.memfd);
+}
+
+TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto first = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
+  ASSERT_OK(first);
+  EXPECT_EQ(UdsServer::Start({.path = dir.File("s.sock")}, &handler).status().code(),
+            StatusCode::kBusy);
+  std::string regular = dir.File("file");
+  FILE* f = std::fopen(regular.c_str(), "w");
+  std::fclose(f);
+  EXPECT_EQ(UdsServer::Start({.path = regular}, &handler).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(UdsServerTest, OversizedFramesCloseOnlyTheirConnection) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start({.path = dir.File("s.sock"), .max_payload_bytes = 1024},
+                                 &handler);
+  ASSERT_OK(server);
+  auto bad = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+  auto good = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+  ASSERT_OK(bad);
+  ASSERT_OK(good);
+  std::vector<std::byte> big(2048);
+  EXPECT_EQ((*bad)->Call(1, big).status().code(), StatusCode::kProtocolError);
+  EXPECT_FALSE((*bad)->Call(1, {}).ok()) << "connection is closed";
+  EXPECT_OK((*good)->Call(1, std::vector<std::byte>(1024)));
+}
+
+TEST(UdsServerTest, ManyConcurrentConnections) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start({.path = dir.File("s.sock"), .io_threads = 2}, &handler);
+  ASSERT_OK(server);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+      if (!ch.ok()) return;
+      for (int i = 0; i < 500; ++i) {
+        std::vector<std::byte> p(1 + (i * 37 + t) % 5000, static_cast<std::byte>(t));
+        auto r = (*ch)->Call(1, p);
+        if (r.ok() && r->payload == p) ok++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 8 * 500);
+}
+
+}  // namespace
+}  // namespace tierkv::transport
