@@ -27,10 +27,19 @@ class Client::Impl {
   template <typename Response>
   Status Call(Opcode op, const std::vector<std::byte>& payload, Response& out,
               int* fd = nullptr) {
-    Result<ChannelReply> reply = [&] {
-      std::lock_guard lock(mu_);
-      return channel_->Call(static_cast<uint16_t>(op), payload);
-    }();
+    std::lock_guard lock(mu_);
+    auto id = channel_->Send(static_cast<uint16_t>(op), payload);
+    if (!id.ok()) return id.status();
+    return ReceiveLocked(op, *id, out, fd);
+  }
+
+  // Waits for the reply to request `id` (sent with `op`) and decodes it.
+  // REQUIRES: mu_ held.
+  template <typename Response>
+  Status ReceiveLocked(Opcode op, uint64_t id, Response& out, int* fd = nullptr,
+                       bool spin = false) {
+    Result<ChannelReply> reply =
+        channel_->Receive(id, static_cast<uint16_t>(op), spin);
     if (!reply.ok()) return reply.status();
     if (fd) {
       *fd = reply->fd;
@@ -55,9 +64,13 @@ class Client::Impl {
   std::byte* arena_ = nullptr;           // set once by OpenNamespace
   uint64_t arena_bytes_ = 0;
   std::optional<LayoutSpec> layout_;
+  bool prefault_ = true;
 };
 
 namespace {
+
+// Get pipelines sub-batches of about this many bytes.
+constexpr size_t kPipelineChunkBytes = size_t{2} << 20;
 
 // Splits [0, n) into request-sized chunks.
 template <typename Fn>
@@ -72,8 +85,9 @@ void ForEachChunk(size_t n, Fn fn) {
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto channel = UdsChannel::Connect(options.socket_path, options.timeout);
   if (!channel.ok()) return channel.status();
-  return std::unique_ptr<Client>(
-      new Client(std::make_unique<Impl>(std::move(channel).value())));
+  auto impl = std::make_unique<Impl>(std::move(channel).value());
+  impl->prefault_ = options.prefault_arena;
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -93,7 +107,7 @@ Status Client::OpenNamespace(const std::string& name, const std::string& token) 
   }
   if (fd < 0) return Status::ProtocolError("daemon sent no arena descriptor");
   void* base = ::mmap(nullptr, resp.arena_bytes, PROT_READ | PROT_WRITE,
-                      MAP_SHARED, fd, 0);
+                      MAP_SHARED | (impl_->prefault_ ? MAP_POPULATE : 0), fd, 0);
   ::close(fd);  // the mapping keeps the memory alive
   if (base == MAP_FAILED) {
     return Status::IOError(std::string("mmap arena: ") + std::strerror(errno));
@@ -190,20 +204,52 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
 }
 
 std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
+  // Pipelined: while sub-batch k is copied out of the arena, the daemon is
+  // already leasing sub-batch k+1; each lease is released by the request
+  // that follows it (the last one by a one-way release). So a large Get
+  // pays for about one round trip, not two per sub-batch. The connection is
+  // held for the whole call.
   std::vector<Status> out(reads.size());
-  ForEachChunk(reads.size(), [&](size_t begin, size_t end) {
+  std::vector<std::pair<size_t, size_t>> chunks;  // [begin, end)
+  for (size_t begin = 0; begin < reads.size();) {
+    size_t end = begin, bytes = 0;
+    while (end < reads.size() && end - begin < kMaxBatchItems &&
+           (bytes < kPipelineChunkBytes || end == begin)) {
+      bytes += reads[end++].dst.size();
+    }
+    chunks.emplace_back(begin, end);
+    begin = end;
+  }
+  std::lock_guard lock(impl_->mu_);
+  UdsChannel& channel = *impl_->channel_;
+  uint64_t finished_lease = 0;  // copied out; released by the next request
+  auto send = [&](size_t k) {
     KeysRequest req;
-    req.keys.reserve(end - begin);
-    for (size_t i = begin; i < end; ++i) req.keys.push_back(reads[i].key);
+    req.lease_id = std::exchange(finished_lease, 0);
+    req.keys.reserve(chunks[k].second - chunks[k].first);
+    for (size_t i = chunks[k].first; i < chunks[k].second; ++i) {
+      req.keys.push_back(reads[i].key);
+    }
+    return channel.Send(static_cast<uint16_t>(Opcode::kGet), Encode(req));
+  };
+  Result<uint64_t> pending = chunks.empty() ? Result<uint64_t>(0) : send(0);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const auto [begin, end] = chunks[k];
     GetResponse resp;
-    Status s = impl_->Call(Opcode::kGet, Encode(req), resp);
-    if (s.ok() && resp.items.size() != req.keys.size()) {
+    Status s = pending.ok() ? impl_->ReceiveLocked(Opcode::kGet, *pending, resp,
+                                                   nullptr, /*spin=*/true)
+                            : pending.status();
+    if (s.ok() && resp.items.size() != end - begin) {
       s = Status::ProtocolError("get reply has the wrong item count");
     }
     if (!s.ok()) {
       for (size_t i = begin; i < end; ++i) out[i] = s;
-      return;
+      if (k + 1 < chunks.size()) pending = send(k + 1);
+      continue;
     }
+    // Copy while the daemon leases the next sub-batch. The lease taken for
+    // this one is released by that request's successor, after the copy.
+    if (k + 1 < chunks.size()) pending = send(k + 1);
     for (size_t i = begin; i < end; ++i) {
       const Location& loc = resp.items[i - begin];
       out[i] = loc.status;
@@ -221,8 +267,14 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
       }
       std::memcpy(reads[i].dst.data(), src.data(), src.size());
     }
-    if (resp.lease_id) (void)ReleaseLease(resp.lease_id);
-  });
+    finished_lease = resp.lease_id;
+    if (k + 2 >= chunks.size() && finished_lease) {
+      // Nothing follows that could carry it: release one-way. A failure
+      // only delays reuse until the lease expires.
+      (void)channel.Send(static_cast<uint16_t>(Opcode::kReleaseOneWay),
+                         Encode(ReleaseRequest{std::exchange(finished_lease, 0)}));
+    }
+  }
   return out;
 }
 

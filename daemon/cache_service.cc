@@ -92,7 +92,7 @@ HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return Ping();
   if (op == Opcode::kOpenNamespace) return OpenNamespace(conn, in);
-  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kList)) {
+  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kReleaseOneWay)) {
     return Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
   }
   Namespace* ns = OpenedNamespace(conn);
@@ -106,6 +106,11 @@ HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
     case Opcode::kPutCommit: return PutCommit(conn, *ns, in);
     case Opcode::kGet: return Get(conn, *ns, in);
     case Opcode::kRelease: return Release(conn, in);
+    case Opcode::kReleaseOneWay: {
+      HandlerReply reply = Release(conn, in);
+      reply.no_reply = true;
+      return reply;
+    }
     case Opcode::kPin: return Pin(conn, *ns, in);
     case Opcode::kStats: return Stats(*ns);
     case Opcode::kList: return List(*ns, in);
@@ -254,6 +259,10 @@ HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
                                std::span<const std::byte> in) {
   KeysRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (req.lease_id != 0) {
+    // Piggybacked release of the previous read; it may have expired.
+    leases_->Release(conn, req.lease_id).PermitUncheckedError();
+  }
   GetResponse resp;
   resp.items.reserve(req.keys.size());
   std::vector<SegmentKey> acquired;

@@ -232,7 +232,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       NamespaceConfig ns;
       TIERKV_RETURN_IF_ERROR(CheckKeys(*t, "namespace",
                                        {"name", "token", "token_file", "host_bytes",
-                                        "shards", "hugepages"}));
+                                        "shards", "hugepages", "prefault"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token_file", ns.token_file));
@@ -242,10 +242,13 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       }
       TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
-      if (const toml::node* h = t->get("hugepages")) {
-        auto v = h->value<bool>();
-        if (!v) return Bad("namespace.hugepages", "must be true or false");
-        ns.hugepages = *v;
+      for (auto [key, field] : {std::pair{"hugepages", &ns.hugepages},
+                                std::pair{"prefault", &ns.prefault}}) {
+        if (const toml::node* h = t->get(key)) {
+          auto v = h->value<bool>();
+          if (!v) return Bad(fmt::format("namespace.{}", key), "must be true or false");
+          *field = *v;
+        }
       }
       c.namespaces.push_back(std::move(ns));
     }

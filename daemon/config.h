@@ -10,7 +10,7 @@
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
 //   [log]       level ("trace".."off")
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
-//               shards, hugepages
+//               shards, hugepages, prefault
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,7 @@ struct NamespaceConfig {
   uint64_t host_bytes = uint64_t{1} << 30;  // Default: 1 GiB
   uint32_t shards = 8;                      // Default: 8
   bool hugepages = true;                    // Default: true (with fallback)
+  bool prefault = true;  // commit the arena at start. Default: true
 };
 
 struct DaemonConfig {

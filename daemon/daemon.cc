@@ -22,7 +22,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     auto host = storage::HostTier::Create({.name = nc.name,
                                            .capacity_bytes = nc.host_bytes,
                                            .shards = nc.shards,
-                                           .try_hugepages = nc.hugepages});
+                                           .try_hugepages = nc.hugepages,
+                                           .prefault = nc.prefault});
     if (!host.ok()) {
       return Status(host.status().code(), "namespace '" + nc.name + "': " +
                                               std::string(host.status().message()));

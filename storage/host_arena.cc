@@ -57,7 +57,8 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(
   if (fd < 0) {
     fd = MakeMemfd(o.name, o.bytes, 0);
     if (fd < 0) return ErrnoStatus("memfd_create/ftruncate");
-    base = ::mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    base = ::mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | (o.prefault ? MAP_POPULATE : 0), fd, 0);
     if (base == MAP_FAILED) {
       Status s = ErrnoStatus("mmap arena");
       ::close(fd);

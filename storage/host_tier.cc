@@ -46,7 +46,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& o) {
   TIERKV_RETURN_IF_ERROR(o.Validate());
   auto arena = HostArena::Create({.name = "tierkv-" + o.name,
                                   .bytes = o.capacity_bytes,
-                                  .try_hugepages = o.try_hugepages});
+                                  .try_hugepages = o.try_hugepages,
+                                  .prefault = o.prefault});
   if (!arena.ok()) return arena.status();
   return std::unique_ptr<HostTier>(new HostTier(o, std::move(arena).value()));
 }

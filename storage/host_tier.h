@@ -44,6 +44,7 @@ struct HostTierOptions {
   // Extent alignment; internal waste is < alignment per segment. Default: 64.
   uint64_t alignment = 64;
   bool try_hugepages = true;  // Default: true (falls back to 4 KiB pages)
+  bool prefault = true;       // Default: true (commit the arena at start)
 
   // InvalidArgument unless capacity >= shards * 1 MiB, 1 <= shards <= 256
   // and alignment is a power of two in [8, 4096].

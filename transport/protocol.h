@@ -29,6 +29,7 @@ enum class Opcode : uint16_t {
   kPin = 9,             // keys + ttl -> pin lease
   kStats = 10,          // namespace stats (JSON)
   kList = 11,           // segments of the namespace
+  kReleaseOneWay = 12,  // like kRelease, but the daemon sends no reply
 };
 
 // Largest number of items in one batched request.
@@ -84,6 +85,9 @@ struct PutReserveResponse {
 };
 
 struct KeysRequest {  // kPutCommit (with lease), kGet, kPin (with ttl)
+  // kPutCommit: the write lease. kGet: a read lease of this connection to
+  // release before leasing (0 = none), so pipelined readers need no
+  // separate release round trip.
   uint64_t lease_id = 0;
   uint32_t ttl_ms = 0;
   std::vector<SegmentKey> keys;

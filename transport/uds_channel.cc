@@ -1,5 +1,6 @@
 #include "transport/uds_channel.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -42,6 +43,19 @@ UdsChannel::~UdsChannel() { ::close(fd_); }
 
 Result<ChannelReply> UdsChannel::Call(uint16_t opcode,
                                       std::span<const std::byte> payload) {
+  auto id = Send(opcode, payload);
+  if (!id.ok()) return id.status();
+  return Receive(*id, opcode);
+}
+
+Result<ChannelReply> UdsChannel::Receive(uint64_t request_id, uint16_t opcode,
+                                         bool spin) {
+  if (!broken_.ok()) return broken_;
+  return ReadReply(request_id, opcode | kResponseBit, nullptr, spin);
+}
+
+Result<uint64_t> UdsChannel::Send(uint16_t opcode,
+                                  std::span<const std::byte> payload) {
   if (!broken_.ok()) return broken_;
   const uint64_t id = next_request_id_++;
   HeaderBytes header = EncodeFrameHeader(opcode, id, payload);
@@ -73,14 +87,15 @@ Result<ChannelReply> UdsChannel::Call(uint16_t opcode,
     }
     sent += static_cast<size_t>(n);
   }
-  return ReadReply(id, opcode | kResponseBit, nullptr);
+  return id;
 }
 
 Result<ChannelReply> UdsChannel::ReadReply(uint64_t request_id,
                                            uint16_t expect_opcode,
-                                           uint16_t* opcode_out) {
+                                           uint16_t* opcode_out, bool spin) {
   HeaderBytes header{};
   ChannelReply reply;
+  if (spin) SpinUntilReadable();
   Status s = RecvAllWithFd(fd_, header, &reply.fd);
   auto fail = [&](Status why) -> Result<ChannelReply> {
     if (reply.fd >= 0) ::close(reply.fd);
@@ -105,6 +120,16 @@ Result<ChannelReply> UdsChannel::ReadReply(uint64_t request_id,
     return fail(Status::ProtocolError("reply does not match the request"));
   }
   return reply;
+}
+
+void UdsChannel::SpinUntilReadable() const {
+  // Replies to small requests usually arrive within tens of microseconds;
+  // polling briefly avoids a sleep/wake-up cycle that costs as much again
+  // (the daemon's answer lands while this thread would still be asleep).
+  const auto deadline = std::chrono::steady_clock::now() + kSpinBeforeBlocking;
+  pollfd p{fd_, POLLIN, 0};
+  while (::poll(&p, 1, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+  }
 }
 
 Status UdsChannel::TEST_SendRaw(std::span<const std::byte> bytes) {

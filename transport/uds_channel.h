@@ -41,6 +41,16 @@ class UdsChannel {
   Result<ChannelReply> Call(uint16_t opcode,
                             std::span<const std::byte> payload);
 
+  // The two halves of Call(), for pipelining: Send() returns the request id
+  // that Receive() then waits for. Replies arrive in request order, so
+  // requests must be received in the order they were sent.
+  Result<uint64_t> Send(uint16_t opcode, std::span<const std::byte> payload);
+  // With `spin`, polls for up to kSpinBeforeBlocking before sleeping: for
+  // pipelined callers whose reply is due any moment (a sleep/wake-up cycle
+  // costs tens of microseconds on a VM). Plain calls never spin.
+  Result<ChannelReply> Receive(uint64_t request_id, uint16_t opcode,
+                               bool spin = false);
+
   // Sends raw bytes, bypassing framing (for protocol robustness tests).
   Status TEST_SendRaw(std::span<const std::byte> bytes);
   // Reads one raw reply frame (for protocol robustness tests).
@@ -51,7 +61,10 @@ class UdsChannel {
  private:
   UdsChannel(int fd, uint64_t max_payload) : fd_(fd), max_payload_(max_payload) {}
   Result<ChannelReply> ReadReply(uint64_t request_id, uint16_t expect_opcode,
-                                 uint16_t* opcode_out);
+                                 uint16_t* opcode_out, bool spin = false);
+  void SpinUntilReadable() const;
+
+  static constexpr std::chrono::microseconds kSpinBeforeBlocking{50};
 
   int fd_;
   const uint64_t max_payload_;

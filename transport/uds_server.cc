@@ -130,6 +130,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (payload_.capacity() > kKeepPayloadCapacity) {
       std::vector<std::byte>().swap(payload_);
     }
+    if (reply.no_reply) return ReadHeader();
     Reply(reply.is_error ? kErrorOpcode : (frame_.opcode | kResponseBit),
           frame_.request_id, std::move(reply.payload), reply.fd, false);
   }

@@ -32,6 +32,8 @@ struct HandlerReply {
   // Send `payload` (an EncodeError() Status) as a kErrorOpcode frame, e.g.
   // for an unknown opcode or an undecodable request.
   bool is_error = false;
+  // Send nothing back (one-way requests such as an asynchronous release).
+  bool no_reply = false;
 };
 
 // Implemented by the daemon. Must be thread-safe across connections.

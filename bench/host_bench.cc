@@ -1,0 +1,242 @@
+// `tierkv-bench host`: the host-DRAM tier through a real tierkvd, against
+// single-thread memcpy measured in the same run (issue: Foundation, item 8).
+//
+// For each segment size it measures, over a working set larger than the
+// last-level cache and with pre-faulted buffers:
+//   memcpy  - copying the working set segment by segment (the ceiling for
+//             a one-thread client: Get is exactly such a copy plus RPCs);
+//   put     - batched Put of new segments (reserve RPC, copy, commit RPC);
+//   get     - batched Get of stored segments (lease RPC, copy, release RPC);
+// and the round-trip latency of a one-segment Match. Figures are medians of
+// --iterations runs; ratios are to memcpy of the same size.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/registry.h"
+#include "tests/testing/daemon_process.h"
+#include "tierkv/client.h"
+#include "tierkv/page_hash.h"
+
+namespace tierkv::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct HostBenchOptions {
+  std::string working_set = "256MiB";  // per segment size
+  // Bytes per Put/Get call. 8 MiB ~ one layer of a 7K-token prefix of
+  // GLM-5 latent KV (114 pages x 72 KiB), what an engine fetches at once.
+  std::string batch = "8MiB";
+  int iterations = 5;
+  int match_calls = 20000;
+  std::string json_path;
+};
+
+struct SizeCase {
+  std::string name;
+  uint32_t bytes_per_token;  // x 64 tokens = segment size
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+uint64_t ParseSizeOrDie(const std::string& s) {
+  uint64_t mult = 1;
+  std::string digits = s;
+  if (s.ends_with("GiB")) mult = 1ull << 30, digits = s.substr(0, s.size() - 3);
+  else if (s.ends_with("MiB")) mult = 1ull << 20, digits = s.substr(0, s.size() - 3);
+  else if (s.ends_with("KiB")) mult = 1ull << 10, digits = s.substr(0, s.size() - 3);
+  return std::stoull(digits) * mult;
+}
+
+// Seconds for one copy of `src` into `dst`, `seg` bytes at a time.
+double TimeMemcpy(std::vector<std::byte>& dst, const std::vector<std::byte>& src,
+                  size_t seg) {
+  auto t0 = Clock::now();
+  for (size_t off = 0; off + seg <= src.size(); off += seg) {
+    std::memcpy(dst.data() + off, src.data() + off, seg);
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int Run(const HostBenchOptions& o) {
+  const uint64_t working_set = ParseSizeOrDie(o.working_set);
+  const uint64_t batch_bytes = ParseSizeOrDie(o.batch);
+  const std::vector<SizeCase> cases = {
+      {"8KiB", 128}, {"72KiB", 1152}, {"1MiB", 16384}};
+  // Arena: a working set per size plus room for the put iterations.
+  const uint64_t arena = std::max<uint64_t>(working_set * 4, 64ull << 20);
+  testing::DaemonProcess daemon;
+  Status started = daemon.Start(
+      {.config_toml = fmt::format(R"(
+[[namespace]]
+name = "bench"
+token = "bench-token"
+host_bytes = {}
+shards = 8
+[[namespace]]
+name = "match"
+token = "match-token"
+host_bytes = "16MiB"
+shards = 1
+)", arena),
+       .extra_args = {"--io-threads", "2"}});
+  if (!started.ok()) {
+    fmt::print(stderr, "cannot start tierkvd: {}\n", started.ToString());
+    return 1;
+  }
+  auto client = daemon.Connect("bench", "bench-token");
+  if (!client.ok()) {
+    fmt::print(stderr, "connect: {}\n", client.status().ToString());
+    return 1;
+  }
+  Client& c = **client;
+  LayoutSpec layout;
+  layout.page_tokens = 64;
+  for (const auto& sc : cases) layout.layers.push_back({{{"kv", sc.bytes_per_token}}});
+  if (Status s = c.RegisterLayout(layout); !s.ok()) {
+    fmt::print(stderr, "layout: {}\n", s.ToString());
+    return 1;
+  }
+
+  std::vector<std::byte> src(working_set), dst(working_set);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 131);
+  std::memset(dst.data(), 1, dst.size());
+
+  nlohmann::json out;
+  out["date"] = fmt::format("{:%F}", fmt::localtime(std::time(nullptr)));
+  out["working_set_bytes"] = working_set;
+  out["batch_bytes"] = batch_bytes;
+  out["iterations"] = o.iterations;
+  fmt::print("tierkv-bench host: working set {} per size, batches of {}, median of {}\n\n",
+             o.working_set, o.batch, o.iterations);
+  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "segment", "memcpy GB/s",
+             "put GB/s", "get GB/s", "put/memcpy", "get/memcpy");
+
+  uint32_t page_counter = 0;
+  for (uint16_t layer = 0; layer < cases.size(); ++layer) {
+    const size_t seg = layout.SegmentBytes(layer, 0);
+    const size_t count = working_set / seg;
+    const size_t per_batch = std::max<size_t>(1, batch_bytes / seg);
+    std::vector<double> memcpy_s, put_s, get_s;
+    TimeMemcpy(dst, src, seg);  // warm-up
+    std::vector<SegmentKey> keys;
+    for (int it = 0; it <= o.iterations; ++it) {  // iteration 0 warms up
+      memcpy_s.push_back(TimeMemcpy(dst, src, seg));
+      keys.clear();
+      for (size_t i = 0; i < count; ++i) {
+        keys.push_back({PageHash{++page_counter, 0xbe9c4}, layer, 0});
+      }
+      std::vector<SegmentWrite> writes;
+      auto t0 = Clock::now();
+      for (size_t b = 0; b < count; b += per_batch) {
+        writes.clear();
+        for (size_t i = b; i < std::min(count, b + per_batch); ++i) {
+          writes.push_back({keys[i], std::span(src).subspan(i * seg, seg)});
+        }
+        for (const Status& s : c.Put(writes)) {
+          if (!s.ok()) {
+            fmt::print(stderr, "put failed: {}\n", s.ToString());
+            return 1;
+          }
+        }
+      }
+      put_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      std::vector<SegmentRead> reads;
+      t0 = Clock::now();
+      for (size_t b = 0; b < count; b += per_batch) {
+        reads.clear();
+        for (size_t i = b; i < std::min(count, b + per_batch); ++i) {
+          reads.push_back({keys[i], std::span(dst).subspan(i * seg, seg)});
+        }
+        for (const Status& s : c.Get(reads)) {
+          if (!s.ok()) {
+            fmt::print(stderr, "get failed: {}\n", s.ToString());
+            return 1;
+          }
+        }
+      }
+      get_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (std::memcmp(dst.data(), src.data(), count * seg) != 0) {
+        fmt::print(stderr, "get returned different bytes\n");
+        return 1;
+      }
+      if (it == 0) memcpy_s.clear(), put_s.clear(), get_s.clear();
+    }
+    const double bytes = static_cast<double>(count * seg);
+    const double mem = bytes / Median(memcpy_s) / 1e9;
+    const double put = bytes / Median(put_s) / 1e9;
+    const double get = bytes / Median(get_s) / 1e9;
+    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f}\n", cases[layer].name,
+               mem, put, get, put / mem, get / mem);
+    out["sizes"][cases[layer].name] = {{"segment_bytes", seg},
+                                       {"segments_per_batch", per_batch},
+                                       {"memcpy_gbps", mem},
+                                       {"put_gbps", put},
+                                       {"get_gbps", get},
+                                       {"put_over_memcpy", put / mem},
+                                       {"get_over_memcpy", get / mem}};
+  }
+
+  // Round-trip latency of Match for a page of one segment.
+  auto mc = daemon.Connect("match", "match-token");
+  if (!mc.ok() || !(*mc)->RegisterLayout(LayoutSpec::Uniform(64, 1, {{"kv", 64}})).ok()) {
+    fmt::print(stderr, "match namespace unavailable\n");
+    return 1;
+  }
+  PageHash page{42, 42};
+  std::vector<std::byte> tiny(64 * 64);
+  SegmentWrite w{{page, 0, 0}, tiny};
+  (void)(*mc)->Put(std::span(&w, 1));
+  std::vector<double> lat_us;
+  lat_us.reserve(o.match_calls);
+  for (int i = 0; i < o.match_calls + 1000; ++i) {
+    auto t0 = Clock::now();
+    auto m = (*mc)->Match(std::span(&page, 1));
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (!m.ok() || m->leading_pages != 1) {
+      fmt::print(stderr, "match failed\n");
+      return 1;
+    }
+    if (i >= 1000) lat_us.push_back(us);  // the first 1000 warm up
+  }
+  const double p50 = Percentile(lat_us, 0.50), p99 = Percentile(lat_us, 0.99);
+  fmt::print("\nmatch (1 segment, {} calls): p50 {:.1f} us, p99 {:.1f} us\n", o.match_calls,
+             p50, p99);
+  out["match_latency_us"] = {{"calls", o.match_calls}, {"p50", p50}, {"p99", p99}};
+  if (!o.json_path.empty()) {
+    std::ofstream(o.json_path) << out.dump(2) << "\n";
+    fmt::print("wrote {}\n", o.json_path);
+  }
+  return 0;
+}
+
+const bool kRegistered = RegisterBench([](CLI::App& app) {
+  auto opts = std::make_shared<HostBenchOptions>();
+  auto* sub = app.add_subcommand(
+      "host", "Host-DRAM tier Put/Get throughput vs memcpy, and Match latency");
+  sub->add_option("--working-set", opts->working_set, "bytes per segment size")
+      ->capture_default_str();
+  sub->add_option("--batch", opts->batch, "bytes per Put/Get call")->capture_default_str();
+  sub->add_option("--iterations", opts->iterations)->capture_default_str();
+  sub->add_option("--match-calls", opts->match_calls)->capture_default_str();
+  sub->add_option("--json", opts->json_path, "also write the figures here");
+  sub->callback([opts] { SetExitCode(Run(*opts)); });
+});
+
+}  // namespace
+}  // namespace tierkv::bench

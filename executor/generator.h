@@ -1,0 +1,40 @@
+// Generate: prefill a prompt, then decode token by token, timing both.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "executor/kv_cache.h"
+#include "executor/model.h"
+#include "executor/sampler.h"
+#include "tierkv/status.h"
+
+namespace tierkv::executor {
+
+struct GenerateOptions {
+  // Tokens to generate. Default: 16.
+  int64_t max_new_tokens = 16;
+  SamplerOptions sampler;
+  // Keep the logits that produced each generated token. Default: false.
+  bool keep_logits = false;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated tokens
+  // [tokens.size(), vocab] when keep_logits: row 0 = logits at the last
+  // prompt position, row i = logits after feeding generated token i - 1.
+  std::vector<float> logits;
+  int64_t prompt_tokens = 0;
+  int64_t decode_steps = 0;  // Forward calls after the prefill
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// REQUIRES: !prompt.empty(), `cache` empty and sized for prompt +
+// max_new_tokens. Returns Model::Forward's errors.
+Result<GenerateResult> Generate(Model& model, KvCache* cache,
+                                std::span<const int32_t> prompt,
+                                const GenerateOptions& options);
+
+}  // namespace tierkv::executor

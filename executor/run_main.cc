@@ -1,0 +1,200 @@
+// tierkv-run: runs the reference GLM-5 / DeepSeek-V3.2 DSA executor on a
+// checkpoint, or writes a seeded random checkpoint of a preset shape.
+//
+//   tierkv-run --model DIR --prompt-ids 1,2,3 --max-new-tokens 8 --greedy
+//   tierkv-run --model DIR --prompt-ids 1,2,3 --temperature 0.8 --seed 7
+//              --logits-out logits.npy
+//   tierkv-run --write-random-model DIR --preset tiny|glm5-small|glm5-shape
+//
+// Exit status: 0 success, 1 a model/IO error (message on stderr), 2 usage.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "executor/checkpoint_writer.h"
+#include "executor/config.h"
+#include "executor/generator.h"
+#include "executor/model.h"
+#include "executor/npy.h"
+#include "executor/presets.h"
+#include "executor/weights.h"
+
+namespace tierkv::executor {
+namespace {
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "tierkv-run: error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+Result<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX) {
+      return Status::InvalidArgument(
+          fmt::format("--prompt-ids: '{}' is not a token id", item));
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+int WriteModel(const std::string& dir, const std::string& preset,
+               const std::string& dtype_name, uint64_t seed, bool config_only) {
+  auto config = PresetConfig(preset);
+  if (!config.ok()) return Fail(config.status());
+  auto dtype = ParseDType(dtype_name);
+  if (!dtype.ok()) return Fail(dtype.status());
+  CheckpointWriterOptions opts;
+  opts.seed = seed;
+  opts.dtype = *dtype;
+  // glm5-shape is ~1.5 TB of weights: only its config is ever written.
+  opts.config_only = config_only || preset == "glm5-shape";
+  if (Status s = WriteRandomCheckpoint(dir, *config, opts); !s.ok()) {
+    return Fail(s);
+  }
+  // Validate what was written by loading the config back.
+  auto back = LoadModelConfig(dir);
+  if (!back.ok()) return Fail(back.status());
+  const auto tensors = ExpectedTensors(*back);
+  std::vector<int64_t> full;
+  for (int64_t l = 0; l < back->num_hidden_layers; ++l) {
+    if (back->indexer_full[l]) full.push_back(l);
+  }
+  std::printf("wrote %s (preset %s, %s%s)\n", dir.c_str(), preset.c_str(),
+              std::string(DTypeName(*dtype)).c_str(),
+              opts.config_only ? ", config.json only" : "");
+  std::printf("  layers %lld, hidden %lld, heads %lld, vocab %lld\n",
+              static_cast<long long>(back->num_hidden_layers),
+              static_cast<long long>(back->hidden_size),
+              static_cast<long long>(back->num_attention_heads),
+              static_cast<long long>(back->vocab_size));
+  std::printf("  tensors %zu, parameters %llu\n", tensors.size(),
+              static_cast<unsigned long long>(ParameterCount(*back)));
+  std::printf("  full indexer layers (%zu): %s\n", full.size(),
+              fmt::format("{}", fmt::join(full, ",")).c_str());
+  return 0;
+}
+
+int RunModel(const std::string& dir, const std::string& prompt_text,
+             const GenerateOptions& gen, const std::string& logits_out,
+             int threads, const std::string& attention) {
+  auto prompt = ParseIds(prompt_text);
+  if (!prompt.ok()) return Fail(prompt.status());
+  ModelOptions mo;
+  mo.num_threads = threads;
+  if (attention == "mqa") mo.attention_mode = AttentionMode::kAbsorbedMqa;
+  if (attention == "mha") mo.attention_mode = AttentionMode::kMha;
+  auto model = Model::Load(dir, mo);
+  if (!model.ok()) return Fail(model.status());
+  const int64_t max_tokens =
+      static_cast<int64_t>(prompt->size()) + gen.max_new_tokens;
+  auto cache = (*model)->NewCache(max_tokens);
+  if (!cache.ok()) return Fail(cache.status());
+  GenerateOptions opts = gen;
+  opts.keep_logits = !logits_out.empty();
+  auto r = Generate(**model, cache->get(), *prompt, opts);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("generated: %s\n",
+              fmt::format("{}", fmt::join(r->tokens, ",")).c_str());
+  const double prefill_tps = r->prefill_seconds > 0
+                                 ? r->prompt_tokens / r->prefill_seconds
+                                 : 0.0;
+  const double decode_tps =
+      r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0.0;
+  std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n",
+              static_cast<long long>(r->prompt_tokens), r->prefill_seconds,
+              prefill_tps);
+  std::printf("decode: %lld tokens in %.3f s = %.1f tokens/s (threads %d)\n",
+              static_cast<long long>(r->decode_steps), r->decode_seconds,
+              decode_tps, (*model)->num_threads());
+  if (!logits_out.empty()) {
+    const int64_t vocab = (*model)->config().vocab_size;
+    const int64_t rows = static_cast<int64_t>(r->tokens.size());
+    if (Status s = WriteNpy(logits_out, r->logits, {rows, vocab}); !s.ok()) {
+      return Fail(s);
+    }
+    std::printf("logits: %s float32 [%lld, %lld]\n", logits_out.c_str(),
+                static_cast<long long>(rows), static_cast<long long>(vocab));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierkv::executor
+
+int main(int argc, char** argv) {
+  using namespace tierkv::executor;
+  CLI::App app{"tierkv-run: reference GLM-5 / DeepSeek-V3.2 DSA executor"};
+  std::string model_dir, prompt = "1", logits_out, write_dir,
+                         preset = "tiny", dtype = "BF16", attention = "auto";
+  int64_t max_new = 16;
+  bool greedy = false, config_only = false;
+  double temperature = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+  app.add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)");
+  app.add_option("--prompt-ids", prompt, "comma-separated prompt token ids")
+      ->capture_default_str();
+  app.add_option("--max-new-tokens", max_new, "tokens to generate")
+      ->capture_default_str();
+  app.add_flag("--greedy", greedy, "argmax decoding (the default)");
+  app.add_option("--temperature", temperature, "sample with this temperature (> 0)");
+  app.add_option("--seed", seed, "seed for sampling and for --write-random-model")
+      ->capture_default_str();
+  app.add_option("--logits-out", logits_out,
+                 "write float32 [generated, vocab] logits as .npy");
+  app.add_option("--threads", threads, "kernel threads (0 = all cores)")
+      ->capture_default_str();
+  app.add_option("--attention", attention, "auto | mqa | mha")
+      ->check(CLI::IsMember({"auto", "mqa", "mha"}))
+      ->capture_default_str();
+  app.add_option("--write-random-model", write_dir,
+                 "write a seeded random checkpoint to DIR and exit");
+  app.add_option("--preset", preset,
+                 "shape for --write-random-model: tiny | glm5-small | glm5-shape")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "checkpoint dtype: BF16 | F16 | F32 | F8_E4M3")
+      ->capture_default_str();
+  app.add_flag("--config-only", config_only,
+               "write config.json only (always on for glm5-shape)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!write_dir.empty()) {
+    return WriteModel(write_dir, preset, dtype, seed, config_only);
+  }
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "tierkv-run: error: --model DIR or "
+                         "--write-random-model DIR is required\n");
+    return 2;
+  }
+  if (greedy && temperature > 0) {
+    std::fprintf(stderr,
+                 "tierkv-run: error: --greedy and --temperature exclude each other\n");
+    return 2;
+  }
+  if (temperature < 0 || max_new < 0) {
+    std::fprintf(stderr, "tierkv-run: error: --temperature and "
+                         "--max-new-tokens must be >= 0\n");
+    return 2;
+  }
+  GenerateOptions gen;
+  gen.max_new_tokens = max_new;
+  gen.sampler.greedy = !(temperature > 0);
+  gen.sampler.temperature = temperature > 0 ? temperature : 1.0;
+  gen.sampler.seed = seed;
+  return RunModel(model_dir, prompt, gen, logits_out, threads, attention);
+}

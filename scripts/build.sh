@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Configures and builds tierkv with CMake + Ninja.
+#   scripts/build.sh [BUILD_DIR] [extra cmake args...] [-- ninja targets...]
+# Defaults: build/, RelWithDebInfo, every target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-build}
+shift || true
+cmake_args=()
+targets=()
+while (($#)); do
+  if [[ $1 == -- ]]; then shift; targets=("$@"); break; fi
+  cmake_args+=("$1"); shift
+done
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" > "$dir.cmake.log" 2>&1 \
+  || { cat "$dir.cmake.log"; exit 1; }
+ninja -C "$dir" -j"${TIERKV_JOBS:-2}" "${targets[@]}"

@@ -1,0 +1,158 @@
+// NvmeCatalog: the persistent record of which segments live where on the
+// NVMe data file (DESIGN.md §6). It is the only truth of what is on disk:
+// NvmeStore writes a segment's bytes first and its catalog entry second, and
+// rebuilds its allocator and index from this catalog at open.
+//
+// Storage: RocksDB (WAL on). Fixed-width binary keys
+//   segment:   0x02 | ns_id u32 BE | page.hi u64 BE | page.lo u64 BE |
+//              layer u16 BE | part u8                        (24 bytes)
+//   namespace: 0x01 | name bytes  -> ns_id u32 LE
+//   format:    0x00 "format"      -> "tierkv-nvme-catalog" + u8 version
+// so one namespace's segments form one contiguous key range (a prefix), and
+// namespaces map to compact ids assigned on first use.
+// Values are versioned (see EncodeCatalogEntry).
+//
+// Errors: a damaged or foreign database yields Corruption, an unreadable one
+// IOError, a missing one (create_if_missing = false) NotFound; nothing
+// crashes. With recreate_if_damaged the catalog is wiped and recreated
+// instead, and recreated() says so (the caller then treats the NVMe tier as
+// empty).
+//
+// Thread safety: all methods may be called concurrently (RocksDB is
+// thread-safe; the namespace table has its own lock).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace rocksdb {
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace tierkv::storage {
+
+// Where one segment's bytes are on the data file, and how to verify them.
+struct CatalogEntry {
+  uint64_t offset = 0;              // bytes from the start of the data file
+  uint64_t length = 0;              // the segment's exact size in bytes
+  uint64_t checksum = 0;            // XXH3-64 of those `length` bytes
+  uint64_t layout_fingerprint = 0;  // LayoutSpec::Fingerprint() at write time
+  uint64_t generation = 0;          // store-wide write counter, newer = larger
+  friend bool operator==(const CatalogEntry&, const CatalogEntry&) = default;
+};
+
+// Value encoding, version 1: u8 version (=1), then offset, length, checksum,
+// layout_fingerprint, generation as u64 little-endian (41 bytes). Decoders
+// accept trailing bytes (fields appended by later versions of v1) and reject
+// unknown versions and short values with Corruption.
+std::string EncodeCatalogEntry(const CatalogEntry& entry);
+Result<CatalogEntry> DecodeCatalogEntry(std::string_view value);
+
+struct NvmeCatalogOptions {
+  // RocksDB directory. Required.
+  std::string path;
+  // fsync the WAL on every Write (durable on return). Default: true.
+  bool sync_writes = true;
+  // Create an empty catalog when `path` holds none. Default: true.
+  bool create_if_missing = true;
+  // Wipe and recreate a catalog that fails to open as damaged (Corruption)
+  // or foreign. Default: false (report the error; the daemon decides).
+  bool recreate_if_damaged = false;
+
+  Status Validate() const;
+};
+
+class NvmeCatalog {
+ public:
+  // A group of puts and deletes applied atomically by Write().
+  class Batch {
+   public:
+    Batch();
+    ~Batch();
+    Batch(Batch&&) noexcept;
+    Batch& operator=(Batch&&) noexcept;
+    void Put(uint32_t ns_id, const SegmentKey& key, const CatalogEntry& entry);
+    void Delete(uint32_t ns_id, const SegmentKey& key);
+    size_t count() const { return count_; }
+    bool empty() const { return count_ == 0; }
+    void Clear();
+
+   private:
+    friend class NvmeCatalog;
+    std::unique_ptr<rocksdb::WriteBatch> batch_;
+    size_t count_ = 0;
+  };
+
+  struct ScanStats {
+    uint64_t entries = 0;    // well-formed entries passed to the visitor
+    uint64_t malformed = 0;  // keys or values that failed to decode
+  };
+  using Visitor = std::function<void(uint32_t ns_id, const SegmentKey& key,
+                                     const CatalogEntry& entry)>;
+
+  // Opens or creates the catalog. Errors as described above.
+  static Result<std::unique_ptr<NvmeCatalog>> Open(
+      const NvmeCatalogOptions& options);
+  ~NvmeCatalog();
+  NvmeCatalog(const NvmeCatalog&) = delete;
+  NvmeCatalog& operator=(const NvmeCatalog&) = delete;
+
+  // True when Open found a damaged catalog and recreated it (entries lost);
+  // recreate_reason() is the error that triggered it.
+  bool recreated() const { return recreated_; }
+  Status recreate_reason() const { return recreate_reason_; }
+
+  // The id of namespace `name`, assigning and persisting a new one on first
+  // use. InvalidArgument for an empty name; IOError when persisting fails.
+  Result<uint32_t> GetOrCreateNamespace(std::string_view name);
+  // NotFound when `name` was never assigned an id.
+  Result<uint32_t> FindNamespace(std::string_view name) const;
+  // Every known namespace: name -> id.
+  std::map<std::string, uint32_t, std::less<>> Namespaces() const;
+
+  // Applies `batch` atomically (WAL, synced when options.sync_writes).
+  // IOError on failure, in which case nothing of the batch is applied.
+  Status Write(Batch& batch);
+
+  // NotFound when absent; Corruption when the stored value is malformed.
+  Result<CatalogEntry> Get(uint32_t ns_id, const SegmentKey& key) const;
+
+  // Calls `visitor` for every segment entry, in key order (namespace by
+  // namespace). Malformed entries are skipped and counted (and deleted when
+  // `delete_malformed`). IOError / Corruption when iteration itself fails.
+  Result<ScanStats> ForEach(const Visitor& visitor,
+                            bool delete_malformed = false);
+
+  // Number of segment entries (a full scan; for tests and tools).
+  Result<uint64_t> CountEntries();
+
+ private:
+  NvmeCatalog(const NvmeCatalogOptions& options, std::unique_ptr<rocksdb::DB> db);
+  Status LoadNamespaces();
+
+  const NvmeCatalogOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+  bool recreated_ = false;
+  Status recreate_reason_;
+
+  // Serializes every write to RocksDB. RocksDB would group-commit
+  // concurrent writers, with one thread copying another's batch; NvmeStore
+  // already batches per call, and that cross-thread hand-off happens inside
+  // the uninstrumented system librocksdb, where ThreadSanitizer reports it
+  // as a race. Taken before ns_mu_ when both are needed.
+  std::mutex write_mu_;
+  mutable std::mutex ns_mu_;  // guards the namespace table
+  std::map<std::string, uint32_t, std::less<>> namespaces_;
+  uint32_t next_ns_id_ = 1;
+};
+
+}  // namespace tierkv::storage

@@ -1,0 +1,513 @@
+#include "storage/nvme_store.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include <fmt/format.h>
+#include "storage/storage_log.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "storage/uring_device.h"
+
+namespace tierkv::storage {
+namespace {
+
+uint64_t Checksum(std::span<const std::byte> data) {
+  return XXH3_64bits(data.data(), data.size());
+}
+
+// Any failure of the data path surfaces as IOError (DESIGN.md §6).
+Status AsIoError(const Status& s) {
+  if (s.ok() || s.code() == StatusCode::kIOError) return s;
+  return Status::IOError(s.ToString());
+}
+
+}  // namespace
+
+Status NvmeStoreOptions::Validate() const {
+  if (path.empty() && device == nullptr) {
+    return Status::InvalidArgument("nvme store: path is empty and no device given");
+  }
+  if (catalog_path.empty() && path.empty()) {
+    return Status::InvalidArgument("nvme store: catalog_path is empty");
+  }
+  if (block_size < 512 || !std::has_single_bit(block_size)) {
+    return Status::InvalidArgument(
+        "nvme store: block_size must be a power of two >= 512");
+  }
+  if (capacity_bytes == 0 || capacity_bytes % block_size != 0) {
+    return Status::InvalidArgument(
+        "nvme store: capacity_bytes must be a non-zero multiple of block_size");
+  }
+  if (queue_depth == 0 || queue_depth > 4096) {
+    return Status::InvalidArgument("nvme store: queue_depth must be 1..4096");
+  }
+  if (max_segment_bytes == 0) {
+    return Status::InvalidArgument("nvme store: max_segment_bytes is 0");
+  }
+  if (device != nullptr &&
+      (device->size() < capacity_bytes || device->block_size() != block_size)) {
+    return Status::InvalidArgument(fmt::format(
+        "nvme store: device ({} bytes, block {}) does not fit capacity {} / "
+        "block {}",
+        device->size(), device->block_size(), capacity_bytes, block_size));
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options) {
+  TIERKV_RETURN_IF_ERROR(options.Validate());
+  std::shared_ptr<Device> device = options.device;
+  if (device == nullptr) {
+    UringDeviceOptions dev;
+    dev.path = options.path;
+    dev.size_bytes = options.capacity_bytes;
+    dev.use_direct_io = options.use_direct_io;
+    dev.queue_depth = options.queue_depth;
+    dev.block_size = options.block_size;
+    dev.force_sync_io = options.force_sync_io;
+    auto opened = UringDevice::Open(dev);
+    if (!opened.ok()) return opened.status();
+    device = std::move(opened).value();
+  }
+
+  NvmeCatalogOptions cat;
+  cat.path = options.catalog_path.empty() ? options.path + ".catalog"
+                                          : options.catalog_path;
+  cat.sync_writes = options.sync_catalog;
+  cat.create_if_missing = options.create_catalog_if_missing;
+  cat.recreate_if_damaged = options.recreate_damaged_catalog;
+  auto catalog = NvmeCatalog::Open(cat);
+  if (!catalog.ok()) return catalog.status();
+
+  std::unique_ptr<NvmeStore> store(
+      new NvmeStore(options, std::move(device), std::move(catalog).value()));
+  TIERKV_RETURN_IF_ERROR(store->Recover());
+  return store;
+}
+
+NvmeStore::NvmeStore(const NvmeStoreOptions& options,
+                     std::shared_ptr<Device> device,
+                     std::unique_ptr<NvmeCatalog> catalog)
+    : options_(options),
+      device_(std::move(device)),
+      catalog_(std::move(catalog)),
+      allocator_(options.capacity_bytes, options.block_size) {}
+
+NvmeStore::~NvmeStore() {
+  // Best effort: make queued deletes durable so a restart does not see
+  // entries whose extents may already have been reused (their checksums
+  // would catch it, but as corruption).
+  FlushPendingDeletes(UINT64_MAX).PermitUncheckedError();
+}
+
+Status NvmeStore::Recover() {
+  recovery_.catalog_recreated = catalog_->recreated();
+  struct Found {
+    FullKey key;
+    CatalogEntry entry;
+  };
+  std::vector<Found> found;
+  auto scan = catalog_->ForEach(
+      [&](uint32_t ns_id, const SegmentKey& key, const CatalogEntry& entry) {
+        found.push_back({{ns_id, key}, entry});
+      },
+      /*delete_malformed=*/true);
+  if (!scan.ok()) return scan.status();
+  recovery_.malformed_entries = scan->malformed;
+
+  // Newest first: when two entries overlap, the older one is stale.
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.entry.generation > b.entry.generation;
+  });
+  NvmeCatalog::Batch drop;
+  uint64_t max_generation = 0;
+  std::lock_guard lock(mu_);
+  for (const Found& f : found) {
+    max_generation = std::max(max_generation, f.entry.generation);
+    const Extent extent{f.entry.offset, allocator_.RoundUp(f.entry.length)};
+    const bool sane = f.entry.length > 0 &&
+                      f.entry.length <= options_.max_segment_bytes &&
+                      f.entry.offset % options_.block_size == 0 &&
+                      extent.length >= f.entry.length;  // no wrap-around
+    if (!sane || !allocator_.Reserve(extent)) {
+      ++recovery_.dropped_segments;
+      drop.Delete(f.key.ns_id, f.key.key);
+      continue;
+    }
+    auto segment = std::make_shared<Segment>();
+    segment->key = f.key;
+    segment->entry = f.entry;
+    segment->extent = extent;
+    lru_.push_back(segment.get());  // generation order: newest at the front
+    segment->lru_pos = std::prev(lru_.end());
+    index_.emplace(f.key, std::move(segment));
+    ++recovery_.recovered_segments;
+    recovery_.recovered_bytes += f.entry.length;
+    bytes_used_ += f.entry.length;
+  }
+  next_generation_ = max_generation + 1;
+  if (!drop.empty()) {
+    Status s = catalog_->Write(drop);
+    if (!s.ok()) {
+      // Not fatal: the entries are not indexed, and the next Open drops
+      // them again.
+      StorageLog().warn("tierkv nvme store: cannot delete {} dropped entries: {}",
+                   drop.count(), s.ToString());
+    }
+  }
+  if (recovery_.dropped_segments > 0 || recovery_.malformed_entries > 0) {
+    StorageLog().warn(
+        "tierkv nvme store: recovery dropped {} overlapping/out-of-range and "
+        "{} malformed catalog entries",
+        recovery_.dropped_segments, recovery_.malformed_entries);
+  }
+  return Status::OK();
+}
+
+std::optional<Extent> NvmeStore::AllocateLocked(uint64_t length) {
+  for (;;) {
+    if (auto extent = allocator_.Allocate(length)) return extent;
+    if (!EvictOneLocked()) return std::nullopt;
+  }
+}
+
+bool NvmeStore::EvictOneLocked() {
+  // Least recently used first, skipping segments being read. Pinned
+  // segments are few (one per in-flight read), so this stays O(1) amortized.
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+    Segment* victim = *it;
+    if (victim->readers > 0) continue;
+    auto found = index_.find(victim->key);
+    UnlinkLocked(found->second, /*delete_entry=*/true);
+    ++counters_.evictions;
+    return true;
+  }
+  return false;
+}
+
+void NvmeStore::UnlinkLocked(const std::shared_ptr<Segment>& segment,
+                             bool delete_entry) {
+  std::shared_ptr<Segment> keep = segment;  // index_ may hold the only ref
+  keep->live = false;
+  lru_.erase(keep->lru_pos);
+  bytes_used_ -= keep->entry.length;
+  // A write of the same key in flight will supersede the entry with its own
+  // put (or queue a delete if it fails), so a delete here could only race
+  // with that put and erase the newer entry.
+  if (delete_entry && !writing_.contains(keep->key)) {
+    pending_deletes_.push_back(keep->key);
+    ++delete_seq_;
+  }
+  index_.erase(keep->key);
+  if (keep->readers == 0) allocator_.Free(keep->extent);
+}
+
+void NvmeStore::ReleaseReaderLocked(const std::shared_ptr<Segment>& segment) {
+  if (--segment->readers == 0 && !segment->live) allocator_.Free(segment->extent);
+}
+
+Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
+  std::lock_guard flush_lock(flush_mu_);
+  std::vector<FullKey> keys;
+  uint64_t seq = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (durable_delete_seq_ >= std::min(upto_seq, delete_seq_)) return Status::OK();
+    keys.swap(pending_deletes_);
+    seq = delete_seq_;
+  }
+  NvmeCatalog::Batch batch;
+  for (const FullKey& k : keys) batch.Delete(k.ns_id, k.key);
+  Status s = catalog_->Write(batch);
+  std::lock_guard lock(mu_);
+  if (s.ok()) {
+    durable_delete_seq_ = seq;
+  } else {
+    pending_deletes_.insert(pending_deletes_.end(), keys.begin(), keys.end());
+  }
+  return s;
+}
+
+std::vector<Status> NvmeStore::Write(std::string_view ns,
+                                     uint64_t layout_fingerprint,
+                                     std::span<const NvmeWriteItem> items) {
+  std::vector<Status> results(items.size());
+  auto ns_id = catalog_->GetOrCreateNamespace(ns);
+  if (!ns_id.ok()) {
+    std::fill(results.begin(), results.end(), AsIoError(ns_id.status()));
+    std::lock_guard lock(mu_);
+    counters_.write_errors += items.size();
+    return results;
+  }
+
+  struct Planned {
+    size_t item;
+    FullKey key;
+    Extent extent;
+    CatalogEntry entry;
+    IoBuffer buffer;
+  };
+  std::vector<Planned> planned;
+  uint64_t needs_seq = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const NvmeWriteItem& item = items[i];
+      const uint64_t length = item.data.size();
+      if (length == 0 || length > options_.max_segment_bytes ||
+          length > options_.capacity_bytes) {
+        results[i] = Status::InvalidArgument(fmt::format(
+            "nvme store: segment size {} outside [1, {}]", length,
+            std::min(options_.max_segment_bytes, options_.capacity_bytes)));
+        continue;
+      }
+      const FullKey key{*ns_id, item.key};
+      if (writing_.contains(key)) {
+        results[i] = Status::Busy("nvme store: a write of this segment is in flight");
+        continue;
+      }
+      if (auto it = index_.find(key); it != index_.end()) {
+        Segment& existing = *it->second;
+        if (existing.entry.layout_fingerprint == layout_fingerprint &&
+            existing.entry.length == length) {
+          lru_.splice(lru_.begin(), lru_, existing.lru_pos);
+          results[i] = Status::AlreadyExists("nvme store: segment already stored");
+          ++counters_.write_dedup;
+          continue;
+        }
+      }
+      std::optional<Extent> extent = AllocateLocked(length);
+      if (!extent) {
+        results[i] = Status::ResourceExhausted(
+            "nvme store: no space even after evicting every unpinned segment");
+        continue;
+      }
+      writing_.insert(key);
+      CatalogEntry entry{extent->offset, length, 0, layout_fingerprint,
+                         next_generation_++};
+      planned.push_back({i, key, *extent, entry, IoBuffer()});
+    }
+    needs_seq = delete_seq_;
+  }
+
+  // Extents may have come from segments whose catalog deletes are still
+  // queued: make those durable before overwriting the bytes.
+  Status common = planned.empty() ? Status::OK() : FlushPendingDeletes(needs_seq);
+
+  // Data first.
+  std::vector<IoRequest> requests;
+  std::vector<size_t> request_of;  // planned index per request
+  if (common.ok()) {
+    requests.reserve(planned.size());
+    for (size_t p = 0; p < planned.size(); ++p) {
+      Planned& plan = planned[p];
+      std::span<const std::byte> data = items[plan.item].data;
+      plan.entry.checksum = Checksum(data);
+      plan.buffer = device_->AllocateIoBuffer(plan.extent.length);
+      if (plan.buffer.empty()) {
+        results[plan.item] = Status::ResourceExhausted("nvme store: out of memory");
+        continue;
+      }
+      std::memcpy(plan.buffer.data(), data.data(), data.size());
+      std::memset(plan.buffer.data() + data.size(), 0,
+                  plan.extent.length - data.size());
+      requests.push_back(IoRequest{IoOp::kWrite, plan.extent.offset,
+                                   plan.buffer.span().first(plan.extent.length)});
+      request_of.push_back(p);
+    }
+    device_->SubmitBatch(requests);
+    bool any_written = false;
+    for (size_t r = 0; r < requests.size(); ++r) {
+      if (!requests[r].status.ok()) {
+        results[planned[request_of[r]].item] = AsIoError(requests[r].status);
+      } else {
+        any_written = true;
+      }
+    }
+    if (any_written && options_.sync_data) common = AsIoError(device_->Flush());
+  }
+
+  // Then the catalog, in one batch.
+  if (common.ok()) {
+    NvmeCatalog::Batch batch;
+    for (const Planned& plan : planned) {
+      if (results[plan.item].ok()) batch.Put(plan.key.ns_id, plan.key.key, plan.entry);
+    }
+    common = AsIoError(catalog_->Write(batch));
+  }
+
+  // Then publish (or roll back).
+  std::lock_guard lock(mu_);
+  for (Planned& plan : planned) {
+    writing_.erase(plan.key);
+    Status& result = results[plan.item];
+    if (result.ok() && !common.ok()) result = common;
+    if (!result.ok()) {
+      allocator_.Free(plan.extent);
+      if (!index_.contains(plan.key)) {
+        // An older entry of this key may have been unlinked while we wrote
+        // (its delete skipped, see UnlinkLocked): retire it now.
+        pending_deletes_.push_back(plan.key);
+        ++delete_seq_;
+      }
+      continue;
+    }
+    if (auto it = index_.find(plan.key); it != index_.end()) {
+      // Replaced (other layout or size): the put above superseded its entry.
+      UnlinkLocked(it->second, /*delete_entry=*/false);
+    }
+    auto segment = std::make_shared<Segment>();
+    segment->key = plan.key;
+    segment->entry = plan.entry;
+    segment->extent = plan.extent;
+    lru_.push_front(segment.get());
+    segment->lru_pos = lru_.begin();
+    bytes_used_ += plan.entry.length;
+    index_.emplace(plan.key, std::move(segment));
+  }
+  for (const Status& s : results) {
+    if (s.ok()) {
+      ++counters_.writes;
+    } else if (!s.IsAlreadyExists()) {
+      ++counters_.write_errors;
+    }
+  }
+  return results;
+}
+
+Result<uint64_t> NvmeStore::Read(std::string_view ns, const SegmentKey& key,
+                                 uint64_t layout_fingerprint,
+                                 std::span<std::byte> dst) {
+  auto ns_id = catalog_->FindNamespace(ns);
+  std::shared_ptr<Segment> segment;
+  {
+    std::lock_guard lock(mu_);
+    ++counters_.reads;
+    if (ns_id.ok()) {
+      if (auto it = index_.find(FullKey{*ns_id, key}); it != index_.end()) {
+        segment = it->second;
+      }
+    }
+    if (segment == nullptr ||
+        segment->entry.layout_fingerprint != layout_fingerprint) {
+      ++counters_.read_misses;
+      return Status::NotFound("nvme store: segment not stored");
+    }
+    if (dst.size() < segment->entry.length) {
+      return Status::InvalidArgument(fmt::format(
+          "nvme store: destination holds {} bytes, segment has {}", dst.size(),
+          segment->entry.length));
+    }
+    ++segment->readers;  // pins the extent until ReleaseReaderLocked
+    lru_.splice(lru_.begin(), lru_, segment->lru_pos);
+  }
+  const CatalogEntry entry = segment->entry;  // immutable once published
+  const uint64_t rounded = segment->extent.length;
+
+  // Read straight into dst when it is aligned and big enough; else bounce.
+  std::span<std::byte> landing;
+  IoBuffer bounce;
+  const bool direct =
+      dst.size() >= rounded &&
+      reinterpret_cast<uintptr_t>(dst.data()) % options_.block_size == 0;
+  Status status;
+  if (direct) {
+    landing = dst.first(rounded);
+  } else {
+    bounce = device_->AllocateIoBuffer(rounded);
+    if (bounce.empty()) status = Status::ResourceExhausted("nvme store: out of memory");
+    landing = bounce.span().first(bounce.empty() ? 0 : rounded);
+  }
+  if (status.ok()) status = AsIoError(device_->Read(entry.offset, landing));
+  bool corrupt = false;
+  if (status.ok()) {
+    corrupt = Checksum(landing.first(entry.length)) != entry.checksum;
+    if (!corrupt && !direct) {
+      std::memcpy(dst.data(), landing.data(), entry.length);
+    }
+    if (corrupt && direct) std::memset(dst.data(), 0, entry.length);
+  }
+
+  std::lock_guard lock(mu_);
+  ReleaseReaderLocked(segment);
+  if (!status.ok()) {
+    ++counters_.read_errors;
+    return status;
+  }
+  if (corrupt) {
+    ++counters_.checksum_failures;
+    ++counters_.read_misses;
+    if (segment->live) UnlinkLocked(segment, /*delete_entry=*/true);
+    StorageLog().warn("tierkv nvme store: checksum mismatch for {} at offset {}",
+                 key.ToString(), entry.offset);
+    return Status::NotFound("nvme store: checksum mismatch (segment dropped)");
+  }
+  ++counters_.read_hits;
+  return entry.length;
+}
+
+std::optional<uint64_t> NvmeStore::Lookup(std::string_view ns,
+                                          const SegmentKey& key,
+                                          uint64_t layout_fingerprint) const {
+  auto ns_id = catalog_->FindNamespace(ns);
+  if (!ns_id.ok()) return std::nullopt;
+  std::lock_guard lock(mu_);
+  auto it = index_.find(FullKey{*ns_id, key});
+  if (it == index_.end() ||
+      it->second->entry.layout_fingerprint != layout_fingerprint) {
+    return std::nullopt;
+  }
+  return it->second->entry.length;
+}
+
+Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {
+  auto ns_id = catalog_->FindNamespace(ns);
+  if (!ns_id.ok()) return Status::NotFound("nvme store: unknown namespace");
+  uint64_t needs_seq = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = index_.find(FullKey{*ns_id, key});
+    if (it == index_.end()) return Status::NotFound("nvme store: segment not stored");
+    UnlinkLocked(it->second, /*delete_entry=*/true);
+    ++counters_.removals;
+    needs_seq = delete_seq_;
+  }
+  return FlushPendingDeletes(needs_seq);
+}
+
+std::optional<CatalogEntry> NvmeStore::TEST_Entry(std::string_view ns,
+                                                  const SegmentKey& key) const {
+  auto ns_id = catalog_->FindNamespace(ns);
+  if (!ns_id.ok()) return std::nullopt;
+  std::lock_guard lock(mu_);
+  auto it = index_.find(FullKey{*ns_id, key});
+  if (it == index_.end()) return std::nullopt;
+  return it->second->entry;
+}
+
+NvmeStoreStats NvmeStore::Stats() const {
+  NvmeStoreStats s;
+  {
+    std::lock_guard lock(mu_);
+    s = counters_;
+    s.segments = index_.size();
+    s.bytes_used = bytes_used_;
+    const ExtentAllocatorStats alloc = allocator_.Stats();
+    s.bytes_allocated = alloc.allocated_bytes;
+    s.capacity_bytes = alloc.capacity_bytes;
+    s.fragmentation = alloc.fragmentation();
+    s.pending_catalog_deletes = pending_deletes_.size();
+  }
+  s.recovery = recovery_;
+  s.device = device_->Stats();
+  auto* uring = dynamic_cast<UringDevice*>(device_.get());
+  s.direct_io = uring != nullptr && uring->direct_io();
+  s.io_uring = uring != nullptr && uring->backend() == IoBackend::kIoUring;
+  return s;
+}
+
+}  // namespace tierkv::storage

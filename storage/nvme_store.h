@@ -1,0 +1,241 @@
+// NvmeStore: the NVMe tier (T2) — segments of every namespace in one data
+// file (or raw block device), located by the NvmeCatalog (DESIGN.md §4, §6).
+//
+// Layout and policy:
+//   * Space is handed out by an ExtentAllocator in block_size (4 KiB) units;
+//     a segment of any size occupies RoundUp(size) bytes.
+//   * The tier has its own capacity and its own O(1) LRU. When an allocation
+//     does not fit, least recently used segments are evicted until it does;
+//     segments being read are never evicted (or reused) while the read runs.
+//   * Equal (namespace, key) means equal bytes (content-addressed prefix
+//     hashes), so writing a key that is already stored with the same layout
+//     and size returns AlreadyExists and copies nothing.
+//
+// Crash safety (DESIGN.md §6): a write goes (1) data to the device (flushed
+// when sync_data), then (2) its catalog entry (WAL, synced when
+// sync_catalog), and only then (3) is it acknowledged and visible to reads.
+// Extents of evicted or removed segments may be reused only after their
+// catalog deletes are durable, so the catalog never points at bytes of a
+// different segment; every read still verifies the XXH3-64 checksum, and a
+// mismatch is a miss (NotFound) plus a checksum_failures count — never bad
+// bytes. A failed write (IOError, including ENOSPC) leaves every segment
+// stored before it readable.
+//
+// Thread safety: all methods may be called concurrently. One mutex guards
+// the index, LRU and allocator; device IO and catalog writes run outside it.
+// A Read racing an eviction, Remove or overwrite of the same key returns
+// either the complete old bytes or a miss, never a mix.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "storage/device.h"
+#include "storage/extent_allocator.h"
+#include "storage/nvme_catalog.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::storage {
+
+struct NvmeStoreOptions {
+  // Data file or block device. Required unless `device` is set.
+  std::string path;
+  // RocksDB catalog directory. Default (empty): path + ".catalog".
+  std::string catalog_path;
+  // Bytes of the data file the tier may use; a multiple of block_size. A
+  // regular file is created/preallocated to this size. Required.
+  uint64_t capacity_bytes = 0;
+  // io_uring queue depth per thread, 1..4096. Default: 64.
+  uint32_t queue_depth = 64;
+  // O_DIRECT on the data file (falls back to buffered IO where the file
+  // system refuses it; see Stats().direct_io). Default: true.
+  bool use_direct_io = true;
+  // Use pread/pwrite instead of io_uring. Default: false.
+  bool force_sync_io = false;
+  // Sync the catalog WAL on every write batch. Default: true.
+  bool sync_catalog = true;
+  // fdatasync the data file before writing catalog entries, so an
+  // acknowledged segment survives power loss, not just a process crash.
+  // Default: true.
+  bool sync_data = true;
+  // Create an empty catalog when none exists. Default: true.
+  bool create_catalog_if_missing = true;
+  // Recreate (empty) a damaged catalog instead of failing Open with
+  // Corruption; the data file is then treated as empty. Default: false.
+  bool recreate_damaged_catalog = false;
+  // Largest accepted segment in bytes. Default: 1 GiB (LayoutSpec's limit).
+  uint64_t max_segment_bytes = uint64_t{1} << 30;
+  // IO alignment (O_DIRECT); a power of two >= 512. Default: 4096.
+  uint32_t block_size = 4096;
+  // Device to use instead of opening `path` (tests: MemoryDevice,
+  // FaultInjectionDevice). Its size must be >= capacity_bytes and its block
+  // size equal to block_size. Default: null.
+  std::shared_ptr<Device> device;
+
+  // InvalidArgument naming the first bad field.
+  Status Validate() const;
+};
+
+// One segment to store: `data` is borrowed for the duration of Write().
+struct NvmeWriteItem {
+  SegmentKey key;
+  std::span<const std::byte> data;
+};
+
+// What Open() found in the catalog.
+struct NvmeRecoveryReport {
+  uint64_t recovered_segments = 0;
+  uint64_t recovered_bytes = 0;       // sum of segment lengths
+  uint64_t dropped_segments = 0;      // overlapping / out-of-range entries
+  uint64_t malformed_entries = 0;     // undecodable catalog records
+  bool catalog_recreated = false;     // the catalog was damaged and wiped
+};
+
+struct NvmeStoreStats {
+  uint64_t segments = 0;
+  uint64_t bytes_used = 0;        // sum of segment lengths
+  uint64_t bytes_allocated = 0;   // sum of rounded extents
+  uint64_t capacity_bytes = 0;
+  double fragmentation = 0;       // 1 - largest free extent / free bytes
+  uint64_t evictions = 0;
+  uint64_t removals = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t reads = 0;             // Read calls
+  uint64_t read_hits = 0;
+  uint64_t read_misses = 0;       // absent, layout mismatch or corrupt
+  uint64_t read_errors = 0;       // device errors
+  uint64_t writes = 0;            // items stored (acknowledged)
+  uint64_t write_dedup = 0;       // items answered AlreadyExists
+  uint64_t write_errors = 0;      // items that failed (any code)
+  uint64_t pending_catalog_deletes = 0;
+  NvmeRecoveryReport recovery;
+  bool direct_io = false;         // O_DIRECT in effect (false: buffered)
+  bool io_uring = false;          // io_uring in effect (false: pread/pwrite)
+  DeviceStats device;
+};
+
+class NvmeStore {
+ public:
+  // Validates `options`, opens the device and the catalog and rebuilds the
+  // allocator, index and LRU from the catalog (newest generation first;
+  // entries that overlap a newer one or lie outside the capacity are
+  // dropped, deleted from the catalog and counted, never fatal).
+  // Errors: InvalidArgument (options), IOError (device / catalog IO),
+  // Corruption (damaged catalog, unless recreate_damaged_catalog), NotFound
+  // (no catalog and create_catalog_if_missing = false).
+  static Result<std::unique_ptr<NvmeStore>> Open(const NvmeStoreOptions& options);
+  ~NvmeStore();
+  NvmeStore(const NvmeStore&) = delete;
+  NvmeStore& operator=(const NvmeStore&) = delete;
+
+  // Stores a batch of segments of namespace `ns` written with layout
+  // `layout_fingerprint`. Returns one Status per item, in order:
+  //   OK                stored durably (see crash safety above);
+  //   AlreadyExists     the same key, layout and size is stored (dedup);
+  //   Busy              another write of the same key is in flight (also
+  //                     for a key repeated within one batch);
+  //   InvalidArgument   empty or oversized data;
+  //   ResourceExhausted no room even after evicting every unpinned segment;
+  //   IOError           device or catalog failure (ENOSPC included); the
+  //                     item is not stored, nothing stored before is lost.
+  // A key stored with a different layout or size is replaced.
+  std::vector<Status> Write(std::string_view ns, uint64_t layout_fingerprint,
+                            std::span<const NvmeWriteItem> items);
+
+  // Copies segment `key` of `ns` into the front of `dst` and returns its
+  // length. NotFound when absent, stored with another layout fingerprint, or
+  // when its checksum fails (the entry is then dropped and counted);
+  // InvalidArgument when dst is smaller than the segment; IOError when the
+  // device fails. On any error the content of dst is unspecified but never
+  // holds bytes of a wrong segment that look valid.
+  Result<uint64_t> Read(std::string_view ns, const SegmentKey& key,
+                        uint64_t layout_fingerprint, std::span<std::byte> dst);
+
+  // The stored segment's length, or nullopt when absent / other layout.
+  // Does not touch the LRU.
+  std::optional<uint64_t> Lookup(std::string_view ns, const SegmentKey& key,
+                                 uint64_t layout_fingerprint) const;
+  bool Contains(std::string_view ns, const SegmentKey& key,
+                uint64_t layout_fingerprint) const {
+    return Lookup(ns, key, layout_fingerprint).has_value();
+  }
+
+  // Drops the segment. NotFound when absent; IOError when the catalog delete
+  // cannot be made durable (the segment is gone from this process either
+  // way; the delete is retried before its space is reused).
+  Status Remove(std::string_view ns, const SegmentKey& key);
+
+  NvmeStoreStats Stats() const;
+  // Test hook: the catalog entry of a stored segment (to corrupt its bytes).
+  std::optional<CatalogEntry> TEST_Entry(std::string_view ns,
+                                         const SegmentKey& key) const;
+  const NvmeRecoveryReport& recovery() const { return recovery_; }
+  Device& device() { return *device_; }
+
+ private:
+  struct FullKey {
+    uint32_t ns_id = 0;
+    SegmentKey key;
+    friend bool operator==(const FullKey&, const FullKey&) = default;
+  };
+  struct FullKeyHash {
+    size_t operator()(const FullKey& k) const noexcept {
+      return std::hash<SegmentKey>()(k.key) ^ (size_t{k.ns_id} * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  // One stored segment. Owned by index_ while live; readers hold a
+  // shared_ptr so a segment unlinked mid-read keeps its extent reserved
+  // until the last reader leaves.
+  struct Segment {
+    FullKey key;
+    CatalogEntry entry;
+    Extent extent;
+    uint32_t readers = 0;  // guarded by mu_
+    bool live = true;      // guarded by mu_; false once unlinked
+    std::list<Segment*>::iterator lru_pos;  // valid while live
+  };
+
+  NvmeStore(const NvmeStoreOptions& options, std::shared_ptr<Device> device,
+            std::unique_ptr<NvmeCatalog> catalog);
+  Status Recover();
+  std::optional<Extent> AllocateLocked(uint64_t length);
+  bool EvictOneLocked();
+  void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry);
+  void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment);
+  Status FlushPendingDeletes(uint64_t upto_seq);
+
+  const NvmeStoreOptions options_;
+  const std::shared_ptr<Device> device_;
+  const std::unique_ptr<NvmeCatalog> catalog_;
+  NvmeRecoveryReport recovery_;  // written once in Open
+
+  // Serializes catalog delete flushes so they reach RocksDB in order.
+  std::mutex flush_mu_;
+
+  mutable std::mutex mu_;  // guards everything below
+  ExtentAllocator allocator_;
+  std::unordered_map<FullKey, std::shared_ptr<Segment>, FullKeyHash> index_;
+  std::list<Segment*> lru_;  // front: most recently used
+  std::unordered_set<FullKey, FullKeyHash> writing_;  // writes in flight
+  // Catalog deletes of unlinked segments not yet durable. Their extents may
+  // be handed out again, but no data is written into a fresh extent before
+  // every delete queued until then is durable (durable_delete_seq_).
+  std::vector<FullKey> pending_deletes_;
+  uint64_t delete_seq_ = 0;          // deletes queued so far
+  uint64_t durable_delete_seq_ = 0;  // deletes known durable
+  uint64_t next_generation_ = 1;
+  uint64_t bytes_used_ = 0;
+  NvmeStoreStats counters_;  // the counter fields only
+};
+
+}  // namespace tierkv::storage

@@ -1,0 +1,18 @@
+// StorageLog: the logger used by storage/ (device fallbacks, recovery
+// reports, checksum failures).
+//
+// Returns the spdlog logger registered as "tierkv.storage" when the daemon
+// registered one; otherwise a logger writing to stderr — never stdout, which
+// tools and tests parse. The fallback starts at the default logger's level.
+// Thread-safe.
+#pragma once
+
+#include <memory>
+
+#include <spdlog/logger.h>
+
+namespace tierkv::storage {
+
+spdlog::logger& StorageLog();
+
+}  // namespace tierkv::storage
