@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
 
@@ -71,6 +72,25 @@ namespace {
 
 // Get pipelines sub-batches of about this many bytes.
 constexpr size_t kPipelineChunkBytes = size_t{2} << 20;
+
+// Splits items [0, n) into consecutive [begin, end) chunks of about
+// `chunk_bytes` (at least one item, at most kMaxBatchItems each).
+template <typename SizeOf>
+std::vector<std::pair<size_t, size_t>> SplitByBytes(size_t n, uint64_t chunk_bytes,
+                                                    SizeOf size_of) {
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t begin = 0; begin < n;) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < n && end - begin < kMaxBatchItems &&
+           (bytes < chunk_bytes || end == begin)) {
+      bytes += size_of(end++);
+    }
+    chunks.emplace_back(begin, end);
+    begin = end;
+  }
+  return chunks;
+}
 
 // Splits [0, n) into request-sized chunks.
 template <typename Fn>
@@ -155,27 +175,83 @@ Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
 }
 
 std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
+  // Pipelined like Get: the reservation of sub-batch k+1 and the commit of
+  // k-1 are in flight while sub-batch k is copied into the arena. Sub-batches
+  // are also bounded in bytes so that one call never needs more reserved
+  // (unevictable) space at once than a fraction of the arena.
   std::vector<Status> out(writes.size());
-  ForEachChunk(writes.size(), [&](size_t begin, size_t end) {
+  const uint64_t chunk_bytes =
+      std::max<uint64_t>(1, std::min<uint64_t>(kPipelineChunkBytes, impl_->arena_bytes_ / 16));
+  const auto chunks = SplitByBytes(writes.size(), chunk_bytes,
+                                   [&](size_t i) { return writes[i].data.size(); });
+  std::vector<PutReserveResponse> reserved(chunks.size());
+  std::vector<std::vector<size_t>> committed(chunks.size());  // item indices
+  struct InFlight {
+    uint64_t id;
+    Opcode op;
+    size_t chunk;
+  };
+  std::deque<InFlight> in_flight;  // replies arrive in this order
+
+  std::lock_guard lock(impl_->mu_);
+  UdsChannel& channel = *impl_->channel_;
+  auto fail_chunk = [&](size_t k, const Status& s) {
+    for (size_t i = chunks[k].first; i < chunks[k].second; ++i) out[i] = s;
+  };
+  auto send = [&](Opcode op, size_t k, std::vector<std::byte> payload) {
+    auto id = channel.Send(static_cast<uint16_t>(op), payload);
+    if (id.ok()) {
+      in_flight.push_back({*id, op, k});
+    } else {
+      fail_chunk(k, id.status());
+    }
+  };
+  auto send_reserve = [&](size_t k) {
     PutReserveRequest req;
-    req.items.reserve(end - begin);
-    for (size_t i = begin; i < end; ++i) {
+    for (size_t i = chunks[k].first; i < chunks[k].second; ++i) {
       req.items.push_back({writes[i].key, writes[i].data.size()});
     }
-    PutReserveResponse reserved;
-    Status s = impl_->Call(Opcode::kPutReserve, Encode(req), reserved);
-    if (s.ok() && reserved.items.size() != req.items.size()) {
-      s = Status::ProtocolError("reserve reply has the wrong item count");
+    send(Opcode::kPutReserve, k, Encode(req));
+  };
+  // Receives replies in order up to and including the one for (op, k).
+  auto receive_until = [&](Opcode op, size_t k) {
+    while (!in_flight.empty()) {
+      const InFlight r = in_flight.front();
+      in_flight.pop_front();
+      const auto [begin, end] = chunks[r.chunk];
+      if (r.op == Opcode::kPutReserve) {
+        Status s = impl_->ReceiveLocked(r.op, r.id, reserved[r.chunk], nullptr, true);
+        if (s.ok() && reserved[r.chunk].items.size() != end - begin) {
+          s = Status::ProtocolError("reserve reply has the wrong item count");
+        }
+        if (!s.ok()) {
+          reserved[r.chunk].items.clear();
+          fail_chunk(r.chunk, s);
+        }
+      } else {
+        ItemStatusResponse done;
+        Status s = impl_->ReceiveLocked(r.op, r.id, done, nullptr, true);
+        const auto& idx = committed[r.chunk];
+        if (s.ok() && done.items.size() != idx.size()) {
+          s = Status::ProtocolError("commit reply has the wrong item count");
+        }
+        for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = s.ok() ? done.items[j] : s;
+      }
+      if (r.op == op && r.chunk == k) return;
     }
-    if (!s.ok()) {
-      for (size_t i = begin; i < end; ++i) out[i] = s;
-      return;
-    }
+  };
+
+  if (!chunks.empty()) send_reserve(0);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    receive_until(Opcode::kPutReserve, k);
+    if (k + 1 < chunks.size()) send_reserve(k + 1);
+    const auto [begin, end] = chunks[k];
+    const PutReserveResponse& r = reserved[k];
+    if (r.items.empty()) continue;  // the whole chunk failed
     KeysRequest commit;
-    commit.lease_id = reserved.lease_id;
-    std::vector<size_t> committed_index;
+    commit.lease_id = r.lease_id;
     for (size_t i = begin; i < end; ++i) {
-      const Placement& p = reserved.items[i - begin];
+      const Placement& p = r.items[i - begin];
       out[i] = p.status;
       if (!p.status.ok()) continue;
       auto dst = impl_->ArenaRange(p.offset, writes[i].data.size());
@@ -185,21 +261,16 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
       }
       std::memcpy(dst.data(), writes[i].data.data(), dst.size());
       commit.keys.push_back(writes[i].key);
-      committed_index.push_back(i);
+      committed[k].push_back(i);
     }
-    if (commit.keys.empty()) {
-      if (reserved.lease_id) (void)ReleaseLease(reserved.lease_id);
-      return;
+    if (!commit.keys.empty()) {
+      send(Opcode::kPutCommit, k, Encode(commit));
+    } else if (r.lease_id) {
+      (void)channel.Send(static_cast<uint16_t>(Opcode::kReleaseOneWay),
+                         Encode(ReleaseRequest{r.lease_id}));
     }
-    ItemStatusResponse done;
-    s = impl_->Call(Opcode::kPutCommit, Encode(commit), done);
-    if (s.ok() && done.items.size() != commit.keys.size()) {
-      s = Status::ProtocolError("commit reply has the wrong item count");
-    }
-    for (size_t j = 0; j < committed_index.size(); ++j) {
-      out[committed_index[j]] = s.ok() ? done.items[j] : s;
-    }
-  });
+  }
+  receive_until(Opcode::kPing, SIZE_MAX);  // matches nothing: drains every reply
   return out;
 }
 
@@ -210,16 +281,8 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
   // pays for about one round trip, not two per sub-batch. The connection is
   // held for the whole call.
   std::vector<Status> out(reads.size());
-  std::vector<std::pair<size_t, size_t>> chunks;  // [begin, end)
-  for (size_t begin = 0; begin < reads.size();) {
-    size_t end = begin, bytes = 0;
-    while (end < reads.size() && end - begin < kMaxBatchItems &&
-           (bytes < kPipelineChunkBytes || end == begin)) {
-      bytes += reads[end++].dst.size();
-    }
-    chunks.emplace_back(begin, end);
-    begin = end;
-  }
+  const auto chunks = SplitByBytes(reads.size(), kPipelineChunkBytes,
+                                   [&](size_t i) { return reads[i].dst.size(); });
   std::lock_guard lock(impl_->mu_);
   UdsChannel& channel = *impl_->channel_;
   uint64_t finished_lease = 0;  // copied out; released by the next request
@@ -275,6 +338,21 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
                          Encode(ReleaseRequest{std::exchange(finished_lease, 0)}));
     }
   }
+  return out;
+}
+
+std::vector<Status> Client::Flush(std::span<const SegmentKey> keys) {
+  std::vector<Status> out(keys.size());
+  ForEachChunk(keys.size(), [&](size_t begin, size_t end) {
+    KeysRequest req;
+    req.keys.assign(keys.begin() + begin, keys.begin() + end);
+    ItemStatusResponse resp;
+    Status s = impl_->Call(Opcode::kFlush, Encode(req), resp);
+    if (s.ok() && resp.items.size() != req.keys.size()) {
+      s = Status::ProtocolError("flush reply has the wrong item count");
+    }
+    for (size_t i = begin; i < end; ++i) out[i] = s.ok() ? resp.items[i - begin] : s;
+  });
   return out;
 }
 

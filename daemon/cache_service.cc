@@ -50,11 +50,12 @@ Status CheckSize(const std::optional<LayoutSpec>& layout,
 CacheService::CacheService(
     const CacheServiceOptions& options,
     const std::vector<std::unique_ptr<Namespace>>* namespaces,
-    storage::LeaseTable* leases, DaemonMetrics* metrics)
+    storage::LeaseTable* leases, DaemonMetrics* metrics, NvmeTier nvme)
     : options_(options),
       namespaces_(namespaces),
       leases_(leases),
       metrics_(metrics),
+      nvme_(nvme),
       started_(std::chrono::steady_clock::now()) {}
 
 void CacheService::OnConnect(uint64_t connection_id) {
@@ -92,7 +93,7 @@ HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return Ping();
   if (op == Opcode::kOpenNamespace) return OpenNamespace(conn, in);
-  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kReleaseOneWay)) {
+  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kFlush)) {
     return Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
   }
   Namespace* ns = OpenedNamespace(conn);
@@ -114,6 +115,7 @@ HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
     case Opcode::kPin: return Pin(conn, *ns, in);
     case Opcode::kStats: return Stats(*ns);
     case Opcode::kList: return List(*ns, in);
+    case Opcode::kFlush: return Flush(*ns, in);
     default: break;
   }
   return Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
@@ -183,24 +185,49 @@ HandlerReply CacheService::Match(Namespace& ns, std::span<const std::byte> in) {
     return Ok(MatchResponse{
         Status::InvalidArgument("register a layout before Match"), 0, {}});
   }
+  const uint64_t fingerprint = ns.fingerprint();
   MatchResponse resp;
   resp.tiers.reserve(req.pages.size());
   bool leading = true;
+  std::vector<SegmentKey> on_nvme_only;  // of leading pages: promote them
+  uint64_t nvme_pages = 0;
   for (const PageHash& page : req.pages) {
-    bool present = true;
-    for (uint16_t l = 0; present && l < layout->num_layers(); ++l) {
+    Tier tier = Tier::kHost;
+    const size_t promote_mark = on_nvme_only.size();
+    for (uint16_t l = 0; tier != Tier::kMiss && l < layout->num_layers(); ++l) {
       const auto parts = layout->layers[l].parts.size();
-      for (uint8_t p = 0; present && p < parts; ++p) {
-        present = ns.host->Touch(SegmentKey{page, l, p});
+      for (uint8_t p = 0; tier != Tier::kMiss && p < parts; ++p) {
+        const SegmentKey key{page, l, p};
+        if (ns.host->Touch(key)) continue;
+        if (ns.nvme && ns.nvme->Contains(ns.name, key, fingerprint)) {
+          tier = Tier::kNvme;
+          on_nvme_only.push_back(key);
+        } else {
+          tier = Tier::kMiss;
+        }
       }
     }
-    resp.tiers.push_back(present ? Tier::kHost : Tier::kMiss);
-    leading = leading && present;
-    if (leading) resp.leading_pages++;
+    if (tier == Tier::kMiss) on_nvme_only.resize(promote_mark);
+    resp.tiers.push_back(tier);
+    leading = leading && tier != Tier::kMiss;
+    if (leading) {
+      resp.leading_pages++;
+      if (tier == Tier::kNvme) nvme_pages++;
+    } else {
+      on_nvme_only.resize(std::min(on_nvme_only.size(), promote_mark));
+    }
+  }
+  // Prefetch what the engine will Get next: NVMe -> host, asynchronously.
+  if (nvme_.mover) {
+    for (const auto& key : on_nvme_only) {
+      nvme_.mover->EnqueuePromotion(ns.tiers(), fingerprint, key);
+    }
   }
   const double page_tokens = layout->page_tokens;
   ns.metrics->lookups->Increment();
-  ns.metrics->lookup_tokens_host->Increment(resp.leading_pages * page_tokens);
+  ns.metrics->lookup_tokens_host->Increment(
+      (resp.leading_pages - nvme_pages) * page_tokens);
+  ns.metrics->lookup_tokens_nvme->Increment(nvme_pages * page_tokens);
   ns.metrics->lookup_tokens_miss->Increment(
       (req.pages.size() - resp.leading_pages) * page_tokens);
   return Ok(resp);
@@ -248,8 +275,14 @@ HandlerReply CacheService::PutCommit(uint64_t conn, Namespace& ns,
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   ItemStatusResponse resp;
   resp.items = leases_->Commit(conn, req.lease_id, req.keys);
-  for (const auto& s : resp.items) {
-    (s.ok() ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
+  const bool write_through =
+      nvme_.mover && ns.write_policy == WritePolicy::kWriteThrough;
+  for (size_t i = 0; i < resp.items.size(); ++i) {
+    const bool ok = resp.items[i].ok();
+    (ok ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
+    if (ok && write_through) {
+      nvme_.mover->EnqueueCommitted(ns.tiers(), ns.fingerprint(), req.keys[i]);
+    }
   }
   metrics_->active_leases().Set(static_cast<double>(leases_->size()));
   return Ok(resp);
@@ -266,11 +299,22 @@ HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
   GetResponse resp;
   resp.items.reserve(req.keys.size());
   std::vector<SegmentKey> acquired;
+  uint64_t from_nvme = 0;
   for (const auto& key : req.keys) {
     Location loc;
     auto found = ns.host->Acquire(key);
+    Tier tier = Tier::kHost;
+    if (!found.ok() && found.status().IsNotFound() && ns.nvme) {
+      // On-demand promotion: the engine is waiting for these bytes. A
+      // segment that fails its checksum on NVMe is a miss, never bad bytes.
+      if (storage::TierMover::PromoteNow(ns.tiers(), ns.fingerprint(), key).ok()) {
+        found = ns.host->Acquire(key);
+        tier = Tier::kNvme;
+      }
+    }
     if (found.ok()) {
-      loc.tier = Tier::kHost;
+      from_nvme += tier == Tier::kNvme;
+      loc.tier = tier;
       loc.offset = found->offset;
       loc.size = found->size;
       acquired.push_back(key);
@@ -279,7 +323,8 @@ HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
     }
     resp.items.push_back(std::move(loc));
   }
-  ns.metrics->get_hits->Increment(static_cast<double>(acquired.size()));
+  ns.metrics->get_hits->Increment(static_cast<double>(acquired.size() - from_nvme));
+  ns.metrics->get_hits_nvme->Increment(static_cast<double>(from_nvme));
   ns.metrics->get_misses->Increment(
       static_cast<double>(req.keys.size() - acquired.size()));
   if (!acquired.empty()) {
@@ -351,11 +396,61 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                        {"dedup", m.put_dedup->Value()},
                        {"failed", m.put_failed->Value()}};
   j["active_leases"] = leases_->size();
+  j["write_policy"] = WritePolicyName(ns.write_policy);
+  j["lookup_tokens"]["nvme"] = m.lookup_tokens_nvme->Value();
+  j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
+  if (nvme_.store) {
+    const auto n = nvme_.store->Stats();
+    const auto mv = nvme_.mover->Stats();
+    j["nvme"] = {{"capacity_bytes", n.capacity_bytes},
+                 {"used_bytes", n.bytes_used},
+                 {"allocated_bytes", n.bytes_allocated},
+                 {"segments", n.segments},
+                 {"fragmentation", n.fragmentation},
+                 {"evictions", n.evictions},
+                 {"checksum_failures", n.checksum_failures},
+                 {"reads", n.reads},
+                 {"read_hits", n.read_hits},
+                 {"writes", n.writes},
+                 {"write_errors", n.write_errors},
+                 {"read_bytes", n.device.read_bytes},
+                 {"written_bytes", n.device.write_bytes},
+                 {"recovered_segments", n.recovery.recovered_segments},
+                 {"recovered_bytes", n.recovery.recovered_bytes},
+                 {"dropped_segments", n.recovery.dropped_segments},
+                 {"catalog_recreated", n.recovery.catalog_recreated},
+                 {"direct_io", n.direct_io},
+                 {"io_uring", n.io_uring},
+                 {"demotions_done", mv.demotions_done},
+                 {"demotions_dropped", mv.demotions_dropped},
+                 {"demotions_failed", mv.demotions_failed},
+                 {"promotions_done", mv.promotions_done},
+                 {"promotions_dropped", mv.promotions_dropped},
+                 {"demotion_queue_depth", mv.demotion_queue_depth},
+                 {"promotion_queue_depth", mv.promotion_queue_depth}};
+  }
   if (auto layout = ns.layout()) {
     j["layout"] = {{"page_tokens", layout->page_tokens},
                    {"num_layers", layout->num_layers()}};
   }
   return Ok(StatsResponse{Status::OK(), j.dump()});
+}
+
+HandlerReply CacheService::Flush(Namespace& ns, std::span<const std::byte> in) {
+  KeysRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  ItemStatusResponse resp;
+  if (!nvme_.store) {
+    resp.status = Status::InvalidArgument("this daemon has no NVMe tier");
+    return Ok(resp);
+  }
+  // Synchronous on this connection: the caller asked for durability.
+  resp.items.reserve(req.keys.size());
+  for (const auto& key : req.keys) {
+    resp.items.push_back(
+        storage::TierMover::PersistNow(ns.tiers(), ns.fingerprint(), key));
+  }
+  return Ok(resp);
 }
 
 HandlerReply CacheService::List(Namespace& ns, std::span<const std::byte> in) {

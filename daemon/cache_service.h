@@ -31,12 +31,20 @@ struct CacheServiceOptions {
   std::string version_info;  // returned by Ping
 };
 
+// The NVMe tier and its mover, shared by all namespaces; both null when the
+// daemon runs without an NVMe tier.
+struct NvmeTier {
+  storage::NvmeStore* store = nullptr;
+  storage::TierMover* mover = nullptr;
+};
+
 class CacheService final : public transport::FrameHandler {
  public:
   // `namespaces`, `leases` and `metrics` are borrowed and outlive the service.
   CacheService(const CacheServiceOptions& options,
                const std::vector<std::unique_ptr<Namespace>>* namespaces,
-               storage::LeaseTable* leases, DaemonMetrics* metrics);
+               storage::LeaseTable* leases, DaemonMetrics* metrics,
+               NvmeTier nvme = {});
 
   void OnConnect(uint64_t connection_id) override;
   transport::HandlerReply OnFrame(uint64_t connection_id, uint16_t opcode,
@@ -58,12 +66,14 @@ class CacheService final : public transport::FrameHandler {
   Reply Pin(uint64_t conn, Namespace& ns, std::span<const std::byte> in);
   Reply Stats(Namespace& ns);
   Reply List(Namespace& ns, std::span<const std::byte> in);
+  Reply Flush(Namespace& ns, std::span<const std::byte> in);
   Reply Error(const Status& s);
 
   const CacheServiceOptions options_;
   const std::vector<std::unique_ptr<Namespace>>* namespaces_;
   storage::LeaseTable* leases_;
   DaemonMetrics* metrics_;
+  const NvmeTier nvme_;
   const std::chrono::steady_clock::time_point started_;
 
   std::mutex mu_;

@@ -78,6 +78,16 @@ Status ReadBytes(const toml::table& t, std::string_view section,
              "must be a byte count or a string like \"1GiB\"");
 }
 
+Status ReadBool(const toml::table& t, std::string_view section,
+                std::string_view key, bool& out) {
+  const toml::node* node = t.get(key);
+  if (!node) return Status::OK();
+  auto v = node->value<bool>();
+  if (!v) return Bad(fmt::format("{}.{}", section, key), "must be true or false");
+  out = *v;
+  return Status::OK();
+}
+
 Status ReadMode(const toml::table& t, uint32_t& out) {
   const toml::node* node = t.get("socket_mode");
   if (!node) return Status::OK();
@@ -98,6 +108,23 @@ std::string RandomToken() {
 }
 
 }  // namespace
+
+Result<WritePolicy> ParseWritePolicy(std::string_view text) {
+  if (text == "write_back") return WritePolicy::kWriteBack;
+  if (text == "write_through") return WritePolicy::kWriteThrough;
+  if (text == "none") return WritePolicy::kNone;
+  return Status::InvalidArgument(fmt::format(
+      "unknown write_policy '{}' (write_back, write_through or none)", text));
+}
+
+std::string_view WritePolicyName(WritePolicy policy) {
+  switch (policy) {
+    case WritePolicy::kWriteBack: return "write_back";
+    case WritePolicy::kWriteThrough: return "write_through";
+    case WritePolicy::kNone: return "none";
+  }
+  return "unknown";
+}
 
 Result<uint64_t> ParseByteSize(std::string_view text) {
   size_t i = 0;
@@ -157,6 +184,20 @@ Status DaemonConfig::Validate() const {
   static const std::set<std::string_view> kLevels = {
       "trace", "debug", "info", "warn", "error", "critical", "off"};
   if (!kLevels.count(log_level)) return Bad("log.level", "unknown level '" + log_level + "'");
+  if (nvme.enabled()) {
+    if (nvme.capacity_bytes < (uint64_t{16} << 20) || nvme.capacity_bytes % 4096) {
+      return Bad("nvme.capacity_bytes", "must be a multiple of 4 KiB and >= 16 MiB");
+    }
+    if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
+      return Bad("nvme.queue_depth", "must be in [1, 4096]");
+    }
+    if (nvme.mover_workers == 0 || nvme.mover_workers > 64) {
+      return Bad("nvme.mover_workers", "must be in [1, 64]");
+    }
+    if (nvme.demotion_queue == 0 || nvme.promotion_queue == 0) {
+      return Bad("nvme", "queues must hold at least one segment");
+    }
+  }
   if (namespaces.empty()) return Bad("namespace", "at least one [[namespace]] is required");
   std::set<std::string_view> names;
   for (const auto& ns : namespaces) {
@@ -179,6 +220,10 @@ Status DaemonConfig::Validate() const {
     if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
       return Bad(where, "host_bytes must be at least 1 MiB per shard");
     }
+    if (ns.write_policy && *ns.write_policy != WritePolicy::kNone && !nvme.enabled()) {
+      return Bad(where, "write_policy " + std::string(WritePolicyName(*ns.write_policy)) +
+                            " needs an [nvme] tier (set nvme.path)");
+    }
   }
   return Status::OK();
 }
@@ -195,7 +240,24 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
   }
   DaemonConfig c = base;
   TIERKV_RETURN_IF_ERROR(CheckKeys(root, "top level",
-                                   {"server", "metrics", "leases", "log", "namespace"}));
+                                   {"server", "metrics", "leases", "log", "nvme", "namespace"}));
+  if (auto* nvme = root["nvme"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(*nvme, "nvme",
+                                     {"path", "catalog_path", "capacity_bytes", "queue_depth",
+                                      "direct_io", "sync", "recreate_damaged_catalog",
+                                      "mover_workers", "demotion_queue", "promotion_queue"}));
+    TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
+    TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
+    TIERKV_RETURN_IF_ERROR(ReadBytes(*nvme, "nvme", "capacity_bytes", c.nvme.capacity_bytes));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "queue_depth", c.nvme.queue_depth));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "demotion_queue", c.nvme.demotion_queue));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "promotion_queue", c.nvme.promotion_queue));
+    TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
+    TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "sync", c.nvme.sync));
+    TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "recreate_damaged_catalog",
+                                    c.nvme.recreate_damaged_catalog));
+  }
   if (auto* server = root["server"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(*server, "server",
                                      {"socket", "socket_mode", "socket_group",
@@ -232,7 +294,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       NamespaceConfig ns;
       TIERKV_RETURN_IF_ERROR(CheckKeys(*t, "namespace",
                                        {"name", "token", "token_file", "host_bytes",
-                                        "shards", "hugepages", "prefault"}));
+                                        "shards", "hugepages", "prefault", "write_policy"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token_file", ns.token_file));
@@ -242,13 +304,14 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       }
       TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
-      for (auto [key, field] : {std::pair{"hugepages", &ns.hugepages},
-                                std::pair{"prefault", &ns.prefault}}) {
-        if (const toml::node* h = t->get(key)) {
-          auto v = h->value<bool>();
-          if (!v) return Bad(fmt::format("namespace.{}", key), "must be true or false");
-          *field = *v;
-        }
+      TIERKV_RETURN_IF_ERROR(ReadBool(*t, "namespace", "hugepages", ns.hugepages));
+      TIERKV_RETURN_IF_ERROR(ReadBool(*t, "namespace", "prefault", ns.prefault));
+      std::string policy;
+      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "write_policy", policy));
+      if (!policy.empty()) {
+        auto parsed = ParseWritePolicy(policy);
+        if (!parsed.ok()) return Bad("namespace.write_policy", parsed.status().message());
+        ns.write_policy = *parsed;
       }
       c.namespaces.push_back(std::move(ns));
     }

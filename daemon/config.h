@@ -9,17 +9,49 @@
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
 //   [log]       level ("trace".."off")
+//   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
+//               direct_io, sync, recreate_damaged_catalog, mover_workers,
+//               demotion_queue, promotion_queue
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
-//               shards, hugepages, prefault
+//               shards, hugepages, prefault, write_policy
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tierkv/status.h"
 
 namespace tierkv::daemon {
+
+// When host segments are also written to NVMe (DESIGN.md §4).
+enum class WritePolicy : uint8_t {
+  kWriteBack,     // when evicted from host DRAM (the default with NVMe)
+  kWriteThrough,  // every committed segment, asynchronously
+  kNone,          // never
+};
+Result<WritePolicy> ParseWritePolicy(std::string_view text);
+std::string_view WritePolicyName(WritePolicy policy);
+
+// The NVMe tier (T2): one data file or block device shared by all
+// namespaces, plus its RocksDB catalog.
+struct NvmeConfig {
+  std::string path;  // "" disables the NVMe tier. Default: disabled
+  std::string catalog_path;  // Default: path + ".catalog"
+  uint64_t capacity_bytes = uint64_t{16} << 30;  // Default: 16 GiB
+  uint32_t queue_depth = 64;                     // Default: 64
+  bool direct_io = true;                         // Default: true (O_DIRECT)
+  // Sync data and catalog before acknowledging a write (crash safety).
+  bool sync = true;                              // Default: true
+  // Start with an empty catalog when the existing one is damaged (else the
+  // daemon refuses to start and says why). Default: false.
+  bool recreate_damaged_catalog = false;
+  uint32_t mover_workers = 2;       // Default: 2
+  uint32_t demotion_queue = 4096;   // segments; Default: 4096
+  uint32_t promotion_queue = 4096;  // segments; Default: 4096
+  bool enabled() const { return !path.empty(); }
+};
 
 struct NamespaceConfig {
   std::string name;
@@ -31,6 +63,8 @@ struct NamespaceConfig {
   uint32_t shards = 8;                      // Default: 8
   bool hugepages = true;                    // Default: true (with fallback)
   bool prefault = true;  // commit the arena at start. Default: true
+  // Default: write_back when an NVMe tier is configured, else none.
+  std::optional<WritePolicy> write_policy;
 };
 
 struct DaemonConfig {
@@ -50,6 +84,7 @@ struct DaemonConfig {
   // Written (JSON: pid, socket, metrics_port) once the daemon serves.
   std::string ready_file;
 
+  NvmeConfig nvme;
   std::vector<NamespaceConfig> namespaces;
 
   // InvalidArgument naming the first bad field.

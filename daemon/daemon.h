@@ -20,6 +20,8 @@
 #include "daemon/namespace.h"
 #include "storage/clock.h"
 #include "storage/lease_table.h"
+#include "storage/nvme_store.h"
+#include "storage/tier_mover.h"
 #include "transport/uds_server.h"
 
 namespace tierkv::daemon {
@@ -41,9 +43,13 @@ class Daemon {
   explicit Daemon(const DaemonConfig& config);
   void SweepLoop();
 
+  Status OpenNvmeTier();
+
   const DaemonConfig config_;
   DaemonMetrics metrics_;
+  std::unique_ptr<storage::NvmeStore> nvme_;  // null without an NVMe tier
   std::vector<std::unique_ptr<Namespace>> namespaces_;
+  std::unique_ptr<storage::TierMover> mover_;
   std::unique_ptr<storage::LeaseTable> leases_;
   std::unique_ptr<CacheService> service_;
   std::unique_ptr<transport::UdsServer> server_;

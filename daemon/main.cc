@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   using namespace tierkv::daemon;
   CLI::App app{"tierkvd: hierarchical KV-cache storage daemon"};
   std::string config_path, socket, metrics, log_level, host_bytes, ready_file;
+  std::string nvme_path, nvme_bytes, write_policy;
   uint32_t lease_ttl_ms = 0, io_threads = 0, shards = 0;
   bool print_config = false;
   app.add_option("-c,--config", config_path, "TOML config file (else embedded defaults)");
@@ -31,6 +32,11 @@ int main(int argc, char** argv) {
   app.add_option("--host-bytes", host_bytes,
                  "DRAM per namespace, e.g. 4GiB (overrides every namespace)");
   app.add_option("--shards", shards, "index/LRU shards per namespace");
+  app.add_option("--nvme-path", nvme_path,
+                 "NVMe tier data file or block device (enables the tier)");
+  app.add_option("--nvme-bytes", nvme_bytes, "NVMe tier capacity, e.g. 64GiB");
+  app.add_option("--write-policy", write_policy,
+                 "write_back|write_through|none for every namespace");
   app.add_option("--lease-ttl-ms", lease_ttl_ms, "read/write lease TTL");
   app.add_option("--io-threads", io_threads, "socket server threads");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
@@ -64,6 +70,18 @@ int main(int argc, char** argv) {
     for (auto& ns : config.namespaces) ns.host_bytes = *bytes;
   }
   if (shards) for (auto& ns : config.namespaces) ns.shards = shards;
+  if (!nvme_path.empty()) config.nvme.path = nvme_path;
+  if (!nvme_bytes.empty()) {
+    auto bytes = ParseByteSize(nvme_bytes);
+    if (!bytes.ok()) return Fail(tierkv::Status::InvalidArgument(
+        "--nvme-bytes: " + std::string(bytes.status().message())));
+    config.nvme.capacity_bytes = *bytes;
+  }
+  if (!write_policy.empty()) {
+    auto policy = ParseWritePolicy(write_policy);
+    if (!policy.ok()) return Fail(policy.status());
+    for (auto& ns : config.namespaces) ns.write_policy = *policy;
+  }
   if (lease_ttl_ms) config.lease_ttl_ms = lease_ttl_ms;
   if (io_threads) config.io_threads = io_threads;
   if (!log_level.empty()) config.log_level = log_level;
@@ -71,10 +89,11 @@ int main(int argc, char** argv) {
 
   if (auto s = config.Validate(); !s.ok()) return Fail(s);
   if (print_config) {
-    std::printf("socket = %s (mode %o)\nmetrics = %s\nlease_ttl_ms = %u\n",
+    std::printf("socket = %s (mode %o)\nmetrics = %s\nlease_ttl_ms = %u\nnvme = %s\n",
                 config.socket_path.c_str(), config.socket_mode,
                 config.metrics_listen.empty() ? "off" : config.metrics_listen.c_str(),
-                config.lease_ttl_ms);
+                config.lease_ttl_ms,
+                config.nvme.enabled() ? config.nvme.path.c_str() : "off");
     for (const auto& ns : config.namespaces) {
       std::printf("namespace %s: host_bytes=%llu shards=%u token=%s\n", ns.name.c_str(),
                   static_cast<unsigned long long>(ns.host_bytes), ns.shards,

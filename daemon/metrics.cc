@@ -1,5 +1,7 @@
 #include "daemon/metrics.h"
 
+#include "daemon/nvme_metrics.h"
+
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
@@ -45,8 +47,17 @@ Status DaemonMetrics::Serve(const std::string& listen) {
     return Status::IOError("metrics listener " + listen + ": " + e.what());
   }
   exposer_->RegisterCollectable(registry_);
+  if (nvme_) exposer_->RegisterCollectable(nvme_);
   return Status::OK();
 }
+
+void DaemonMetrics::AddNvmeTier(const storage::NvmeStore* store,
+                                const storage::TierMover* mover) {
+  nvme_ = std::make_shared<NvmeMetrics>(store, mover);
+  if (exposer_) exposer_->RegisterCollectable(nvme_);
+}
+
+void DaemonMetrics::StopServing() { exposer_.reset(); }
 
 int DaemonMetrics::port() const {
   if (!exposer_) return 0;
@@ -94,8 +105,10 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
                        .Register(*registry_);
   m->lookups = &lookups.Add({{"namespace", ns}});
   m->lookup_tokens_host = &tokens.Add({{"namespace", ns}, {"tier", "host"}});
+  m->lookup_tokens_nvme = &tokens.Add({{"namespace", ns}, {"tier", "nvme"}});
   m->lookup_tokens_miss = &tokens.Add({{"namespace", ns}, {"tier", "miss"}});
   m->get_hits = &gets.Add({{"namespace", ns}, {"result", "hit"}});
+  m->get_hits_nvme = &gets.Add({{"namespace", ns}, {"result", "hit_nvme"}});
   m->get_misses = &gets.Add({{"namespace", ns}, {"result", "miss"}});
   m->put_stored = &puts.Add({{"namespace", ns}, {"result", "stored"}});
   m->put_dedup = &puts.Add({{"namespace", ns}, {"result", "dedup"}});

@@ -14,9 +14,12 @@
 #include <vector>
 
 #include "storage/host_tier.h"
+#include "storage/nvme_store.h"
+#include "storage/tier_mover.h"
 #include "tierkv/status.h"
 
 namespace prometheus {
+class Collectable;
 class Counter;
 class Gauge;
 class Registry;
@@ -29,8 +32,10 @@ namespace tierkv::daemon {
 struct NamespaceMetrics {
   prometheus::Counter* lookups;            // Match calls
   prometheus::Counter* lookup_tokens_host;  // tokens of pages found in host
+  prometheus::Counter* lookup_tokens_nvme;
   prometheus::Counter* lookup_tokens_miss;
   prometheus::Counter* get_hits;           // segments
+  prometheus::Counter* get_hits_nvme;     // promoted from NVMe on demand
   prometheus::Counter* get_misses;
   prometheus::Counter* put_stored;         // segments
   prometheus::Counter* put_dedup;
@@ -59,6 +64,11 @@ class DaemonMetrics {
   int port() const;
 
   NamespaceMetrics* AddNamespace(const std::string& name);
+  // Exports the NVMe tier and mover (see nvme_metrics.h). Both borrowed;
+  // call StopServing() before destroying them.
+  void AddNvmeTier(const storage::NvmeStore* store, const storage::TierMover* mover);
+  // Closes the HTTP listener (no scrape runs afterwards).
+  void StopServing();
   void Refresh(NamespaceMetrics& m, const storage::HostTierStats& stats);
 
   prometheus::Counter& auth_failures() { return *auth_failures_; }
@@ -69,6 +79,7 @@ class DaemonMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Collectable> nvme_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
   prometheus::Counter* auth_failures_;
   prometheus::Counter* protocol_errors_;

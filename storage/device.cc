@@ -59,7 +59,23 @@ Status Device::Flush() {
   return status;
 }
 
-void Device::SubmitBatch(std::span<IoRequest> requests) {
+void Device::SubmitBatch(std::span<IoRequest> requests,
+                         const IoCompletion& on_complete) {
+  const auto start = std::chrono::steady_clock::now();
+  // Final checks, accounting (latency = time from the batch's start to this
+  // request's completion) and the caller's callback, once per valid request.
+  auto finish = [&](size_t i) {
+    IoRequest& r = requests[i];
+    if (r.status.ok() && r.result != r.buffer.size()) {
+      r.status = Status::IOError(fmt::format(
+          "short {} at offset={}: {} of {} bytes",
+          r.op == IoOp::kRead ? "read" : "write", r.offset, r.result,
+          r.buffer.size()));
+    }
+    Account(r.op, r.result, r.status, std::chrono::steady_clock::now() - start);
+    if (on_complete) on_complete(i);
+  };
+
   bool needs_split = false;
   std::vector<bool> valid(requests.size(), false);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -70,46 +86,43 @@ void Device::SubmitBatch(std::span<IoRequest> requests) {
     needs_split |= !valid[i] || r.buffer.size() > max_io_bytes_;
   }
 
-  const auto start = std::chrono::steady_clock::now();
   if (!needs_split) {
-    SubmitBatchImpl(requests);
-  } else {
-    // Split into <= max_io_bytes chunks, submit together, fold back.
-    std::vector<IoRequest> chunks;
-    std::vector<size_t> parent;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      if (!valid[i]) continue;
-      const IoRequest& r = requests[i];
-      for (size_t done = 0; done < r.buffer.size(); done += max_io_bytes_) {
-        const size_t len = std::min<size_t>(max_io_bytes_, r.buffer.size() - done);
-        chunks.push_back(IoRequest{r.op, r.offset + done, r.buffer.subspan(done, len)});
-        parent.push_back(i);
-      }
-    }
-    SubmitBatchImpl(chunks);
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      IoRequest& r = requests[parent[c]];
-      r.result += chunks[c].result;
-      if (!chunks[c].status.ok() && r.status.ok()) r.status = chunks[c].status;
-    }
+    SubmitBatchImpl(requests, finish);
+    return;
   }
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!valid[i] && on_complete) on_complete(i);
+  }
+  // Split into <= max_io_bytes chunks, submit together, fold each chunk
+  // into its request as it completes.
+  std::vector<IoRequest> chunks;
+  std::vector<size_t> parent;
+  std::vector<size_t> chunks_left(requests.size(), 0);
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!valid[i]) continue;
-    IoRequest& r = requests[i];
-    if (r.status.ok() && r.result != r.buffer.size()) {
-      r.status = Status::IOError(fmt::format(
-          "short {} at offset={}: {} of {} bytes",
-          r.op == IoOp::kRead ? "read" : "write", r.offset, r.result,
-          r.buffer.size()));
+    const IoRequest& r = requests[i];
+    for (size_t done = 0; done < r.buffer.size(); done += max_io_bytes_) {
+      const size_t len = std::min<size_t>(max_io_bytes_, r.buffer.size() - done);
+      chunks.push_back(IoRequest{r.op, r.offset + done, r.buffer.subspan(done, len)});
+      parent.push_back(i);
+      ++chunks_left[i];
     }
-    Account(r.op, r.result, r.status, elapsed);
   }
+  SubmitBatchImpl(chunks, [&](size_t c) {
+    const size_t i = parent[c];
+    IoRequest& r = requests[i];
+    r.result += chunks[c].result;
+    if (!chunks[c].status.ok() && r.status.ok()) r.status = chunks[c].status;
+    if (--chunks_left[i] == 0) finish(i);
+  });
 }
 
-void Device::SubmitBatchImpl(std::span<IoRequest> requests) {
-  for (IoRequest& r : requests) CompleteInline(r);
+void Device::SubmitBatchImpl(std::span<IoRequest> requests,
+                             const IoCompletion& on_complete) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CompleteInline(requests[i]);
+    on_complete(i);
+  }
 }
 
 void Device::CompleteInline(IoRequest& r) {

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -43,6 +44,14 @@ struct IoRequest {
   uint64_t result = 0;         // bytes transferred
   Status status;
 };
+
+// Told the index of a request of a SubmitBatch as soon as that request is
+// complete (its status and result final), on the submitting thread, while
+// other requests of the batch may still be in flight: callers verify or
+// post-process finished IOs there, overlapping that work with the device.
+// Called exactly once per request before SubmitBatch returns. It must not
+// submit IO to the same device from inside the callback.
+using IoCompletion = std::function<void(size_t index)>;
 
 // A consistent-enough copy of a device's counters (relaxed reads).
 struct DeviceStats {
@@ -88,7 +97,10 @@ class Device {
   // returning; each request gets its own status. Backends with an async
   // engine keep many in flight; the default completes them inline, one by
   // one. Invalid requests fail with InvalidArgument and are not submitted.
-  void SubmitBatch(std::span<IoRequest> requests);
+  // `on_complete`, when set, is told each request's index as it completes
+  // (see IoCompletion); invalid requests are reported first.
+  void SubmitBatch(std::span<IoRequest> requests,
+                   const IoCompletion& on_complete = {});
 
   // A buffer of at least `bytes` bytes (rounded up to block_size()) suitable
   // for IO on this device. Backends may return memory registered with the
@@ -115,8 +127,10 @@ class Device {
   // Completes every request (validated and split as above). The default
   // calls ReadImpl / WriteImpl inline and resubmits short transfers.
   // Overrides must leave each request with status OK and result ==
-  // buffer.size(), or a non-OK status.
-  virtual void SubmitBatchImpl(std::span<IoRequest> requests);
+  // buffer.size(), or a non-OK status, and call on_complete(i) (never
+  // empty here) exactly once per request as soon as request i is final.
+  virtual void SubmitBatchImpl(std::span<IoRequest> requests,
+                               const IoCompletion& on_complete);
 
   // Default: heap memory aligned to block_size().
   virtual IoBuffer AllocateIoBufferImpl(size_t bytes);

@@ -75,6 +75,13 @@ struct NvmeStoreOptions {
   bool recreate_damaged_catalog = false;
   // Largest accepted segment in bytes. Default: 1 GiB (LayoutSpec's limit).
   uint64_t max_segment_bytes = uint64_t{1} << 30;
+  // Most bounce-buffer bytes one ReadBatch call holds at a time. Items whose
+  // destination is block-aligned and at least the rounded segment size are
+  // read in place and need none; the others are staged, and a batch whose
+  // staging would exceed this is read in several rounds (each still keeps
+  // up to queue_depth IOs in flight). A single segment may exceed it.
+  // Default: 64 MiB.
+  uint64_t read_batch_bounce_bytes = uint64_t{64} << 20;
   // IO alignment (O_DIRECT); a power of two >= 512. Default: 4096.
   uint32_t block_size = 4096;
   // Device to use instead of opening `path` (tests: MemoryDevice,
@@ -90,6 +97,16 @@ struct NvmeStoreOptions {
 struct NvmeWriteItem {
   SegmentKey key;
   std::span<const std::byte> data;
+};
+
+// One segment to read: up to dst.size() bytes land at the front of `dst`,
+// which is borrowed for the duration of ReadBatch(). A block-aligned `dst`
+// at least as large as the segment rounded up to block_size is read into
+// directly (no bounce copy); bytes past the segment's length may then be
+// overwritten with padding.
+struct NvmeReadItem {
+  SegmentKey key;
+  std::span<std::byte> dst;
 };
 
 // What Open() found in the catalog.
@@ -110,7 +127,7 @@ struct NvmeStoreStats {
   uint64_t evictions = 0;
   uint64_t removals = 0;
   uint64_t checksum_failures = 0;
-  uint64_t reads = 0;             // Read calls
+  uint64_t reads = 0;             // items read (Read or ReadBatch)
   uint64_t read_hits = 0;
   uint64_t read_misses = 0;       // absent, layout mismatch or corrupt
   uint64_t read_errors = 0;       // device errors
@@ -148,16 +165,35 @@ class NvmeStore {
   //   ResourceExhausted no room even after evicting every unpinned segment;
   //   IOError           device or catalog failure (ENOSPC included); the
   //                     item is not stored, nothing stored before is lost.
-  // A key stored with a different layout or size is replaced.
+  // A key stored with a different layout or size is replaced. Items whose
+  // data is block-aligned in address and length are written to the device
+  // straight from `data`; the others are staged in a bounce buffer.
   std::vector<Status> Write(std::string_view ns, uint64_t layout_fingerprint,
                             std::span<const NvmeWriteItem> items);
 
-  // Copies segment `key` of `ns` into the front of `dst` and returns its
-  // length. NotFound when absent, stored with another layout fingerprint, or
-  // when its checksum fails (the entry is then dropped and counted);
-  // InvalidArgument when dst is smaller than the segment; IOError when the
-  // device fails. On any error the content of dst is unspecified but never
-  // holds bytes of a wrong segment that look valid.
+  // Reads a batch of segments of namespace `ns` stored with layout
+  // `layout_fingerprint`, keeping up to queue_depth device IOs in flight
+  // (one io_uring submission stream on the calling thread). Returns one
+  // result per item, in order: the segment's length, copied to the front of
+  // item.dst, or
+  //   NotFound          absent, stored with another layout fingerprint, or
+  //                     its XXH3-64 checksum failed (the entry is then
+  //                     dropped and counted in checksum_failures);
+  //   InvalidArgument   item.dst is smaller than the segment;
+  //   ResourceExhausted no memory for a bounce buffer;
+  //   IOError           the device failed (the segment stays stored).
+  // Each segment is pinned while it is read, so eviction, Remove or a
+  // replacing Write cannot reuse its extent mid-read: a hit is always the
+  // complete bytes that were acknowledged for that key. On an error the
+  // content of item.dst is unspecified but never holds bytes of a wrong
+  // segment that look valid. A key may appear more than once.
+  // REQUIRES: the items' dst ranges do not overlap one another.
+  std::vector<Result<uint64_t>> ReadBatch(std::string_view ns,
+                                          uint64_t layout_fingerprint,
+                                          std::span<const NvmeReadItem> items);
+
+  // ReadBatch of one item: copies segment `key` of `ns` into the front of
+  // `dst` and returns its length, with the same errors and guarantees.
   Result<uint64_t> Read(std::string_view ns, const SegmentKey& key,
                         uint64_t layout_fingerprint, std::span<std::byte> dst);
 
@@ -213,6 +249,7 @@ class NvmeStore {
   void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry);
   void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment);
   Status FlushPendingDeletes(uint64_t upto_seq);
+  bool IsBlockAligned(const void* address) const;
 
   const NvmeStoreOptions options_;
   const std::shared_ptr<Device> device_;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <deque>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include "storage/storage_log.h"
@@ -327,10 +328,11 @@ IoBuffer UringDevice::AllocateIoBufferImpl(size_t bytes) {
   return Device::AllocateIoBufferImpl(bytes);
 }
 
-void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests) {
+void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests,
+                                  const IoCompletion& on_complete) {
   std::shared_ptr<UringThreadRing> ring = RingForThisThread();
   if (ring == nullptr) {
-    Device::SubmitBatchImpl(requests);  // pread / pwrite
+    Device::SubmitBatchImpl(requests, on_complete);  // pread / pwrite
     return;
   }
   io_uring* uring = &ring->ring;
@@ -343,9 +345,10 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests) {
   const std::byte* arena_begin = ring->arena;
   const std::byte* arena_end = ring->arena + ring->arena_size;
   uint32_t in_flight = 0;
+  std::vector<size_t> completed;  // final since the last callbacks ran
 
-  while (!queued.empty() || in_flight > 0) {
-    // Fill the submission queue up to the configured depth.
+  // Moves queued requests into the submission queue, up to the depth.
+  auto fill = [&] {
     while (!queued.empty() && in_flight < options_.queue_depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(uring);
       if (sqe == nullptr) break;  // SQ full: submit what we have first
@@ -374,21 +377,34 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests) {
       io_uring_sqe_set_data64(sqe, index);
       ++in_flight;
     }
-
-    const int rc = io_uring_submit_and_wait(uring, 1);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-      // The ring is unusable. Prepared SQEs may still sit in the SQ, so
-      // this ring is retired (never entered again) and everything still
-      // pending fails; later IO on this thread uses pread/pwrite.
-      const Status failed = IoErrorFromErrno("io_uring_submit", 0, 0, -rc);
-      StorageLog().error("tierkv uring device {}: {}; retiring this thread's ring",
-                    options_.path, failed.ToString());
-      for (IoRequest& r : requests) {
-        if (r.status.ok() && r.result < r.buffer.size()) r.status = failed;
+  };
+  // Enters the kernel (waiting for `wait_for` completions); false when the
+  // ring failed, in which case every unfinished request has failed.
+  auto submit = [&](unsigned wait_for) {
+    const int rc = wait_for > 0 ? io_uring_submit_and_wait(uring, wait_for)
+                                : io_uring_submit(uring);
+    if (rc >= 0 || rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) return true;
+    // The ring is unusable. Prepared SQEs may still sit in the SQ, so this
+    // ring is retired (never entered again) and everything still pending
+    // fails; later IO on this thread uses pread/pwrite.
+    const Status failed = IoErrorFromErrno("io_uring_submit", 0, 0, -rc);
+    StorageLog().error("tierkv uring device {}: {}; retiring this thread's ring",
+                       options_.path, failed.ToString());
+    ring->Close();
+    for (size_t index : completed) on_complete(index);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      IoRequest& r = requests[i];
+      if (r.status.ok() && r.result < r.buffer.size()) {
+        r.status = failed;
+        on_complete(i);
       }
-      ring->Close();
-      return;
     }
+    return false;
+  };
+
+  while (!queued.empty() || in_flight > 0) {
+    fill();
+    if (!submit(/*wait_for=*/1)) return;
 
     io_uring_cqe* cqe = nullptr;
     unsigned head = 0;
@@ -407,21 +423,35 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests) {
                                                         : "io_uring write",
                                     r.offset + r.result,
                                     r.buffer.size() - r.result, -res);
+        completed.push_back(index);
       } else if (res == 0) {
         r.status = Status::IOError(fmt::format(
             "io_uring {} made no progress at offset={} ({} of {} bytes done)",
             r.op == IoOp::kRead ? "read" : "write", r.offset + r.result,
             r.result, r.buffer.size()));
+        completed.push_back(index);
       } else {
         r.result += static_cast<uint64_t>(res);
         if (r.result < r.buffer.size()) {
           CountShortIo();
           resubmits_.fetch_add(1, std::memory_order_relaxed);
           queued.push_back(index);
+        } else {
+          completed.push_back(index);
         }
       }
     }
     io_uring_cq_advance(uring, seen);
+
+    if (!completed.empty()) {
+      // Keep the device busy while the caller works on what finished.
+      if (!queued.empty()) {
+        fill();
+        if (!submit(/*wait_for=*/0)) return;
+      }
+      for (size_t index : completed) on_complete(index);
+      completed.clear();
+    }
   }
 }
 

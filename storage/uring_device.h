@@ -107,7 +107,8 @@ class UringDevice final : public Device {
   Result<size_t> WriteImpl(uint64_t offset,
                            std::span<const std::byte> src) override;
   Status FlushImpl() override;
-  void SubmitBatchImpl(std::span<IoRequest> requests) override;
+  void SubmitBatchImpl(std::span<IoRequest> requests,
+                       const IoCompletion& on_complete) override;
   IoBuffer AllocateIoBufferImpl(size_t bytes) override;
 
  private:

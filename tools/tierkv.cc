@@ -94,9 +94,10 @@ int PrintStats(const std::string& json_text, bool raw) {
              100.0 * h["used_bytes"].get<double>() / h["capacity_bytes"].get<double>(),
              Human(h["reserved_bytes"].get<double>()), h["segments"].get<uint64_t>(),
              h["hugepages"].get<bool>() ? ", hugepages" : "");
-  fmt::print("  lookups     {:.0f} requests; tokens hit {:.0f}, missed {:.0f} "
-             "(hit rate {:.1f}%)\n", j["lookups"].get<double>(), hit, miss,
-             100.0 * hit / std::max(1.0, hit + miss));
+  const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
+  fmt::print("  lookups     {:.0f} requests; tokens hit {:.0f} in host, {:.0f} on nvme, "
+             "missed {:.0f} (hit rate {:.1f}%)\n", j["lookups"].get<double>(), hit, hit_nvme,
+             miss, 100.0 * (hit + hit_nvme) / std::max(1.0, hit + hit_nvme + miss));
   fmt::print("  gets        {:.0f} segments hit, {:.0f} missed (hit rate {:.1f}%)\n",
              ghit, gmiss, 100.0 * ghit / std::max(1.0, ghit + gmiss));
   fmt::print("  puts        {:.0f} stored, {:.0f} deduplicated, {:.0f} failed\n",
@@ -105,6 +106,27 @@ int PrintStats(const std::string& json_text, bool raw) {
              j["put_segments"]["failed"].get<double>());
   fmt::print("  evictions   {} segments, {}\n", h["evictions"].get<uint64_t>(),
              Human(h["evicted_bytes"].get<double>()));
+  if (j.contains("nvme")) {
+    const auto& n = j["nvme"];
+    fmt::print("  nvme tier   {} / {} used, {} segments, {} evictions, {} checksum "
+               "failures ({}, {})\n",
+               Human(n["used_bytes"].get<double>()), Human(n["capacity_bytes"].get<double>()),
+               n["segments"].get<uint64_t>(), n["evictions"].get<uint64_t>(),
+               n["checksum_failures"].get<uint64_t>(),
+               n["direct_io"].get<bool>() ? "O_DIRECT" : "buffered",
+               n["io_uring"].get<bool>() ? "io_uring" : "pread/pwrite");
+    fmt::print("  recovered   {} segments, {} at start-up{}\n",
+               n["recovered_segments"].get<uint64_t>(),
+               Human(n["recovered_bytes"].get<double>()),
+               n["catalog_recreated"].get<bool>() ? " (damaged catalog recreated)" : "");
+    fmt::print("  mover       {} demoted ({} dropped, {} failed), {} promoted, "
+               "queues {}/{}; policy {}\n",
+               n["demotions_done"].get<uint64_t>(), n["demotions_dropped"].get<uint64_t>(),
+               n["demotions_failed"].get<uint64_t>(), n["promotions_done"].get<uint64_t>(),
+               n["demotion_queue_depth"].get<uint64_t>(),
+               n["promotion_queue_depth"].get<uint64_t>(),
+               j["write_policy"].get<std::string>());
+  }
   fmt::print("  leases      {} active, {} segments referenced\n",
              j["active_leases"].get<uint64_t>(), h["referenced_segments"].get<uint64_t>());
   return 0;

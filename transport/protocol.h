@@ -30,6 +30,7 @@ enum class Opcode : uint16_t {
   kStats = 10,          // namespace stats (JSON)
   kList = 11,           // segments of the namespace
   kReleaseOneWay = 12,  // like kRelease, but the daemon sends no reply
+  kFlush = 13,          // keys -> per-key status once durable on NVMe
 };
 
 // Largest number of items in one batched request.
@@ -84,7 +85,7 @@ struct PutReserveResponse {
   std::vector<Placement> items;
 };
 
-struct KeysRequest {  // kPutCommit (with lease), kGet, kPin (with ttl)
+struct KeysRequest {  // kPutCommit (with lease), kGet, kPin (ttl), kFlush
   // kPutCommit: the write lease. kGet: a read lease of this connection to
   // release before leasing (0 = none), so pipelined readers need no
   // separate release round trip.
@@ -93,7 +94,7 @@ struct KeysRequest {  // kPutCommit (with lease), kGet, kPin (with ttl)
   std::vector<SegmentKey> keys;
 };
 
-struct ItemStatusResponse {  // kPutCommit, kPin
+struct ItemStatusResponse {  // kPutCommit, kPin, kFlush
   Status status;
   uint64_t lease_id = 0;
   std::vector<Status> items;

@@ -144,6 +144,13 @@ class Client {
   // miss; InvalidArgument = dst size differs from the segment's size.
   std::vector<Status> Get(std::span<const SegmentRead> reads);
 
+  // Makes stored segments durable on the daemon's NVMe tier before
+  // returning: one Status per key. OK = on NVMe (now or before); NotFound =
+  // in neither tier; IOError = the device failed (the segment stays in
+  // DRAM). The whole call fails with InvalidArgument when the daemon has no
+  // NVMe tier. A segment acknowledged here survives a daemon crash.
+  std::vector<Status> Flush(std::span<const SegmentKey> keys);
+
   // Leases segments for zero-copy reads from the mapped arena.
   Result<ReadLease> Acquire(std::span<const SegmentKey> keys);
 

@@ -108,6 +108,31 @@ TEST(Device, BatchReportsOneStatusPerRequest) {
   EXPECT_EQ(0, std::memcmp(back.data(), b.data(), b.size()));
 }
 
+TEST(Device, CompletionCallbackReportsEachRequestOnceWithItsFinalStatus) {
+  MemoryDevice dev(1 << 20, 4096, /*max_io_bytes=*/8192);
+  IoBuffer small = Filled(4096, 1);
+  IoBuffer split = Filled(5 * 4096, 2);  // three chunks of <= 8 KiB
+  std::vector<IoRequest> batch = {
+      {IoOp::kWrite, 0, small.span()},
+      {IoOp::kWrite, 100, small.span()},  // misaligned: never submitted
+      {IoOp::kWrite, 8192, split.span()},
+  };
+  std::vector<int> calls(batch.size(), 0);
+  dev.SubmitBatch(batch, [&](size_t i) {
+    ++calls[i];
+    // Final when reported: a split request only once all chunks are done.
+    if (i == 2) {
+      EXPECT_EQ(batch[i].result, split.size());
+    }
+    if (i == 1) {
+      EXPECT_EQ(batch[i].status.code(), StatusCode::kInvalidArgument);
+    }
+  });
+  EXPECT_EQ(calls, (std::vector<int>{1, 1, 1}));
+  EXPECT_OK(batch[0].status);
+  EXPECT_OK(batch[2].status);
+}
+
 TEST(Device, CountsOpsBytesAndLatency) {
   MemoryDevice dev(1 << 20);
   IoBuffer buf = Filled(4096, 5);

@@ -144,7 +144,14 @@ TEST_F(UringDeviceTest, BatchDeeperThanQueueDepthCompletesEveryRequest) {
     back.push_back(IoBuffer::AllocateAligned(8192, 4096));
     reads.push_back({IoOp::kRead, uint64_t(i) * 8192, back.back().span()});
   }
-  dev->SubmitBatch(reads);
+  std::vector<int> completions(kRequests, 0);
+  dev->SubmitBatch(reads, [&](size_t i) {
+    ++completions[i];
+    // Final when reported, while later requests may still be in flight.
+    EXPECT_OK(reads[i].status);
+    EXPECT_EQ(0, std::memcmp(back[i].data(), bufs[i].data(), 8192)) << i;
+  });
+  EXPECT_EQ(completions, std::vector<int>(kRequests, 1));
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_OK(reads[i].status);
     EXPECT_EQ(reads[i].result, 8192u);

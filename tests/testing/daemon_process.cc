@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -53,6 +54,12 @@ Status DaemonProcess::Start(const DaemonSpec& spec) {
   std::vector<std::string> args = {BinDir() + "/tierkvd", "--socket", socket_,
                                    "--metrics", "127.0.0.1:0", "--ready-file",
                                    ready, "--log-level", "info"};
+  const bool sized = std::find(spec.extra_args.begin(), spec.extra_args.end(),
+                               "--host-bytes") != spec.extra_args.end();
+  if (spec.config_toml.empty() && !sized && !spec.default_host_bytes.empty()) {
+    args.push_back("--host-bytes");
+    args.push_back(spec.default_host_bytes);
+  }
   if (!spec.config_toml.empty()) {
     const std::string config = dir_.File("tierkvd.toml");
     std::ofstream(config) << Replace(Replace(spec.config_toml, "{SOCKET}", socket_),

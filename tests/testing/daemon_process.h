@@ -22,6 +22,10 @@ struct DaemonSpec {
   // "{DIR}" are replaced with the socket path and the temp dir.
   std::string config_toml;
   std::vector<std::string> extra_args;  // e.g. {"--host-bytes", "8MiB"}
+  // Without a config, the embedded default namespace gets this much DRAM
+  // (tests need not commit the 1 GiB default), unless extra_args has its
+  // own --host-bytes.
+  std::string default_host_bytes = "64MiB";
 };
 
 class DaemonProcess {

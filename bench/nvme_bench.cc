@@ -1,0 +1,615 @@
+// `tierkv-bench nvme`: the NVMe tier (NvmeStore through UringDevice,
+// O_DIRECT, io_uring) against fio on the same file, in the same run.
+//
+// For each segment size (72 KiB = one GLM-5 bf16 latent-KV page of 64 tokens,
+// and 1 MiB) it measures, with the same block size, queue depth, file and
+// file size for both:
+//   fio write            --rw=write, no fsync (completion = device ack);
+//   tierkv write fio-sem batched NvmeStore::Write of new keys with
+//                        sync_data = sync_catalog = false: the same promise
+//                        as fio's (data acknowledged by the device, catalog
+//                        WAL in the page cache, no fdatasync);
+//   fio write+fdatasync  fdatasync after every --batch writes;
+//   tierkv write durable sync_data = sync_catalog = true (the default): one
+//                        fdatasync of the data file plus one synced catalog
+//                        WAL write per Write batch, so acknowledged
+//                        segments survive power loss (DESIGN.md §6);
+//   fio randread         --rw=randread over the region tierkv filled;
+//   tierkv randread      NvmeStore::ReadBatch of uniformly random stored
+//                        keys, XXH3-64 verified, into block-aligned buffers.
+// Pairs alternate which side runs first, --repeat times; medians are reported
+// with tierkv/fio ratios (the targets: >= 0.8 at 1 MiB, >= 0.6 at
+// 72 KiB). CPU figures are user+system seconds per wall second of the
+// process doing the IO (fio: its job; tierkv: this process).
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/resource.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/registry.h"
+#include "storage/io_buffer.h"
+#include "storage/nvme_store.h"
+#include "storage/uring_device.h"
+
+namespace tierkv::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using storage::IoBuffer;
+using storage::NvmeReadItem;
+using storage::NvmeStore;
+using storage::NvmeStoreOptions;
+using storage::NvmeWriteItem;
+
+constexpr std::string_view kNamespace = "bench";
+constexpr uint64_t kLayoutFingerprint = 0x6e766d65;  // any fixed value
+
+struct NvmeBenchOptions {
+  // A directory on a disk-backed file system (not tmpfs: no O_DIRECT).
+  std::string dir = "/var/tmp";
+  std::string file_size = "2GiB";
+  std::string sizes = "72KiB,1MiB";
+  uint32_t queue_depth = 32;
+  // Segments per NvmeStore::Write / ReadBatch call, and fio's fdatasync
+  // interval in the durable fio write. 0: 4 x queue_depth.
+  uint32_t batch = 0;
+  // Bytes per phase; empty: the file size (one full pass).
+  std::string bytes;
+  double runtime_s = 10;  // cap per phase
+  int repeat = 3;
+  std::string fio = "/usr/bin/fio";
+  bool keep = false;
+  std::string json_path;
+};
+
+// One measured phase.
+struct Figure {
+  double gbps = 0;
+  double iops = 0;
+  double cpu = 0;  // CPU seconds per wall second
+  uint64_t bytes = 0;
+};
+
+Result<uint64_t> ParseSize(const std::string& s) {
+  static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
+      {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}, {"B", 1}};
+  for (const auto& [suffix, mult] : kUnits) {
+    if (s.size() > suffix.size() && s.ends_with(suffix)) {
+      try {
+        return std::stoull(s.substr(0, s.size() - suffix.size())) * mult;
+      } catch (const std::exception&) {
+        break;
+      }
+    }
+  }
+  try {
+    size_t used = 0;
+    const uint64_t v = std::stoull(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return Status::InvalidArgument(fmt::format("bad size '{}' (e.g. 72KiB, 2GiB)", s));
+}
+
+std::string HumanSize(uint64_t bytes) {
+  if (bytes % (1ull << 30) == 0) return fmt::format("{}GiB", bytes >> 30);
+  if (bytes % (1ull << 20) == 0) return fmt::format("{}MiB", bytes >> 20);
+  if (bytes % (1ull << 10) == 0) return fmt::format("{}KiB", bytes >> 10);
+  return fmt::format("{}B", bytes);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2]
+                           : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+double CpuSeconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+// Runs fio with `args` (a shell-quoted-safe list: paths are ours) and
+// returns the job's figures for `direction` ("read" or "write").
+Result<Figure> RunFio(const NvmeBenchOptions& o, const std::string& workdir,
+                      const std::string& args, const std::string& direction) {
+  const std::string out = workdir + "/fio.json";
+  const std::string log = workdir + "/fio.log";
+  const std::string cmd = fmt::format(
+      "{} --output-format=json --output={} {} >{} 2>&1", o.fio, out, args, log);
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    return Status::IOError(fmt::format("fio failed (status {}): {}\n{}", rc, cmd, text));
+  }
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  // fio may print notes before the JSON document.
+  const size_t start = text.find('{');
+  if (start == std::string::npos) return Status::IOError("fio wrote no JSON: " + cmd);
+  nlohmann::json doc = nlohmann::json::parse(text.substr(start), nullptr,
+                                             /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
+    return Status::IOError("cannot parse fio JSON output of: " + cmd);
+  }
+  const nlohmann::json& job = doc["jobs"][0];
+  if (job.value("error", 0) != 0) {
+    return Status::IOError(fmt::format("fio job error {}: {}", job.value("error", 0), cmd));
+  }
+  const nlohmann::json& dir = job[direction];
+  Figure f;
+  f.bytes = dir.value("io_bytes", uint64_t{0});
+  f.gbps = dir.value("bw_bytes", 0.0) / 1e9;
+  f.iops = dir.value("iops", 0.0);
+  f.cpu = (job.value("usr_cpu", 0.0) + job.value("sys_cpu", 0.0)) / 100.0;
+  if (f.bytes == 0) return Status::IOError("fio transferred nothing: " + cmd);
+  return f;
+}
+
+std::string FioArgs(const std::string& file, uint64_t region, uint64_t seg,
+                    uint32_t qd, uint64_t bytes, double runtime_s,
+                    const std::string& rw, const std::string& extra = "") {
+  return fmt::format(
+      "--name=tierkv-nvme-bench --filename={} --size={} --bs={} --iodepth={} "
+      "--ioengine=io_uring --direct=1 --rw={} --io_size={} --runtime={} "
+      "--numjobs=1 --norandommap --randrepeat=0 {}",
+      file, region, seg, qd, rw, bytes, std::max(1, static_cast<int>(runtime_s)),
+      extra);
+}
+
+// Buffers with distinct random content, block-aligned (an engine's host
+// arena pages are), so NvmeStore reads and writes them in place.
+std::vector<IoBuffer> AlignedPool(size_t count, size_t bytes, uint64_t seed) {
+  std::vector<IoBuffer> pool;
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < count; ++i) {
+    IoBuffer b = IoBuffer::AllocateAligned(bytes, 4096);
+    auto* words = reinterpret_cast<uint64_t*>(b.data());
+    for (size_t w = 0; w < b.size() / 8; ++w) words[w] = rng();
+    pool.push_back(std::move(b));
+  }
+  return pool;
+}
+
+SegmentKey BenchKey(uint64_t n) { return SegmentKey{PageHash{n, 0x6e766d65}, 0, 0}; }
+
+Result<std::unique_ptr<NvmeStore>> OpenStore(const std::string& file,
+                                             const std::string& catalog,
+                                             uint64_t capacity, uint32_t qd,
+                                             bool durable) {
+  std::error_code ec;
+  std::filesystem::remove_all(catalog, ec);  // a fresh, empty tier
+  NvmeStoreOptions so;
+  so.path = file;
+  so.catalog_path = catalog;
+  so.capacity_bytes = capacity;
+  so.queue_depth = qd;
+  so.sync_data = durable;
+  so.sync_catalog = durable;
+  auto store = NvmeStore::Open(so);
+  if (!store.ok()) return store.status();
+  const storage::NvmeStoreStats st = (*store)->Stats();
+  if (!st.direct_io || !st.io_uring) {
+    return Status::Unavailable(fmt::format(
+        "tierkv store on {} runs without {}; figures would not compare with "
+        "fio --direct=1 --ioengine=io_uring",
+        file, st.direct_io ? "io_uring" : "O_DIRECT"));
+  }
+  return store;
+}
+
+// Writes `count` new segments (keys first_key...) in batches; stops early
+// after runtime_s. Returns the figures; `written` gets the count stored.
+Result<Figure> TierkvWrite(NvmeStore& store, const std::vector<IoBuffer>& pool,
+                           uint64_t seg, uint64_t first_key, uint64_t count,
+                           size_t batch, double runtime_s, uint64_t* written) {
+  std::vector<NvmeWriteItem> items;
+  const double cpu0 = CpuSeconds();
+  const auto t0 = Clock::now();
+  uint64_t done = 0;
+  while (done < count) {
+    items.clear();
+    for (size_t i = 0; i < batch && done + i < count; ++i) {
+      items.push_back({BenchKey(first_key + done + i),
+                       pool[(done + i) % pool.size()].span().first(seg)});
+    }
+    const std::vector<Status> results = store.Write(kNamespace, kLayoutFingerprint, items);
+    for (const Status& s : results) {
+      if (!s.ok()) return Status::IOError("tierkv write failed: " + s.ToString());
+    }
+    done += items.size();
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s) break;
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  *written = done;
+  return Figure{static_cast<double>(done * seg) / wall / 1e9, done / wall,
+                (CpuSeconds() - cpu0) / wall, done * seg};
+}
+
+// ReadBatch of uniformly random keys among [first_key, first_key + stored).
+Result<Figure> TierkvRandomRead(NvmeStore& store, std::vector<IoBuffer>& pool,
+                                uint64_t seg, uint64_t first_key, uint64_t stored,
+                                uint64_t count, double runtime_s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> pick(0, stored - 1);
+  std::vector<NvmeReadItem> items;
+  const double cpu0 = CpuSeconds();
+  const auto t0 = Clock::now();
+  uint64_t done = 0;
+  while (done < count) {
+    items.clear();
+    for (size_t i = 0; i < pool.size() && done + i < count; ++i) {
+      items.push_back({BenchKey(first_key + pick(rng)), pool[i].span()});
+    }
+    const auto results = store.ReadBatch(kNamespace, kLayoutFingerprint, items);
+    for (const auto& r : results) {
+      if (!r.ok() || *r != seg) {
+        return Status::IOError("tierkv read failed: " + r.status().ToString());
+      }
+    }
+    done += items.size();
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s) break;
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  return Figure{static_cast<double>(done * seg) / wall / 1e9, done / wall,
+                (CpuSeconds() - cpu0) / wall, done * seg};
+}
+
+// Refuses tmpfs and file systems without O_DIRECT: fio --direct=1 and the
+// tier would silently measure the page cache (or fail) there.
+Status CheckDirectIo(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) {
+    return Status::InvalidArgument(fmt::format("--dir {}: {}", dir, std::strerror(errno)));
+  }
+  if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
+    return Status::InvalidArgument(fmt::format(
+        "--dir {} is tmpfs/ramfs: no O_DIRECT and no device behind it; use a "
+        "directory on the disk (e.g. /var/tmp)",
+        dir));
+  }
+  const std::string probe = dir + "/.odirect-probe";
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (fd < 0) {
+    return Status::InvalidArgument(
+        fmt::format("--dir {}: O_DIRECT open failed: {}", dir, std::strerror(err)));
+  }
+  return Status::OK();
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return fmt::format("{} {} {}", a, b, c);
+}
+
+struct Phase {
+  const char* name;  // JSON key
+  const char* label;
+};
+constexpr Phase kFioWrite{"fio_write", "fio write"};
+constexpr Phase kTierkvWrite{"tierkv_write", "tierkv write (fio semantics)"};
+constexpr Phase kFioWriteSync{"fio_write_fdatasync", "fio write + fdatasync/batch"};
+constexpr Phase kTierkvWriteDurable{"tierkv_write_durable", "tierkv write (durable)"};
+constexpr Phase kFioRead{"fio_randread", "fio randread"};
+constexpr Phase kTierkvRead{"tierkv_randread", "tierkv randread (ReadBatch)"};
+constexpr Phase kPhases[] = {kFioWrite,     kTierkvWrite,       kFioWriteSync,
+                             kTierkvWriteDurable, kFioRead, kTierkvRead};
+
+int Run(const NvmeBenchOptions& o) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "tierkv-bench nvme: {}\n", s.ToString());
+    return 1;
+  };
+  auto file_size = ParseSize(o.file_size);
+  if (!file_size.ok()) return fail(file_size.status());
+  const uint64_t capacity = *file_size & ~uint64_t{4095};
+  uint64_t phase_bytes = capacity;
+  if (!o.bytes.empty()) {
+    auto b = ParseSize(o.bytes);
+    if (!b.ok()) return fail(b.status());
+    phase_bytes = std::min(*b, capacity);
+  }
+  std::vector<uint64_t> sizes;
+  for (size_t pos = 0; pos <= o.sizes.size();) {
+    size_t comma = o.sizes.find(',', pos);
+    if (comma == std::string::npos) comma = o.sizes.size();
+    auto s = ParseSize(o.sizes.substr(pos, comma - pos));
+    if (!s.ok()) return fail(s.status());
+    if (*s == 0 || *s % 4096 != 0 || *s > capacity) {
+      return fail(Status::InvalidArgument(
+          "segment sizes must be non-zero multiples of 4 KiB within --file-size"));
+    }
+    sizes.push_back(*s);
+    pos = comma + 1;
+  }
+  if (o.queue_depth == 0 || o.repeat < 1 || o.runtime_s <= 0) {
+    return fail(Status::InvalidArgument("--queue-depth, --repeat, --runtime must be > 0"));
+  }
+  const size_t batch = o.batch != 0 ? o.batch : size_t{4} * o.queue_depth;
+  if (Status s = CheckDirectIo(o.dir); !s.ok()) return fail(s);
+  if (::access(o.fio.c_str(), X_OK) != 0) {
+    return fail(Status::NotFound(fmt::format("fio not found at {} (--fio)", o.fio)));
+  }
+
+  const std::string workdir = fmt::format("{}/tierkv-nvme-bench.{}", o.dir, ::getpid());
+  std::filesystem::create_directories(workdir);
+  const std::string file = workdir + "/data";
+  const std::string catalog = workdir + "/catalog";
+  struct Cleanup {
+    std::string dir;
+    bool keep;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!keep) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{workdir, o.keep};
+
+  const std::string load_before = LoadAverage();
+  fmt::print(
+      "tierkv-bench nvme: file {} ({}), queue depth {}, batch {} segments, "
+      "{} per phase (cap {} s), median of {}\n",
+      file, HumanSize(capacity), o.queue_depth, batch, HumanSize(phase_bytes),
+      o.runtime_s, o.repeat);
+  fmt::print("load average before: {}\n", load_before);
+
+  // Lay the whole file down once so every phase overwrites written blocks
+  // (no unwritten-extent conversion, no file growth) for fio and tierkv alike.
+  const auto t_start = Clock::now();
+  {
+    auto pre = RunFio(o, workdir,
+                      FioArgs(file, capacity, 1 << 20, o.queue_depth, capacity,
+                              /*runtime_s=*/600, "write"),
+                      "write");
+    if (!pre.ok()) return fail(pre.status());
+  }
+
+  nlohmann::json out;
+  out["date"] = fmt::format("{:%F}", fmt::localtime(std::time(nullptr)));
+  out["file"] = file;
+  out["file_size_bytes"] = capacity;
+  out["queue_depth"] = o.queue_depth;
+  out["batch_segments"] = batch;
+  out["phase_bytes"] = phase_bytes;
+  out["repeat"] = o.repeat;
+  out["load_average_before"] = load_before;
+
+  struct SizeResult {
+    uint64_t seg;
+    std::map<std::string, Figure> median;
+    std::map<std::string, double> min, max;  // GB/s over the repetitions
+  };
+  std::vector<SizeResult> all;
+  uint64_t next_key = 1;
+  for (const uint64_t seg : sizes) {
+    const uint64_t count = phase_bytes / seg;
+    const size_t pool_count = std::min<uint64_t>(batch, count);
+    std::vector<IoBuffer> write_pool = AlignedPool(pool_count, seg, seg);
+    std::vector<IoBuffer> read_pool = AlignedPool(pool_count, seg, seg + 1);
+    std::map<std::string, std::vector<Figure>> runs;
+    for (int rep = 0; rep < o.repeat; ++rep) {
+      auto record = [&](const Phase& p, Result<Figure> f) -> Status {
+        if (!f.ok()) return f.status();
+        runs[p.name].push_back(*f);
+        return Status::OK();
+      };
+      // The plain write and the read pairs run fio first on even
+      // repetitions and tierkv first on odd ones, so a drift of the device
+      // (or of the neighbours' load) does not always favour the same side.
+      // The durable pair always runs fio first: a fio write after it would
+      // overwrite the segments the read pair reads (their checksums would
+      // then fail, as they should).
+      auto pair = [&](const std::function<Status()>& fio_phase,
+                      const std::function<Status()>& tierkv_phase,
+                      bool may_swap = true) {
+        const bool fio_first = !may_swap || rep % 2 == 0;
+        Status first = fio_first ? fio_phase() : tierkv_phase();
+        if (!first.ok()) return first;
+        return fio_first ? tierkv_phase() : fio_phase();
+      };
+      uint64_t stored = 0;
+      Status s = pair(
+          [&] {
+            return record(kFioWrite,
+                          RunFio(o, workdir,
+                                 FioArgs(file, capacity, seg, o.queue_depth,
+                                         count * seg, o.runtime_s, "write"),
+                                 "write"));
+          },
+          [&] {
+            auto store = OpenStore(file, catalog, capacity, o.queue_depth,
+                                   /*durable=*/false);
+            if (!store.ok()) return store.status();
+            Status st = record(kTierkvWrite,
+                               TierkvWrite(**store, write_pool, seg, next_key, count,
+                                           batch, o.runtime_s, &stored));
+            next_key += stored;
+            return st;
+          });
+      std::unique_ptr<NvmeStore> durable;
+      uint64_t durable_first = 0;
+      if (s.ok()) {
+        s = pair(
+            [&] {
+              return record(kFioWriteSync,
+                            RunFio(o, workdir,
+                                   FioArgs(file, capacity, seg, o.queue_depth,
+                                           count * seg, o.runtime_s, "write",
+                                           fmt::format("--fdatasync={}", batch)),
+                                   "write"));
+            },
+            [&] {
+              auto store = OpenStore(file, catalog, capacity, o.queue_depth,
+                                     /*durable=*/true);
+              if (!store.ok()) return store.status();
+              durable_first = next_key;
+              Status st = record(kTierkvWriteDurable,
+                                 TierkvWrite(**store, write_pool, seg, next_key,
+                                             count, batch, o.runtime_s, &stored));
+              next_key += stored;
+              durable = std::move(store).value();
+              return st;
+            },
+            /*may_swap=*/false);
+      }
+      // Random reads over exactly the region the durable write filled
+      // (fio may run first: the durable write already laid it down).
+      if (s.ok()) {
+        const uint64_t region = stored * seg;
+        s = pair(
+            [&] {
+              return record(kFioRead,
+                            RunFio(o, workdir,
+                                   FioArgs(file, region, seg, o.queue_depth,
+                                           count * seg, o.runtime_s, "randread"),
+                                   "read"));
+            },
+            [&] {
+              Status st = record(kTierkvRead,
+                                 TierkvRandomRead(*durable, read_pool, seg,
+                                                  durable_first, stored, count,
+                                                  o.runtime_s, 1000 + rep));
+              if (st.ok() && durable->Stats().checksum_failures != 0) {
+                st = Status::Corruption("tierkv read reported checksum failures");
+              }
+              return st;
+            });
+      }
+      if (!s.ok()) return fail(s);
+    }
+
+    SizeResult r{seg, {}};
+    nlohmann::json& js = out["sizes"][HumanSize(seg)];
+    js["segment_bytes"] = seg;
+    for (const Phase& p : kPhases) {
+      std::vector<double> gbps, iops, cpu;
+      for (const Figure& f : runs[p.name]) {
+        gbps.push_back(f.gbps), iops.push_back(f.iops), cpu.push_back(f.cpu);
+      }
+      Figure m{Median(gbps), Median(iops), Median(cpu), 0};
+      r.median[p.name] = m;
+      r.min[p.name] = *std::min_element(gbps.begin(), gbps.end());
+      r.max[p.name] = *std::max_element(gbps.begin(), gbps.end());
+      js[p.name] = {{"gbps_median", m.gbps},
+                    {"iops_median", m.iops},
+                    {"cpu_per_wall_s_median", m.cpu},
+                    {"gbps_runs", gbps}};
+    }
+    all.push_back(std::move(r));
+  }
+
+  // The table: one row per (size, phase), ratios against the fio phase of
+  // the same kind.
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
+  fmt::print("\n{:>7}  {:<30} {:>9} {:>13} {:>8} {:>6} {:>6}\n", "segment", "phase",
+             "GB/s", "runs min-max", "IOPS", "CPU", "/fio");
+  for (const SizeResult& r : all) {
+    const double target = r.seg >= (1u << 20) ? 0.8 : 0.6;
+    auto row = [&](const Phase& p, const Phase* base) {
+      const Figure& f = r.median.at(p.name);
+      std::string ratio;
+      if (base != nullptr) {
+        ratio = fmt::format("{:.2f}", f.gbps / r.median.at(base->name).gbps);
+      }
+      fmt::print("{:>7}  {:<30} {:>9.3f} {:>6.2f}-{:<6.2f} {:>8.0f} {:>6.2f} {:>6}\n",
+                 HumanSize(r.seg), p.label, f.gbps, r.min.at(p.name), r.max.at(p.name),
+                 f.iops, f.cpu, ratio);
+    };
+    row(kFioWrite, nullptr);
+    row(kTierkvWrite, &kFioWrite);
+    row(kFioWriteSync, nullptr);
+    row(kTierkvWriteDurable, &kFioWrite);
+    row(kFioRead, nullptr);
+    row(kTierkvRead, &kFioRead);
+    const double w = r.median.at(kTierkvWrite.name).gbps / r.median.at(kFioWrite.name).gbps;
+    const double wd =
+        r.median.at(kTierkvWriteDurable.name).gbps / r.median.at(kFioWriteSync.name).gbps;
+    const double rd = r.median.at(kTierkvRead.name).gbps / r.median.at(kFioRead.name).gbps;
+    fmt::print(
+        "{:>7}  target >= {:.1f}x fio: write {:.2f} ({}), randread {:.2f} ({}); "
+        "durable write vs fio+fdatasync {:.2f}\n\n",
+        "", target, w, w >= target ? "met" : "MISSED", rd, rd >= target ? "met" : "MISSED",
+        wd);
+    nlohmann::json& js = out["sizes"][HumanSize(r.seg)];
+    js["target_ratio"] = target;
+    js["write_over_fio"] = w;
+    js["write_durable_over_fio"] =
+        r.median.at(kTierkvWriteDurable.name).gbps / r.median.at(kFioWrite.name).gbps;
+    js["write_durable_over_fio_fdatasync"] = wd;
+    js["randread_over_fio"] = rd;
+  }
+  const std::string load_after = LoadAverage();
+  fmt::print(
+      "CPU = CPU seconds per wall second of the IO process. tierkv write (fio "
+      "semantics): no fdatasync, catalog WAL not synced, like fio without "
+      "--fsync. durable: one fdatasync + one synced catalog write per batch "
+      "of {} (its /fio ratio is against plain fio write).\n",
+      batch);
+  fmt::print("load average after: {}; total {:.0f} s\n", load_after, elapsed);
+  out["load_average_after"] = load_after;
+  out["elapsed_s"] = elapsed;
+  if (!o.json_path.empty()) {
+    std::ofstream(o.json_path) << out.dump(2) << "\n";
+    fmt::print("wrote {}\n", o.json_path);
+  }
+  return 0;
+}
+
+const bool kRegistered = RegisterBench([](CLI::App& app) {
+  auto opts = std::make_shared<NvmeBenchOptions>();
+  auto* sub = app.add_subcommand(
+      "nvme", "NVMe tier (NvmeStore, io_uring, O_DIRECT) write and random read vs fio "
+              "on the same file");
+  sub->add_option("--dir", opts->dir,
+                  "directory on a disk-backed file system (O_DIRECT; not tmpfs)")
+      ->capture_default_str();
+  sub->add_option("--file-size", opts->file_size, "data file size (fio and tierkv)")
+      ->capture_default_str();
+  sub->add_option("--sizes", opts->sizes, "segment sizes = fio block sizes, comma separated")
+      ->capture_default_str();
+  sub->add_option("--queue-depth", opts->queue_depth, "IOs in flight (fio iodepth)")
+      ->capture_default_str();
+  sub->add_option("--batch", opts->batch,
+                  "segments per Write/ReadBatch call and fio fdatasync interval "
+                  "(0: 4 x queue depth)")
+      ->capture_default_str();
+  sub->add_option("--bytes", opts->bytes, "bytes per phase (default: the file size)");
+  sub->add_option("--runtime", opts->runtime_s, "seconds cap per phase")
+      ->capture_default_str();
+  sub->add_option("--repeat", opts->repeat, "runs per phase; medians are reported")
+      ->capture_default_str();
+  sub->add_option("--fio", opts->fio, "fio binary")->capture_default_str();
+  sub->add_flag("--keep", opts->keep, "keep the data file and catalog");
+  sub->add_option("--json", opts->json_path, "also write the figures here");
+  sub->callback([opts] { SetExitCode(Run(*opts)); });
+});
+
+}  // namespace
+}  // namespace tierkv::bench

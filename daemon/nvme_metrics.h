@@ -1,0 +1,37 @@
+// NvmeMetrics: Prometheus view of the NVMe tier and the tier mover, built at
+// scrape time from their Stats() (a prometheus::Collectable), so counters
+// never drift from what storage counts itself.
+//
+// Families: tierkv_nvme_bytes{state}, tierkv_nvme_segments,
+// tierkv_nvme_reads_total{result}, tierkv_nvme_writes_total{result},
+// tierkv_nvme_io_bytes_total{op}, tierkv_nvme_evictions_total,
+// tierkv_corruptions_total{tier="nvme"}, tierkv_nvme_recovered_segments,
+// tierkv_nvme_recovered_bytes, tierkv_nvme_io_latency_seconds{op}
+// (histogram), tierkv_mover_queue_depth{queue},
+// tierkv_mover_jobs_total{queue,result}.
+//
+// Thread safety: Collect() may run concurrently with storage operations.
+#pragma once
+
+#include <prometheus/collectable.h>
+
+#include "storage/nvme_store.h"
+#include "storage/tier_mover.h"
+
+namespace tierkv::daemon {
+
+class NvmeMetrics final : public prometheus::Collectable {
+ public:
+  // Both borrowed; they must outlive every scrape (the daemon stops the
+  // exposer before destroying them).
+  NvmeMetrics(const storage::NvmeStore* store, const storage::TierMover* mover)
+      : store_(store), mover_(mover) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const storage::NvmeStore* store_;
+  const storage::TierMover* mover_;
+};
+
+}  // namespace tierkv::daemon

@@ -1,0 +1,221 @@
+// The NVMe tier behind a real tierkvd: restart, corruption, damaged or
+// missing files, promotion on Get and Match.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/client/client_test_util.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::testing {
+namespace {
+
+constexpr size_t kSeg = 64 * 1024;
+
+// NVMe files live on a disk-backed directory: O_DIRECT is refused by tmpfs.
+std::string DiskDir() {
+  static const std::string dir = [] {
+    std::string d = std::filesystem::exists("/var/tmp") ? "/var/tmp" : ".";
+    return d;
+  }();
+  return dir;
+}
+
+class NvmeTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/var/tmp/tierkv-nvme-XXXXXX";
+    char* made = ::mkdtemp(tmpl);
+    ASSERT_NE(made, nullptr);
+    data_dir_ = made;
+  }
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(data_dir_);
+  }
+
+  Status Start(std::vector<std::string> extra = {}) {
+    daemon_ = std::make_unique<DaemonProcess>();
+    std::vector<std::string> args = {"--host-bytes", "8MiB", "--shards", "1",
+                                     "--nvme-path", data_dir_ + "/nvme.data",
+                                     "--nvme-bytes", "64MiB"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    // Keep the token across restarts: the daemon's temp dir is new each time.
+    if (!token_.empty()) {
+      std::ofstream(data_dir_ + "/default.token") << token_ << "\n";
+    }
+    std::string config = "[[namespace]]\nname = \"default\"\ntoken_file = \"" +
+                         data_dir_ + "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
+    Status s = daemon_->Start({.config_toml = config, .extra_args = args});
+    if (s.ok() && token_.empty()) {
+      std::ifstream in(data_dir_ + "/default.token");
+      std::getline(in, token_);
+    }
+    return s;
+  }
+  std::unique_ptr<Client> Open() {
+    auto c = daemon_->Connect("default", token_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return nullptr;
+    EXPECT_OK((*c)->RegisterLayout(OnePartLayout()));
+    return std::move(c).value();
+  }
+  nlohmann::json Stats(Client& c) {
+    auto s = c.StatsJson();
+    EXPECT_TRUE(s.ok());
+    return nlohmann::json::parse(s.ok() ? *s : "{}");
+  }
+  std::vector<SegmentKey> Keys(const std::vector<PageHash>& pages) {
+    std::vector<SegmentKey> keys;
+    for (const auto& p : pages) keys.push_back({p, 0, 0});
+    return keys;
+  }
+
+  std::string data_dir_;
+  std::string token_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(NvmeTierTest, SegmentsSurviveACleanRestartWithTheSameHashes) {
+  ASSERT_OK(Start({"--write-policy", "write_through"}));
+  const auto pages = Pages(40);
+  {
+    auto c = Open();
+    for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+    for (const Status& s : c->Flush(Keys(pages))) ASSERT_OK(s);
+  }
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
+  ASSERT_OK(Start());
+  auto c = Open();  // the engine registers the same layout again, nothing more
+  auto stats = Stats(*c);
+  EXPECT_EQ(stats["nvme"]["recovered_segments"], 40);
+  EXPECT_EQ(stats["nvme"]["recovered_bytes"], 40 * kSeg);
+  auto match = c->Match(pages);
+  ASSERT_OK(match);
+  EXPECT_EQ(match->leading_pages, 40u);
+  EXPECT_EQ(match->tiers[0], Tier::kNvme);
+  for (const auto& p : pages) EXPECT_TRUE(ReadsBackExact(*c, p, kSeg));
+  // Read once, the pages are in DRAM again.
+  auto again = c->Match(std::span(pages).first(8));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->tiers[7], Tier::kHost);
+}
+
+TEST_F(NvmeTierTest, WriteBackDemotesEvictedSegmentsAndGetPromotesThem) {
+  ASSERT_OK(Start());  // write_back is the default with an NVMe tier
+  auto c = Open();
+  const auto pages = Pages(400);  // 25 MiB through an 8 MiB host tier
+  for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+  bool demoted = false;
+  for (int i = 0; i < 250 && !demoted; ++i) {
+    auto s = Stats(*c);
+    demoted = s["nvme"]["demotion_queue_depth"] == 0 &&
+              s["nvme"]["segments"].get<uint64_t>() >= 270;
+    if (!demoted) usleep(20000);
+  }
+  ASSERT_TRUE(demoted) << Stats(*c).dump();
+  auto match = c->Match(pages);
+  ASSERT_OK(match);
+  EXPECT_GE(match->leading_pages, 270u) << "evicted pages are found on NVMe";
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg)) << i;
+}
+
+TEST_F(NvmeTierTest, FlippedBytesOnDiskAreAMissAndCounted) {
+  ASSERT_OK(Start({"--write-policy", "none"}));
+  const auto pages = Pages(1);
+  {
+    auto c = Open();
+    ASSERT_OK(PutPages(*c, pages, kSeg)[0]);
+    ASSERT_OK(c->Flush(Keys(pages))[0]);  // the only segment: at offset 0
+  }
+  daemon_->Stop(SIGTERM);
+  {
+    std::fstream f(data_dir_ + "/nvme.data", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x5a);
+    f.seekp(1000);
+    f.write(&b, 1);
+  }
+  ASSERT_OK(Start());
+  auto c = Open();
+  std::vector<std::byte> dst(kSeg);
+  SegmentRead r{{pages[0], 0, 0}, dst};
+  EXPECT_EQ(c->Get(std::span(&r, 1))[0].code(), StatusCode::kNotFound);
+  EXPECT_EQ(Stats(*c)["nvme"]["checksum_failures"], 1);
+  auto text = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_OK(text);
+  EXPECT_EQ(MetricValue(*text, R"(tierkv_corruptions_total{tier="nvme"})"), 1);
+}
+
+TEST_F(NvmeTierTest, DamagedCatalogIsAClearErrorOrAnExplicitFreshStart) {
+  ASSERT_OK(Start({"--write-policy", "write_through"}));
+  {
+    auto c = Open();
+    ASSERT_OK(PutPages(*c, Pages(1), kSeg)[0]);
+    ASSERT_OK(c->Flush(Keys(Pages(1)))[0]);
+  }
+  daemon_->Stop(SIGTERM);
+  // Wreck every file of the RocksDB catalog.
+  for (const auto& entry : std::filesystem::directory_iterator(data_dir_ + "/nvme.data.catalog")) {
+    std::ofstream(entry.path(), std::ios::trunc) << "garbage";
+  }
+  Status s = Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("recreate_damaged_catalog"), std::string_view::npos)
+      << s.ToString();
+  // The operator opts in to starting empty.
+  std::ofstream(data_dir_ + "/recreate.toml")
+      << "[nvme]\npath = \"" << data_dir_ << "/nvme.data\"\ncapacity_bytes = \"64MiB\"\n"
+      << "recreate_damaged_catalog = true\n"
+      << "[[namespace]]\nname = \"default\"\ntoken_file = \"" << data_dir_
+      << "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
+  daemon_ = std::make_unique<DaemonProcess>();
+  ASSERT_OK(daemon_->Start({.extra_args = {"--config", data_dir_ + "/recreate.toml"}}));
+  auto c = Open();
+  EXPECT_EQ(Stats(*c)["nvme"]["catalog_recreated"], true);
+  auto m = c->Match(Pages(1));
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 0u);
+}
+
+TEST_F(NvmeTierTest, MissingDataFileRecoversCleanly) {
+  ASSERT_OK(Start({"--write-policy", "write_through"}));
+  const auto pages = Pages(4);
+  {
+    auto c = Open();
+    for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+    for (const Status& s : c->Flush(Keys(pages))) ASSERT_OK(s);
+  }
+  daemon_->Stop(SIGTERM);
+  std::filesystem::remove(data_dir_ + "/nvme.data");
+  ASSERT_OK(Start());
+  auto c = Open();
+  for (const auto& p : pages) {
+    std::vector<std::byte> dst(kSeg);
+    SegmentRead r{{p, 0, 0}, dst};
+    EXPECT_EQ(c->Get(std::span(&r, 1))[0].code(), StatusCode::kNotFound)
+        << "a lost data file is a miss, never zeros";
+  }
+  // And the tier keeps working.
+  for (const Status& s : PutPages(*c, Pages(4, 900), kSeg)) EXPECT_OK(s);
+  for (const Status& s : c->Flush(Keys(Pages(4, 900)))) EXPECT_OK(s);
+}
+
+TEST_F(NvmeTierTest, FlushWithoutNvmeTierIsRejected) {
+  DaemonProcess plain;
+  ASSERT_OK(plain.Start());
+  auto c = plain.Connect();
+  ASSERT_OK(c);
+  ASSERT_OK((*c)->RegisterLayout(OnePartLayout()));
+  EXPECT_EQ((*c)->Flush(Keys(Pages(1)))[0].code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tierkv::testing
