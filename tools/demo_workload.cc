@@ -175,9 +175,16 @@ Status RunDemo(Client& client, const DemoOptions& o) {
              host["evictions"].get<uint64_t>(),
              host["evicted_bytes"].get<uint64_t>() / 1048576.0);
   const double hit = j["lookup_tokens"]["host"].get<double>();
-  const double miss = j["lookup_tokens"]["miss"].get<double>();
-  fmt::print("  hit        {:.0f} of {:.0f} looked-up tokens ({:.1f}%) served "
-             "from host DRAM\n", hit, hit + miss, 100.0 * hit / std::max(1.0, hit + miss));
+  const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
+  const double total = hit + hit_nvme + j["lookup_tokens"]["miss"].get<double>();
+  fmt::print("  hit        {:.0f} of {:.0f} looked-up tokens ({:.1f}%) served from host "
+             "DRAM\n", hit, total, 100.0 * hit / std::max(1.0, total));
+  if (j.contains("nvme")) {
+    fmt::print("             {:.0f} more ({:.1f}%) from NVMe; {} segments demoted, {} "
+               "promoted\n", hit_nvme, 100.0 * hit_nvme / std::max(1.0, total),
+               j["nvme"]["demotions_done"].get<uint64_t>(),
+               j["nvme"]["promotions_done"].get<uint64_t>());
+  }
   fmt::print("  verified   {} read-back mismatches\n", mismatches);
   if (mismatches) return Status::Corruption("demo read back wrong bytes");
   return Status::OK();
