@@ -402,15 +402,15 @@ Result<PinLease> Client::Pin(std::span<const SegmentKey> keys,
 }
 
 Result<std::string> Client::Ping() {
-  PingResponse resp;
+  JsonResponse resp;
   TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kPing, {}, resp));
-  return resp.info_json;
+  return resp.json;
 }
 
 Result<std::string> Client::StatsJson() {
-  StatsResponse resp;
+  JsonResponse resp;
   TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kStats, {}, resp));
-  return resp.stats_json;
+  return resp.json;
 }
 
 Result<std::vector<Client::ListedSegment>> Client::List(uint32_t limit) {

@@ -130,7 +130,7 @@ HandlerReply CacheService::Ping() {
                          .count();
   info["namespaces"] = nlohmann::json::array();
   for (const auto& ns : *namespaces_) info["namespaces"].push_back(ns->name);
-  return Ok(PingResponse{Status::OK(), info.dump()});
+  return Ok(JsonResponse{Status::OK(), info.dump()});
 }
 
 HandlerReply CacheService::OpenNamespace(uint64_t conn,
@@ -433,7 +433,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
     j["layout"] = {{"page_tokens", layout->page_tokens},
                    {"num_layers", layout->num_layers()}};
   }
-  return Ok(StatsResponse{Status::OK(), j.dump()});
+  return Ok(JsonResponse{Status::OK(), j.dump()});
 }
 
 HandlerReply CacheService::Flush(Namespace& ns, std::span<const std::byte> in) {

@@ -33,15 +33,15 @@ Status DecodeResponse(std::span<const std::byte> in, Status& status, Fn body) {
 
 }  // namespace
 
-std::vector<std::byte> Encode(const PingResponse& m) {
+std::vector<std::byte> Encode(const JsonResponse& m) {
   WireWriter w;
   w.StatusValue(m.status);
-  w.String(m.info_json);
+  w.String(m.json);
   return w.Take();
 }
-Status Decode(std::span<const std::byte> in, PingResponse& out) {
+Status Decode(std::span<const std::byte> in, JsonResponse& out) {
   return DecodeResponse(in, out.status,
-                        [&](WireReader& r) { out.info_json = r.String(kMaxJson); });
+                        [&](WireReader& r) { out.json = r.String(kMaxJson); });
 }
 
 std::vector<std::byte> Encode(const OpenNamespaceRequest& m) {
@@ -231,18 +231,6 @@ std::vector<std::byte> Encode(const StatusResponse& m) {
 }
 Status Decode(std::span<const std::byte> in, StatusResponse& out) {
   return DecodeResponse(in, out.status, [](WireReader&) {});
-}
-
-std::vector<std::byte> Encode(const StatsResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.String(m.stats_json);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, StatsResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.stats_json = r.String(kMaxJson);
-  });
 }
 
 std::vector<std::byte> Encode(const ListRequest& m) {

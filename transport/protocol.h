@@ -36,9 +36,10 @@ enum class Opcode : uint16_t {
 // Largest number of items in one batched request.
 inline constexpr uint32_t kMaxBatchItems = 1u << 16;
 
-struct PingResponse {
+// kPing (daemon info) and kStats (namespace statistics): a JSON document.
+struct JsonResponse {
   Status status;
-  std::string info_json;
+  std::string json;
 };
 
 struct OpenNamespaceRequest {
@@ -120,11 +121,6 @@ struct StatusResponse {  // kRegisterLayout, kRelease
   Status status;
 };
 
-struct StatsResponse {
-  Status status;
-  std::string stats_json;
-};
-
 struct ListRequest {
   uint32_t limit = 1000;
 };
@@ -140,7 +136,7 @@ struct ListResponse {
 };
 
 // Encoders.
-std::vector<std::byte> Encode(const PingResponse& m);
+std::vector<std::byte> Encode(const JsonResponse& m);
 std::vector<std::byte> Encode(const OpenNamespaceRequest& m);
 std::vector<std::byte> Encode(const OpenNamespaceResponse& m);
 std::vector<std::byte> Encode(const RegisterLayoutRequest& m);
@@ -153,12 +149,11 @@ std::vector<std::byte> Encode(const ItemStatusResponse& m);
 std::vector<std::byte> Encode(const GetResponse& m);
 std::vector<std::byte> Encode(const ReleaseRequest& m);
 std::vector<std::byte> Encode(const StatusResponse& m);
-std::vector<std::byte> Encode(const StatsResponse& m);
 std::vector<std::byte> Encode(const ListRequest& m);
 std::vector<std::byte> Encode(const ListResponse& m);
 
 // Decoders: `out` is valid only when OK is returned.
-Status Decode(std::span<const std::byte> in, PingResponse& out);
+Status Decode(std::span<const std::byte> in, JsonResponse& out);
 Status Decode(std::span<const std::byte> in, OpenNamespaceRequest& out);
 Status Decode(std::span<const std::byte> in, OpenNamespaceResponse& out);
 Status Decode(std::span<const std::byte> in, RegisterLayoutRequest& out);
@@ -171,7 +166,6 @@ Status Decode(std::span<const std::byte> in, ItemStatusResponse& out);
 Status Decode(std::span<const std::byte> in, GetResponse& out);
 Status Decode(std::span<const std::byte> in, ReleaseRequest& out);
 Status Decode(std::span<const std::byte> in, StatusResponse& out);
-Status Decode(std::span<const std::byte> in, StatsResponse& out);
 Status Decode(std::span<const std::byte> in, ListRequest& out);
 Status Decode(std::span<const std::byte> in, ListResponse& out);
 
