@@ -32,6 +32,7 @@ std::string WireReader::String(size_t max_len) {
     failed_ = true;
     return {};
   }
+  if (n == 0) return {};
   std::string s(reinterpret_cast<const char*>(data_.data() + pos_), n);
   pos_ += n;
   return s;

@@ -33,6 +33,7 @@ class WireWriter {
   }
   void String(std::string_view s) {
     Int<uint32_t>(static_cast<uint32_t>(s.size()));
+    if (s.empty()) return;  // an empty view may hold a null data()
     const size_t at = buf_.size();
     buf_.resize(at + s.size());
     std::memcpy(buf_.data() + at, s.data(), s.size());
