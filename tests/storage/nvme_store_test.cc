@@ -385,9 +385,14 @@ TEST_F(NvmeStoreTest, ConcurrentReadersNeverSeeTornDataWhileWritersEvict) {
 
   std::atomic<uint64_t> bad{0};
   std::atomic<uint64_t> hits{0};
+  std::atomic<int> writers_left{2};
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
+      struct Done {
+        std::atomic<int>& left;
+        ~Done() { left.fetch_sub(1); }
+      } done{writers_left};
       for (uint64_t i = 0; i < 300; ++i) {
         const uint64_t n = (i * 7 + w * 13) % kKeys;
         std::vector<std::byte> data = Content(n, kSize);
@@ -402,7 +407,10 @@ TEST_F(NvmeStoreTest, ConcurrentReadersNeverSeeTornDataWhileWritersEvict) {
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       std::vector<std::byte> dst(kSize);
-      for (uint64_t i = 0; i < 600; ++i) {
+      // Read for as long as writers run, and at least one full pass over
+      // every key after they stop (16 keys stay stored: hits are certain
+      // however the threads are scheduled).
+      for (uint64_t i = 0; i < 600 || writers_left.load() > 0; ++i) {
         const uint64_t n = (i * 5 + r) % kKeys;
         auto got = store->Read(kNs, Key(n), kLayout, dst);
         if (got.ok()) {
