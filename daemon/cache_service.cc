@@ -409,6 +409,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"fragmentation", n.fragmentation},
                  {"evictions", n.evictions},
                  {"checksum_failures", n.checksum_failures},
+                 {"checksum_reread_ok", n.checksum_reread_ok},
                  {"reads", n.reads},
                  {"read_hits", n.read_hits},
                  {"writes", n.writes},

@@ -93,6 +93,13 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   AddValue(corruptions, {{"tier", "nvme"}}, static_cast<double>(s.checksum_failures));
   out.push_back(std::move(corruptions));
 
+  auto reread = Family("tierkv_nvme_checksum_reread_ok_total",
+                       "Checksum failures whose immediate re-read verified (the first "
+                       "read returned wrong bytes, the device holds right ones)",
+                       MetricType::Counter);
+  AddValue(reread, {}, static_cast<double>(s.checksum_reread_ok));
+  out.push_back(std::move(reread));
+
   auto recovered = Family("tierkv_nvme_recovered_segments",
                           "Segments recovered from the catalog at start-up",
                           MetricType::Gauge);

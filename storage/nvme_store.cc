@@ -37,6 +37,27 @@ Status AsIoError(const Status& s) {
 
 }  // namespace
 
+std::string NvmeStore::DiagnoseMismatch(const CatalogEntry& entry,
+                                        uint64_t got_checksum, bool* reread_ok) {
+  *reread_ok = false;
+  std::string what = fmt::format("length {}, expected xxh3 {:016x}, read {:016x}",
+                                 entry.length, entry.checksum, got_checksum);
+  IoBuffer again = device_->AllocateIoBuffer(entry.length);
+  if (again.empty()) return what + "; no memory to re-read";
+  const Status s = device_->Read(entry.offset, again.span());
+  if (!s.ok()) return fmt::format("{}; re-read failed: {}", what, s.ToString());
+  const uint64_t second = Checksum(again.span().first(entry.length));
+  if (second == entry.checksum) {
+    *reread_ok = true;
+    return what + "; a re-read verifies: the device holds the right bytes, "
+                  "the first read returned wrong ones";
+  }
+  return fmt::format("{}; a re-read also fails ({:016x}{}): the device holds "
+                     "other bytes",
+                     what, second,
+                     second == got_checksum ? ", same as the first read" : "");
+}
+
 bool NvmeStore::IsBlockAligned(const void* address) const {
   return reinterpret_cast<uintptr_t>(address) % options_.block_size == 0;
 }
@@ -502,6 +523,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       if (round[r].request != SIZE_MAX) pending_of[round[r].request] = r;
     }
     std::vector<bool> corrupt(round.size(), false);
+    std::vector<uint64_t> got_checksum;  // per round item; only on mismatch
     device_->SubmitBatch(requests, [&](size_t q) {
       const size_t r = pending_of[q];
       PendingRead& p = round[r];
@@ -511,8 +533,11 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         return;
       }
       std::span<std::byte> dst = items[p.item].dst;
-      if (Checksum(p.landing.first(p.entry.length)) != p.entry.checksum) {
+      if (const uint64_t got = Checksum(p.landing.first(p.entry.length));
+          got != p.entry.checksum) {
         corrupt[r] = true;
+        got_checksum.resize(round.size(), 0);
+        got_checksum[r] = got;
         // Never leave bytes that failed verification where a caller that
         // ignores the status might use them.
         if (p.bounce.empty()) std::memset(dst.data(), 0, p.entry.length);
@@ -527,9 +552,26 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         results[p.item] = Status::ResourceExhausted("nvme store: out of memory");
       }
     }
+    // Diagnostics (cold path): re-read each extent that failed verification
+    // once, synchronously, while it is still pinned. If the second read
+    // verifies, the bytes on the device are right and the first read
+    // returned wrong bytes (a read-path problem); if it fails again, the
+    // device holds other bytes (an acknowledged write was lost or
+    // overwritten). Either way the item stays a miss and is dropped below.
+    std::vector<std::string> diagnosis;
+    uint64_t reread_ok = 0;
+    if (!got_checksum.empty()) {
+      diagnosis.resize(round.size());
+      for (size_t r = 0; r < round.size(); ++r) {
+        bool ok = false;
+        if (corrupt[r]) diagnosis[r] = DiagnoseMismatch(round[r].entry, got_checksum[r], &ok);
+        reread_ok += ok;
+      }
+    }
 
     // 4. Unpin and count.
     std::lock_guard lock(mu_);
+    counters_.checksum_reread_ok += reread_ok;
     for (size_t r = 0; r < round.size(); ++r) {
       PendingRead& p = round[r];
       ReleaseReaderLocked(p.segment);
@@ -537,8 +579,9 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         ++counters_.checksum_failures;
         ++counters_.read_misses;
         if (p.segment->live) UnlinkLocked(p.segment, /*delete_entry=*/true);
-        StorageLog().warn("tierkv nvme store: checksum mismatch for {} at offset {}",
-                          items[p.item].key.ToString(), p.entry.offset);
+        StorageLog().warn("tierkv nvme store: checksum mismatch for {} at offset {} ({})",
+                          items[p.item].key.ToString(), p.entry.offset,
+                          diagnosis[r]);
       } else if (results[p.item].ok()) {
         ++counters_.read_hits;
       } else {
