@@ -67,6 +67,7 @@ struct SegmentRead {
 // Zero-copy read access to segments, valid while the lease is held. The
 // destructor releases the lease (RAII); the daemon also drops it after the
 // lease TTL, after which the bytes may be reused: finish reading before.
+// REQUIRES: the Client that made the lease outlives it.
 class ReadLease {
  public:
   ReadLease() = default;
@@ -91,7 +92,8 @@ class ReadLease {
   std::vector<std::span<const std::byte>> views_;
 };
 
-// Segments protected from eviction until Unpin, destruction or the TTL.
+// Segments protected from eviction until Unpin, destruction, the TTL or
+// the Client's disconnect. REQUIRES: the Client outlives the PinLease.
 class PinLease {
  public:
   PinLease() = default;
