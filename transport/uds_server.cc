@@ -69,103 +69,74 @@ class UdsServer::Impl {
   bool stopped = false;
 };
 
-// One client connection. Bytes are read into a buffer as they come; every
-// complete frame in it is handled in order and its reply written straight
-// away with a non-blocking write (falling back to an asynchronous write only
-// when the socket is full). A small request thus costs one wake-up of an io
-// thread, and a client may pipeline requests. Owned by the shared_ptrs held
-// in pending Asio handlers.
+// One client connection: reads a frame, handles it, writes the reply, and
+// repeats. Owned by the shared_ptrs held in pending Asio handlers.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(UdsServer::Impl& server, LocalSocket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), id_(id) {}
 
   void Start() {
-    boost::system::error_code ec;
-    socket_.non_blocking(true, ec);
     server_.handler->OnConnect(id_);
-    if (ec) return Close();
-    ReadMore();
+    ReadHeader();
   }
 
  private:
-  static constexpr size_t kReadChunk = 64 * 1024;
-
-  void ReadMore() {
-    // Compact, then make room for at least kReadChunk more bytes.
-    if (begin_ > 0) {
-      std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
-      end_ -= begin_;
-      begin_ = 0;
-    }
-    if (end_ == 0 && in_.size() > kKeepPayloadCapacity) {
-      std::vector<std::byte>(kReadChunk).swap(in_);  // one big frame is over
-    }
-    if (in_.size() < end_ + kReadChunk) in_.resize(end_ + kReadChunk);
-    socket_.async_read_some(
-        asio::buffer(in_.data() + end_, in_.size() - end_),
-        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-          if (ec) return self->Close();
-          self->end_ += n;
-          self->HandleBuffered();
-        });
+  void ReadHeader() {
+    asio::async_read(socket_, asio::buffer(header_),
+                     [self = shared_from_this()](auto ec, size_t) {
+                       self->OnHeader(ec);
+                     });
   }
 
-  // Handles every complete frame in the buffer, then reads more. Returns
-  // early while an asynchronous write is pending; its completion resumes.
-  void HandleBuffered() {
-    while (!closed_) {
-      const size_t have = end_ - begin_;
-      if (have < kFrameHeaderBytes) break;
-      std::span<const std::byte> header(in_.data() + begin_, kFrameHeaderBytes);
-      auto decoded = DecodeFrameHeader(header, server_.options.max_payload_bytes);
-      if (!decoded.ok()) {
-        // The stream cannot be trusted any more: answer and hang up.
-        Reply(kErrorOpcode, 0, EncodeError(decoded.status()), -1, /*close_after=*/true);
-        return;
-      }
-      const size_t frame_bytes = kFrameHeaderBytes + decoded->payload_len;
-      if (have < frame_bytes) {
-        // Bounded by max_payload_bytes (checked above).
-        if (in_.size() < begin_ + frame_bytes) in_.resize(begin_ + frame_bytes);
-        break;
-      }
-      std::span<const std::byte> payload(in_.data() + begin_ + kFrameHeaderBytes,
-                                         decoded->payload_len);
-      const bool async_write = HandleFrame(*decoded, header, payload);
-      begin_ += frame_bytes;
-      if (async_write) return;  // resumes in the write's completion
+  void OnHeader(const boost::system::error_code& ec) {
+    if (ec) return Close();
+    auto decoded =
+        DecodeFrameHeader(header_, server_.options.max_payload_bytes);
+    if (!decoded.ok()) {
+      // The stream cannot be trusted any more: answer and hang up.
+      return Reply(kErrorOpcode, 0, EncodeError(decoded.status()), -1,
+                   /*close_after=*/true);
     }
-    if (!closed_) ReadMore();
+    frame_ = *decoded;
+    payload_.resize(frame_.payload_len);
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](auto ec, size_t) {
+                       self->OnPayload(ec);
+                     });
   }
 
-  // Handles one frame; true when its reply is still being written.
-  bool HandleFrame(const FrameHeader& frame, std::span<const std::byte> header,
-                   std::span<const std::byte> payload) {
-    if (frame.version != kProtocolVersion) {
-      return Reply(kErrorOpcode, frame.request_id,
+  void OnPayload(const boost::system::error_code& ec) {
+    if (ec) return Close();
+    if (frame_.version != kProtocolVersion) {
+      return Reply(kErrorOpcode, frame_.request_id,
                    EncodeError(Status::ProtocolError(
-                       "unsupported protocol version " + std::to_string(frame.version) +
-                       " (this daemon speaks " + std::to_string(kProtocolVersion) + ")")),
+                       "unsupported protocol version " +
+                       std::to_string(frame_.version) + " (this daemon speaks " +
+                       std::to_string(kProtocolVersion) + ")")),
                    -1, false);
     }
-    if (Status s = VerifyFrameChecksum(header, payload); !s.ok()) {
-      return Reply(kErrorOpcode, frame.request_id, EncodeError(s), -1, false);
+    if (Status s = VerifyFrameChecksum(header_, payload_); !s.ok()) {
+      return Reply(kErrorOpcode, frame_.request_id, EncodeError(s), -1, false);
     }
-    if (frame.opcode & kResponseBit) {
-      return Reply(kErrorOpcode, frame.request_id,
-                   EncodeError(Status::ProtocolError("clients may not send response frames")),
+    if (frame_.opcode & kResponseBit) {
+      return Reply(kErrorOpcode, frame_.request_id,
+                   EncodeError(Status::ProtocolError(
+                       "clients may not send response frames")),
                    -1, false);
     }
-    HandlerReply reply = server_.handler->OnFrame(id_, frame.opcode, payload);
-    if (reply.no_reply) return false;
-    return Reply(reply.is_error ? kErrorOpcode : (frame.opcode | kResponseBit),
-                 frame.request_id, std::move(reply.payload), reply.fd, false);
+    HandlerReply reply =
+        server_.handler->OnFrame(id_, frame_.opcode, payload_);
+    if (payload_.capacity() > kKeepPayloadCapacity) {
+      std::vector<std::byte>().swap(payload_);
+    }
+    if (reply.no_reply) return ReadHeader();
+    Reply(reply.is_error ? kErrorOpcode : (frame_.opcode | kResponseBit),
+          frame_.request_id, std::move(reply.payload), reply.fd, false);
   }
 
-  // Writes a reply; true when part of it is left to an asynchronous write.
-  bool Reply(uint16_t opcode, uint64_t request_id, std::vector<std::byte> body, int fd,
-             bool close_after) {
+  void Reply(uint16_t opcode, uint64_t request_id, std::vector<std::byte> body,
+             int fd, bool close_after) {
     reply_header_ = EncodeFrameHeader(opcode, request_id, body);
     reply_body_ = std::move(body);
     if (fd >= 0) {
@@ -173,35 +144,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       std::vector<std::byte> frame(reply_header_.begin(), reply_header_.end());
       frame.insert(frame.end(), reply_body_.begin(), reply_body_.end());
       Status s = SendAllWithFd(socket_.native_handle(), frame, fd);
-      if (!s.ok() || close_after) Close();
-      return false;
+      return AfterWrite(!s.ok() || close_after);
     }
     std::array<asio::const_buffer, 2> buffers{asio::buffer(reply_header_),
                                               asio::buffer(reply_body_)};
-    boost::system::error_code ec;
-    const size_t total = reply_header_.size() + reply_body_.size();
-    size_t written = socket_.write_some(buffers, ec);
-    if (ec && ec != asio::error::would_block) {
-      Close();
-      return false;
-    }
-    if (written == total) {
-      if (close_after) Close();
-      return false;
-    }
-    // The socket is full: finish asynchronously, then resume reading.
-    const size_t header_left =
-        written < reply_header_.size() ? reply_header_.size() - written : 0;
-    const size_t body_done = written - (reply_header_.size() - header_left);
-    std::array<asio::const_buffer, 2> rest{
-        asio::buffer(reply_header_.data() + (reply_header_.size() - header_left), header_left),
-        asio::buffer(reply_body_.data() + body_done, reply_body_.size() - body_done)};
-    asio::async_write(socket_, rest,
+    asio::async_write(socket_, buffers,
                       [self = shared_from_this(), close_after](auto ec, size_t) {
-                        if (ec || close_after) return self->Close();
-                        self->HandleBuffered();
+                        self->AfterWrite(ec || close_after);
                       });
-    return true;
+  }
+
+  void AfterWrite(bool close) {
+    if (close) return Close();
+    ReadHeader();
   }
 
   void Close() {
@@ -216,9 +171,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   UdsServer::Impl& server_;
   LocalSocket socket_;
   const uint64_t id_;
-  std::vector<std::byte> in_;  // received bytes: [begin_, end_) unhandled
-  size_t begin_ = 0;
-  size_t end_ = 0;
+  HeaderBytes header_{};
+  FrameHeader frame_;
+  std::vector<std::byte> payload_;
   HeaderBytes reply_header_{};
   std::vector<std::byte> reply_body_;
   bool closed_ = false;
