@@ -7,16 +7,16 @@
 // The KV cache of each context is filled synthetically (random rows written
 // through KvCache::Write) instead of a real prefill, so 32K contexts fit in
 // the benchmark's time budget; decode cost does not depend on the values.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "bench/registry.h"
 #include "executor/model.h"
@@ -35,8 +35,8 @@ using Clock = std::chrono::steady_clock;
 struct ExecutorBenchOptions {
   std::string preset = "glm5-small";
   std::vector<int64_t> contexts = {1024, 8192, 32768};
-  int steps = 8;      // decode steps timed per context
-  int threads = 0;    // 0 = all cores
+  int steps = 8;    // decode steps timed per context
+  int threads = 0;  // 0 = all cores
   uint64_t seed = 1;
   std::string json_path;
 };
@@ -67,14 +67,16 @@ uint64_t DecodeWeightBytes(const ModelConfig& c) {
     uint64_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
     if (t.name.find(".mlp.experts.") != std::string::npos) {
-      if (t.name.find(".mlp.experts.0.") != std::string::npos) expert_bytes += n * 4;
+      if (t.name.find(".mlp.experts.0.") != std::string::npos)
+        expert_bytes += n * 4;
       continue;
     }
     if (t.name == "model.embed_tokens.weight") continue;
     bytes += n * 4;
   }
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    moe_layers += c.IsMoeLayer(l);
   // expert_bytes summed expert 0 of every MoE layer: per-layer size * layers.
   bytes += expert_bytes / std::max<int64_t>(moe_layers, 1) * moe_layers *
            static_cast<uint64_t>(c.num_experts_per_tok);
@@ -110,24 +112,28 @@ int RunExecutorBench(const ExecutorBenchOptions& o) {
     return 1;
   }
   const double memcpy_bps = MeasureMemcpyBandwidth();
-  fmt::print("executor bench: preset {} ({} layers, hidden {}, index_topk {}, "
-             "{} full indexer layers), weights generated in memory (seed {})\n",
-             o.preset, config->num_hidden_layers, config->hidden_size,
-             config->index_topk, config->NumFullIndexerLayers(), o.seed);
+  fmt::print(
+      "executor bench: preset {} ({} layers, hidden {}, index_topk {}, "
+      "{} full indexer layers), weights generated in memory (seed {})\n",
+      o.preset, config->num_hidden_layers, config->hidden_size,
+      config->index_topk, config->NumFullIndexerLayers(), o.seed);
   const auto t_build = Clock::now();
   executor::ModelOptions mo;
   mo.num_threads = o.threads;
-  auto model = Model::Create(*config, executor::RandomWeights(*config, o.seed), mo);
+  auto model =
+      Model::Create(*config, executor::RandomWeights(*config, o.seed), mo);
   if (!model.ok()) {
     fmt::print(stderr, "executor bench: {}\n", model.status().ToString());
     return 1;
   }
-  fmt::print("model built in {:.1f} s; threads {}; memcpy {:.2f} GB/s "
-             "(1 thread, same run)\n",
-             std::chrono::duration<double>(Clock::now() - t_build).count(),
-             (*model)->num_threads(), memcpy_bps / 1e9);
-  fmt::print("KV cache: filled synthetically with random rows through "
-             "KvCache::Write (no real prefill)\n\n");
+  fmt::print(
+      "model built in {:.1f} s; threads {}; memcpy {:.2f} GB/s "
+      "(1 thread, same run)\n",
+      std::chrono::duration<double>(Clock::now() - t_build).count(),
+      (*model)->num_threads(), memcpy_bps / 1e9);
+  fmt::print(
+      "KV cache: filled synthetically with random rows through "
+      "KvCache::Write (no real prefill)\n\n");
   fmt::print("{:>8} {:>10} {:>9} {:>10} {:>9} {:>11} {:>10} {:>9} {:>8}\n",
              "context", "tokens/s", "step ms", "weights MB", "kv MB",
              "idx scan MB", "total MB", "GB/s", "/memcpy");
@@ -148,13 +154,13 @@ int RunExecutorBench(const ExecutorBenchOptions& o) {
       kv_bytes_sum += static_cast<double>(
           std::min(config->index_topk, visible) * config->latent_dim() * 4 *
           config->num_hidden_layers);
-      idx_bytes_sum += static_cast<double>(
-          visible * config->index_head_dim * 4 *
-          config->NumFullIndexerLayers());
+      idx_bytes_sum += static_cast<double>(visible * config->index_head_dim *
+                                           4 * config->NumFullIndexerLayers());
       const auto t0 = Clock::now();
-      auto logits = (*model)->Forward(std::span<const int32_t>(&token, 1),
-                                      cache->get());
-      step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      auto logits =
+          (*model)->Forward(std::span<const int32_t>(&token, 1), cache->get());
+      step_s.push_back(
+          std::chrono::duration<double>(Clock::now() - t0).count());
       if (!logits.ok()) {
         fmt::print(stderr, "executor bench: {}\n", logits.status().ToString());
         return 1;
@@ -167,13 +173,15 @@ int RunExecutorBench(const ExecutorBenchOptions& o) {
     const double median = sorted[sorted.size() / 2];
     const double kv_bytes = kv_bytes_sum / o.steps;
     const double idx_bytes = idx_bytes_sum / o.steps;
-    const double total = static_cast<double>(weight_bytes) + kv_bytes + idx_bytes;
+    const double total =
+        static_cast<double>(weight_bytes) + kv_bytes + idx_bytes;
     const double gbps = total / median / 1e9;
     const double ratio = total / median / memcpy_bps;
-    fmt::print("{:>8} {:>10.2f} {:>9.1f} {:>10.1f} {:>9.2f} {:>11.2f} {:>10.1f} "
-               "{:>9.2f} {:>8.3f}\n",
-               ctx, 1.0 / median, median * 1e3, weight_bytes / 1e6,
-               kv_bytes / 1e6, idx_bytes / 1e6, total / 1e6, gbps, ratio);
+    fmt::print(
+        "{:>8} {:>10.2f} {:>9.1f} {:>10.1f} {:>9.2f} {:>11.2f} {:>10.1f} "
+        "{:>9.2f} {:>8.3f}\n",
+        ctx, 1.0 / median, median * 1e3, weight_bytes / 1e6, kv_bytes / 1e6,
+        idx_bytes / 1e6, total / 1e6, gbps, ratio);
     results.push_back({{"context", ctx},
                        {"decode_tokens_per_s", 1.0 / median},
                        {"step_seconds_median", median},
@@ -184,8 +192,9 @@ int RunExecutorBench(const ExecutorBenchOptions& o) {
                        {"effective_bytes_per_s", total / median},
                        {"ratio_to_memcpy", ratio}});
   }
-  fmt::print("\nweights and KV rows are fixed once context > index_topk; only "
-             "the indexer key scan grows with context.\n");
+  fmt::print(
+      "\nweights and KV rows are fixed once context > index_topk; only "
+      "the indexer key scan grows with context.\n");
   if (!o.json_path.empty()) {
     nlohmann::json j = {
         {"bench", "executor"},
@@ -209,7 +218,8 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   auto opts = std::make_shared<ExecutorBenchOptions>();
   auto* sub = app.add_subcommand(
       "executor", "decode tokens/s of the DSA executor vs context length");
-  sub->add_option("--preset", opts->preset, "model preset")->capture_default_str();
+  sub->add_option("--preset", opts->preset, "model preset")
+      ->capture_default_str();
   sub->add_option("--contexts", opts->contexts, "context lengths")
       ->delimiter(',')
       ->capture_default_str();

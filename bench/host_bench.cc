@@ -58,9 +58,12 @@ double Percentile(std::vector<double> v, double p) {
 uint64_t ParseSizeOrDie(const std::string& s) {
   uint64_t mult = 1;
   std::string digits = s;
-  if (s.ends_with("GiB")) mult = 1ull << 30, digits = s.substr(0, s.size() - 3);
-  else if (s.ends_with("MiB")) mult = 1ull << 20, digits = s.substr(0, s.size() - 3);
-  else if (s.ends_with("KiB")) mult = 1ull << 10, digits = s.substr(0, s.size() - 3);
+  if (s.ends_with("GiB"))
+    mult = 1ull << 30, digits = s.substr(0, s.size() - 3);
+  else if (s.ends_with("MiB"))
+    mult = 1ull << 20, digits = s.substr(0, s.size() - 3);
+  else if (s.ends_with("KiB"))
+    mult = 1ull << 10, digits = s.substr(0, s.size() - 3);
   return std::stoull(digits) * mult;
 }
 
@@ -72,8 +75,7 @@ int Run(const HostBenchOptions& o) {
   // Arena: a working set per size plus room for the put iterations.
   const uint64_t arena = std::max<uint64_t>(working_set * 4, 64ull << 20);
   testing::DaemonProcess daemon;
-  Status started = daemon.Start(
-      {.config_toml = fmt::format(R"(
+  Status started = daemon.Start({.config_toml = fmt::format(R"(
 [[namespace]]
 name = "bench"
 token = "bench-token"
@@ -84,8 +86,9 @@ name = "match"
 token = "match-token"
 host_bytes = "16MiB"
 shards = 1
-)", arena),
-       .extra_args = {"--io-threads", "2"}});
+)",
+                                                            arena),
+                                 .extra_args = {"--io-threads", "2"}});
   if (!started.ok()) {
     fmt::print(stderr, "cannot start tierkvd: {}\n", started.ToString());
     return 1;
@@ -98,15 +101,18 @@ shards = 1
   Client& c = **client;
   LayoutSpec layout;
   layout.page_tokens = 64;
-  for (const auto& sc : cases) layout.layers.push_back({{{"kv", sc.bytes_per_token}}});
+  for (const auto& sc : cases)
+    layout.layers.push_back({{{"kv", sc.bytes_per_token}}});
   if (Status s = c.RegisterLayout(layout); !s.ok()) {
     fmt::print(stderr, "layout: {}\n", s.ToString());
     return 1;
   }
 
   // Get copies arena -> dst; the memcpy baseline copies src -> copy_dst.
-  std::vector<std::byte> src(working_set), dst(working_set), copy_dst(working_set);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 131);
+  std::vector<std::byte> src(working_set), dst(working_set),
+      copy_dst(working_set);
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = static_cast<std::byte>(i * 131);
   std::memset(dst.data(), 1, dst.size());
   std::memset(copy_dst.data(), 1, copy_dst.size());
 
@@ -115,10 +121,12 @@ shards = 1
   out["working_set_bytes"] = working_set;
   out["batch_bytes"] = batch_bytes;
   out["iterations"] = o.iterations;
-  fmt::print("tierkv-bench host: working set {} per size, batches of {}, median of {}\n\n",
-             o.working_set, o.batch, o.iterations);
-  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "segment", "memcpy GB/s",
-             "put GB/s", "get GB/s", "put/memcpy", "get/memcpy");
+  fmt::print(
+      "tierkv-bench host: working set {} per size, batches of {}, median of "
+      "{}\n\n",
+      o.working_set, o.batch, o.iterations);
+  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "segment",
+             "memcpy GB/s", "put GB/s", "get GB/s", "put/memcpy", "get/memcpy");
 
   uint32_t page_counter = 0;
   for (uint16_t layer = 0; layer < cases.size(); ++layer) {
@@ -158,7 +166,8 @@ shards = 1
           for (size_t i = b; i < end; ++i) {
             std::memcpy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
           }
-          memcpy_time += std::chrono::duration<double>(Clock::now() - c0).count();
+          memcpy_time +=
+              std::chrono::duration<double>(Clock::now() - c0).count();
         };
         auto get = [&] {
           reads.clear();
@@ -190,8 +199,8 @@ shards = 1
     const double mem = bytes / Median(memcpy_s) / 1e9;
     const double put = bytes / Median(put_s) / 1e9;
     const double get = bytes / Median(get_s) / 1e9;
-    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f}\n", cases[layer].name,
-               mem, put, get, put / mem, get / mem);
+    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f}\n",
+               cases[layer].name, mem, put, get, put / mem, get / mem);
     out["sizes"][cases[layer].name] = {{"segment_bytes", seg},
                                        {"segments_per_batch", per_batch},
                                        {"memcpy_gbps", mem},
@@ -203,7 +212,8 @@ shards = 1
 
   // Round-trip latency of Match for a page of one segment.
   auto mc = daemon.Connect("match", "match-token");
-  if (!mc.ok() || !(*mc)->RegisterLayout(LayoutSpec::Uniform(64, 1, {{"kv", 64}})).ok()) {
+  if (!mc.ok() ||
+      !(*mc)->RegisterLayout(LayoutSpec::Uniform(64, 1, {{"kv", 64}})).ok()) {
     fmt::print(stderr, "match namespace unavailable\n");
     return 1;
   }
@@ -216,7 +226,8 @@ shards = 1
   for (int i = 0; i < o.match_calls + 1000; ++i) {
     auto t0 = Clock::now();
     auto m = (*mc)->Match(std::span(&page, 1));
-    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    const double us =
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (!m.ok() || m->leading_pages != 1) {
       fmt::print(stderr, "match failed\n");
       return 1;
@@ -224,9 +235,10 @@ shards = 1
     if (i >= 1000) lat_us.push_back(us);  // the first 1000 warm up
   }
   const double p50 = Percentile(lat_us, 0.50), p99 = Percentile(lat_us, 0.99);
-  fmt::print("\nmatch (1 segment, {} calls): p50 {:.1f} us, p99 {:.1f} us\n", o.match_calls,
-             p50, p99);
-  out["match_latency_us"] = {{"calls", o.match_calls}, {"p50", p50}, {"p99", p99}};
+  fmt::print("\nmatch (1 segment, {} calls): p50 {:.1f} us, p99 {:.1f} us\n",
+             o.match_calls, p50, p99);
+  out["match_latency_us"] = {
+      {"calls", o.match_calls}, {"p50", p50}, {"p99", p99}};
   if (!o.json_path.empty()) {
     std::ofstream(o.json_path) << out.dump(2) << "\n";
     fmt::print("wrote {}\n", o.json_path);
@@ -240,7 +252,8 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
       "host", "Host-DRAM tier Put/Get throughput vs memcpy, and Match latency");
   sub->add_option("--working-set", opts->working_set, "bytes per segment size")
       ->capture_default_str();
-  sub->add_option("--batch", opts->batch, "bytes per Put/Get call")->capture_default_str();
+  sub->add_option("--batch", opts->batch, "bytes per Put/Get call")
+      ->capture_default_str();
   sub->add_option("--iterations", opts->iterations)->capture_default_str();
   sub->add_option("--match-calls", opts->match_calls)->capture_default_str();
   sub->add_option("--json", opts->json_path, "also write the figures here");

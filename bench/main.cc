@@ -24,8 +24,9 @@ void SetExitCode(int code) { g_exit_code = code; }
 }  // namespace tierkv::bench
 
 int main(int argc, char** argv) {
-  CLI::App app{"tierkv-bench: tierkv benchmarks, each compared with a baseline "
-               "measured in the same run"};
+  CLI::App app{
+      "tierkv-bench: tierkv benchmarks, each compared with a baseline "
+      "measured in the same run"};
   app.require_subcommand(1);
   for (auto& setup : tierkv::bench::Registry()) setup(app);
   CLI11_PARSE(app, argc, argv);

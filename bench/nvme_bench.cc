@@ -22,14 +22,13 @@
 // 72 KiB). CPU figures are user+system seconds per wall second of the
 // process doing the IO (fio: its job; tierkv: this process).
 #include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/resource.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/chrono.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -112,7 +111,8 @@ Result<uint64_t> ParseSize(const std::string& s) {
     if (used == s.size()) return v;
   } catch (const std::exception&) {
   }
-  return Status::InvalidArgument(fmt::format("bad size '{}' (e.g. 72KiB, 2GiB)", s));
+  return Status::InvalidArgument(
+      fmt::format("bad size '{}' (e.g. 72KiB, 2GiB)", s));
 }
 
 std::string HumanSize(uint64_t bytes) {
@@ -148,13 +148,15 @@ Result<Figure> RunFio(const NvmeBenchOptions& o, const std::string& workdir,
   if (rc != 0) {
     std::ifstream in(log);
     std::string text((std::istreambuf_iterator<char>(in)), {});
-    return Status::IOError(fmt::format("fio failed (status {}): {}\n{}", rc, cmd, text));
+    return Status::IOError(
+        fmt::format("fio failed (status {}): {}\n{}", rc, cmd, text));
   }
   std::ifstream in(out);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   // fio may print notes before the JSON document.
   const size_t start = text.find('{');
-  if (start == std::string::npos) return Status::IOError("fio wrote no JSON: " + cmd);
+  if (start == std::string::npos)
+    return Status::IOError("fio wrote no JSON: " + cmd);
   nlohmann::json doc = nlohmann::json::parse(text.substr(start), nullptr,
                                              /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
@@ -162,7 +164,8 @@ Result<Figure> RunFio(const NvmeBenchOptions& o, const std::string& workdir,
   }
   const nlohmann::json& job = doc["jobs"][0];
   if (job.value("error", 0) != 0) {
-    return Status::IOError(fmt::format("fio job error {}: {}", job.value("error", 0), cmd));
+    return Status::IOError(
+        fmt::format("fio job error {}: {}", job.value("error", 0), cmd));
   }
   const nlohmann::json& dir = job[direction];
   Figure f;
@@ -181,8 +184,8 @@ std::string FioArgs(const std::string& file, uint64_t region, uint64_t seg,
       "--name=tierkv-nvme-bench --filename={} --size={} --bs={} --iodepth={} "
       "--ioengine=io_uring --direct=1 --rw={} --io_size={} --runtime={} "
       "--numjobs=1 --norandommap --randrepeat=0 {}",
-      file, region, seg, qd, rw, bytes, std::max(1, static_cast<int>(runtime_s)),
-      extra);
+      file, region, seg, qd, rw, bytes,
+      std::max(1, static_cast<int>(runtime_s)), extra);
 }
 
 // Buffers with distinct random content, block-aligned (an engine's host
@@ -199,7 +202,9 @@ std::vector<IoBuffer> AlignedPool(size_t count, size_t bytes, uint64_t seed) {
   return pool;
 }
 
-SegmentKey BenchKey(uint64_t n) { return SegmentKey{PageHash{n, 0x6e766d65}, 0, 0}; }
+SegmentKey BenchKey(uint64_t n) {
+  return SegmentKey{PageHash{n, 0x6e766d65}, 0, 0};
+}
 
 Result<std::unique_ptr<NvmeStore>> OpenStore(const std::string& file,
                                              const std::string& catalog,
@@ -241,12 +246,15 @@ Result<Figure> TierkvWrite(NvmeStore& store, const std::vector<IoBuffer>& pool,
       items.push_back({BenchKey(first_key + done + i),
                        pool[(done + i) % pool.size()].span().first(seg)});
     }
-    const std::vector<Status> results = store.Write(kNamespace, kLayoutFingerprint, items);
+    const std::vector<Status> results =
+        store.Write(kNamespace, kLayoutFingerprint, items);
     for (const Status& s : results) {
-      if (!s.ok()) return Status::IOError("tierkv write failed: " + s.ToString());
+      if (!s.ok())
+        return Status::IOError("tierkv write failed: " + s.ToString());
     }
     done += items.size();
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s) break;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s)
+      break;
   }
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   *written = done;
@@ -257,23 +265,28 @@ Result<Figure> TierkvWrite(NvmeStore& store, const std::vector<IoBuffer>& pool,
 // What the bytes of one extent are, against what the durable write stored
 // there: "expected", "zeros", "tierkv data of another position" (a write
 // pool buffer other than the expected one) or "foreign" (e.g. fio's).
-std::string Classify(std::span<const std::byte> got, const std::vector<IoBuffer>& write_pool,
+std::string Classify(std::span<const std::byte> got,
+                     const std::vector<IoBuffer>& write_pool,
                      size_t expected_buffer) {
   const uint64_t seg = got.size();
   if (std::memcmp(got.data(), write_pool[expected_buffer].data(), seg) == 0) {
     return "expected";
   }
-  if (std::all_of(got.begin(), got.end(), [](std::byte b) { return b == std::byte{0}; })) {
+  if (std::all_of(got.begin(), got.end(),
+                  [](std::byte b) { return b == std::byte{0}; })) {
     return "zeros";
   }
   for (size_t j = 0; j < write_pool.size(); ++j) {
     if (std::memcmp(got.data(), write_pool[j].data(), seg) == 0) {
-      return fmt::format("tierkv data of write buffer {} (expected {})", j, expected_buffer);
+      return fmt::format("tierkv data of write buffer {} (expected {})", j,
+                         expected_buffer);
     }
   }
   size_t same = 0;
-  for (size_t b = 0; b < seg; ++b) same += got[b] == write_pool[expected_buffer].data()[b];
-  return fmt::format("foreign ({} of {} bytes equal the expected ones)", same, seg);
+  for (size_t b = 0; b < seg; ++b)
+    same += got[b] == write_pool[expected_buffer].data()[b];
+  return fmt::format("foreign ({} of {} bytes equal the expected ones)", same,
+                     seg);
 }
 
 // Run on a failed tierkv read: tells "acknowledged write lost" (the file
@@ -283,11 +296,12 @@ std::string Classify(std::span<const std::byte> got, const std::vector<IoBuffer>
 // shows as healing) and through the page cache, and classifies the bytes;
 // then it scans every position the durable write filled and prints the
 // ranges that do not hold the expected bytes.
-void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& write_pool,
-                         uint64_t seg, uint64_t first_key, uint64_t stored,
-                         const std::vector<NvmeReadItem>& items,
-                         const std::vector<Result<uint64_t>>& results,
-                         const std::vector<std::optional<storage::CatalogEntry>>& entries) {
+void DiagnoseReadFailure(
+    const std::string& file, const std::vector<IoBuffer>& write_pool,
+    uint64_t seg, uint64_t first_key, uint64_t stored,
+    const std::vector<NvmeReadItem>& items,
+    const std::vector<Result<uint64_t>>& results,
+    const std::vector<std::optional<storage::CatalogEntry>>& entries) {
   auto say = [](const std::string& line) {
     fmt::print(stderr, "tierkv-bench nvme: diagnosis: {}\n", line);
   };
@@ -303,7 +317,8 @@ void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& w
   auto read_at = [&](int fd, uint64_t offset) -> std::string {
     const ssize_t n = ::pread(fd, buf.data(), seg, static_cast<off_t>(offset));
     if (n != static_cast<ssize_t>(seg)) {
-      return fmt::format("pread returned {} ({})", n, n < 0 ? std::strerror(errno) : "short");
+      return fmt::format("pread returned {} ({})", n,
+                         n < 0 ? std::strerror(errno) : "short");
     }
     return {};
   };
@@ -318,29 +333,34 @@ void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& w
     const uint64_t position = key - first_key;
     const size_t expected_buffer = position % write_pool.size();
     if (!entries[i]) {
-      say(fmt::format("key {:#x} (position {}): no catalog entry before the read; {}", key,
-                      position, results[i].status().ToString()));
+      say(fmt::format(
+          "key {:#x} (position {}): no catalog entry before the read; {}", key,
+          position, results[i].status().ToString()));
       continue;
     }
     const storage::CatalogEntry& e = *entries[i];
     std::string line = fmt::format(
-        "key {:#x} position {} offset {} (sequential: {}) length {}; {}; catalog checksum "
+        "key {:#x} position {} offset {} (sequential: {}) length {}; {}; "
+        "catalog checksum "
         "{} the written buffer",
         key, position, e.offset, position * seg, e.length,
         results[i].ok() ? fmt::format("read {} bytes", *results[i])
                         : results[i].status().ToString(),
-        XXH3_64bits(write_pool[expected_buffer].data(), seg) == e.checksum ? "matches"
-                                                                           : "DOES NOT match");
+        XXH3_64bits(write_pool[expected_buffer].data(), seg) == e.checksum
+            ? "matches"
+            : "DOES NOT match");
     for (const auto& [label, fd, delay_ms] :
-         {std::tuple{"O_DIRECT pread", direct_fd, 0}, std::tuple{"buffered pread", buffered_fd, 0},
+         {std::tuple{"O_DIRECT pread", direct_fd, 0},
+          std::tuple{"buffered pread", buffered_fd, 0},
           std::tuple{"O_DIRECT pread +100ms", direct_fd, 100},
           std::tuple{"O_DIRECT pread +1s", direct_fd, 900}}) {
       if (delay_ms > 0 && shown == 1) ::usleep(delay_ms * 1000);
       if (delay_ms > 0 && shown != 1) continue;  // the delays once
       const std::string err = read_at(fd, e.offset);
-      line += fmt::format("; {}: {}", label,
-                          err.empty() ? Classify({buf.data(), seg}, write_pool, expected_buffer)
-                                      : err);
+      line += fmt::format(
+          "; {}: {}", label,
+          err.empty() ? Classify({buf.data(), seg}, write_pool, expected_buffer)
+                      : err);
     }
     say(line);
   }
@@ -354,7 +374,9 @@ void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& w
   for (uint64_t p = 0; p < stored; ++p) {
     const std::string err = read_at(direct_fd, p * seg);
     const std::string kind =
-        err.empty() ? Classify({buf.data(), seg}, write_pool, p % write_pool.size()) : err;
+        err.empty()
+            ? Classify({buf.data(), seg}, write_pool, p % write_pool.size())
+            : err;
     if (kind == "expected") continue;
     ++bad_count;
     ++kinds[kind.substr(0, kind.find(" ("))];
@@ -366,14 +388,17 @@ void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& w
   }
   std::string ranges;
   for (size_t r = 0; r < bad.size() && r < 20; ++r) {
-    ranges += fmt::format("{}{}-{}", r == 0 ? "" : ", ", bad[r].first, bad[r].second);
+    ranges +=
+        fmt::format("{}{}-{}", r == 0 ? "" : ", ", bad[r].first, bad[r].second);
   }
   std::string kind_list;
   for (const auto& [k, n] : kinds) kind_list += fmt::format(" {}: {};", k, n);
-  say(fmt::format("scan of the {} positions the durable write filled (O_DIRECT): {} hold other "
+  say(
+      fmt::format("scan of the {} positions the durable write filled "
+                  "(O_DIRECT): {} hold other "
                   "bytes, in {} ranges{}{}{}",
-                  stored, bad_count, bad.size(), bad.empty() ? "" : ": ", ranges,
-                  bad.size() > 20 ? ", ..." : ""));
+                  stored, bad_count, bad.size(), bad.empty() ? "" : ": ",
+                  ranges, bad.size() > 20 ? ", ..." : ""));
   if (!kind_list.empty()) say("kinds:" + kind_list);
   ::close(direct_fd);
   ::close(buffered_fd);
@@ -383,8 +408,9 @@ void DiagnoseReadFailure(const std::string& file, const std::vector<IoBuffer>& w
 // On a failed item, DiagnoseReadFailure runs before the error is returned.
 Result<Figure> TierkvRandomRead(NvmeStore& store, std::vector<IoBuffer>& pool,
                                 const std::vector<IoBuffer>& write_pool,
-                                const std::string& file, uint64_t seg, uint64_t first_key,
-                                uint64_t stored, uint64_t count, double runtime_s,
+                                const std::string& file, uint64_t seg,
+                                uint64_t first_key, uint64_t stored,
+                                uint64_t count, double runtime_s,
                                 uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<uint64_t> pick(0, stored - 1);
@@ -405,7 +431,8 @@ Result<Figure> TierkvRandomRead(NvmeStore& store, std::vector<IoBuffer>& pool,
     const auto results = store.ReadBatch(kNamespace, kLayoutFingerprint, items);
     for (const auto& r : results) {
       if (!r.ok() || *r != seg) {
-        DiagnoseReadFailure(file, write_pool, seg, first_key, stored, items, results, entries);
+        DiagnoseReadFailure(file, write_pool, seg, first_key, stored, items,
+                            results, entries);
         return Status::IOError(
             fmt::format("tierkv read failed after {} items: {}", done,
                         r.ok() ? fmt::format("read {} bytes, not {}", *r, seg)
@@ -413,7 +440,8 @@ Result<Figure> TierkvRandomRead(NvmeStore& store, std::vector<IoBuffer>& pool,
       }
     }
     done += items.size();
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s) break;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > runtime_s)
+      break;
   }
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   return Figure{static_cast<double>(done * seg) / wall / 1e9, done / wall,
@@ -425,7 +453,8 @@ Result<Figure> TierkvRandomRead(NvmeStore& store, std::vector<IoBuffer>& pool,
 Status CheckDirectIo(const std::string& dir) {
   struct statfs fs {};
   if (::statfs(dir.c_str(), &fs) != 0) {
-    return Status::InvalidArgument(fmt::format("--dir {}: {}", dir, std::strerror(errno)));
+    return Status::InvalidArgument(
+        fmt::format("--dir {}: {}", dir, std::strerror(errno)));
   }
   if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
     return Status::InvalidArgument(fmt::format(
@@ -434,13 +463,14 @@ Status CheckDirectIo(const std::string& dir) {
         dir));
   }
   const std::string probe = dir + "/.odirect-probe";
-  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  const int fd =
+      ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   const int err = errno;
   if (fd >= 0) ::close(fd);
   ::unlink(probe.c_str());
   if (fd < 0) {
-    return Status::InvalidArgument(
-        fmt::format("--dir {}: O_DIRECT open failed: {}", dir, std::strerror(err)));
+    return Status::InvalidArgument(fmt::format(
+        "--dir {}: O_DIRECT open failed: {}", dir, std::strerror(err)));
   }
   return Status::OK();
 }
@@ -458,12 +488,14 @@ struct Phase {
 };
 constexpr Phase kFioWrite{"fio_write", "fio write"};
 constexpr Phase kTierkvWrite{"tierkv_write", "tierkv write (fio semantics)"};
-constexpr Phase kFioWriteSync{"fio_write_fdatasync", "fio write + fdatasync/batch"};
-constexpr Phase kTierkvWriteDurable{"tierkv_write_durable", "tierkv write (durable)"};
+constexpr Phase kFioWriteSync{"fio_write_fdatasync",
+                              "fio write + fdatasync/batch"};
+constexpr Phase kTierkvWriteDurable{"tierkv_write_durable",
+                                    "tierkv write (durable)"};
 constexpr Phase kFioRead{"fio_randread", "fio randread"};
 constexpr Phase kTierkvRead{"tierkv_randread", "tierkv randread (ReadBatch)"};
-constexpr Phase kPhases[] = {kFioWrite,     kTierkvWrite,       kFioWriteSync,
-                             kTierkvWriteDurable, kFioRead, kTierkvRead};
+constexpr Phase kPhases[] = {kFioWrite,           kTierkvWrite, kFioWriteSync,
+                             kTierkvWriteDurable, kFioRead,     kTierkvRead};
 
 int Run(const NvmeBenchOptions& o) {
   auto fail = [](const Status& s) {
@@ -486,22 +518,26 @@ int Run(const NvmeBenchOptions& o) {
     auto s = ParseSize(o.sizes.substr(pos, comma - pos));
     if (!s.ok()) return fail(s.status());
     if (*s == 0 || *s % 4096 != 0 || *s > capacity) {
-      return fail(Status::InvalidArgument(
-          "segment sizes must be non-zero multiples of 4 KiB within --file-size"));
+      return fail(
+          Status::InvalidArgument("segment sizes must be non-zero multiples of "
+                                  "4 KiB within --file-size"));
     }
     sizes.push_back(*s);
     pos = comma + 1;
   }
   if (o.queue_depth == 0 || o.repeat < 1 || o.runtime_s <= 0) {
-    return fail(Status::InvalidArgument("--queue-depth, --repeat, --runtime must be > 0"));
+    return fail(Status::InvalidArgument(
+        "--queue-depth, --repeat, --runtime must be > 0"));
   }
   const size_t batch = o.batch != 0 ? o.batch : size_t{4} * o.queue_depth;
   if (Status s = CheckDirectIo(o.dir); !s.ok()) return fail(s);
   if (::access(o.fio.c_str(), X_OK) != 0) {
-    return fail(Status::NotFound(fmt::format("fio not found at {} (--fio)", o.fio)));
+    return fail(
+        Status::NotFound(fmt::format("fio not found at {} (--fio)", o.fio)));
   }
 
-  const std::string workdir = fmt::format("{}/tierkv-nvme-bench.{}", o.dir, ::getpid());
+  const std::string workdir =
+      fmt::format("{}/tierkv-nvme-bench.{}", o.dir, ::getpid());
   std::filesystem::create_directories(workdir);
   const std::string file = workdir + "/data";
   const std::string catalog = workdir + "/catalog";
@@ -590,8 +626,8 @@ int Run(const NvmeBenchOptions& o) {
                                    /*durable=*/false);
             if (!store.ok()) return store.status();
             Status st = record(kTierkvWrite,
-                               TierkvWrite(**store, write_pool, seg, next_key, count,
-                                           batch, o.runtime_s, &stored));
+                               TierkvWrite(**store, write_pool, seg, next_key,
+                                           count, batch, o.runtime_s, &stored));
             next_key += stored;
             return st;
           });
@@ -600,21 +636,23 @@ int Run(const NvmeBenchOptions& o) {
       if (s.ok()) {
         s = pair(
             [&] {
-              return record(kFioWriteSync,
-                            RunFio(o, workdir,
-                                   FioArgs(file, capacity, seg, o.queue_depth,
-                                           count * seg, o.runtime_s, "write",
-                                           fmt::format("--fdatasync={}", batch)),
-                                   "write"));
+              return record(
+                  kFioWriteSync,
+                  RunFio(o, workdir,
+                         FioArgs(file, capacity, seg, o.queue_depth,
+                                 count * seg, o.runtime_s, "write",
+                                 fmt::format("--fdatasync={}", batch)),
+                         "write"));
             },
             [&] {
               auto store = OpenStore(file, catalog, capacity, o.queue_depth,
                                      /*durable=*/true);
               if (!store.ok()) return store.status();
               durable_first = next_key;
-              Status st = record(kTierkvWriteDurable,
-                                 TierkvWrite(**store, write_pool, seg, next_key,
-                                             count, batch, o.runtime_s, &stored));
+              Status st =
+                  record(kTierkvWriteDurable,
+                         TierkvWrite(**store, write_pool, seg, next_key, count,
+                                     batch, o.runtime_s, &stored));
               next_key += stored;
               durable = std::move(store).value();
               return st;
@@ -627,19 +665,21 @@ int Run(const NvmeBenchOptions& o) {
         const uint64_t region = stored * seg;
         s = pair(
             [&] {
-              return record(kFioRead,
-                            RunFio(o, workdir,
-                                   FioArgs(file, region, seg, o.queue_depth,
-                                           count * seg, o.runtime_s, "randread"),
-                                   "read"));
+              return record(kFioRead, RunFio(o, workdir,
+                                             FioArgs(file, region, seg,
+                                                     o.queue_depth, count * seg,
+                                                     o.runtime_s, "randread"),
+                                             "read"));
             },
             [&] {
-              Status st = record(kTierkvRead,
-                                 TierkvRandomRead(*durable, read_pool, write_pool, file,
-                                                  seg, durable_first, stored, count,
-                                                  o.runtime_s, 1000 + rep));
+              Status st =
+                  record(kTierkvRead,
+                         TierkvRandomRead(*durable, read_pool, write_pool, file,
+                                          seg, durable_first, stored, count,
+                                          o.runtime_s, 1000 + rep));
               if (st.ok() && durable->Stats().checksum_failures != 0) {
-                st = Status::Corruption("tierkv read reported checksum failures");
+                st = Status::Corruption(
+                    "tierkv read reported checksum failures");
               }
               return st;
             });
@@ -669,9 +709,10 @@ int Run(const NvmeBenchOptions& o) {
 
   // The table: one row per (size, phase), ratios against the fio phase of
   // the same kind.
-  const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-  fmt::print("\n{:>7}  {:<30} {:>9} {:>13} {:>8} {:>6} {:>6}\n", "segment", "phase",
-             "GB/s", "runs min-max", "IOPS", "CPU", "/fio");
+  const double elapsed =
+      std::chrono::duration<double>(Clock::now() - t_start).count();
+  fmt::print("\n{:>7}  {:<30} {:>9} {:>13} {:>8} {:>6} {:>6}\n", "segment",
+             "phase", "GB/s", "runs min-max", "IOPS", "CPU", "/fio");
   for (const SizeResult& r : all) {
     const double target = r.seg >= (1u << 20) ? 0.8 : 0.6;
     auto row = [&](const Phase& p, const Phase* base) {
@@ -680,9 +721,10 @@ int Run(const NvmeBenchOptions& o) {
       if (base != nullptr) {
         ratio = fmt::format("{:.2f}", f.gbps / r.median.at(base->name).gbps);
       }
-      fmt::print("{:>7}  {:<30} {:>9.3f} {:>6.2f}-{:<6.2f} {:>8.0f} {:>6.2f} {:>6}\n",
-                 HumanSize(r.seg), p.label, f.gbps, r.min.at(p.name), r.max.at(p.name),
-                 f.iops, f.cpu, ratio);
+      fmt::print(
+          "{:>7}  {:<30} {:>9.3f} {:>6.2f}-{:<6.2f} {:>8.0f} {:>6.2f} {:>6}\n",
+          HumanSize(r.seg), p.label, f.gbps, r.min.at(p.name), r.max.at(p.name),
+          f.iops, f.cpu, ratio);
     };
     row(kFioWrite, nullptr);
     row(kTierkvWrite, &kFioWrite);
@@ -690,20 +732,23 @@ int Run(const NvmeBenchOptions& o) {
     row(kTierkvWriteDurable, &kFioWrite);
     row(kFioRead, nullptr);
     row(kTierkvRead, &kFioRead);
-    const double w = r.median.at(kTierkvWrite.name).gbps / r.median.at(kFioWrite.name).gbps;
-    const double wd =
-        r.median.at(kTierkvWriteDurable.name).gbps / r.median.at(kFioWriteSync.name).gbps;
-    const double rd = r.median.at(kTierkvRead.name).gbps / r.median.at(kFioRead.name).gbps;
+    const double w =
+        r.median.at(kTierkvWrite.name).gbps / r.median.at(kFioWrite.name).gbps;
+    const double wd = r.median.at(kTierkvWriteDurable.name).gbps /
+                      r.median.at(kFioWriteSync.name).gbps;
+    const double rd =
+        r.median.at(kTierkvRead.name).gbps / r.median.at(kFioRead.name).gbps;
     fmt::print(
-        "{:>7}  target >= {:.1f}x fio: write {:.2f} ({}), randread {:.2f} ({}); "
+        "{:>7}  target >= {:.1f}x fio: write {:.2f} ({}), randread {:.2f} "
+        "({}); "
         "durable write vs fio+fdatasync {:.2f}\n\n",
-        "", target, w, w >= target ? "met" : "MISSED", rd, rd >= target ? "met" : "MISSED",
-        wd);
+        "", target, w, w >= target ? "met" : "MISSED", rd,
+        rd >= target ? "met" : "MISSED", wd);
     nlohmann::json& js = out["sizes"][HumanSize(r.seg)];
     js["target_ratio"] = target;
     js["write_over_fio"] = w;
-    js["write_durable_over_fio"] =
-        r.median.at(kTierkvWriteDurable.name).gbps / r.median.at(kFioWrite.name).gbps;
+    js["write_durable_over_fio"] = r.median.at(kTierkvWriteDurable.name).gbps /
+                                   r.median.at(kFioWrite.name).gbps;
     js["write_durable_over_fio_fdatasync"] = wd;
     js["randread_over_fio"] = rd;
   }
@@ -727,25 +772,33 @@ int Run(const NvmeBenchOptions& o) {
 const bool kRegistered = RegisterBench([](CLI::App& app) {
   auto opts = std::make_shared<NvmeBenchOptions>();
   auto* sub = app.add_subcommand(
-      "nvme", "NVMe tier (NvmeStore, io_uring, O_DIRECT) write and random read vs fio "
-              "on the same file");
-  sub->add_option("--dir", opts->dir,
-                  "directory on a disk-backed file system (O_DIRECT; not tmpfs)")
+      "nvme",
+      "NVMe tier (NvmeStore, io_uring, O_DIRECT) write and random read vs fio "
+      "on the same file");
+  sub->add_option(
+         "--dir", opts->dir,
+         "directory on a disk-backed file system (O_DIRECT; not tmpfs)")
       ->capture_default_str();
-  sub->add_option("--file-size", opts->file_size, "data file size (fio and tierkv)")
+  sub->add_option("--file-size", opts->file_size,
+                  "data file size (fio and tierkv)")
       ->capture_default_str();
-  sub->add_option("--sizes", opts->sizes, "segment sizes = fio block sizes, comma separated")
+  sub->add_option("--sizes", opts->sizes,
+                  "segment sizes = fio block sizes, comma separated")
       ->capture_default_str();
-  sub->add_option("--queue-depth", opts->queue_depth, "IOs in flight (fio iodepth)")
+  sub->add_option("--queue-depth", opts->queue_depth,
+                  "IOs in flight (fio iodepth)")
       ->capture_default_str();
-  sub->add_option("--batch", opts->batch,
-                  "segments per Write/ReadBatch call and fio fdatasync interval "
-                  "(0: 4 x queue depth)")
+  sub->add_option(
+         "--batch", opts->batch,
+         "segments per Write/ReadBatch call and fio fdatasync interval "
+         "(0: 4 x queue depth)")
       ->capture_default_str();
-  sub->add_option("--bytes", opts->bytes, "bytes per phase (default: the file size)");
+  sub->add_option("--bytes", opts->bytes,
+                  "bytes per phase (default: the file size)");
   sub->add_option("--runtime", opts->runtime_s, "seconds cap per phase")
       ->capture_default_str();
-  sub->add_option("--repeat", opts->repeat, "runs per phase; medians are reported")
+  sub->add_option("--repeat", opts->repeat,
+                  "runs per phase; medians are reported")
       ->capture_default_str();
   sub->add_option("--fio", opts->fio, "fio binary")->capture_default_str();
   sub->add_flag("--keep", opts->keep, "keep the data file and catalog");

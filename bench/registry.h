@@ -2,7 +2,8 @@
 // at static-initialization time:
 //
 //   static const bool kRegistered = tierkv::bench::RegisterBench(
-//       [](CLI::App& app) { auto* sub = app.add_subcommand("host", "..."); ... });
+//       [](CLI::App& app) { auto* sub = app.add_subcommand("host", "..."); ...
+//       });
 //
 // A subcommand's callback runs the benchmark, prints a table and, when given
 // `--json FILE`, writes the same figures as JSON. Benchmarks report ratios to
@@ -10,7 +11,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 
 namespace tierkv::bench {

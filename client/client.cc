@@ -76,7 +76,8 @@ constexpr size_t kPipelineChunkBytes = size_t{2} << 20;
 // Splits items [0, n) into consecutive [begin, end) chunks of about
 // `chunk_bytes` (at least one item, at most kMaxBatchItems each).
 template <typename SizeOf>
-std::vector<std::pair<size_t, size_t>> SplitByBytes(size_t n, uint64_t chunk_bytes,
+std::vector<std::pair<size_t, size_t>> SplitByBytes(size_t n,
+                                                    uint64_t chunk_bytes,
                                                     SizeOf size_of) {
   std::vector<std::pair<size_t, size_t>> chunks;
   for (size_t begin = 0; begin < n;) {
@@ -113,7 +114,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
-Status Client::OpenNamespace(const std::string& name, const std::string& token) {
+Status Client::OpenNamespace(const std::string& name,
+                             const std::string& token) {
   if (impl_->arena_) {
     return Status::InvalidArgument("this client already opened a namespace");
   }
@@ -126,8 +128,9 @@ Status Client::OpenNamespace(const std::string& name, const std::string& token) 
     return s;
   }
   if (fd < 0) return Status::ProtocolError("daemon sent no arena descriptor");
-  void* base = ::mmap(nullptr, resp.arena_bytes, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | (impl_->prefault_ ? MAP_POPULATE : 0), fd, 0);
+  void* base =
+      ::mmap(nullptr, resp.arena_bytes, PROT_READ | PROT_WRITE,
+             MAP_SHARED | (impl_->prefault_ ? MAP_POPULATE : 0), fd, 0);
   ::close(fd);  // the mapping keeps the memory alive
   if (base == MAP_FAILED) {
     return Status::IOError(std::string("mmap arena: ") + std::strerror(errno));
@@ -141,8 +144,8 @@ Status Client::OpenNamespace(const std::string& name, const std::string& token) 
 Status Client::RegisterLayout(const LayoutSpec& layout) {
   TIERKV_RETURN_IF_ERROR(layout.Validate());
   StatusResponse resp;
-  TIERKV_RETURN_IF_ERROR(
-      impl_->Call(Opcode::kRegisterLayout, Encode(RegisterLayoutRequest{layout}), resp));
+  TIERKV_RETURN_IF_ERROR(impl_->Call(
+      Opcode::kRegisterLayout, Encode(RegisterLayoutRequest{layout}), resp));
   impl_->layout_ = layout;
   return Status::OK();
 }
@@ -168,7 +171,8 @@ Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
     }
     if (leading) result.leading_pages += resp.leading_pages;
     leading = leading && resp.leading_pages == req.pages.size();
-    result.tiers.insert(result.tiers.end(), resp.tiers.begin(), resp.tiers.end());
+    result.tiers.insert(result.tiers.end(), resp.tiers.begin(),
+                        resp.tiers.end());
   });
   if (!failure.ok()) return failure;
   return result;
@@ -180,10 +184,11 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
   // are also bounded in bytes so that one call never needs more reserved
   // (unevictable) space at once than a fraction of the arena.
   std::vector<Status> out(writes.size());
-  const uint64_t chunk_bytes =
-      std::max<uint64_t>(1, std::min<uint64_t>(kPipelineChunkBytes, impl_->arena_bytes_ / 16));
-  const auto chunks = SplitByBytes(writes.size(), chunk_bytes,
-                                   [&](size_t i) { return writes[i].data.size(); });
+  const uint64_t chunk_bytes = std::max<uint64_t>(
+      1, std::min<uint64_t>(kPipelineChunkBytes, impl_->arena_bytes_ / 16));
+  const auto chunks = SplitByBytes(writes.size(), chunk_bytes, [&](size_t i) {
+    return writes[i].data.size();
+  });
   std::vector<PutReserveResponse> reserved(chunks.size());
   std::vector<std::vector<size_t>> committed(chunks.size());  // item indices
   struct InFlight {
@@ -220,7 +225,8 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
       in_flight.pop_front();
       const auto [begin, end] = chunks[r.chunk];
       if (r.op == Opcode::kPutReserve) {
-        Status s = impl_->ReceiveLocked(r.op, r.id, reserved[r.chunk], nullptr, true);
+        Status s =
+            impl_->ReceiveLocked(r.op, r.id, reserved[r.chunk], nullptr, true);
         if (s.ok() && reserved[r.chunk].items.size() != end - begin) {
           s = Status::ProtocolError("reserve reply has the wrong item count");
         }
@@ -235,7 +241,8 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
         if (s.ok() && done.items.size() != idx.size()) {
           s = Status::ProtocolError("commit reply has the wrong item count");
         }
-        for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = s.ok() ? done.items[j] : s;
+        for (size_t j = 0; j < idx.size(); ++j)
+          out[idx[j]] = s.ok() ? done.items[j] : s;
       }
       if (r.op == op && r.chunk == k) return;
     }
@@ -256,7 +263,8 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
       if (!p.status.ok()) continue;
       auto dst = impl_->ArenaRange(p.offset, writes[i].data.size());
       if (dst.empty()) {
-        out[i] = Status::ProtocolError("daemon placed a segment outside the arena");
+        out[i] =
+            Status::ProtocolError("daemon placed a segment outside the arena");
         continue;  // the reservation expires with the lease
       }
       std::memcpy(dst.data(), writes[i].data.data(), dst.size());
@@ -270,7 +278,8 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
                          Encode(ReleaseRequest{r.lease_id}));
     }
   }
-  receive_until(Opcode::kPing, SIZE_MAX);  // matches nothing: drains every reply
+  receive_until(Opcode::kPing,
+                SIZE_MAX);  // matches nothing: drains every reply
   return out;
 }
 
@@ -281,8 +290,9 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
   // pays for about one round trip, not two per sub-batch. The connection is
   // held for the whole call.
   std::vector<Status> out(reads.size());
-  const auto chunks = SplitByBytes(reads.size(), kPipelineChunkBytes,
-                                   [&](size_t i) { return reads[i].dst.size(); });
+  const auto chunks =
+      SplitByBytes(reads.size(), kPipelineChunkBytes,
+                   [&](size_t i) { return reads[i].dst.size(); });
   std::lock_guard lock(impl_->mu_);
   UdsChannel& channel = *impl_->channel_;
   uint64_t finished_lease = 0;  // copied out; released by the next request
@@ -325,7 +335,8 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
       }
       auto src = impl_->ArenaRange(loc.offset, loc.size);
       if (src.empty()) {
-        out[i] = Status::ProtocolError("daemon located a segment outside the arena");
+        out[i] =
+            Status::ProtocolError("daemon located a segment outside the arena");
         continue;
       }
       std::memcpy(reads[i].dst.data(), src.data(), src.size());
@@ -334,8 +345,9 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
     if (k + 2 >= chunks.size() && finished_lease) {
       // Nothing follows that could carry it: release one-way. A failure
       // only delays reuse until the lease expires.
-      (void)channel.Send(static_cast<uint16_t>(Opcode::kReleaseOneWay),
-                         Encode(ReleaseRequest{std::exchange(finished_lease, 0)}));
+      (void)channel.Send(
+          static_cast<uint16_t>(Opcode::kReleaseOneWay),
+          Encode(ReleaseRequest{std::exchange(finished_lease, 0)}));
     }
   }
   return out;
@@ -351,7 +363,8 @@ std::vector<Status> Client::Flush(std::span<const SegmentKey> keys) {
     if (s.ok() && resp.items.size() != req.keys.size()) {
       s = Status::ProtocolError("flush reply has the wrong item count");
     }
-    for (size_t i = begin; i < end; ++i) out[i] = s.ok() ? resp.items[i - begin] : s;
+    for (size_t i = begin; i < end; ++i)
+      out[i] = s.ok() ? resp.items[i - begin] : s;
   });
   return out;
 }
@@ -415,9 +428,11 @@ Result<std::string> Client::StatsJson() {
 
 Result<std::vector<Client::ListedSegment>> Client::List(uint32_t limit) {
   ListResponse resp;
-  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kList, Encode(ListRequest{limit}), resp));
+  TIERKV_RETURN_IF_ERROR(
+      impl_->Call(Opcode::kList, Encode(ListRequest{limit}), resp));
   std::vector<ListedSegment> out;
-  for (const auto& s : resp.segments) out.push_back({s.key, s.size, s.refs, s.tier});
+  for (const auto& s : resp.segments)
+    out.push_back({s.key, s.size, s.refs, s.tier});
   return out;
 }
 

@@ -10,7 +10,9 @@
 
 namespace tierkv {
 
-std::string PageHash::ToHex() const { return fmt::format("{:016x}{:016x}", hi, lo); }
+std::string PageHash::ToHex() const {
+  return fmt::format("{:016x}{:016x}", hi, lo);
+}
 
 Result<PageHash> PageHash::FromHex(std::string_view hex) {
   if (hex.size() != 32) {

@@ -29,8 +29,8 @@ HandlerReply Ok(const Message& m) {
 }
 
 // Checks a segment's size against the registered layout (if any).
-Status CheckSize(const std::optional<LayoutSpec>& layout,
-                 const SegmentKey& key, uint64_t size) {
+Status CheckSize(const std::optional<LayoutSpec>& layout, const SegmentKey& key,
+                 uint64_t size) {
   if (size == 0) return Status::InvalidArgument("segment size is 0");
   if (!layout) return Status::OK();
   const uint64_t expected = layout->SegmentBytes(key.layer, key.part);
@@ -94,40 +94,53 @@ HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
   if (op == Opcode::kPing) return Ping();
   if (op == Opcode::kOpenNamespace) return OpenNamespace(conn, in);
   if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kFlush)) {
-    return Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
+    return Error(
+        Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
   }
   Namespace* ns = OpenedNamespace(conn);
   if (!ns) {
     return Error(Status::PermissionDenied("open a namespace first"));
   }
   switch (op) {
-    case Opcode::kRegisterLayout: return RegisterLayout(*ns, in);
-    case Opcode::kMatch: return Match(*ns, in);
-    case Opcode::kPutReserve: return PutReserve(conn, *ns, in);
-    case Opcode::kPutCommit: return PutCommit(conn, *ns, in);
-    case Opcode::kGet: return Get(conn, *ns, in);
-    case Opcode::kRelease: return Release(conn, in);
+    case Opcode::kRegisterLayout:
+      return RegisterLayout(*ns, in);
+    case Opcode::kMatch:
+      return Match(*ns, in);
+    case Opcode::kPutReserve:
+      return PutReserve(conn, *ns, in);
+    case Opcode::kPutCommit:
+      return PutCommit(conn, *ns, in);
+    case Opcode::kGet:
+      return Get(conn, *ns, in);
+    case Opcode::kRelease:
+      return Release(conn, in);
     case Opcode::kReleaseOneWay: {
       HandlerReply reply = Release(conn, in);
       reply.no_reply = true;
       return reply;
     }
-    case Opcode::kPin: return Pin(conn, *ns, in);
-    case Opcode::kStats: return Stats(*ns);
-    case Opcode::kList: return List(*ns, in);
-    case Opcode::kFlush: return Flush(*ns, in);
-    default: break;
+    case Opcode::kPin:
+      return Pin(conn, *ns, in);
+    case Opcode::kStats:
+      return Stats(*ns);
+    case Opcode::kList:
+      return List(*ns, in);
+    case Opcode::kFlush:
+      return Flush(*ns, in);
+    default:
+      break;
   }
-  return Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
+  return Error(
+      Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
 }
 
 HandlerReply CacheService::Ping() {
   nlohmann::json info;
   info["version"] = options_.version_info;
   info["pid"] = ::getpid();
-  info["uptime_s"] = std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - started_)
-                         .count();
+  info["uptime_s"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
+          .count();
   info["namespaces"] = nlohmann::json::array();
   for (const auto& ns : *namespaces_) info["namespaces"].push_back(ns->name);
   return Ok(JsonResponse{Status::OK(), info.dump()});
@@ -148,7 +161,9 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn,
     spdlog::warn("connection {}: refused namespace '{}' (unknown or bad token)",
                  conn, req.name);
     return Ok(OpenNamespaceResponse{
-        Status::PermissionDenied("unknown namespace or wrong token"), 0, false,
+        Status::PermissionDenied("unknown namespace or wrong token"),
+        0,
+        false,
         {}});
   }
   {
@@ -158,7 +173,9 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn,
       return Ok(OpenNamespaceResponse{
           Status::InvalidArgument(
               "this connection already opened another namespace"),
-          0, false, {}});
+          0,
+          false,
+          {}});
     }
   }
   OpenNamespaceResponse resp;
@@ -225,8 +242,8 @@ HandlerReply CacheService::Match(Namespace& ns, std::span<const std::byte> in) {
   }
   const double page_tokens = layout->page_tokens;
   ns.metrics->lookups->Increment();
-  ns.metrics->lookup_tokens_host->Increment(
-      (resp.leading_pages - nvme_pages) * page_tokens);
+  ns.metrics->lookup_tokens_host->Increment((resp.leading_pages - nvme_pages) *
+                                            page_tokens);
   ns.metrics->lookup_tokens_nvme->Increment(nvme_pages * page_tokens);
   ns.metrics->lookup_tokens_miss->Increment(
       (req.pages.size() - resp.leading_pages) * page_tokens);
@@ -261,9 +278,9 @@ HandlerReply CacheService::PutReserve(uint64_t conn, Namespace& ns,
     resp.items.push_back(std::move(placement));
   }
   if (!reserved.empty()) {
-    resp.lease_id = leases_->Add(conn, storage::LeaseKind::kWrite,
-                                 ns.host.get(), std::move(reserved),
-                                 options_.lease_ttl);
+    resp.lease_id =
+        leases_->Add(conn, storage::LeaseKind::kWrite, ns.host.get(),
+                     std::move(reserved), options_.lease_ttl);
   }
   metrics_->active_leases().Set(static_cast<double>(leases_->size()));
   return Ok(resp);
@@ -307,7 +324,8 @@ HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
     if (!found.ok() && found.status().IsNotFound() && ns.nvme) {
       // On-demand promotion: the engine is waiting for these bytes. A
       // segment that fails its checksum on NVMe is a miss, never bad bytes.
-      if (storage::TierMover::PromoteNow(ns.tiers(), ns.fingerprint(), key).ok()) {
+      if (storage::TierMover::PromoteNow(ns.tiers(), ns.fingerprint(), key)
+              .ok()) {
         found = ns.host->Acquire(key);
         tier = Tier::kNvme;
       }
@@ -323,7 +341,8 @@ HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
     }
     resp.items.push_back(std::move(loc));
   }
-  ns.metrics->get_hits->Increment(static_cast<double>(acquired.size() - from_nvme));
+  ns.metrics->get_hits->Increment(
+      static_cast<double>(acquired.size() - from_nvme));
   ns.metrics->get_hits_nvme->Increment(static_cast<double>(from_nvme));
   ns.metrics->get_misses->Increment(
       static_cast<double>(req.keys.size() - acquired.size()));
@@ -352,8 +371,8 @@ HandlerReply CacheService::Pin(uint64_t conn, Namespace& ns,
   const auto ttl = std::chrono::milliseconds(req.ttl_ms);
   if (req.ttl_ms == 0 || ttl > options_.max_pin_ttl) {
     resp.status = Status::InvalidArgument(
-        "pin ttl must be in [1, " + std::to_string(options_.max_pin_ttl.count()) +
-        "] ms");
+        "pin ttl must be in [1, " +
+        std::to_string(options_.max_pin_ttl.count()) + "] ms");
     return Ok(resp);
   }
   std::vector<SegmentKey> pinned;

@@ -1,10 +1,10 @@
 #include "daemon/config.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <toml++/toml.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <filesystem>
@@ -12,7 +12,6 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace tierkv::daemon {
 namespace {
@@ -39,7 +38,8 @@ Status ReadInt(const toml::table& t, std::string_view section,
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
   auto v = node->value<int64_t>();
-  if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
+  if (!v || *v < 0 ||
+      static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
     return Bad(fmt::format("{}.{}", section, key),
                "must be a non-negative integer in range");
   }
@@ -83,7 +83,8 @@ Status ReadBool(const toml::table& t, std::string_view section,
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
   auto v = node->value<bool>();
-  if (!v) return Bad(fmt::format("{}.{}", section, key), "must be true or false");
+  if (!v)
+    return Bad(fmt::format("{}.{}", section, key), "must be true or false");
   out = *v;
   return Status::OK();
 }
@@ -119,36 +120,50 @@ Result<WritePolicy> ParseWritePolicy(std::string_view text) {
 
 std::string_view WritePolicyName(WritePolicy policy) {
   switch (policy) {
-    case WritePolicy::kWriteBack: return "write_back";
-    case WritePolicy::kWriteThrough: return "write_through";
-    case WritePolicy::kNone: return "none";
+    case WritePolicy::kWriteBack:
+      return "write_back";
+    case WritePolicy::kWriteThrough:
+      return "write_through";
+    case WritePolicy::kNone:
+      return "none";
   }
   return "unknown";
 }
 
 Result<uint64_t> ParseByteSize(std::string_view text) {
   size_t i = 0;
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
+    ++i;
   uint64_t value = 0;
   size_t digits = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    if (value > (UINT64_MAX - 9) / 10) return Status::InvalidArgument("size overflows");
+    if (value > (UINT64_MAX - 9) / 10)
+      return Status::InvalidArgument("size overflows");
     value = value * 10 + static_cast<uint64_t>(text[i] - '0');
     ++i;
     ++digits;
   }
-  if (digits == 0) return Status::InvalidArgument(fmt::format("'{}' is not a size", text));
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (digits == 0)
+    return Status::InvalidArgument(fmt::format("'{}' is not a size", text));
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
+    ++i;
   std::string unit;
   for (; i < text.size(); ++i) unit += static_cast<char>(std::tolower(text[i]));
   uint64_t mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb") mult = uint64_t{1} << 10;
-  else if (unit == "m" || unit == "mib" || unit == "mb") mult = uint64_t{1} << 20;
-  else if (unit == "g" || unit == "gib" || unit == "gb") mult = uint64_t{1} << 30;
-  else if (unit == "t" || unit == "tib" || unit == "tb") mult = uint64_t{1} << 40;
-  else return Status::InvalidArgument(fmt::format("unknown size unit '{}'", unit));
-  if (value > UINT64_MAX / mult) return Status::InvalidArgument("size overflows");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb")
+    mult = uint64_t{1} << 10;
+  else if (unit == "m" || unit == "mib" || unit == "mb")
+    mult = uint64_t{1} << 20;
+  else if (unit == "g" || unit == "gib" || unit == "gb")
+    mult = uint64_t{1} << 30;
+  else if (unit == "t" || unit == "tib" || unit == "tb")
+    mult = uint64_t{1} << 40;
+  else
+    return Status::InvalidArgument(fmt::format("unknown size unit '{}'", unit));
+  if (value > UINT64_MAX / mult)
+    return Status::InvalidArgument("size overflows");
   if (value * mult == 0) return Status::InvalidArgument("size must be > 0");
   return value * mult;
 }
@@ -157,22 +172,24 @@ DaemonConfig EmbeddedDefaults() {
   DaemonConfig c;
   NamespaceConfig ns;
   ns.name = "default";
-  ns.token_file = (std::filesystem::path(c.socket_path).parent_path() /
-                   "default.token")
-                      .string();
+  ns.token_file =
+      (std::filesystem::path(c.socket_path).parent_path() / "default.token")
+          .string();
   c.namespaces.push_back(ns);
   return c;
 }
 
 Status DaemonConfig::Validate() const {
   if (socket_path.empty()) return Bad("server.socket", "must not be empty");
-  if (socket_path.size() > 107) return Bad("server.socket", "longer than 107 bytes");
+  if (socket_path.size() > 107)
+    return Bad("server.socket", "longer than 107 bytes");
   if (socket_mode > 0777) return Bad("server.socket_mode", "must be <= 0777");
   if (socket_mode & 0007) {
     return Bad("server.socket_mode",
                "must not grant access to others (use a group instead)");
   }
-  if (io_threads == 0 || io_threads > 64) return Bad("server.io_threads", "must be in [1, 64]");
+  if (io_threads == 0 || io_threads > 64)
+    return Bad("server.io_threads", "must be in [1, 64]");
   if (max_frame_bytes < 4096 || max_frame_bytes > (uint64_t{1} << 30)) {
     return Bad("server.max_frame_bytes", "must be in [4 KiB, 1 GiB]");
   }
@@ -183,10 +200,13 @@ Status DaemonConfig::Validate() const {
   }
   static const std::set<std::string_view> kLevels = {
       "trace", "debug", "info", "warn", "error", "critical", "off"};
-  if (!kLevels.count(log_level)) return Bad("log.level", "unknown level '" + log_level + "'");
+  if (!kLevels.count(log_level))
+    return Bad("log.level", "unknown level '" + log_level + "'");
   if (nvme.enabled()) {
-    if (nvme.capacity_bytes < (uint64_t{16} << 20) || nvme.capacity_bytes % 4096) {
-      return Bad("nvme.capacity_bytes", "must be a multiple of 4 KiB and >= 16 MiB");
+    if (nvme.capacity_bytes < (uint64_t{16} << 20) ||
+        nvme.capacity_bytes % 4096) {
+      return Bad("nvme.capacity_bytes",
+                 "must be a multiple of 4 KiB and >= 16 MiB");
     }
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
       return Bad("nvme.queue_depth", "must be in [1, 4096]");
@@ -198,14 +218,16 @@ Status DaemonConfig::Validate() const {
       return Bad("nvme", "queues must hold at least one segment");
     }
   }
-  if (namespaces.empty()) return Bad("namespace", "at least one [[namespace]] is required");
+  if (namespaces.empty())
+    return Bad("namespace", "at least one [[namespace]] is required");
   std::set<std::string_view> names;
   for (const auto& ns : namespaces) {
     const std::string where = fmt::format("namespace '{}'", ns.name);
-    if (ns.name.empty() || ns.name.size() > 128) return Bad(where, "name must have 1..128 characters");
+    if (ns.name.empty() || ns.name.size() > 128)
+      return Bad(where, "name must have 1..128 characters");
     for (char ch : ns.name) {
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' &&
-          ch != '.' && ch != '@') {
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' &&
+          ch != '_' && ch != '.' && ch != '@') {
         return Bad(where, "name may use letters, digits and - _ . @");
       }
     }
@@ -216,12 +238,15 @@ Status DaemonConfig::Validate() const {
     if (!ns.token.empty() && ns.token.size() < 8) {
       return Bad(where, "token must have at least 8 characters");
     }
-    if (ns.shards == 0 || ns.shards > 256) return Bad(where, "shards must be in [1, 256]");
+    if (ns.shards == 0 || ns.shards > 256)
+      return Bad(where, "shards must be in [1, 256]");
     if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
       return Bad(where, "host_bytes must be at least 1 MiB per shard");
     }
-    if (ns.write_policy && *ns.write_policy != WritePolicy::kNone && !nvme.enabled()) {
-      return Bad(where, "write_policy " + std::string(WritePolicyName(*ns.write_policy)) +
+    if (ns.write_policy && *ns.write_policy != WritePolicy::kNone &&
+        !nvme.enabled()) {
+      return Bad(where, "write_policy " +
+                            std::string(WritePolicyName(*ns.write_policy)) +
                             " needs an [nvme] tier (set nvme.path)");
     }
   }
@@ -235,25 +260,35 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
-    return Status::InvalidArgument(fmt::format("config {}:{}:{}: {}", path, where.line,
-                                               where.column, e.description()));
+    return Status::InvalidArgument(fmt::format("config {}:{}:{}: {}", path,
+                                               where.line, where.column,
+                                               e.description()));
   }
   DaemonConfig c = base;
-  TIERKV_RETURN_IF_ERROR(CheckKeys(root, "top level",
-                                   {"server", "metrics", "leases", "log", "nvme", "namespace"}));
+  TIERKV_RETURN_IF_ERROR(
+      CheckKeys(root, "top level",
+                {"server", "metrics", "leases", "log", "nvme", "namespace"}));
   if (auto* nvme = root["nvme"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(CheckKeys(*nvme, "nvme",
-                                     {"path", "catalog_path", "capacity_bytes", "queue_depth",
-                                      "direct_io", "sync", "recreate_damaged_catalog",
-                                      "mover_workers", "demotion_queue", "promotion_queue"}));
+    TIERKV_RETURN_IF_ERROR(
+        CheckKeys(*nvme, "nvme",
+                  {"path", "catalog_path", "capacity_bytes", "queue_depth",
+                   "direct_io", "sync", "recreate_damaged_catalog",
+                   "mover_workers", "demotion_queue", "promotion_queue"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
-    TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
-    TIERKV_RETURN_IF_ERROR(ReadBytes(*nvme, "nvme", "capacity_bytes", c.nvme.capacity_bytes));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "queue_depth", c.nvme.queue_depth));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "demotion_queue", c.nvme.demotion_queue));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "promotion_queue", c.nvme.promotion_queue));
-    TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
+    TIERKV_RETURN_IF_ERROR(
+        ReadBytes(*nvme, "nvme", "capacity_bytes", c.nvme.capacity_bytes));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*nvme, "nvme", "queue_depth", c.nvme.queue_depth));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*nvme, "nvme", "demotion_queue", c.nvme.demotion_queue));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*nvme, "nvme", "promotion_queue", c.nvme.promotion_queue));
+    TIERKV_RETURN_IF_ERROR(
+        ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
     TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "sync", c.nvme.sync));
     TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "recreate_damaged_catalog",
                                     c.nvme.recreate_damaged_catalog));
@@ -262,21 +297,28 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(CheckKeys(*server, "server",
                                      {"socket", "socket_mode", "socket_group",
                                       "io_threads", "max_frame_bytes"}));
-    TIERKV_RETURN_IF_ERROR(ReadString(*server, "server", "socket", c.socket_path));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
-    TIERKV_RETURN_IF_ERROR(ReadString(*server, "server", "socket_group", c.socket_group));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "io_threads", c.io_threads));
-    TIERKV_RETURN_IF_ERROR(ReadBytes(*server, "server", "max_frame_bytes", c.max_frame_bytes));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*server, "server", "socket_group", c.socket_group));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "io_threads", c.io_threads));
+    TIERKV_RETURN_IF_ERROR(
+        ReadBytes(*server, "server", "max_frame_bytes", c.max_frame_bytes));
   }
   if (auto* metrics = root["metrics"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(*metrics, "metrics", {"listen"}));
-    TIERKV_RETURN_IF_ERROR(ReadString(*metrics, "metrics", "listen", c.metrics_listen));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*metrics, "metrics", "listen", c.metrics_listen));
   }
   if (auto* leases = root["leases"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(CheckKeys(*leases, "leases",
-                                     {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms"}));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "ttl_ms", c.lease_ttl_ms));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "max_pin_ttl_ms", c.max_pin_ttl_ms));
+    TIERKV_RETURN_IF_ERROR(CheckKeys(
+        *leases, "leases", {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms"}));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*leases, "leases", "ttl_ms", c.lease_ttl_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*leases, "leases", "max_pin_ttl_ms", c.max_pin_ttl_ms));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*leases, "leases", "sweep_interval_ms", c.sweep_interval_ms));
   }
@@ -286,31 +328,39 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
   }
   if (const toml::node* node = root.get("namespace")) {
     const toml::array* list = node->as_array();
-    if (!list) return Bad("namespace", "must be an array of tables ([[namespace]])");
+    if (!list)
+      return Bad("namespace", "must be an array of tables ([[namespace]])");
     c.namespaces.clear();
     for (const auto& item : *list) {
       const toml::table* t = item.as_table();
       if (!t) return Bad("namespace", "entries must be tables");
       NamespaceConfig ns;
-      TIERKV_RETURN_IF_ERROR(CheckKeys(*t, "namespace",
-                                       {"name", "token", "token_file", "host_bytes",
-                                        "shards", "hugepages", "prefault", "write_policy"}));
+      TIERKV_RETURN_IF_ERROR(
+          CheckKeys(*t, "namespace",
+                    {"name", "token", "token_file", "host_bytes", "shards",
+                     "hugepages", "prefault", "write_policy"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
-      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token_file", ns.token_file));
+      TIERKV_RETURN_IF_ERROR(
+          ReadString(*t, "namespace", "token_file", ns.token_file));
       if (!ns.token.empty() && !ns.token_file.empty()) {
         return Bad(fmt::format("namespace '{}'", ns.name),
                    "give either token or token_file, not both");
       }
-      TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
-      TIERKV_RETURN_IF_ERROR(ReadBool(*t, "namespace", "hugepages", ns.hugepages));
-      TIERKV_RETURN_IF_ERROR(ReadBool(*t, "namespace", "prefault", ns.prefault));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBool(*t, "namespace", "hugepages", ns.hugepages));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBool(*t, "namespace", "prefault", ns.prefault));
       std::string policy;
-      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "write_policy", policy));
+      TIERKV_RETURN_IF_ERROR(
+          ReadString(*t, "namespace", "write_policy", policy));
       if (!policy.empty()) {
         auto parsed = ParseWritePolicy(policy);
-        if (!parsed.ok()) return Bad("namespace.write_policy", parsed.status().message());
+        if (!parsed.ok())
+          return Bad("namespace.write_policy", parsed.status().message());
         ns.write_policy = *parsed;
       }
       c.namespaces.push_back(std::move(ns));
@@ -325,7 +375,8 @@ Status ResolveTokens(DaemonConfig& config) {
     std::ifstream in(ns.token_file);
     if (in) {
       std::getline(in, ns.token);
-      while (!ns.token.empty() && std::isspace(static_cast<unsigned char>(ns.token.back()))) {
+      while (!ns.token.empty() &&
+             std::isspace(static_cast<unsigned char>(ns.token.back()))) {
         ns.token.pop_back();
       }
       if (ns.token.size() < 8) {
@@ -338,14 +389,16 @@ Status ResolveTokens(DaemonConfig& config) {
     std::error_code ec;
     std::filesystem::create_directories(
         std::filesystem::path(ns.token_file).parent_path(), ec);
-    int fd = ::open(ns.token_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = ::open(ns.token_file.c_str(),
+                    O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
       return Status::IOError(fmt::format("cannot create token file {}: {}",
                                          ns.token_file, std::strerror(errno)));
     }
     ns.token = RandomToken();
     std::string line = ns.token + "\n";
-    bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    bool ok = ::write(fd, line.data(), line.size()) ==
+              static_cast<ssize_t>(line.size());
     ::close(fd);
     if (!ok) return Status::IOError("cannot write token file " + ns.token_file);
   }

@@ -37,13 +37,13 @@ std::string_view WritePolicyName(WritePolicy policy);
 // The NVMe tier (T2): one data file or block device shared by all
 // namespaces, plus its RocksDB catalog.
 struct NvmeConfig {
-  std::string path;  // "" disables the NVMe tier. Default: disabled
+  std::string path;          // "" disables the NVMe tier. Default: disabled
   std::string catalog_path;  // Default: path + ".catalog"
   uint64_t capacity_bytes = uint64_t{16} << 30;  // Default: 16 GiB
   uint32_t queue_depth = 64;                     // Default: 64
   bool direct_io = true;                         // Default: true (O_DIRECT)
   // Sync data and catalog before acknowledging a write (crash safety).
-  bool sync = true;                              // Default: true
+  bool sync = true;  // Default: true
   // Start with an empty catalog when the existing one is damaged (else the
   // daemon refuses to start and says why). Default: false.
   bool recreate_damaged_catalog = false;
@@ -76,9 +76,9 @@ struct DaemonConfig {
 
   std::string metrics_listen = "127.0.0.1:9400";  // "" disables
 
-  uint32_t lease_ttl_ms = 30000;        // read and write leases. Default: 30 s
-  uint32_t max_pin_ttl_ms = 3600000;    // longest pin. Default: 1 h
-  uint32_t sweep_interval_ms = 100;     // lease expiry scan period
+  uint32_t lease_ttl_ms = 30000;      // read and write leases. Default: 30 s
+  uint32_t max_pin_ttl_ms = 3600000;  // longest pin. Default: 1 h
+  uint32_t sweep_interval_ms = 100;   // lease expiry scan period
 
   std::string log_level = "info";
   // Written (JSON: pid, socket, metrics_port) once the daemon serves.

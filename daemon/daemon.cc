@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 namespace tierkv::daemon {
@@ -25,18 +24,22 @@ Status Daemon::OpenNvmeTier() {
   o.recreate_damaged_catalog = c.recreate_damaged_catalog;
   auto store = storage::NvmeStore::Open(o);
   if (!store.ok()) {
-    return Status(store.status().code(),
-                  "NVMe tier at " + c.path + ": " + std::string(store.status().message()) +
-                      (store.status().code() == StatusCode::kCorruption
-                           ? " (set nvme.recreate_damaged_catalog = true to start empty)"
-                           : ""));
+    return Status(
+        store.status().code(),
+        "NVMe tier at " + c.path + ": " +
+            std::string(store.status().message()) +
+            (store.status().code() == StatusCode::kCorruption
+                 ? " (set nvme.recreate_damaged_catalog = true to start empty)"
+                 : ""));
   }
   nvme_ = std::move(store).value();
   const auto stats = nvme_->Stats();
   const auto& r = nvme_->recovery();
   spdlog::info(
-      "NVMe tier {}: {} GiB, {}, {}; recovered {} segments ({} MiB), dropped {}{}",
-      c.path, c.capacity_bytes >> 30, stats.direct_io ? "O_DIRECT" : "buffered IO",
+      "NVMe tier {}: {} GiB, {}, {}; recovered {} segments ({} MiB), dropped "
+      "{}{}",
+      c.path, c.capacity_bytes >> 30,
+      stats.direct_io ? "O_DIRECT" : "buffered IO",
       stats.io_uring ? "io_uring" : "pread/pwrite", r.recovered_segments,
       r.recovered_bytes >> 20, r.dropped_segments,
       r.catalog_recreated ? "; damaged catalog was recreated EMPTY" : "");
@@ -61,8 +64,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                                            .try_hugepages = nc.hugepages,
                                            .prefault = nc.prefault});
     if (!host.ok()) {
-      return Status(host.status().code(), "namespace '" + nc.name + "': " +
-                                              std::string(host.status().message()));
+      return Status(host.status().code(),
+                    "namespace '" + nc.name +
+                        "': " + std::string(host.status().message()));
     }
     ns->host = std::move(host).value();
     ns->metrics = d->metrics_.AddNamespace(nc.name);
@@ -71,19 +75,21 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone);
     if (ns->write_policy == WritePolicy::kWriteBack) {
       ns->host->SetEvictionListener(
-          [mover = d->mover_.get(), raw = ns.get()](const SegmentKey& key,
-                                                    std::span<const std::byte> bytes) {
+          [mover = d->mover_.get(), raw = ns.get()](
+              const SegmentKey& key, std::span<const std::byte> bytes) {
             mover->EnqueueEvicted(raw->tiers(), raw->fingerprint(), key, bytes);
           });
     }
-    spdlog::info("namespace '{}': host tier {} MiB in {} shards ({} pages), write "
-                 "policy {}",
-                 nc.name, nc.host_bytes >> 20, nc.shards,
-                 ns->host->Stats().hugepages ? "2 MiB huge" : "4 KiB",
-                 WritePolicyName(ns->write_policy));
+    spdlog::info(
+        "namespace '{}': host tier {} MiB in {} shards ({} pages), write "
+        "policy {}",
+        nc.name, nc.host_bytes >> 20, nc.shards,
+        ns->host->Stats().hugepages ? "2 MiB huge" : "4 KiB",
+        WritePolicyName(ns->write_policy));
     d->namespaces_.push_back(std::move(ns));
   }
-  d->leases_ = std::make_unique<storage::LeaseTable>(storage::SteadyClock::Default());
+  d->leases_ =
+      std::make_unique<storage::LeaseTable>(storage::SteadyClock::Default());
   d->service_ = std::make_unique<CacheService>(
       CacheServiceOptions{
           .lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms),
@@ -94,16 +100,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   if (d->nvme_) d->metrics_.AddNvmeTier(d->nvme_.get(), d->mover_.get());
   if (!config.metrics_listen.empty()) {
     TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
-    spdlog::info("metrics on http://{}/metrics (port {})", config.metrics_listen,
-                 d->metrics_.port());
+    spdlog::info("metrics on http://{}/metrics (port {})",
+                 config.metrics_listen, d->metrics_.port());
   }
-  auto server = transport::UdsServer::Start(
-      {.path = config.socket_path,
-       .mode = config.socket_mode,
-       .group = config.socket_group,
-       .max_payload_bytes = config.max_frame_bytes,
-       .io_threads = config.io_threads},
-      d->service_.get());
+  auto server =
+      transport::UdsServer::Start({.path = config.socket_path,
+                                   .mode = config.socket_mode,
+                                   .group = config.socket_group,
+                                   .max_payload_bytes = config.max_frame_bytes,
+                                   .io_threads = config.io_threads},
+                                  d->service_.get());
   if (!server.ok()) return server.status();
   d->server_ = std::move(server).value();
   d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
@@ -130,7 +136,7 @@ Daemon::~Daemon() {
   mover_.reset();   // joins workers that may still touch the tiers
   leases_.reset();  // releases leases while the tiers still exist
   namespaces_.clear();
-  nvme_.reset();    // last: the catalog closes cleanly
+  nvme_.reset();  // last: the catalog closes cleanly
 }
 
 void Daemon::Wait() {
@@ -156,7 +162,8 @@ void Daemon::SweepLoop() {
       spdlog::info("expired {} leases of unresponsive clients", n);
     }
     metrics_.active_leases().Set(static_cast<double>(leases_->size()));
-    for (auto& ns : namespaces_) metrics_.Refresh(*ns->metrics, ns->host->Stats());
+    for (auto& ns : namespaces_)
+      metrics_.Refresh(*ns->metrics, ns->host->Stats());
     lock.lock();
   }
 }

@@ -25,10 +25,13 @@ int main(int argc, char** argv) {
   std::string nvme_path, nvme_bytes, write_policy;
   uint32_t lease_ttl_ms = 0, io_threads = 0, shards = 0;
   bool print_config = false;
-  app.add_option("-c,--config", config_path, "TOML config file (else embedded defaults)");
-  app.add_option("--socket", socket, "Unix socket path (overrides [server].socket)");
-  app.add_option("--metrics", metrics,
-                 "Prometheus listen address, e.g. 127.0.0.1:9400; 'off' disables");
+  app.add_option("-c,--config", config_path,
+                 "TOML config file (else embedded defaults)");
+  app.add_option("--socket", socket,
+                 "Unix socket path (overrides [server].socket)");
+  app.add_option(
+      "--metrics", metrics,
+      "Prometheus listen address, e.g. 127.0.0.1:9400; 'off' disables");
   app.add_option("--host-bytes", host_bytes,
                  "DRAM per namespace, e.g. 4GiB (overrides every namespace)");
   app.add_option("--shards", shards, "index/LRU shards per namespace");
@@ -57,24 +60,28 @@ int main(int argc, char** argv) {
     // Embedded default token files live beside the socket.
     if (config_path.empty()) {
       for (auto& ns : config.namespaces) {
-        ns.token_file = (std::filesystem::path(socket).parent_path() /
-                         (ns.name + ".token")).string();
+        ns.token_file =
+            (std::filesystem::path(socket).parent_path() / (ns.name + ".token"))
+                .string();
       }
     }
   }
   if (!metrics.empty()) config.metrics_listen = metrics == "off" ? "" : metrics;
   if (!host_bytes.empty()) {
     auto bytes = ParseByteSize(host_bytes);
-    if (!bytes.ok()) return Fail(tierkv::Status::InvalidArgument(
-        "--host-bytes: " + std::string(bytes.status().message())));
+    if (!bytes.ok())
+      return Fail(tierkv::Status::InvalidArgument(
+          "--host-bytes: " + std::string(bytes.status().message())));
     for (auto& ns : config.namespaces) ns.host_bytes = *bytes;
   }
-  if (shards) for (auto& ns : config.namespaces) ns.shards = shards;
+  if (shards)
+    for (auto& ns : config.namespaces) ns.shards = shards;
   if (!nvme_path.empty()) config.nvme.path = nvme_path;
   if (!nvme_bytes.empty()) {
     auto bytes = ParseByteSize(nvme_bytes);
-    if (!bytes.ok()) return Fail(tierkv::Status::InvalidArgument(
-        "--nvme-bytes: " + std::string(bytes.status().message())));
+    if (!bytes.ok())
+      return Fail(tierkv::Status::InvalidArgument(
+          "--nvme-bytes: " + std::string(bytes.status().message())));
     config.nvme.capacity_bytes = *bytes;
   }
   if (!write_policy.empty()) {
@@ -89,13 +96,15 @@ int main(int argc, char** argv) {
 
   if (auto s = config.Validate(); !s.ok()) return Fail(s);
   if (print_config) {
-    std::printf("socket = %s (mode %o)\nmetrics = %s\nlease_ttl_ms = %u\nnvme = %s\n",
-                config.socket_path.c_str(), config.socket_mode,
-                config.metrics_listen.empty() ? "off" : config.metrics_listen.c_str(),
-                config.lease_ttl_ms,
-                config.nvme.enabled() ? config.nvme.path.c_str() : "off");
+    std::printf(
+        "socket = %s (mode %o)\nmetrics = %s\nlease_ttl_ms = %u\nnvme = %s\n",
+        config.socket_path.c_str(), config.socket_mode,
+        config.metrics_listen.empty() ? "off" : config.metrics_listen.c_str(),
+        config.lease_ttl_ms,
+        config.nvme.enabled() ? config.nvme.path.c_str() : "off");
     for (const auto& ns : config.namespaces) {
-      std::printf("namespace %s: host_bytes=%llu shards=%u token=%s\n", ns.name.c_str(),
+      std::printf("namespace %s: host_bytes=%llu shards=%u token=%s\n",
+                  ns.name.c_str(),
                   static_cast<unsigned long long>(ns.host_bytes), ns.shards,
                   ns.token_file.empty() ? "(inline)" : ns.token_file.c_str());
     }

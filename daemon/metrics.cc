@@ -1,13 +1,13 @@
 #include "daemon/metrics.h"
 
-#include "daemon/nvme_metrics.h"
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
 #include <exception>
+
+#include "daemon/nvme_metrics.h"
 
 namespace tierkv::daemon {
 
@@ -71,10 +71,11 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
                       .Name("tierkv_lookups_total")
                       .Help("Match requests")
                       .Register(*registry_);
-  auto& tokens = BuildCounter()
-                     .Name("tierkv_lookup_tokens_total")
-                     .Help("Tokens of looked-up pages, by the tier that held them")
-                     .Register(*registry_);
+  auto& tokens =
+      BuildCounter()
+          .Name("tierkv_lookup_tokens_total")
+          .Help("Tokens of looked-up pages, by the tier that held them")
+          .Register(*registry_);
   auto& gets = BuildCounter()
                    .Name("tierkv_get_segments_total")
                    .Help("Segments requested by Get, by result")

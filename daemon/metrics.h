@@ -30,18 +30,18 @@ namespace tierkv::daemon {
 
 // One namespace's metrics; references point into the registry.
 struct NamespaceMetrics {
-  prometheus::Counter* lookups;            // Match calls
+  prometheus::Counter* lookups;             // Match calls
   prometheus::Counter* lookup_tokens_host;  // tokens of pages found in host
   prometheus::Counter* lookup_tokens_nvme;
   prometheus::Counter* lookup_tokens_miss;
-  prometheus::Counter* get_hits;           // segments
-  prometheus::Counter* get_hits_nvme;     // promoted from NVMe on demand
+  prometheus::Counter* get_hits;       // segments
+  prometheus::Counter* get_hits_nvme;  // promoted from NVMe on demand
   prometheus::Counter* get_misses;
-  prometheus::Counter* put_stored;         // segments
+  prometheus::Counter* put_stored;  // segments
   prometheus::Counter* put_dedup;
   prometheus::Counter* put_failed;
   prometheus::Counter* dedup_hits;
-  prometheus::Counter* evictions;          // refreshed from storage
+  prometheus::Counter* evictions;  // refreshed from storage
   prometheus::Counter* evicted_bytes;
   prometheus::Gauge* bytes_used;
   prometheus::Gauge* bytes_reserved;
@@ -66,7 +66,8 @@ class DaemonMetrics {
   NamespaceMetrics* AddNamespace(const std::string& name);
   // Exports the NVMe tier and mover (see nvme_metrics.h). Both borrowed;
   // call StopServing() before destroying them.
-  void AddNvmeTier(const storage::NvmeStore* store, const storage::TierMover* mover);
+  void AddNvmeTier(const storage::NvmeStore* store,
+                   const storage::TierMover* mover);
   // Closes the HTTP listener (no scrape runs afterwards).
   void StopServing();
   void Refresh(NamespaceMetrics& m, const storage::HostTierStats& stats);

@@ -13,7 +13,8 @@ MetricFamily Family(std::string name, std::string help, MetricType type) {
   return MetricFamily{std::move(name), std::move(help), type, {}};
 }
 
-void AddValue(MetricFamily& f, std::vector<ClientMetric::Label> labels, double v) {
+void AddValue(MetricFamily& f, std::vector<ClientMetric::Label> labels,
+              double v) {
   ClientMetric m;
   m.label = std::move(labels);
   if (f.type == MetricType::Counter) {
@@ -34,12 +35,15 @@ void AddHistogram(MetricFamily& f, std::string op,
     cumulative += counts[i];
     const uint64_t upper = storage::LatencyHistogram::BucketUpperBoundMicros(i);
     // Storage keeps no exact sum per op: estimate with bucket midpoints.
-    const double mid = i == 0 ? 0.5e-6 : 1.5e-6 * static_cast<double>(uint64_t{1} << (i - 1));
+    const double mid =
+        i == 0 ? 0.5e-6 : 1.5e-6 * static_cast<double>(uint64_t{1} << (i - 1));
     sum_estimate += static_cast<double>(counts[i]) * mid;
     if (upper == UINT64_MAX) break;  // +Inf is implied by sample_count
-    m.histogram.bucket.push_back({cumulative, static_cast<double>(upper) * 1e-6});
+    m.histogram.bucket.push_back(
+        {cumulative, static_cast<double>(upper) * 1e-6});
   }
-  m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+  m.histogram.bucket.push_back(
+      {cumulative, std::numeric_limits<double>::infinity()});
   m.histogram.sample_count = cumulative;
   m.histogram.sample_sum = sum_estimate;
   f.metric.push_back(std::move(m));
@@ -52,13 +56,17 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   const auto mv = mover_->Stats();
   std::vector<MetricFamily> out;
 
-  auto bytes = Family("tierkv_nvme_bytes", "NVMe tier bytes by state", MetricType::Gauge);
+  auto bytes = Family("tierkv_nvme_bytes", "NVMe tier bytes by state",
+                      MetricType::Gauge);
   AddValue(bytes, {{"state", "used"}}, static_cast<double>(s.bytes_used));
-  AddValue(bytes, {{"state", "allocated"}}, static_cast<double>(s.bytes_allocated));
-  AddValue(bytes, {{"state", "capacity"}}, static_cast<double>(s.capacity_bytes));
+  AddValue(bytes, {{"state", "allocated"}},
+           static_cast<double>(s.bytes_allocated));
+  AddValue(bytes, {{"state", "capacity"}},
+           static_cast<double>(s.capacity_bytes));
   out.push_back(std::move(bytes));
 
-  auto segments = Family("tierkv_nvme_segments", "Segments on NVMe", MetricType::Gauge);
+  auto segments =
+      Family("tierkv_nvme_segments", "Segments on NVMe", MetricType::Gauge);
   AddValue(segments, {}, static_cast<double>(s.segments));
   out.push_back(std::move(segments));
 
@@ -69,34 +77,37 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   AddValue(reads, {{"result", "error"}}, static_cast<double>(s.read_errors));
   out.push_back(std::move(reads));
 
-  auto writes = Family("tierkv_nvme_writes_total", "NVMe segment writes by result",
-                       MetricType::Counter);
+  auto writes = Family("tierkv_nvme_writes_total",
+                       "NVMe segment writes by result", MetricType::Counter);
   AddValue(writes, {{"result", "stored"}}, static_cast<double>(s.writes));
   AddValue(writes, {{"result", "dedup"}}, static_cast<double>(s.write_dedup));
   AddValue(writes, {{"result", "error"}}, static_cast<double>(s.write_errors));
   out.push_back(std::move(writes));
 
-  auto io = Family("tierkv_nvme_io_bytes_total", "Bytes moved by the NVMe device",
-                   MetricType::Counter);
+  auto io = Family("tierkv_nvme_io_bytes_total",
+                   "Bytes moved by the NVMe device", MetricType::Counter);
   AddValue(io, {{"op", "read"}}, static_cast<double>(s.device.read_bytes));
   AddValue(io, {{"op", "write"}}, static_cast<double>(s.device.write_bytes));
   out.push_back(std::move(io));
 
-  auto evictions = Family("tierkv_nvme_evictions_total", "Segments evicted from NVMe",
-                          MetricType::Counter);
+  auto evictions = Family("tierkv_nvme_evictions_total",
+                          "Segments evicted from NVMe", MetricType::Counter);
   AddValue(evictions, {}, static_cast<double>(s.evictions));
   out.push_back(std::move(evictions));
 
-  auto corruptions = Family("tierkv_corruptions_total",
-                            "Segments that failed their checksum (served as misses)",
-                            MetricType::Counter);
-  AddValue(corruptions, {{"tier", "nvme"}}, static_cast<double>(s.checksum_failures));
+  auto corruptions =
+      Family("tierkv_corruptions_total",
+             "Segments that failed their checksum (served as misses)",
+             MetricType::Counter);
+  AddValue(corruptions, {{"tier", "nvme"}},
+           static_cast<double>(s.checksum_failures));
   out.push_back(std::move(corruptions));
 
-  auto reread = Family("tierkv_nvme_checksum_reread_ok_total",
-                       "Checksum failures whose immediate re-read verified (the first "
-                       "read returned wrong bytes, the device holds right ones)",
-                       MetricType::Counter);
+  auto reread =
+      Family("tierkv_nvme_checksum_reread_ok_total",
+             "Checksum failures whose immediate re-read verified (the first "
+             "read returned wrong bytes, the device holds right ones)",
+             MetricType::Counter);
   AddValue(reread, {}, static_cast<double>(s.checksum_reread_ok));
   out.push_back(std::move(reread));
 
@@ -105,26 +116,30 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
                           MetricType::Gauge);
   AddValue(recovered, {}, static_cast<double>(s.recovery.recovered_segments));
   out.push_back(std::move(recovered));
-  auto recovered_bytes = Family("tierkv_nvme_recovered_bytes",
-                                "Bytes recovered from the catalog at start-up",
-                                MetricType::Gauge);
-  AddValue(recovered_bytes, {}, static_cast<double>(s.recovery.recovered_bytes));
+  auto recovered_bytes =
+      Family("tierkv_nvme_recovered_bytes",
+             "Bytes recovered from the catalog at start-up", MetricType::Gauge);
+  AddValue(recovered_bytes, {},
+           static_cast<double>(s.recovery.recovered_bytes));
   out.push_back(std::move(recovered_bytes));
 
-  auto latency = Family("tierkv_nvme_io_latency_seconds", "NVMe device IO latency",
-                        MetricType::Histogram);
+  auto latency = Family("tierkv_nvme_io_latency_seconds",
+                        "NVMe device IO latency", MetricType::Histogram);
   AddHistogram(latency, "read", s.device.read_latency);
   AddHistogram(latency, "write", s.device.write_latency);
   out.push_back(std::move(latency));
 
-  auto depth = Family("tierkv_mover_queue_depth", "Jobs waiting in the tier mover",
-                      MetricType::Gauge);
-  AddValue(depth, {{"queue", "demotion"}}, static_cast<double>(mv.demotion_queue_depth));
-  AddValue(depth, {{"queue", "promotion"}}, static_cast<double>(mv.promotion_queue_depth));
+  auto depth = Family("tierkv_mover_queue_depth",
+                      "Jobs waiting in the tier mover", MetricType::Gauge);
+  AddValue(depth, {{"queue", "demotion"}},
+           static_cast<double>(mv.demotion_queue_depth));
+  AddValue(depth, {{"queue", "promotion"}},
+           static_cast<double>(mv.promotion_queue_depth));
   out.push_back(std::move(depth));
 
-  auto jobs = Family("tierkv_mover_jobs_total", "Tier mover jobs by queue and result",
-                     MetricType::Counter);
+  auto jobs =
+      Family("tierkv_mover_jobs_total", "Tier mover jobs by queue and result",
+             MetricType::Counter);
   AddValue(jobs, {{"queue", "demotion"}, {"result", "done"}},
            static_cast<double>(mv.demotions_done));
   AddValue(jobs, {{"queue", "demotion"}, {"result", "dropped"}},

@@ -1,11 +1,11 @@
 // Random checkpoint writer (see checkpoint_writer.h).
 #include "executor/checkpoint_writer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "executor/safetensors.h"
@@ -91,17 +91,23 @@ Status WriteRandomCheckpoint(const std::filesystem::path& dir,
     DType dt = options.dtype == DType::kF8E4M3 ? DType::kBF16 : options.dtype;
     if (fp8) dt = DType::kF8E4M3;
     if (t.name.ends_with("e_score_correction_bias")) dt = DType::kF32;
-    entries.push_back({{t.name, std::string(DTypeName(dt)), t.shape,
-                        numel * DTypeSize(dt)},
-                       i, false, dt});
+    entries.push_back(
+        {{t.name, std::string(DTypeName(dt)), t.shape, numel * DTypeSize(dt)},
+         i,
+         false,
+         dt});
     if (fp8) {
       const int64_t sr = (t.shape[0] + config.weight_block_rows - 1) /
                          config.weight_block_rows;
       const int64_t sc = (t.shape[1] + config.weight_block_cols - 1) /
                          config.weight_block_cols;
-      entries.push_back({{t.name + "_scale_inv", "F32", {sr, sc},
+      entries.push_back({{t.name + "_scale_inv",
+                          "F32",
+                          {sr, sc},
                           static_cast<uint64_t>(sr * sc * 4)},
-                         i, true, DType::kF32});
+                         i,
+                         true,
+                         DType::kF32});
     }
   }
   // Shard greedily; an fp8 tensor and its scale stay in the same shard.
@@ -160,7 +166,8 @@ Status WriteRandomCheckpoint(const std::filesystem::path& dir,
                             {"weight_map", weight_map}};
     std::ofstream out(dir / "model.safetensors.index.json", std::ios::trunc);
     out << index.dump(2) << "\n";
-    if (!out) return Status::IOError("cannot write model.safetensors.index.json");
+    if (!out)
+      return Status::IOError("cannot write model.safetensors.index.json");
   }
   return Status::OK();
 }

@@ -1,12 +1,12 @@
 // Parsing and validation of HF config.json for glm_moe_dsa / deepseek_v32.
 #include "executor/config.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <fstream>
-#include <sstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace tierkv::executor {
 namespace {
@@ -96,15 +96,18 @@ Status ParseRope(const json& j, ModelConfig* c) {
   if (type != "yarn") {
     return KeyError("rope_scaling",
                     fmt::format("has unsupported rope type '{}' (supported: "
-                                "default, yarn)", type));
+                                "default, yarn)",
+                                type));
   }
   YarnScaling& y = c->yarn;
   y.enabled = true;
   TIERKV_RETURN_IF_ERROR(ReadDouble(*scaling, "factor", true, &y.factor));
   TIERKV_RETURN_IF_ERROR(ReadInt(*scaling, "original_max_position_embeddings",
                                  false, &y.original_max_position_embeddings));
-  TIERKV_RETURN_IF_ERROR(ReadDouble(*scaling, "beta_fast", false, &y.beta_fast));
-  TIERKV_RETURN_IF_ERROR(ReadDouble(*scaling, "beta_slow", false, &y.beta_slow));
+  TIERKV_RETURN_IF_ERROR(
+      ReadDouble(*scaling, "beta_fast", false, &y.beta_fast));
+  TIERKV_RETURN_IF_ERROR(
+      ReadDouble(*scaling, "beta_slow", false, &y.beta_slow));
   TIERKV_RETURN_IF_ERROR(ReadDouble(*scaling, "mscale", false, &y.mscale));
   TIERKV_RETURN_IF_ERROR(
       ReadDouble(*scaling, "mscale_all_dim", false, &y.mscale_all_dim));
@@ -122,11 +125,12 @@ Status ParseIndexShare(const json& j, ModelConfig* c) {
     }
     c->indexer_full.clear();
     for (const auto& v : *it) {
-      if (!v.is_string() ||
-          (v.get<std::string>() != "full" && v.get<std::string>() != "shared")) {
+      if (!v.is_string() || (v.get<std::string>() != "full" &&
+                             v.get<std::string>() != "shared")) {
         return KeyError("indexer_types",
                         fmt::format("entries must be \"full\" or \"shared\", "
-                                    "got {}", v.dump()));
+                                    "got {}",
+                                    v.dump()));
       }
       c->indexer_full.push_back(v.get<std::string>() == "full");
     }
@@ -147,7 +151,8 @@ Status ParseIndexShare(const json& j, ModelConfig* c) {
   } else {
     int64_t freq = 1, offset = 2;
     TIERKV_RETURN_IF_ERROR(ReadInt(j, "index_topk_freq", false, &freq));
-    TIERKV_RETURN_IF_ERROR(ReadInt(j, "index_skip_topk_offset", false, &offset));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(j, "index_skip_topk_offset", false, &offset));
     c->indexer_full = IndexShareFullLayers(n, freq, offset);
   }
   if (n > 0 && !c->indexer_full[0]) {
@@ -204,7 +209,8 @@ Status ModelConfig::Validate() const {
   TIERKV_RETURN_IF_ERROR(positive("index_topk", index_topk));
   TIERKV_RETURN_IF_ERROR(positive("n_routed_experts", n_routed_experts));
   TIERKV_RETURN_IF_ERROR(positive("num_experts_per_tok", num_experts_per_tok));
-  TIERKV_RETURN_IF_ERROR(positive("moe_intermediate_size", moe_intermediate_size));
+  TIERKV_RETURN_IF_ERROR(
+      positive("moe_intermediate_size", moe_intermediate_size));
   TIERKV_RETURN_IF_ERROR(positive("n_group", n_group));
   TIERKV_RETURN_IF_ERROR(positive("topk_group", topk_group));
   TIERKV_RETURN_IF_ERROR(positive("moe_layer_freq", moe_layer_freq));
@@ -223,8 +229,10 @@ Status ModelConfig::Validate() const {
     return KeyError("n_group", "must divide n_routed_experts");
   }
   if (topk_group > n_group) return KeyError("topk_group", "must be <= n_group");
-  if (n_group > 1 && num_experts_per_tok > topk_group * (n_routed_experts / n_group)) {
-    return KeyError("topk_group", "keeps fewer experts than num_experts_per_tok");
+  if (n_group > 1 &&
+      num_experts_per_tok > topk_group * (n_routed_experts / n_group)) {
+    return KeyError("topk_group",
+                    "keeps fewer experts than num_experts_per_tok");
   }
   if (first_k_dense_replace > 0 && intermediate_size <= 0) {
     return KeyError("intermediate_size",
@@ -313,8 +321,8 @@ Result<ModelConfig> ParseModelConfig(const json& j) {
   TIERKV_RETURN_IF_ERROR(ReadBool(j, "rope_interleave", &c.rope_interleave));
   TIERKV_RETURN_IF_ERROR(
       ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
-  if (auto it = j.find("scoring_func"); it != j.end() && it->is_string() &&
-                                        it->get<std::string>() != "sigmoid") {
+  if (auto it = j.find("scoring_func");
+      it != j.end() && it->is_string() && it->get<std::string>() != "sigmoid") {
     return KeyError("scoring_func", fmt::format("is '{}'; only sigmoid is "
                                                 "supported",
                                                 it->get<std::string>()));
@@ -378,15 +386,14 @@ json ModelConfigToJson(const ModelConfig& c) {
   j["rope_interleave"] = c.rope_interleave;
   if (c.yarn.enabled) {
     j["rope_theta"] = c.rope_theta;
-    j["rope_scaling"] = {
-        {"type", "yarn"},
-        {"factor", c.yarn.factor},
-        {"original_max_position_embeddings",
-         c.yarn.original_max_position_embeddings},
-        {"beta_fast", c.yarn.beta_fast},
-        {"beta_slow", c.yarn.beta_slow},
-        {"mscale", c.yarn.mscale},
-        {"mscale_all_dim", c.yarn.mscale_all_dim}};
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", c.yarn.factor},
+                         {"original_max_position_embeddings",
+                          c.yarn.original_max_position_embeddings},
+                         {"beta_fast", c.yarn.beta_fast},
+                         {"beta_slow", c.yarn.beta_slow},
+                         {"mscale", c.yarn.mscale},
+                         {"mscale_all_dim", c.yarn.mscale_all_dim}};
   } else {
     j["rope_parameters"] = {{"rope_theta", c.rope_theta},
                             {"rope_type", "default"}};

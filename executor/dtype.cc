@@ -1,12 +1,12 @@
 // Element type conversions (see dtype.h).
 #include "executor/dtype.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace tierkv::executor {
 namespace {
@@ -49,20 +49,28 @@ Result<DType> ParseDType(std::string_view name) {
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kF8E4M3: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -113,8 +121,7 @@ uint16_t F32ToF16(float f) {
     ++exp;
   }
   if (exp >= 31) return sign | 0x7c00;
-  return sign | static_cast<uint16_t>(exp << 10) |
-         static_cast<uint16_t>(man);
+  return sign | static_cast<uint16_t>(exp << 10) | static_cast<uint16_t>(man);
 }
 
 float Fp8E4M3ToF32(uint8_t v) { return Fp8Table()[v]; }
@@ -129,7 +136,10 @@ uint8_t F32ToFp8E4M3(float f) {
   int lo = 0, hi = 0x7e;
   while (lo < hi) {  // first code with value >= a
     const int mid = (lo + hi) / 2;
-    if (t[mid] < a) lo = mid + 1; else hi = mid;
+    if (t[mid] < a)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   int best = lo;
   if (lo > 0) {
@@ -156,7 +166,8 @@ void ConvertToF32(DType dtype, std::span<const std::byte> src,
       return;
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
-        dst[i] = F16ToF32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+        dst[i] =
+            F16ToF32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
       }
       return;
     case DType::kF8E4M3: {
@@ -178,8 +189,8 @@ void ConvertFromF32(DType dtype, std::span<const float> src,
     case DType::kBF16:
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = dtype == DType::kBF16 ? F32ToBf16(src[i])
-                                                 : F32ToF16(src[i]);
+        const uint16_t h =
+            dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
         p[2 * i] = static_cast<unsigned char>(h & 0xff);
         p[2 * i + 1] = static_cast<unsigned char>(h >> 8);
       }

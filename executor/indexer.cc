@@ -26,9 +26,8 @@ void IndexScores(const float* q, const float* head_weights, int64_t heads,
 }
 
 Status ScoreCachedKeys(ThreadPool* pool, const KvCache& cache, int64_t layer,
-                       const float* q, const float* head_weights,
-                       int64_t heads, int64_t dim, int64_t num_keys,
-                       float* scores) {
+                       const float* q, const float* head_weights, int64_t heads,
+                       int64_t dim, int64_t num_keys, float* scores) {
   const int64_t page_tokens = cache.geometry().page_tokens;
   const int64_t pages = (num_keys + page_tokens - 1) / page_tokens;
   // Resolve every page view first so errors surface before the parallel scan.

@@ -29,9 +29,8 @@ void IndexScores(const float* q, const float* head_weights, int64_t heads,
 // page by page, in parallel over pages. REQUIRES: the layer has indexer
 // keys for those tokens. Returns the cache's error otherwise.
 Status ScoreCachedKeys(ThreadPool* pool, const KvCache& cache, int64_t layer,
-                       const float* q, const float* head_weights,
-                       int64_t heads, int64_t dim, int64_t num_keys,
-                       float* scores);
+                       const float* q, const float* head_weights, int64_t heads,
+                       int64_t dim, int64_t num_keys, float* scores);
 
 // Indices of the k largest scores (ties: the smaller index wins), sorted
 // ascending. k is clamped to scores.size().

@@ -36,7 +36,8 @@ void MatMul(ThreadPool* pool, const Tensor& w, const float* x, int64_t tokens,
     }
   };
   // ~32K multiply-adds per chunk keeps scheduling overhead small.
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, in * tokens));
+  const int64_t grain =
+      std::max<int64_t>(1, 32768 / std::max<int64_t>(1, in * tokens));
   if (pool == nullptr) {
     body(0, out);
   } else {

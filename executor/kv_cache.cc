@@ -1,10 +1,10 @@
 // KvCache geometry checks and the in-process implementation.
 #include "executor/kv_cache.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace tierkv::executor {
 
@@ -34,9 +34,8 @@ KvCacheGeometry GeometryFor(const ModelConfig& config, int64_t max_tokens) {
 
 Status KvCache::CheckPart(int64_t layer, KvPart part) const {
   if (layer < 0 || layer >= geometry_.num_layers) {
-    return Status::InvalidArgument(
-        fmt::format("KvCache: layer {} out of range [0, {})", layer,
-                    geometry_.num_layers));
+    return Status::InvalidArgument(fmt::format(
+        "KvCache: layer {} out of range [0, {})", layer, geometry_.num_layers));
   }
   if (part == KvPart::kIndexKey && !geometry_.has_index_keys[layer]) {
     return Status::InvalidArgument(fmt::format(
@@ -126,13 +125,12 @@ Result<std::span<const float>> InProcessKvCache::PageView(int64_t layer,
   const PartStore& s = store(layer, part);
   if (page < 0 || page >= static_cast<int64_t>(s.pages.size()) ||
       !s.pages[page]) {
-    return Status::InvalidArgument(fmt::format(
-        "KvCache::PageView: page {} of layer {} was never written", page,
-        layer));
+    return Status::InvalidArgument(
+        fmt::format("KvCache::PageView: page {} of layer {} was never written",
+                    page, layer));
   }
-  return std::span<const float>(s.pages[page].get(),
-                                static_cast<size_t>(g.page_tokens *
-                                                    g.RowDim(part)));
+  return std::span<const float>(
+      s.pages[page].get(), static_cast<size_t>(g.page_tokens * g.RowDim(part)));
 }
 
 int64_t InProcessKvCache::num_tokens(int64_t layer, KvPart part) const {
@@ -154,8 +152,10 @@ uint64_t InProcessKvCache::allocated_bytes() const {
     for (KvPart p : {KvPart::kLatent, KvPart::kIndexKey}) {
       const PartStore& s = store(l, p);
       for (const auto& pg : s.pages) {
-        if (pg) bytes += static_cast<uint64_t>(geometry().page_tokens *
-                                               geometry().RowDim(p)) * 4;
+        if (pg)
+          bytes += static_cast<uint64_t>(geometry().page_tokens *
+                                         geometry().RowDim(p)) *
+                   4;
       }
     }
   }

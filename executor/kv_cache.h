@@ -35,8 +35,8 @@ enum class KvPart : uint8_t { kLatent = 0, kIndexKey = 1 };
 
 struct KvCacheGeometry {
   int64_t num_layers = 0;
-  int64_t latent_dim = 0;  // kv_lora_rank + qk_rope_head_dim
-  int64_t index_dim = 0;   // index_head_dim
+  int64_t latent_dim = 0;            // kv_lora_rank + qk_rope_head_dim
+  int64_t index_dim = 0;             // index_head_dim
   std::vector<bool> has_index_keys;  // per layer: full indexer layer
   // Tokens per page. Default: 64.
   int64_t page_tokens = 64;

@@ -1,11 +1,11 @@
 // The DSA decoder forward pass (see model.h).
 #include "executor/model.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <numeric>
-
-#include <fmt/format.h>
 
 #include "executor/attention.h"
 #include "executor/indexer.h"
@@ -41,7 +41,8 @@ Result<std::unique_ptr<Model>> Model::Create(ModelConfig config,
                                              const ModelOptions& options) {
   TIERKV_RETURN_IF_ERROR(config.Validate());
   if (static_cast<int64_t>(weights.layers.size()) != config.num_hidden_layers) {
-    return Status::InvalidArgument("Model::Create: weights do not match config");
+    return Status::InvalidArgument(
+        "Model::Create: weights do not match config");
   }
   return std::unique_ptr<Model>(
       new Model(std::move(config), std::move(weights), options));
@@ -55,8 +56,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::filesystem::path& dir,
   if (!reader.ok()) return reader.status();
   auto weights = LoadWeights(*config, **reader);
   if (!weights.ok()) return weights.status();
-  return Create(std::move(config).value(), std::move(weights).value(),
-                options);
+  return Create(std::move(config).value(), std::move(weights).value(), options);
 }
 
 Result<std::unique_ptr<KvCache>> Model::NewCache(int64_t max_tokens) const {
@@ -73,8 +73,9 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
   const KvCacheGeometry& g = cache->geometry();
   if (g.num_layers != c.num_hidden_layers || g.latent_dim != c.latent_dim() ||
       g.index_dim != c.index_head_dim || g.has_index_keys != c.indexer_full) {
-    return Status::InvalidArgument("Forward: KvCache geometry does not match "
-                                   "the model config");
+    return Status::InvalidArgument(
+        "Forward: KvCache geometry does not match "
+        "the model config");
   }
   const int64_t start = cache->num_tokens(0, KvPart::kLatent);
   const int64_t hidden = c.hidden_size;
@@ -82,9 +83,9 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[t];
     if (id < 0 || id >= c.vocab_size) {
-      return Status::InvalidArgument(fmt::format(
-          "Forward: token id {} outside the vocabulary [0, {})", id,
-          c.vocab_size));
+      return Status::InvalidArgument(
+          fmt::format("Forward: token id {} outside the vocabulary [0, {})", id,
+                      c.vocab_size));
     }
     std::memcpy(x.data() + t * hidden,
                 weights_.embed_tokens.ptr() + static_cast<int64_t>(id) * hidden,
@@ -95,9 +96,15 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
                                 : options_.dense_mha_max_tokens;
   bool use_mha = false;
   switch (options_.attention_mode) {
-    case AttentionMode::kAuto: use_mha = n > 1 && start + n <= mha_limit; break;
-    case AttentionMode::kAbsorbedMqa: use_mha = false; break;
-    case AttentionMode::kMha: use_mha = true; break;
+    case AttentionMode::kAuto:
+      use_mha = n > 1 && start + n <= mha_limit;
+      break;
+    case AttentionMode::kAbsorbedMqa:
+      use_mha = false;
+      break;
+    case AttentionMode::kMha:
+      use_mha = true;
+      break;
   }
   std::vector<std::vector<int32_t>> selection;
   cache->Prefetch(0, start);
@@ -138,8 +145,8 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
   // rope dims of each head.
   std::vector<float> qr(static_cast<size_t>(n * c.q_lora_rank));
   MatMul(pool, aw.q_a_proj, xn.data(), n, qr.data());
-  RmsNormRows(qr.data(), aw.q_a_layernorm, n, c.q_lora_rank, c.q_lora_rank,
-              eps, qr.data(), c.q_lora_rank);
+  RmsNormRows(qr.data(), aw.q_a_layernorm, n, c.q_lora_rank, c.q_lora_rank, eps,
+              qr.data(), c.q_lora_rank);
   std::vector<float> q(static_cast<size_t>(n * heads * qk));
   MatMul(pool, aw.q_b_proj, qr.data(), n, q.data());
   // Latent kv: [RMSNorm(c), RoPE(k_pe)].
@@ -192,9 +199,9 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
         continue;
       }
       scores.resize(static_cast<size_t>(visible));
-      TIERKV_RETURN_IF_ERROR(ScoreCachedKeys(
-          pool, *cache, l, qi.data() + t * ih * id, wts.data() + t * ih, ih, id,
-          visible, scores.data()));
+      TIERKV_RETURN_IF_ERROR(
+          ScoreCachedKeys(pool, *cache, l, qi.data() + t * ih * id,
+                          wts.data() + t * ih, ih, id, visible, scores.data()));
       sel = TopKIndices(scores, c.index_topk);
       if (options_.observer) options_.observer(l, start + t, scores, sel);
     }
@@ -245,8 +252,8 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
                     expanded_all.data() + static_cast<int64_t>(sel[s]) * ed,
                     static_cast<size_t>(ed) * 4);
       }
-      MhaAttention(pool, d, qt, sel_expanded.data(), sel_latent.data(),
-                   s_count, out);
+      MhaAttention(pool, d, qt, sel_expanded.data(), sel_latent.data(), s_count,
+                   out);
     } else {
       AbsorbedAttention(pool, d, aw.kv_b_proj, qt, sel_latent.data(), s_count,
                         out);

@@ -45,10 +45,9 @@ enum class AttentionMode : uint8_t {
 // selection was scored (position + 1 > index_topk, or always_score_indexer):
 // the indexer scores
 // of tokens [0, position] and the selected ids (ascending).
-using SelectionObserver =
-    std::function<void(int64_t layer, int64_t position,
-                       std::span<const float> scores,
-                       std::span<const int32_t> selected)>;
+using SelectionObserver = std::function<void(
+    int64_t layer, int64_t position, std::span<const float> scores,
+    std::span<const int32_t> selected)>;
 
 struct ModelOptions {
   // Threads used by kernels, counting the caller; 0 = all hardware threads.

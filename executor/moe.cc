@@ -42,7 +42,8 @@ ExpertRoute RouteToken(const ModelConfig& c, std::span<const float> logits,
       std::span<const float> grp(choice.data() + g * per_group,
                                  static_cast<size_t>(per_group));
       float sum = 0;
-      for (int32_t i : BestK(grp, std::min<int64_t>(2, per_group))) sum += grp[i];
+      for (int32_t i : BestK(grp, std::min<int64_t>(2, per_group)))
+        sum += grp[i];
       group_score[g] = sum;
     }
     const std::vector<int32_t> keep = BestK(group_score, c.topk_group);
@@ -113,8 +114,9 @@ void MoeForward(ThreadPool* pool, const ModelConfig& c, const MoeWeights& w,
     }
     MlpForward(pool, w.experts[e], xin.data(), n, yout.data());
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(slot_out.data() + (list[i].first * k + list[i].second) * hidden,
-                  yout.data() + i * hidden, static_cast<size_t>(hidden) * 4);
+      std::memcpy(
+          slot_out.data() + (list[i].first * k + list[i].second) * hidden,
+          yout.data() + i * hidden, static_cast<size_t>(hidden) * 4);
     }
   }
   std::vector<float> shared;

@@ -1,12 +1,12 @@
 // Feed-forward blocks: the dense SwiGLU MLP and the DeepSeek/GLM MoE
 // (glm5-dsa.md §2.3).
 //
-// Routing (noaux_tc): s = sigmoid(gate · x); choice = s + e_score_correction_bias;
-// with n_group > 1 keep the topk_group groups with the largest sum of their
-// top-2 choice scores; take the num_experts_per_tok best choices; weights =
-// s of those (without bias), divided by their sum (+1e-20) when
-// norm_topk_prob, times routed_scaling_factor. Output = Σ w_k·expert_k(x) +
-// shared_experts(x), summed in routing order (deterministic).
+// Routing (noaux_tc): s = sigmoid(gate · x); choice = s +
+// e_score_correction_bias; with n_group > 1 keep the topk_group groups with the
+// largest sum of their top-2 choice scores; take the num_experts_per_tok best
+// choices; weights = s of those (without bias), divided by their sum (+1e-20)
+// when norm_topk_prob, times routed_scaling_factor. Output = Σ w_k·expert_k(x)
+// + shared_experts(x), summed in routing order (deterministic).
 #pragma once
 
 #include <cstdint>

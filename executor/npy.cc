@@ -1,10 +1,10 @@
 // .npy writer (see npy.h).
 #include "executor/npy.h"
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace tierkv::executor {
 
@@ -20,7 +20,8 @@ Status WriteNpy(const std::filesystem::path& file, std::span<const float> data,
   while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::IOError(fmt::format("cannot create {}", file.string()));
+  if (!out)
+    return Status::IOError(fmt::format("cannot create {}", file.string()));
   out.write("\x93NUMPY\x01\x00", 8);
   const uint16_t len = static_cast<uint16_t>(header.size());
   const char len_bytes[2] = {static_cast<char>(len & 0xff),
@@ -29,7 +30,8 @@ Status WriteNpy(const std::filesystem::path& file, std::span<const float> data,
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(data.data()),
             static_cast<std::streamsize>(data.size() * sizeof(float)));
-  if (!out) return Status::IOError(fmt::format("write to {} failed", file.string()));
+  if (!out)
+    return Status::IOError(fmt::format("write to {} failed", file.string()));
   return Status::OK();
 }
 

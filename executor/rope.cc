@@ -42,11 +42,11 @@ Rope::Rope(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
       const double ramp =
           std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
       const double smooth = 1.0 - ramp;
-      inv_freq_[i] = inv_freq_[i] / y.factor * (1.0 - smooth) +
-                     inv_freq_[i] * smooth;
+      inv_freq_[i] =
+          inv_freq_[i] / y.factor * (1.0 - smooth) + inv_freq_[i] * smooth;
     }
-    cos_sin_scale_ = YarnMscale(y.factor, y.mscale) /
-                     YarnMscale(y.factor, y.mscale_all_dim);
+    cos_sin_scale_ =
+        YarnMscale(y.factor, y.mscale) / YarnMscale(y.factor, y.mscale_all_dim);
   }
 }
 

@@ -7,13 +7,13 @@
 //   tierkv-run --write-random-model DIR --preset tiny|glm5-small|glm5-shape
 //
 // Exit status: 0 success, 1 a model/IO error (message on stderr), 2 usage.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "executor/checkpoint_writer.h"
 #include "executor/config.h"
@@ -107,9 +107,8 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   if (!r.ok()) return Fail(r.status());
   std::printf("generated: %s\n",
               fmt::format("{}", fmt::join(r->tokens, ",")).c_str());
-  const double prefill_tps = r->prefill_seconds > 0
-                                 ? r->prompt_tokens / r->prefill_seconds
-                                 : 0.0;
+  const double prefill_tps =
+      r->prefill_seconds > 0 ? r->prompt_tokens / r->prefill_seconds : 0.0;
   const double decode_tps =
       r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0.0;
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n",
@@ -136,21 +135,24 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
 int main(int argc, char** argv) {
   using namespace tierkv::executor;
   CLI::App app{"tierkv-run: reference GLM-5 / DeepSeek-V3.2 DSA executor"};
-  std::string model_dir, prompt = "1", logits_out, write_dir,
-                         preset = "tiny", dtype = "BF16", attention = "auto";
+  std::string model_dir, prompt = "1", logits_out, write_dir, preset = "tiny",
+                         dtype = "BF16", attention = "auto";
   int64_t max_new = 16;
   bool greedy = false, config_only = false;
   double temperature = 0;
   uint64_t seed = 0;
   int threads = 0;
-  app.add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)");
+  app.add_option("--model", model_dir,
+                 "checkpoint directory (config.json + safetensors)");
   app.add_option("--prompt-ids", prompt, "comma-separated prompt token ids")
       ->capture_default_str();
   app.add_option("--max-new-tokens", max_new, "tokens to generate")
       ->capture_default_str();
   app.add_flag("--greedy", greedy, "argmax decoding (the default)");
-  app.add_option("--temperature", temperature, "sample with this temperature (> 0)");
-  app.add_option("--seed", seed, "seed for sampling and for --write-random-model")
+  app.add_option("--temperature", temperature,
+                 "sample with this temperature (> 0)");
+  app.add_option("--seed", seed,
+                 "seed for sampling and for --write-random-model")
       ->capture_default_str();
   app.add_option("--logits-out", logits_out,
                  "write float32 [generated, vocab] logits as .npy");
@@ -161,10 +163,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--write-random-model", write_dir,
                  "write a seeded random checkpoint to DIR and exit");
-  app.add_option("--preset", preset,
-                 "shape for --write-random-model: tiny | glm5-small | glm5-shape")
+  app.add_option(
+         "--preset", preset,
+         "shape for --write-random-model: tiny | glm5-small | glm5-shape")
       ->capture_default_str();
-  app.add_option("--dtype", dtype, "checkpoint dtype: BF16 | F16 | F32 | F8_E4M3")
+  app.add_option("--dtype", dtype,
+                 "checkpoint dtype: BF16 | F16 | F32 | F8_E4M3")
       ->capture_default_str();
   app.add_flag("--config-only", config_only,
                "write config.json only (always on for glm5-shape)");
@@ -177,18 +181,21 @@ int main(int argc, char** argv) {
     return WriteModel(write_dir, preset, dtype, seed, config_only);
   }
   if (model_dir.empty()) {
-    std::fprintf(stderr, "tierkv-run: error: --model DIR or "
-                         "--write-random-model DIR is required\n");
+    std::fprintf(stderr,
+                 "tierkv-run: error: --model DIR or "
+                 "--write-random-model DIR is required\n");
     return 2;
   }
   if (greedy && temperature > 0) {
-    std::fprintf(stderr,
-                 "tierkv-run: error: --greedy and --temperature exclude each other\n");
+    std::fprintf(
+        stderr,
+        "tierkv-run: error: --greedy and --temperature exclude each other\n");
     return 2;
   }
   if (temperature < 0 || max_new < 0) {
-    std::fprintf(stderr, "tierkv-run: error: --temperature and "
-                         "--max-new-tokens must be >= 0\n");
+    std::fprintf(stderr,
+                 "tierkv-run: error: --temperature and "
+                 "--max-new-tokens must be >= 0\n");
     return 2;
   }
   GenerateOptions gen;

@@ -2,6 +2,7 @@
 #include "executor/safetensors.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,11 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "executor/dtype.h"
 
@@ -124,16 +123,18 @@ Status SafetensorsReader::AddFile(const std::filesystem::path& path) {
     view.dtype = e["dtype"].get<std::string>();
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0)) {
-        return Corrupt(name, fmt::format("tensor '{}' has a bad shape", view.name));
+      if (!d.is_number_unsigned() &&
+          !(d.is_number_integer() && d.get<int64_t>() >= 0)) {
+        return Corrupt(name,
+                       fmt::format("tensor '{}' has a bad shape", view.name));
       }
       view.shape.push_back(d.get<int64_t>());
       numel *= d.get<uint64_t>();
     }
     const auto& off = e["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return Corrupt(name, fmt::format("tensor '{}' has bad data_offsets",
-                                       view.name));
+      return Corrupt(
+          name, fmt::format("tensor '{}' has bad data_offsets", view.name));
     }
     const uint64_t begin = off[0].get<uint64_t>();
     const uint64_t end = off[1].get<uint64_t>();
@@ -194,17 +195,17 @@ Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     std::set<std::string> shards;
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
       if (!shard.is_string()) {
-        return Status::Corruption(fmt::format(
-            "{}: weight_map entry for '{}' is not a file name", index.string(),
-            tensor));
+        return Status::Corruption(
+            fmt::format("{}: weight_map entry for '{}' is not a file name",
+                        index.string(), tensor));
       }
       shards.insert(shard.get<std::string>());
     }
     for (const auto& s : shards) {
       if (!std::filesystem::exists(path / s, ec)) {
-        return Status::NotFound(fmt::format(
-            "shard {} named in {} does not exist", (path / s).string(),
-            index.string()));
+        return Status::NotFound(
+            fmt::format("shard {} named in {} does not exist",
+                        (path / s).string(), index.string()));
       }
       files.push_back(path / s);
     }
@@ -215,20 +216,21 @@ Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
       const TensorView* v = reader->Find(tensor);
       if (v == nullptr) {
-        return Status::Corruption(fmt::format(
-            "{} maps tensor '{}' to {}, which does not contain it",
-            index.string(), tensor, shard.get<std::string>()));
+        return Status::Corruption(
+            fmt::format("{} maps tensor '{}' to {}, which does not contain it",
+                        index.string(), tensor, shard.get<std::string>()));
       }
     }
     return reader;
   }
   for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
-    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+    if (entry.path().extension() == ".safetensors")
+      files.push_back(entry.path());
   }
   if (files.empty()) {
-    return Status::NotFound(fmt::format(
-        "no model.safetensors.index.json or *.safetensors in {}",
-        path.string()));
+    return Status::NotFound(
+        fmt::format("no model.safetensors.index.json or *.safetensors in {}",
+                    path.string()));
   }
   std::sort(files.begin(), files.end());
   for (const auto& f : files) TIERKV_RETURN_IF_ERROR(reader->AddFile(f));

@@ -31,10 +31,10 @@ namespace tierkv::executor {
 
 struct TensorView {
   std::string name;
-  std::string dtype;             // safetensors dtype string, e.g. "BF16"
+  std::string dtype;  // safetensors dtype string, e.g. "BF16"
   std::vector<int64_t> shape;
   std::span<const std::byte> data;  // borrowed from the reader's mapping
-  std::string file;              // file that holds it (for messages)
+  std::string file;                 // file that holds it (for messages)
 };
 
 class MappedFile;

@@ -1,11 +1,11 @@
 // HF tensor naming, loading and random initialization (see weights.h).
 #include "executor/weights.h"
 
-#include <cmath>
-#include <functional>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <cmath>
+#include <functional>
 
 #include "executor/dtype.h"
 
@@ -74,7 +74,8 @@ std::vector<Binding> Bind(const ModelConfig& c, ModelWeights* w) {
       IndexerWeights* iw = nullptr;
       if (a) iw = &a->indexer.emplace();
       const std::string ip = s + "indexer.";
-      add(ip + "wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank},
+      add(ip + "wq_b.weight",
+          {c.index_n_heads * c.index_head_dim, c.q_lora_rank},
           TensorInit::kMatrix, true, iw ? &iw->wq_b : nullptr);
       add(ip + "wk.weight", {c.index_head_dim, h}, TensorInit::kMatrix, true,
           iw ? &iw->wk : nullptr);
@@ -157,9 +158,9 @@ Result<Tensor> ReadTensorF32(const SafetensorsReader& reader,
                              int64_t block_rows, int64_t block_cols) {
   const TensorView* v = reader.Find(name);
   if (v == nullptr) {
-    return Status::NotFound(fmt::format(
-        "missing tensor '{}' (expected shape {}) in the checkpoint", name,
-        ShapeString(expected_shape)));
+    return Status::NotFound(
+        fmt::format("missing tensor '{}' (expected shape {}) in the checkpoint",
+                    name, ShapeString(expected_shape)));
   }
   if (v->shape != expected_shape) {
     return Status::InvalidArgument(fmt::format(
@@ -168,9 +169,8 @@ Result<Tensor> ReadTensorF32(const SafetensorsReader& reader,
   }
   auto dtype = ParseDType(v->dtype);
   if (!dtype.ok()) {
-    return Status::InvalidArgument(fmt::format("tensor '{}' in {}: {}", name,
-                                               v->file,
-                                               dtype.status().message()));
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}' in {}: {}", name, v->file, dtype.status().message()));
   }
   Tensor t;
   t.shape = v->shape;
@@ -180,22 +180,23 @@ Result<Tensor> ReadTensorF32(const SafetensorsReader& reader,
 
   // Block dequantization: W[i][j] *= scale_inv[i / br][j / bc].
   if (t.shape.size() != 2) {
-    return Status::InvalidArgument(fmt::format(
-        "fp8 tensor '{}' must be 2-D, has shape {}", name,
-        ShapeString(t.shape)));
+    return Status::InvalidArgument(
+        fmt::format("fp8 tensor '{}' must be 2-D, has shape {}", name,
+                    ShapeString(t.shape)));
   }
   const std::string scale_name = name + "_scale_inv";
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const std::vector<int64_t> scale_shape = {
-      (rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
+      (rows + block_rows - 1) / block_rows,
+      (cols + block_cols - 1) / block_cols};
   const TensorView* sv = reader.Find(scale_name);
   if (sv == nullptr) {
     return Status::NotFound(fmt::format(
         "fp8 tensor '{}' has no block scale tensor '{}' (expected shape {})",
         name, scale_name, ShapeString(scale_shape)));
   }
-  auto scale = ReadTensorF32(reader, scale_name, scale_shape, block_rows,
-                             block_cols);
+  auto scale =
+      ReadTensorF32(reader, scale_name, scale_shape, block_rows, block_cols);
   if (!scale.ok()) return scale.status();
   for (int64_t i = 0; i < rows; ++i) {
     const float* srow = scale->data.data() + (i / block_rows) * scale_shape[1];
@@ -230,9 +231,16 @@ void GenerateRandomTensor(const ExpectedTensor& t, uint64_t seed,
       // Uniform [-a, a] has variance a²/3; a = sqrt(3/in) gives 1/in.
       scale = std::sqrt(3.0f / static_cast<float>(t.shape.back()));
       break;
-    case TensorInit::kEmbedding: scale = 1.0f; break;
-    case TensorInit::kNormWeight: scale = 0.1f; offset = 1.0f; break;
-    case TensorInit::kBias: scale = 0.1f; break;
+    case TensorInit::kEmbedding:
+      scale = 1.0f;
+      break;
+    case TensorInit::kNormWeight:
+      scale = 0.1f;
+      offset = 1.0f;
+      break;
+    case TensorInit::kBias:
+      scale = 0.1f;
+      break;
   }
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t r = SplitMix64(state);

@@ -43,11 +43,11 @@ struct ExpectedTensor {
 };
 
 struct IndexerWeights {
-  Tensor wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
-  Tensor wk;            // [index_head_dim, hidden]
-  Tensor k_norm_weight; // [index_head_dim]
-  Tensor k_norm_bias;   // [index_head_dim]
-  Tensor weights_proj;  // [index_n_heads, hidden]
+  Tensor wq_b;           // [index_n_heads * index_head_dim, q_lora_rank]
+  Tensor wk;             // [index_head_dim, hidden]
+  Tensor k_norm_weight;  // [index_head_dim]
+  Tensor k_norm_bias;    // [index_head_dim]
+  Tensor weights_proj;   // [index_n_heads, hidden]
 };
 
 struct AttentionWeights {
@@ -68,8 +68,8 @@ struct MlpWeights {
 };
 
 struct MoeWeights {
-  Tensor gate;                    // router [n_routed_experts, hidden]
-  Tensor e_score_correction_bias; // [n_routed_experts]
+  Tensor gate;                     // router [n_routed_experts, hidden]
+  Tensor e_score_correction_bias;  // [n_routed_experts]
   std::vector<MlpWeights> experts;
   std::optional<MlpWeights> shared_experts;
 };
@@ -85,8 +85,8 @@ struct LayerWeights {
 struct ModelWeights {
   Tensor embed_tokens;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
-  Tensor norm;          // [hidden]
-  Tensor lm_head;       // [vocab, hidden]
+  Tensor norm;     // [hidden]
+  Tensor lm_head;  // [vocab, hidden]
 };
 
 // Every tensor the config implies, in a fixed order.

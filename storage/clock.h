@@ -28,8 +28,8 @@ class SteadyClock final : public Clock {
 class ManualClock final : public Clock {
  public:
   TimePoint Now() const override {
-    return TimePoint(std::chrono::nanoseconds(
-        now_ns_.load(std::memory_order_relaxed)));
+    return TimePoint(
+        std::chrono::nanoseconds(now_ns_.load(std::memory_order_relaxed)));
   }
   void Advance(std::chrono::nanoseconds d) {
     now_ns_.fetch_add(d.count(), std::memory_order_relaxed);

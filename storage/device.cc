@@ -1,10 +1,10 @@
 #include "storage/device.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace tierkv::storage {
 
@@ -20,13 +20,14 @@ Status IoErrorFromErrno(std::string_view what, uint64_t offset, uint64_t length,
 Device::Device(uint64_t size_bytes, uint32_t block_size, uint32_t max_io_bytes)
     : size_(size_bytes), block_size_(block_size), max_io_bytes_(max_io_bytes) {}
 
-Status Device::Validate(uint64_t offset, const void* data, size_t length) const {
+Status Device::Validate(uint64_t offset, const void* data,
+                        size_t length) const {
   const uint64_t mask = block_size_ - 1;
   if ((offset & mask) != 0 || (length & mask) != 0 ||
       (reinterpret_cast<uintptr_t>(data) & mask) != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "unaligned IO: offset={} length={} buffer={} block_size={}", offset,
-        length, data, block_size_));
+    return Status::InvalidArgument(
+        fmt::format("unaligned IO: offset={} length={} buffer={} block_size={}",
+                    offset, length, data, block_size_));
   }
   if (length == 0) return Status::InvalidArgument("zero-length IO");
   if (offset > size_ || length > size_ - offset) {
@@ -46,8 +47,8 @@ Status Device::Read(uint64_t offset, std::span<std::byte> dst) {
 Status Device::Write(uint64_t offset, std::span<const std::byte> src) {
   // IoRequest carries one mutable span for both directions; a write only
   // reads from it, so dropping const here never leads to a store.
-  IoRequest request{IoOp::kWrite, offset,
-                    {const_cast<std::byte*>(src.data()), src.size()}};
+  IoRequest request{
+      IoOp::kWrite, offset, {const_cast<std::byte*>(src.data()), src.size()}};
   SubmitBatch({&request, 1});
   return request.status;
 }
@@ -67,10 +68,10 @@ void Device::SubmitBatch(std::span<IoRequest> requests,
   auto finish = [&](size_t i) {
     IoRequest& r = requests[i];
     if (r.status.ok() && r.result != r.buffer.size()) {
-      r.status = Status::IOError(fmt::format(
-          "short {} at offset={}: {} of {} bytes",
-          r.op == IoOp::kRead ? "read" : "write", r.offset, r.result,
-          r.buffer.size()));
+      r.status =
+          Status::IOError(fmt::format("short {} at offset={}: {} of {} bytes",
+                                      r.op == IoOp::kRead ? "read" : "write",
+                                      r.offset, r.result, r.buffer.size()));
     }
     Account(r.op, r.result, r.status, std::chrono::steady_clock::now() - start);
     if (on_complete) on_complete(i);
@@ -102,8 +103,10 @@ void Device::SubmitBatch(std::span<IoRequest> requests,
     if (!valid[i]) continue;
     const IoRequest& r = requests[i];
     for (size_t done = 0; done < r.buffer.size(); done += max_io_bytes_) {
-      const size_t len = std::min<size_t>(max_io_bytes_, r.buffer.size() - done);
-      chunks.push_back(IoRequest{r.op, r.offset + done, r.buffer.subspan(done, len)});
+      const size_t len =
+          std::min<size_t>(max_io_bytes_, r.buffer.size() - done);
+      chunks.push_back(
+          IoRequest{r.op, r.offset + done, r.buffer.subspan(done, len)});
       parent.push_back(i);
       ++chunks_left[i];
     }
@@ -131,17 +134,17 @@ void Device::CompleteInline(IoRequest& r) {
   while (r.result < r.buffer.size()) {
     const uint64_t offset = r.offset + r.result;
     std::span<std::byte> rest = r.buffer.subspan(r.result);
-    Result<size_t> n = r.op == IoOp::kRead ? ReadImpl(offset, rest)
-                                           : WriteImpl(offset, rest);
+    Result<size_t> n =
+        r.op == IoOp::kRead ? ReadImpl(offset, rest) : WriteImpl(offset, rest);
     if (!n.ok()) {
       r.status = n.status();
       return;
     }
     if (*n == 0 || *n > rest.size()) {
-      r.status = Status::IOError(fmt::format(
-          "{} made no progress at offset={} ({} of {} bytes done)",
-          r.op == IoOp::kRead ? "read" : "write", offset, r.result,
-          r.buffer.size()));
+      r.status = Status::IOError(
+          fmt::format("{} made no progress at offset={} ({} of {} bytes done)",
+                      r.op == IoOp::kRead ? "read" : "write", offset, r.result,
+                      r.buffer.size()));
       return;
     }
     if (*n < rest.size()) short_ios_.fetch_add(1, std::memory_order_relaxed);

@@ -39,9 +39,9 @@ enum class IoOp : uint8_t { kRead, kWrite };
 // bytes transferred before the failure).
 struct IoRequest {
   IoOp op = IoOp::kRead;
-  uint64_t offset = 0;         // bytes from the device start
+  uint64_t offset = 0;          // bytes from the device start
   std::span<std::byte> buffer;  // borrowed; the caller owns it until complete
-  uint64_t result = 0;         // bytes transferred
+  uint64_t result = 0;          // bytes transferred
   Status status;
 };
 
@@ -119,7 +119,8 @@ class Device {
   // Transfers up to dst.size() bytes; returns how many (a short count makes
   // Device resubmit the rest; 0 is treated as an error). Called only with
   // validated, in-bounds, block-aligned arguments of at most max_io_bytes.
-  virtual Result<size_t> ReadImpl(uint64_t offset, std::span<std::byte> dst) = 0;
+  virtual Result<size_t> ReadImpl(uint64_t offset,
+                                  std::span<std::byte> dst) = 0;
   virtual Result<size_t> WriteImpl(uint64_t offset,
                                    std::span<const std::byte> src) = 0;
   virtual Status FlushImpl() = 0;

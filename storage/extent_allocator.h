@@ -78,7 +78,7 @@ class ExtentAllocator {
   const uint64_t capacity_;
   const uint64_t alignment_;
   uint64_t allocated_ = 0;
-  std::map<uint64_t, uint64_t> free_by_offset_;         // offset -> length
+  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (length, offset)
 };
 

@@ -83,12 +83,18 @@ Result<size_t> FaultInjectionDevice::ReadImpl(uint64_t offset,
                                               std::span<std::byte> dst) {
   int err = 0;
   const Action action = NextAction(IoOp::kRead, &err);
-  if (action != Action::kNone) injected_.fetch_add(1, std::memory_order_relaxed);
+  if (action != Action::kNone)
+    injected_.fetch_add(1, std::memory_order_relaxed);
   switch (action) {
-    case Action::kFail: return IoErrorFromErrno("read", offset, dst.size(), err);
-    case Action::kStall: return size_t{0};
-    case Action::kShort: dst = dst.first(ShortLength(dst.size())); break;
-    case Action::kNone: break;
+    case Action::kFail:
+      return IoErrorFromErrno("read", offset, dst.size(), err);
+    case Action::kStall:
+      return size_t{0};
+    case Action::kShort:
+      dst = dst.first(ShortLength(dst.size()));
+      break;
+    case Action::kNone:
+      break;
   }
   TIERKV_RETURN_IF_ERROR(target_->Read(offset, dst));
   bool corrupt;
@@ -107,12 +113,18 @@ Result<size_t> FaultInjectionDevice::WriteImpl(uint64_t offset,
                                                std::span<const std::byte> src) {
   int err = 0;
   const Action action = NextAction(IoOp::kWrite, &err);
-  if (action != Action::kNone) injected_.fetch_add(1, std::memory_order_relaxed);
+  if (action != Action::kNone)
+    injected_.fetch_add(1, std::memory_order_relaxed);
   switch (action) {
-    case Action::kFail: return IoErrorFromErrno("write", offset, src.size(), err);
-    case Action::kStall: return size_t{0};
-    case Action::kShort: src = src.first(ShortLength(src.size())); break;
-    case Action::kNone: break;
+    case Action::kFail:
+      return IoErrorFromErrno("write", offset, src.size(), err);
+    case Action::kStall:
+      return size_t{0};
+    case Action::kShort:
+      src = src.first(ShortLength(src.size()));
+      break;
+    case Action::kNone:
+      break;
   }
   TIERKV_RETURN_IF_ERROR(target_->Write(offset, src));
   return src.size();
@@ -134,9 +146,8 @@ Status FaultInjectionDevice::FlushImpl() {
 Status FaultInjectionDevice::CorruptStoredBytes(uint64_t offset,
                                                 uint64_t length) {
   if (offset > size() || length > size() - offset || length == 0) {
-    return Status::InvalidArgument(
-        fmt::format("corrupt range out of bounds: offset={} length={}", offset,
-                    length));
+    return Status::InvalidArgument(fmt::format(
+        "corrupt range out of bounds: offset={} length={}", offset, length));
   }
   const uint64_t first = offset & ~uint64_t{block_size() - 1};
   const uint64_t end = RoundUp(offset + length);

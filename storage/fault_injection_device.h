@@ -67,7 +67,7 @@ class FaultInjectionDevice final : public Device {
   size_t ShortLength(size_t length) const;
 
   const std::shared_ptr<Device> target_;
-  mutable std::mutex mu_;  // guards the fault configuration below
+  mutable std::mutex mu_;        // guards the fault configuration below
   uint64_t fail_countdown_ = 0;  // 0: disarmed
   int fail_nth_errno_ = 0;
   std::optional<IoOp> fail_nth_only_;

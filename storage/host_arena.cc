@@ -20,7 +20,8 @@ Status ErrnoStatus(const char* what) {
 
 // Creates, sizes and maps a memfd; returns -1 (errno set) on failure.
 int MakeMemfd(const std::string& name, uint64_t bytes, unsigned flags) {
-  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
+  int fd =
+      ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
   if (fd < 0) return -1;
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int saved = errno;

@@ -12,7 +12,8 @@ struct HostTier::Shard {
   mutable std::mutex mu;
   ExtentAllocator allocator;                      // guarded by mu
   std::unordered_map<SegmentKey, Entry> entries;  // guarded by mu
-  std::list<SegmentKey> lru;  // front = most recent; unreferenced committed only
+  std::list<SegmentKey>
+      lru;  // front = most recent; unreferenced committed only
   // Counters: guarded by mu.
   uint64_t used_bytes = 0;
   uint64_t reserved_bytes = 0;
@@ -222,8 +223,8 @@ HostTierStats HostTier::Stats() const {
     s.evictions += shard->evictions;
     s.evicted_bytes += shard->evicted_bytes;
     s.aborts += shard->aborts;
-    s.largest_free_bytes = std::max(s.largest_free_bytes,
-                                    shard->allocator.Stats().largest_free_bytes);
+    s.largest_free_bytes = std::max(
+        s.largest_free_bytes, shard->allocator.Stats().largest_free_bytes);
   }
   return s;
 }

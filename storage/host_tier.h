@@ -65,9 +65,9 @@ struct SegmentInfo {
 
 struct HostTierStats {
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;      // committed, rounded to the alignment
-  uint64_t reserved_bytes = 0;  // reserved, not yet committed
-  uint64_t segments = 0;        // committed
+  uint64_t used_bytes = 0;           // committed, rounded to the alignment
+  uint64_t reserved_bytes = 0;       // reserved, not yet committed
+  uint64_t segments = 0;             // committed
   uint64_t referenced_segments = 0;  // leased or pinned right now
   uint64_t inserts = 0;
   uint64_t dedup_hits = 0;

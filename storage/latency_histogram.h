@@ -28,9 +28,11 @@ class LatencyHistogram {
   }
 
   void Record(std::chrono::nanoseconds latency) {
-    const uint64_t micros =
-        latency.count() <= 0 ? 0 : static_cast<uint64_t>(latency.count()) / 1000;
-    size_t bucket = micros == 0 ? 0 : static_cast<size_t>(std::bit_width(micros));
+    const uint64_t micros = latency.count() <= 0
+                                ? 0
+                                : static_cast<uint64_t>(latency.count()) / 1000;
+    size_t bucket =
+        micros == 0 ? 0 : static_cast<size_t>(std::bit_width(micros));
     if (bucket >= kBuckets) bucket = kBuckets - 1;
     buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
     total_nanos_.fetch_add(static_cast<uint64_t>(latency.count()),

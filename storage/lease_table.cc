@@ -25,8 +25,8 @@ uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
                          std::chrono::milliseconds ttl) {
   std::lock_guard lock(mu_);
   const uint64_t id = next_id_++;
-  leases_.emplace(id, Lease{owner, kind, tier, std::move(keys),
-                            clock_->Now() + ttl});
+  leases_.emplace(
+      id, Lease{owner, kind, tier, std::move(keys), clock_->Now() + ttl});
   return id;
 }
 

@@ -72,8 +72,8 @@ class LeaseTable {
 
   const Clock* clock_;
   mutable std::mutex mu_;
-  uint64_t next_id_ = 1;                           // guarded by mu_
-  std::unordered_map<uint64_t, Lease> leases_;     // guarded by mu_
+  uint64_t next_id_ = 1;                        // guarded by mu_
+  std::unordered_map<uint64_t, Lease> leases_;  // guarded by mu_
 };
 
 }  // namespace tierkv::storage

@@ -1,5 +1,6 @@
 #include "storage/nvme_catalog.h"
 
+#include <fmt/format.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
@@ -7,13 +8,14 @@
 #include <filesystem>
 #include <system_error>
 
-#include <fmt/format.h>
 #include "storage/storage_log.h"
 
 namespace tierkv::storage {
 namespace {
 
-constexpr char kFormatKey[] = "\x00" "format";
+constexpr char kFormatKey[] =
+    "\x00"
+    "format";
 constexpr std::string_view kFormatMagic = "tierkv-nvme-catalog";
 constexpr uint8_t kFormatVersion = 1;
 constexpr char kNamespacePrefix = '\x01';
@@ -31,11 +33,13 @@ std::string FormatValue() {
 }
 
 void PutBigEndian(std::string& out, uint64_t v, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+  for (int i = bytes - 1; i >= 0; --i)
+    out.push_back(static_cast<char>(v >> (8 * i)));
 }
 uint64_t GetBigEndian(std::string_view in, size_t pos, int bytes) {
   uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(in[pos + i]);
+  for (int i = 0; i < bytes; ++i)
+    v = (v << 8) | static_cast<uint8_t>(in[pos + i]);
   return v;
 }
 void PutLittleEndian64(std::string& out, uint64_t v) {
@@ -79,7 +83,8 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what) {
       s.ToString().find("does not exist") != std::string::npos) {
     return Status::NotFound(msg);
   }
-  if (s.IsInvalidArgument() || s.IsNotSupported()) return Status::Corruption(msg);
+  if (s.IsInvalidArgument() || s.IsNotSupported())
+    return Status::Corruption(msg);
   return Status::IOError(msg);
 }
 
@@ -99,7 +104,8 @@ Result<std::unique_ptr<rocksdb::DB>> OpenDb(const NvmeCatalogOptions& options) {
   std::string marker;
   s = db->Get(rocksdb::ReadOptions(), FormatKey(), &marker);
   if (s.IsNotFound()) {
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    std::unique_ptr<rocksdb::Iterator> it(
+        db->NewIterator(rocksdb::ReadOptions()));
     it->SeekToFirst();
     if (it->Valid()) {
       return Status::Corruption(fmt::format(
@@ -143,8 +149,8 @@ Result<CatalogEntry> DecodeCatalogEntry(std::string_view v) {
         fmt::format("catalog entry: unsupported version {}", version));
   }
   if (v.size() < kEntryV1Bytes) {
-    return Status::Corruption(
-        fmt::format("catalog entry: {} bytes, v1 needs {}", v.size(), kEntryV1Bytes));
+    return Status::Corruption(fmt::format(
+        "catalog entry: {} bytes, v1 needs {}", v.size(), kEntryV1Bytes));
   }
   CatalogEntry e;
   e.offset = GetLittleEndian64(v, 1);
@@ -203,8 +209,9 @@ Result<std::unique_ptr<NvmeCatalog>> NvmeCatalog::Open(
       db.status().code() == StatusCode::kCorruption) {
     recreate_reason = db.status();
     StorageLog().warn("tierkv nvme catalog: {}; recreating an empty catalog",
-                 recreate_reason.ToString());
-    rocksdb::Status destroyed = rocksdb::DestroyDB(options.path, rocksdb::Options());
+                      recreate_reason.ToString());
+    rocksdb::Status destroyed =
+        rocksdb::DestroyDB(options.path, rocksdb::Options());
     if (!destroyed.ok()) {
       // DestroyDB needs a readable manifest; a wrecked directory goes whole.
       std::error_code ec;
@@ -228,16 +235,19 @@ Result<std::unique_ptr<NvmeCatalog>> NvmeCatalog::Open(
 }
 
 Status NvmeCatalog::LoadNamespaces() {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions()));
   const std::string prefix(1, kNamespacePrefix);
   std::lock_guard lock(ns_mu_);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
     const rocksdb::Slice value = it->value();
     if (value.size() != 4) {
       return Status::Corruption("catalog: malformed namespace record");
     }
     uint32_t id = 0;
-    for (int i = 3; i >= 0; --i) id = (id << 8) | static_cast<uint8_t>(value[i]);
+    for (int i = 3; i >= 0; --i)
+      id = (id << 8) | static_cast<uint8_t>(value[i]);
     std::string name = it->key().ToString().substr(1);
     namespaces_[name] = id;
     next_ns_id_ = std::max(next_ns_id_, id + 1);
@@ -246,14 +256,17 @@ Status NvmeCatalog::LoadNamespaces() {
 }
 
 Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
-  if (name.empty()) return Status::InvalidArgument("catalog: empty namespace name");
+  if (name.empty())
+    return Status::InvalidArgument("catalog: empty namespace name");
   {
     std::lock_guard lock(ns_mu_);
-    if (auto it = namespaces_.find(name); it != namespaces_.end()) return it->second;
+    if (auto it = namespaces_.find(name); it != namespaces_.end())
+      return it->second;
   }
   std::lock_guard write_lock(write_mu_);
   std::lock_guard lock(ns_mu_);
-  if (auto it = namespaces_.find(name); it != namespaces_.end()) return it->second;
+  if (auto it = namespaces_.find(name); it != namespaces_.end())
+    return it->second;
   const uint32_t id = next_ns_id_;
   std::string value;
   for (int i = 0; i < 4; ++i) value.push_back(static_cast<char>(id >> (8 * i)));
@@ -261,7 +274,8 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
   key.append(name);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  TIERKV_RETURN_IF_ERROR(FromRocks(db_->Put(wo, key, value), "create namespace"));
+  TIERKV_RETURN_IF_ERROR(
+      FromRocks(db_->Put(wo, key, value), "create namespace"));
   namespaces_.emplace(std::string(name), id);
   ++next_ns_id_;
   return id;
@@ -269,7 +283,8 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
 
 Result<uint32_t> NvmeCatalog::FindNamespace(std::string_view name) const {
   std::lock_guard lock(ns_mu_);
-  if (auto it = namespaces_.find(name); it != namespaces_.end()) return it->second;
+  if (auto it = namespaces_.find(name); it != namespaces_.end())
+    return it->second;
   return Status::NotFound(fmt::format("catalog: unknown namespace '{}'", name));
 }
 
@@ -292,7 +307,8 @@ Status NvmeCatalog::Write(Batch& batch) {
   return s;
 }
 
-Result<CatalogEntry> NvmeCatalog::Get(uint32_t ns_id, const SegmentKey& key) const {
+Result<CatalogEntry> NvmeCatalog::Get(uint32_t ns_id,
+                                      const SegmentKey& key) const {
   std::string value;
   rocksdb::Status s =
       db_->Get(rocksdb::ReadOptions(), SegmentDbKey(ns_id, key), &value);
@@ -309,7 +325,8 @@ Result<NvmeCatalog::ScanStats> NvmeCatalog::ForEach(const Visitor& visitor,
   ro.verify_checksums = true;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
   const std::string prefix(1, kSegmentPrefix);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
     uint32_t ns_id = 0;
     SegmentKey key;
     const std::string_view raw_key(it->key().data(), it->key().size());

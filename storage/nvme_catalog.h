@@ -136,7 +136,8 @@ class NvmeCatalog {
   Result<uint64_t> CountEntries();
 
  private:
-  NvmeCatalog(const NvmeCatalogOptions& options, std::unique_ptr<rocksdb::DB> db);
+  NvmeCatalog(const NvmeCatalogOptions& options,
+              std::unique_ptr<rocksdb::DB> db);
   Status LoadNamespaces();
 
   const NvmeCatalogOptions options_;

@@ -1,13 +1,13 @@
 #include "storage/nvme_store.h"
 
+#include <fmt/format.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
 
-#include <fmt/format.h>
 #include "storage/storage_log.h"
-
-#include <xxhash.h>
 #if defined(__x86_64__)
 // libxxhash's runtime dispatch picks AVX2 / AVX-512 when the CPU has them
 // (the build targets baseline x86-64, where the inlined XXH3 is SSE2 only,
@@ -38,10 +38,12 @@ Status AsIoError(const Status& s) {
 }  // namespace
 
 std::string NvmeStore::DiagnoseMismatch(const CatalogEntry& entry,
-                                        uint64_t got_checksum, bool* reread_ok) {
+                                        uint64_t got_checksum,
+                                        bool* reread_ok) {
   *reread_ok = false;
-  std::string what = fmt::format("length {}, expected xxh3 {:016x}, read {:016x}",
-                                 entry.length, entry.checksum, got_checksum);
+  std::string what =
+      fmt::format("length {}, expected xxh3 {:016x}, read {:016x}",
+                  entry.length, entry.checksum, got_checksum);
   IoBuffer again = device_->AllocateIoBuffer(entry.length);
   if (again.empty()) return what + "; no memory to re-read";
   const Status s = device_->Read(entry.offset, again.span());
@@ -49,13 +51,14 @@ std::string NvmeStore::DiagnoseMismatch(const CatalogEntry& entry,
   const uint64_t second = Checksum(again.span().first(entry.length));
   if (second == entry.checksum) {
     *reread_ok = true;
-    return what + "; a re-read verifies: the device holds the right bytes, "
-                  "the first read returned wrong ones";
+    return what +
+           "; a re-read verifies: the device holds the right bytes, "
+           "the first read returned wrong ones";
   }
-  return fmt::format("{}; a re-read also fails ({:016x}{}): the device holds "
-                     "other bytes",
-                     what, second,
-                     second == got_checksum ? ", same as the first read" : "");
+  return fmt::format(
+      "{}; a re-read also fails ({:016x}{}): the device holds "
+      "other bytes",
+      what, second, second == got_checksum ? ", same as the first read" : "");
 }
 
 bool NvmeStore::IsBlockAligned(const void* address) const {
@@ -64,7 +67,8 @@ bool NvmeStore::IsBlockAligned(const void* address) const {
 
 Status NvmeStoreOptions::Validate() const {
   if (path.empty() && device == nullptr) {
-    return Status::InvalidArgument("nvme store: path is empty and no device given");
+    return Status::InvalidArgument(
+        "nvme store: path is empty and no device given");
   }
   if (catalog_path.empty() && path.empty()) {
     return Status::InvalidArgument("nvme store: catalog_path is empty");
@@ -96,7 +100,8 @@ Status NvmeStoreOptions::Validate() const {
   return Status::OK();
 }
 
-Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options) {
+Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(
+    const NvmeStoreOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.Validate());
   std::shared_ptr<Device> device = options.device;
   if (device == nullptr) {
@@ -193,8 +198,9 @@ Status NvmeStore::Recover() {
     if (!s.ok()) {
       // Not fatal: the entries are not indexed, and the next Open drops
       // them again.
-      StorageLog().warn("tierkv nvme store: cannot delete {} dropped entries: {}",
-                   drop.count(), s.ToString());
+      StorageLog().warn(
+          "tierkv nvme store: cannot delete {} dropped entries: {}",
+          drop.count(), s.ToString());
     }
   }
   if (recovery_.dropped_segments > 0 || recovery_.malformed_entries > 0) {
@@ -245,7 +251,8 @@ void NvmeStore::UnlinkLocked(const std::shared_ptr<Segment>& segment,
 }
 
 void NvmeStore::ReleaseReaderLocked(const std::shared_ptr<Segment>& segment) {
-  if (--segment->readers == 0 && !segment->live) allocator_.Free(segment->extent);
+  if (--segment->readers == 0 && !segment->live)
+    allocator_.Free(segment->extent);
 }
 
 Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
@@ -254,7 +261,8 @@ Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
   uint64_t seq = 0;
   {
     std::lock_guard lock(mu_);
-    if (durable_delete_seq_ >= std::min(upto_seq, delete_seq_)) return Status::OK();
+    if (durable_delete_seq_ >= std::min(upto_seq, delete_seq_))
+      return Status::OK();
     keys.swap(pending_deletes_);
     seq = delete_seq_;
   }
@@ -305,7 +313,8 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
       }
       const FullKey key{*ns_id, item.key};
       if (writing_.contains(key)) {
-        results[i] = Status::Busy("nvme store: a write of this segment is in flight");
+        results[i] =
+            Status::Busy("nvme store: a write of this segment is in flight");
         continue;
       }
       if (auto it = index_.find(key); it != index_.end()) {
@@ -313,7 +322,8 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         if (existing.entry.layout_fingerprint == layout_fingerprint &&
             existing.entry.length == length) {
           lru_.splice(lru_.begin(), lru_, existing.lru_pos);
-          results[i] = Status::AlreadyExists("nvme store: segment already stored");
+          results[i] =
+              Status::AlreadyExists("nvme store: segment already stored");
           ++counters_.write_dedup;
           continue;
         }
@@ -334,7 +344,8 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
 
   // Extents may have come from segments whose catalog deletes are still
   // queued: make those durable before overwriting the bytes.
-  Status common = planned.empty() ? Status::OK() : FlushPendingDeletes(needs_seq);
+  Status common =
+      planned.empty() ? Status::OK() : FlushPendingDeletes(needs_seq);
 
   // Data first.
   std::vector<IoRequest> requests;
@@ -348,22 +359,25 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         // Written in place. IoRequest carries one mutable span for both
         // directions; a write only reads from it, so nothing is stored
         // through the dropped const.
-        requests.push_back(IoRequest{
-            IoOp::kWrite, plan.extent.offset,
-            {const_cast<std::byte*>(data.data()), data.size()}});
+        requests.push_back(
+            IoRequest{IoOp::kWrite,
+                      plan.extent.offset,
+                      {const_cast<std::byte*>(data.data()), data.size()}});
         request_of.push_back(p);
         continue;
       }
       plan.buffer = device_->AllocateIoBuffer(plan.extent.length);
       if (plan.buffer.empty()) {
-        results[plan.item] = Status::ResourceExhausted("nvme store: out of memory");
+        results[plan.item] =
+            Status::ResourceExhausted("nvme store: out of memory");
         continue;
       }
       std::memcpy(plan.buffer.data(), data.data(), data.size());
       std::memset(plan.buffer.data() + data.size(), 0,
                   plan.extent.length - data.size());
-      requests.push_back(IoRequest{IoOp::kWrite, plan.extent.offset,
-                                   plan.buffer.span().first(plan.extent.length)});
+      requests.push_back(
+          IoRequest{IoOp::kWrite, plan.extent.offset,
+                    plan.buffer.span().first(plan.extent.length)});
       request_of.push_back(p);
     }
     // Checksum each item while the rest of the batch is in flight; a
@@ -388,7 +402,8 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   if (common.ok()) {
     NvmeCatalog::Batch batch;
     for (const Planned& plan : planned) {
-      if (results[plan.item].ok()) batch.Put(plan.key.ns_id, plan.key.key, plan.entry);
+      if (results[plan.item].ok())
+        batch.Put(plan.key.ns_id, plan.key.key, plan.entry);
     }
     common = AsIoError(catalog_->Write(batch));
   }
@@ -442,7 +457,8 @@ Result<uint64_t> NvmeStore::Read(std::string_view ns, const SegmentKey& key,
 std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     std::string_view ns, uint64_t layout_fingerprint,
     std::span<const NvmeReadItem> items) {
-  std::vector<Result<uint64_t>> results(items.size(), Result<uint64_t>(uint64_t{0}));
+  std::vector<Result<uint64_t>> results(items.size(),
+                                        Result<uint64_t>(uint64_t{0}));
   auto ns_id = catalog_->FindNamespace(ns);
 
   // One pinned segment of the current round.
@@ -467,12 +483,14 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         const NvmeReadItem& item = items[next];
         std::shared_ptr<Segment> segment;
         if (ns_id.ok()) {
-          if (auto it = index_.find(FullKey{*ns_id, item.key}); it != index_.end()) {
+          if (auto it = index_.find(FullKey{*ns_id, item.key});
+              it != index_.end()) {
             segment = it->second;
           }
         }
-        const bool hit = segment != nullptr &&
-                         segment->entry.layout_fingerprint == layout_fingerprint;
+        const bool hit =
+            segment != nullptr &&
+            segment->entry.layout_fingerprint == layout_fingerprint;
         const uint64_t rounded = hit ? segment->extent.length : 0;
         const bool in_place = hit && item.dst.size() >= rounded &&
                               IsBlockAligned(item.dst.data());
@@ -541,15 +559,18 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         // Never leave bytes that failed verification where a caller that
         // ignores the status might use them.
         if (p.bounce.empty()) std::memset(dst.data(), 0, p.entry.length);
-        result = Status::NotFound("nvme store: checksum mismatch (segment dropped)");
+        result =
+            Status::NotFound("nvme store: checksum mismatch (segment dropped)");
         return;
       }
-      if (!p.bounce.empty()) std::memcpy(dst.data(), p.landing.data(), p.entry.length);
+      if (!p.bounce.empty())
+        std::memcpy(dst.data(), p.landing.data(), p.entry.length);
       result = p.entry.length;
     });
     for (const PendingRead& p : round) {
       if (p.request == SIZE_MAX) {
-        results[p.item] = Status::ResourceExhausted("nvme store: out of memory");
+        results[p.item] =
+            Status::ResourceExhausted("nvme store: out of memory");
       }
     }
     // Diagnostics (cold path): re-read each extent that failed verification
@@ -564,7 +585,8 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       diagnosis.resize(round.size());
       for (size_t r = 0; r < round.size(); ++r) {
         bool ok = false;
-        if (corrupt[r]) diagnosis[r] = DiagnoseMismatch(round[r].entry, got_checksum[r], &ok);
+        if (corrupt[r])
+          diagnosis[r] = DiagnoseMismatch(round[r].entry, got_checksum[r], &ok);
         reread_ok += ok;
       }
     }
@@ -579,9 +601,9 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         ++counters_.checksum_failures;
         ++counters_.read_misses;
         if (p.segment->live) UnlinkLocked(p.segment, /*delete_entry=*/true);
-        StorageLog().warn("tierkv nvme store: checksum mismatch for {} at offset {} ({})",
-                          items[p.item].key.ToString(), p.entry.offset,
-                          diagnosis[r]);
+        StorageLog().warn(
+            "tierkv nvme store: checksum mismatch for {} at offset {} ({})",
+            items[p.item].key.ToString(), p.entry.offset, diagnosis[r]);
       } else if (results[p.item].ok()) {
         ++counters_.read_hits;
       } else {
@@ -613,7 +635,8 @@ Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {
   {
     std::lock_guard lock(mu_);
     auto it = index_.find(FullKey{*ns_id, key});
-    if (it == index_.end()) return Status::NotFound("nvme store: segment not stored");
+    if (it == index_.end())
+      return Status::NotFound("nvme store: segment not stored");
     UnlinkLocked(it->second, /*delete_entry=*/true);
     ++counters_.removals;
     needs_seq = delete_seq_;

@@ -112,18 +112,18 @@ struct NvmeReadItem {
 // What Open() found in the catalog.
 struct NvmeRecoveryReport {
   uint64_t recovered_segments = 0;
-  uint64_t recovered_bytes = 0;       // sum of segment lengths
-  uint64_t dropped_segments = 0;      // overlapping / out-of-range entries
-  uint64_t malformed_entries = 0;     // undecodable catalog records
-  bool catalog_recreated = false;     // the catalog was damaged and wiped
+  uint64_t recovered_bytes = 0;    // sum of segment lengths
+  uint64_t dropped_segments = 0;   // overlapping / out-of-range entries
+  uint64_t malformed_entries = 0;  // undecodable catalog records
+  bool catalog_recreated = false;  // the catalog was damaged and wiped
 };
 
 struct NvmeStoreStats {
   uint64_t segments = 0;
-  uint64_t bytes_used = 0;        // sum of segment lengths
-  uint64_t bytes_allocated = 0;   // sum of rounded extents
+  uint64_t bytes_used = 0;       // sum of segment lengths
+  uint64_t bytes_allocated = 0;  // sum of rounded extents
   uint64_t capacity_bytes = 0;
-  double fragmentation = 0;       // 1 - largest free extent / free bytes
+  double fragmentation = 0;  // 1 - largest free extent / free bytes
   uint64_t evictions = 0;
   uint64_t removals = 0;
   uint64_t checksum_failures = 0;
@@ -131,17 +131,17 @@ struct NvmeStoreStats {
   // device held the acknowledged bytes and the first read returned others
   // (a read-path problem, not lost data). Each is still a miss and dropped.
   uint64_t checksum_reread_ok = 0;
-  uint64_t reads = 0;             // items read (Read or ReadBatch)
+  uint64_t reads = 0;  // items read (Read or ReadBatch)
   uint64_t read_hits = 0;
-  uint64_t read_misses = 0;       // absent, layout mismatch or corrupt
-  uint64_t read_errors = 0;       // device errors
-  uint64_t writes = 0;            // items stored (acknowledged)
-  uint64_t write_dedup = 0;       // items answered AlreadyExists
-  uint64_t write_errors = 0;      // items that failed (any code)
+  uint64_t read_misses = 0;   // absent, layout mismatch or corrupt
+  uint64_t read_errors = 0;   // device errors
+  uint64_t writes = 0;        // items stored (acknowledged)
+  uint64_t write_dedup = 0;   // items answered AlreadyExists
+  uint64_t write_errors = 0;  // items that failed (any code)
   uint64_t pending_catalog_deletes = 0;
   NvmeRecoveryReport recovery;
-  bool direct_io = false;         // O_DIRECT in effect (false: buffered)
-  bool io_uring = false;          // io_uring in effect (false: pread/pwrite)
+  bool direct_io = false;  // O_DIRECT in effect (false: buffered)
+  bool io_uring = false;   // io_uring in effect (false: pread/pwrite)
   DeviceStats device;
 };
 
@@ -154,7 +154,8 @@ class NvmeStore {
   // Errors: InvalidArgument (options), IOError (device / catalog IO),
   // Corruption (damaged catalog, unless recreate_damaged_catalog), NotFound
   // (no catalog and create_catalog_if_missing = false).
-  static Result<std::unique_ptr<NvmeStore>> Open(const NvmeStoreOptions& options);
+  static Result<std::unique_ptr<NvmeStore>> Open(
+      const NvmeStoreOptions& options);
   ~NvmeStore();
   NvmeStore(const NvmeStore&) = delete;
   NvmeStore& operator=(const NvmeStore&) = delete;
@@ -230,7 +231,8 @@ class NvmeStore {
   };
   struct FullKeyHash {
     size_t operator()(const FullKey& k) const noexcept {
-      return std::hash<SegmentKey>()(k.key) ^ (size_t{k.ns_id} * 0x9E3779B97F4A7C15ull);
+      return std::hash<SegmentKey>()(k.key) ^
+             (size_t{k.ns_id} * 0x9E3779B97F4A7C15ull);
     }
   };
   // One stored segment. Owned by index_ while live; readers hold a

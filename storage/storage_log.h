@@ -7,9 +7,9 @@
 // Thread-safe.
 #pragma once
 
-#include <memory>
-
 #include <spdlog/logger.h>
+
+#include <memory>
 
 namespace tierkv::storage {
 

@@ -111,7 +111,8 @@ void TierMover::Demote(std::vector<Job>& jobs) {
   });
   for (size_t begin = 0; begin < jobs.size();) {
     size_t end = begin;
-    while (end < jobs.size() && jobs[end].tiers.nvme == jobs[begin].tiers.nvme &&
+    while (end < jobs.size() &&
+           jobs[end].tiers.nvme == jobs[begin].tiers.nvme &&
            jobs[end].tiers.ns == jobs[begin].tiers.ns &&
            jobs[end].fingerprint == jobs[begin].fingerprint) {
       ++end;
@@ -135,14 +136,17 @@ void TierMover::Demote(std::vector<Job>& jobs) {
         continue;
       }
       referenced.push_back(job.key);
-      items.push_back({job.key, std::span<const std::byte>(
-                                    tiers.host->arena().base() + loc->offset, loc->size)});
+      items.push_back(
+          {job.key, std::span<const std::byte>(
+                        tiers.host->arena().base() + loc->offset, loc->size)});
     }
     if (!items.empty()) {
-      for (const Status& s : tiers.nvme->Write(tiers.ns, jobs[begin].fingerprint, items)) {
+      for (const Status& s :
+           tiers.nvme->Write(tiers.ns, jobs[begin].fingerprint, items)) {
         // Busy: a concurrent Flush is writing the same segment.
         (s.ok() || s.IsAlreadyExists() || s.code() == StatusCode::kBusy
-             ? demotions_done_ : demotions_failed_)
+             ? demotions_done_
+             : demotions_failed_)
             .fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -161,7 +165,8 @@ Status TierMover::PromoteNow(const TierPair& tiers, uint64_t fingerprint,
   for (auto backoff = std::chrono::microseconds(50), waited = backoff * 0;
        !loc.ok() && loc.status().code() == StatusCode::kBusy &&
        waited < kMaxPromotionWait;
-       waited += backoff, backoff = std::min(backoff * 2, std::chrono::microseconds(5000))) {
+       waited += backoff,
+            backoff = std::min(backoff * 2, std::chrono::microseconds(5000))) {
     std::this_thread::sleep_for(backoff);
     loc = tiers.host->Reserve(key, *size);
   }
@@ -189,11 +194,13 @@ Status TierMover::PersistNow(const TierPair& tiers, uint64_t fingerprint,
     if (tiers.nvme->Contains(tiers.ns, key, fingerprint)) return Status::OK();
     auto loc = tiers.host->Acquire(key);  // holds it against eviction
     if (!loc.ok()) return Status::NotFound("segment in neither tier");
-    NvmeWriteItem item{key, std::span<const std::byte>(
-                                tiers.host->arena().base() + loc->offset, loc->size)};
+    NvmeWriteItem item{
+        key, std::span<const std::byte>(
+                 tiers.host->arena().base() + loc->offset, loc->size)};
     Status s = tiers.nvme->Write(tiers.ns, fingerprint, std::span(&item, 1))[0];
     tiers.host->Release(key);
-    if (s.code() != StatusCode::kBusy) return s.IsAlreadyExists() ? Status::OK() : s;
+    if (s.code() != StatusCode::kBusy)
+      return s.IsAlreadyExists() ? Status::OK() : s;
     std::this_thread::sleep_for(backoff);
   }
 }

@@ -37,17 +37,17 @@ namespace tierkv::storage {
 struct TierMoverOptions {
   // Worker threads. Default: 2. 0 runs none (jobs only queue; for tests).
   uint32_t workers = 2;
-  uint32_t demotion_queue = 4096;    // jobs; Default: 4096
-  uint32_t promotion_queue = 4096;   // jobs; Default: 4096
+  uint32_t demotion_queue = 4096;   // jobs; Default: 4096
+  uint32_t promotion_queue = 4096;  // jobs; Default: 4096
   // Demotions written per NVMe batch (one data sync + one catalog write).
-  uint32_t demotion_batch = 64;      // Default: 64
+  uint32_t demotion_batch = 64;  // Default: 64
 };
 
 struct TierMoverStats {
   uint64_t demotions_queued = 0;
-  uint64_t demotions_done = 0;       // written (or already on NVMe)
-  uint64_t demotions_dropped = 0;    // queue full
-  uint64_t demotions_failed = 0;     // NVMe write failed or source vanished
+  uint64_t demotions_done = 0;     // written (or already on NVMe)
+  uint64_t demotions_dropped = 0;  // queue full
+  uint64_t demotions_failed = 0;   // NVMe write failed or source vanished
   uint64_t promotions_queued = 0;
   uint64_t promotions_done = 0;
   uint64_t promotions_dropped = 0;

@@ -1,8 +1,9 @@
 #include "storage/uring_device.h"
 
 #include <fcntl.h>
-#include <linux/fs.h>
+#include <fmt/format.h>
 #include <liburing.h>
+#include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
 #include "storage/storage_log.h"
 
 namespace tierkv::storage {
@@ -62,7 +62,8 @@ thread_local ThreadRingTable tls_rings;
 
 Result<size_t> Pread(int fd, uint64_t offset, std::span<std::byte> dst) {
   for (;;) {
-    const ssize_t n = ::pread(fd, dst.data(), dst.size(), static_cast<off_t>(offset));
+    const ssize_t n =
+        ::pread(fd, dst.data(), dst.size(), static_cast<off_t>(offset));
     if (n >= 0) return static_cast<size_t>(n);
     if (errno != EINTR && errno != EAGAIN) {
       return IoErrorFromErrno("pread", offset, dst.size(), errno);
@@ -72,7 +73,8 @@ Result<size_t> Pread(int fd, uint64_t offset, std::span<std::byte> dst) {
 
 Result<size_t> Pwrite(int fd, uint64_t offset, std::span<const std::byte> src) {
   for (;;) {
-    const ssize_t n = ::pwrite(fd, src.data(), src.size(), static_cast<off_t>(offset));
+    const ssize_t n =
+        ::pwrite(fd, src.data(), src.size(), static_cast<off_t>(offset));
     if (n >= 0) return static_cast<size_t>(n);
     if (errno != EINTR && errno != EAGAIN) {
       return IoErrorFromErrno("pwrite", offset, src.size(), errno);
@@ -87,7 +89,8 @@ Status ErrnoStatus(std::string_view what, const std::string& path, int err) {
 }  // namespace
 
 Status UringDeviceOptions::Validate() const {
-  if (path.empty()) return Status::InvalidArgument("uring device: path is empty");
+  if (path.empty())
+    return Status::InvalidArgument("uring device: path is empty");
   if (block_size < 512 || !std::has_single_bit(block_size)) {
     return Status::InvalidArgument(
         "uring device: block_size must be a power of two >= 512");
@@ -117,11 +120,12 @@ Result<std::unique_ptr<UringDevice>> UringDevice::Open(
   const int base_flags = O_RDWR | O_CREAT | O_CLOEXEC;
   bool direct = options.use_direct_io;
   Status direct_status;
-  int fd = ::open(options.path.c_str(), base_flags | (direct ? O_DIRECT : 0), 0644);
+  int fd =
+      ::open(options.path.c_str(), base_flags | (direct ? O_DIRECT : 0), 0644);
   if (fd < 0 && direct && errno == EINVAL && options.allow_buffered_fallback) {
     direct_status = ErrnoStatus("O_DIRECT open", options.path, EINVAL);
     StorageLog().warn("tierkv uring device: {}; using buffered IO",
-                 direct_status.ToString());
+                      direct_status.ToString());
     direct = false;
     fd = ::open(options.path.c_str(), base_flags, 0644);
   }
@@ -196,7 +200,8 @@ Result<std::unique_ptr<UringDevice>> UringDevice::Open(
   return device;
 }
 
-Result<std::unique_ptr<Device>> NewUringDevice(const UringDeviceOptions& options) {
+Result<std::unique_ptr<Device>> NewUringDevice(
+    const UringDeviceOptions& options) {
   auto device = UringDevice::Open(options);
   if (!device.ok()) return device.status();
   return std::unique_ptr<Device>(std::move(device).value());
@@ -232,7 +237,8 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
   if (options_.force_sync_io) return nullptr;
   auto& table = tls_rings.rings;
   for (auto& [id, ring] : table) {
-    if (id == id_) return ring->closed.load(std::memory_order_acquire) ? nullptr : ring;
+    if (id == id_)
+      return ring->closed.load(std::memory_order_acquire) ? nullptr : ring;
   }
   {
     std::lock_guard lock(mu_);
@@ -246,15 +252,17 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
   auto ring = std::make_shared<UringThreadRing>();
   // The ring is only ever used by this thread, so let the kernel skip
   // cross-thread bookkeeping when it supports that; else plain setup.
-  int rc = io_uring_queue_init(options_.queue_depth, &ring->ring,
-                               IORING_SETUP_SINGLE_ISSUER |
-                                   IORING_SETUP_DEFER_TASKRUN);
-  if (rc == -EINVAL) rc = io_uring_queue_init(options_.queue_depth, &ring->ring, 0);
+  int rc = io_uring_queue_init(
+      options_.queue_depth, &ring->ring,
+      IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+  if (rc == -EINVAL)
+    rc = io_uring_queue_init(options_.queue_depth, &ring->ring, 0);
   if (rc < 0) {
     ring->closed.store(true, std::memory_order_release);  // nothing to exit
     Status why = IoErrorFromErrno("io_uring_queue_init", 0, 0, -rc);
-    StorageLog().warn("tierkv uring device {}: {}; falling back to pread/pwrite",
-                 options_.path, why.ToString());
+    StorageLog().warn(
+        "tierkv uring device {}: {}; falling back to pread/pwrite",
+        options_.path, why.ToString());
     std::lock_guard lock(mu_);
     rings_failed_ = true;
     registered_status_ = why;
@@ -267,7 +275,8 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
     ring->arena = static_cast<std::byte*>(
         std::aligned_alloc(block_size(), ring->arena_size));
     if (ring->arena == nullptr) {
-      registered = Status::ResourceExhausted("cannot allocate fixed buffer arena");
+      registered =
+          Status::ResourceExhausted("cannot allocate fixed buffer arena");
     } else {
       iovec iov{ring->arena, ring->arena_size};
       const int reg = io_uring_register_buffers(&ring->ring, &iov, 1);
@@ -296,7 +305,8 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
   return ring;
 }
 
-Result<size_t> UringDevice::ReadImpl(uint64_t offset, std::span<std::byte> dst) {
+Result<size_t> UringDevice::ReadImpl(uint64_t offset,
+                                     std::span<std::byte> dst) {
   return Pread(fd_, offset, dst);
 }
 
@@ -358,8 +368,8 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests,
       std::byte* data = r.buffer.data() + r.result;
       const auto length = static_cast<unsigned>(r.buffer.size() - r.result);
       const uint64_t offset = r.offset + r.result;
-      const bool fixed = ring->registered && data >= arena_begin &&
-                         data + length <= arena_end;
+      const bool fixed =
+          ring->registered && data >= arena_begin && data + length <= arena_end;
       if (r.op == IoOp::kRead) {
         if (fixed) {
           io_uring_prep_read_fixed(sqe, fd_, data, length, offset, 0);
@@ -388,8 +398,9 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests,
     // ring is retired (never entered again) and everything still pending
     // fails; later IO on this thread uses pread/pwrite.
     const Status failed = IoErrorFromErrno("io_uring_submit", 0, 0, -rc);
-    StorageLog().error("tierkv uring device {}: {}; retiring this thread's ring",
-                       options_.path, failed.ToString());
+    StorageLog().error(
+        "tierkv uring device {}: {}; retiring this thread's ring",
+        options_.path, failed.ToString());
     ring->Close();
     for (size_t index : completed) on_complete(index);
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -419,10 +430,9 @@ void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests,
         resubmits_.fetch_add(1, std::memory_order_relaxed);
         queued.push_back(index);
       } else if (res < 0) {
-        r.status = IoErrorFromErrno(r.op == IoOp::kRead ? "io_uring read"
-                                                        : "io_uring write",
-                                    r.offset + r.result,
-                                    r.buffer.size() - r.result, -res);
+        r.status = IoErrorFromErrno(
+            r.op == IoOp::kRead ? "io_uring read" : "io_uring write",
+            r.offset + r.result, r.buffer.size() - r.result, -res);
         completed.push_back(index);
       } else if (res == 0) {
         r.status = Status::IOError(fmt::format(

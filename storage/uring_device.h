@@ -138,6 +138,7 @@ class UringDevice final : public Device {
 };
 
 // Factory returning the generic Device interface.
-Result<std::unique_ptr<Device>> NewUringDevice(const UringDeviceOptions& options);
+Result<std::unique_ptr<Device>> NewUringDevice(
+    const UringDeviceOptions& options);
 
 }  // namespace tierkv::storage

@@ -43,7 +43,8 @@ struct TurnReport {
 // The first half of a request: match its pages and read back the hit.
 // Returns the number of leading pages found.
 Result<uint32_t> Lookup(Client& client, const LayoutSpec& layout,
-                        const std::vector<PageHash>& pages, TurnReport& report) {
+                        const std::vector<PageHash>& pages,
+                        TurnReport& report) {
   auto match = client.Match(pages);
   if (!match.ok()) return match.status();
   report.pages += pages.size();
@@ -61,7 +62,8 @@ Result<uint32_t> Lookup(Client& client, const LayoutSpec& layout,
       }
     }
   }
-  for (size_t i = 0; i < buffers.size(); ++i) reads.push_back({read_keys[i], buffers[i]});
+  for (size_t i = 0; i < buffers.size(); ++i)
+    reads.push_back({read_keys[i], buffers[i]});
   auto got = client.Get(reads);
   std::vector<std::byte> expected;
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -91,20 +93,26 @@ void Store(Client& client, const LayoutSpec& layout,
       }
     }
   }
-  for (size_t i = 0; i < buffers.size(); ++i) writes.push_back({write_keys[i], buffers[i]});
+  for (size_t i = 0; i < buffers.size(); ++i)
+    writes.push_back({write_keys[i], buffers[i]});
   for (const Status& s : client.Put(writes)) {
-    if (s.ok()) report.stored++;
-    else if (s.IsAlreadyExists()) report.deduped++;
-    else report.failed++;
+    if (s.ok())
+      report.stored++;
+    else if (s.IsAlreadyExists())
+      report.deduped++;
+    else
+      report.failed++;
   }
 }
 
 std::vector<uint32_t> SessionTokens(const DemoOptions& o, uint32_t session,
                                     uint32_t extra) {
   std::vector<uint32_t> tokens;
-  for (uint32_t i = 0; i < o.shared_prefix_tokens; ++i) tokens.push_back(i % 50000);
+  for (uint32_t i = 0; i < o.shared_prefix_tokens; ++i)
+    tokens.push_back(i % 50000);
   const uint32_t own = o.session_tokens + extra;
-  for (uint32_t i = 0; i < own; ++i) tokens.push_back(100000 + session * 7919 + i);
+  for (uint32_t i = 0; i < own; ++i)
+    tokens.push_back(100000 + session * 7919 + i);
   return tokens;
 }
 
@@ -117,14 +125,17 @@ Status RunDemo(Client& client, const DemoOptions& o) {
   for (uint16_t l = 0; l < layout.num_layers(); ++l)
     for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p)
       page_bytes += layout.SegmentBytes(l, p);
-  fmt::print("tierkv demo: {} sessions share a {}-token system prompt; each has "
-             "{} tokens of its own\n", o.sessions, o.shared_prefix_tokens,
-             o.session_tokens);
-  fmt::print("layout: {} layers, {}-token pages, {:.1f} KiB of KV per page "
-             "(kv 1152 B/token; index_k 132 B/token on every 4th layer)\n\n",
-             o.layers, kPageTokens, page_bytes / 1024.0);
+  fmt::print(
+      "tierkv demo: {} sessions share a {}-token system prompt; each has "
+      "{} tokens of its own\n",
+      o.sessions, o.shared_prefix_tokens, o.session_tokens);
+  fmt::print(
+      "layout: {} layers, {}-token pages, {:.1f} KiB of KV per page "
+      "(kv 1152 B/token; index_k 132 B/token on every 4th layer)\n\n",
+      o.layers, kPageTokens, page_bytes / 1024.0);
   fmt::print("{:<6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>9}\n", "turn",
-             "pages", "hit", "hit_rate", "stored", "dedup", "failed", "read_ok");
+             "pages", "hit", "hit_rate", "stored", "dedup", "failed",
+             "read_ok");
   const auto start = std::chrono::steady_clock::now();
   uint64_t mismatches = 0;
   for (uint32_t turn = 1; turn <= 2; ++turn) {
@@ -135,9 +146,9 @@ Status RunDemo(Client& client, const DemoOptions& o) {
     std::vector<std::vector<PageHash>> pages(o.sessions);
     std::vector<uint32_t> hit(o.sessions);
     for (uint32_t s = 0; s < o.sessions; ++s) {
-      pages[s] = PageHashChain(RootPageHash("default"),
-                               SessionTokens(o, s, turn == 2 ? o.turn_tokens : 0),
-                               kPageTokens);
+      pages[s] = PageHashChain(
+          RootPageHash("default"),
+          SessionTokens(o, s, turn == 2 ? o.turn_tokens : 0), kPageTokens);
       if (turn == 1) {
         auto found = Lookup(client, layout, pages[s], r);
         if (!found.ok()) return found.status();
@@ -155,11 +166,12 @@ Status RunDemo(Client& client, const DemoOptions& o) {
     mismatches += r.mismatches;
     fmt::print("{:<6} {:>8} {:>8} {:>8.1f}% {:>8} {:>8} {:>8} {:>9}\n", turn,
                r.pages, r.matched_pages,
-               100.0 * r.matched_pages / std::max<uint64_t>(1, r.pages), r.stored,
-               r.deduped, r.failed, r.read_back - r.mismatches);
+               100.0 * r.matched_pages / std::max<uint64_t>(1, r.pages),
+               r.stored, r.deduped, r.failed, r.read_back - r.mismatches);
   }
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   auto stats_json = client.StatsJson();
   if (!stats_json.ok()) return stats_json.status();
   auto j = nlohmann::json::parse(*stats_json);
@@ -171,19 +183,26 @@ Status RunDemo(Client& client, const DemoOptions& o) {
              host["capacity_bytes"].get<uint64_t>() / 1048576.0);
   fmt::print("  dedup      {} puts of already-stored segments copied nothing\n",
              host["dedup_hits"].get<uint64_t>());
-  fmt::print("  evicted    {} segments ({:.1f} MiB), least recently used first\n",
-             host["evictions"].get<uint64_t>(),
-             host["evicted_bytes"].get<uint64_t>() / 1048576.0);
+  fmt::print(
+      "  evicted    {} segments ({:.1f} MiB), least recently used first\n",
+      host["evictions"].get<uint64_t>(),
+      host["evicted_bytes"].get<uint64_t>() / 1048576.0);
   const double hit = j["lookup_tokens"]["host"].get<double>();
   const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
-  const double total = hit + hit_nvme + j["lookup_tokens"]["miss"].get<double>();
-  fmt::print("  hit        {:.0f} of {:.0f} looked-up tokens ({:.1f}%) served from host "
-             "DRAM\n", hit, total, 100.0 * hit / std::max(1.0, total));
+  const double total =
+      hit + hit_nvme + j["lookup_tokens"]["miss"].get<double>();
+  fmt::print(
+      "  hit        {:.0f} of {:.0f} looked-up tokens ({:.1f}%) served from "
+      "host "
+      "DRAM\n",
+      hit, total, 100.0 * hit / std::max(1.0, total));
   if (j.contains("nvme")) {
-    fmt::print("             {:.0f} more ({:.1f}%) from NVMe; {} segments demoted, {} "
-               "promoted\n", hit_nvme, 100.0 * hit_nvme / std::max(1.0, total),
-               j["nvme"]["demotions_done"].get<uint64_t>(),
-               j["nvme"]["promotions_done"].get<uint64_t>());
+    fmt::print(
+        "             {:.0f} more ({:.1f}%) from NVMe; {} segments demoted, {} "
+        "promoted\n",
+        hit_nvme, 100.0 * hit_nvme / std::max(1.0, total),
+        j["nvme"]["demotions_done"].get<uint64_t>(),
+        j["nvme"]["promotions_done"].get<uint64_t>());
   }
   fmt::print("  verified   {} read-back mismatches\n", mismatches);
   if (mismatches) return Status::Corruption("demo read back wrong bytes");

@@ -36,11 +36,13 @@ tierkv::Result<std::unique_ptr<tierkv::Client>> Connect(const Connection& c,
   if (token.empty()) {
     std::string file = c.token_file;
     if (file.empty()) {
-      file = (std::filesystem::path(c.socket).parent_path() / (c.ns + ".token")).string();
+      file = (std::filesystem::path(c.socket).parent_path() / (c.ns + ".token"))
+                 .string();
     }
     std::ifstream in(file);
     if (!in) {
-      return Status::PermissionDenied("no --token given and cannot read token file " + file);
+      return Status::PermissionDenied(
+          "no --token given and cannot read token file " + file);
     }
     std::getline(in, token);
   }
@@ -52,7 +54,8 @@ tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
                                            const std::string& tokens,
                                            const std::string& ns) {
   if (!page.empty()) return tierkv::PageHash::FromHex(page);
-  if (tokens.empty()) return Status::InvalidArgument("give --page HEX or --tokens 1,2,3");
+  if (tokens.empty())
+    return Status::InvalidArgument("give --page HEX or --tokens 1,2,3");
   std::vector<uint32_t> ids;
   std::stringstream in(tokens);
   std::string item;
@@ -60,7 +63,8 @@ tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
     try {
       ids.push_back(static_cast<uint32_t>(std::stoul(item)));
     } catch (...) {
-      return Status::InvalidArgument("--tokens must be comma-separated integers");
+      return Status::InvalidArgument(
+          "--tokens must be comma-separated integers");
     }
   }
   // The hash of the whole token list taken as one page.
@@ -89,46 +93,60 @@ int PrintStats(const std::string& json_text, bool raw) {
   const double ghit = j["get_segments"]["hit"].get<double>();
   const double gmiss = j["get_segments"]["miss"].get<double>();
   fmt::print("namespace {}\n", j["namespace"].get<std::string>());
-  fmt::print("  host tier   {} / {} used ({:.1f}%), {} reserved, {} segments{}\n",
-             Human(h["used_bytes"].get<double>()), Human(h["capacity_bytes"].get<double>()),
-             100.0 * h["used_bytes"].get<double>() / h["capacity_bytes"].get<double>(),
-             Human(h["reserved_bytes"].get<double>()), h["segments"].get<uint64_t>(),
-             h["hugepages"].get<bool>() ? ", hugepages" : "");
+  fmt::print(
+      "  host tier   {} / {} used ({:.1f}%), {} reserved, {} segments{}\n",
+      Human(h["used_bytes"].get<double>()),
+      Human(h["capacity_bytes"].get<double>()),
+      100.0 * h["used_bytes"].get<double>() / h["capacity_bytes"].get<double>(),
+      Human(h["reserved_bytes"].get<double>()), h["segments"].get<uint64_t>(),
+      h["hugepages"].get<bool>() ? ", hugepages" : "");
   const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
-  fmt::print("  lookups     {:.0f} requests; tokens hit {:.0f} in host, {:.0f} on nvme, "
-             "missed {:.0f} (hit rate {:.1f}%)\n", j["lookups"].get<double>(), hit, hit_nvme,
-             miss, 100.0 * (hit + hit_nvme) / std::max(1.0, hit + hit_nvme + miss));
-  fmt::print("  gets        {:.0f} segments hit, {:.0f} missed (hit rate {:.1f}%)\n",
-             ghit, gmiss, 100.0 * ghit / std::max(1.0, ghit + gmiss));
-  fmt::print("  puts        {:.0f} stored, {:.0f} deduplicated, {:.0f} failed\n",
-             j["put_segments"]["stored"].get<double>(),
-             j["put_segments"]["dedup"].get<double>(),
-             j["put_segments"]["failed"].get<double>());
+  fmt::print(
+      "  lookups     {:.0f} requests; tokens hit {:.0f} in host, {:.0f} on "
+      "nvme, "
+      "missed {:.0f} (hit rate {:.1f}%)\n",
+      j["lookups"].get<double>(), hit, hit_nvme, miss,
+      100.0 * (hit + hit_nvme) / std::max(1.0, hit + hit_nvme + miss));
+  fmt::print(
+      "  gets        {:.0f} segments hit, {:.0f} missed (hit rate {:.1f}%)\n",
+      ghit, gmiss, 100.0 * ghit / std::max(1.0, ghit + gmiss));
+  fmt::print(
+      "  puts        {:.0f} stored, {:.0f} deduplicated, {:.0f} failed\n",
+      j["put_segments"]["stored"].get<double>(),
+      j["put_segments"]["dedup"].get<double>(),
+      j["put_segments"]["failed"].get<double>());
   fmt::print("  evictions   {} segments, {}\n", h["evictions"].get<uint64_t>(),
              Human(h["evicted_bytes"].get<double>()));
   if (j.contains("nvme")) {
     const auto& n = j["nvme"];
-    fmt::print("  nvme tier   {} / {} used, {} segments, {} evictions, {} checksum "
-               "failures ({}, {})\n",
-               Human(n["used_bytes"].get<double>()), Human(n["capacity_bytes"].get<double>()),
-               n["segments"].get<uint64_t>(), n["evictions"].get<uint64_t>(),
-               n["checksum_failures"].get<uint64_t>(),
-               n["direct_io"].get<bool>() ? "O_DIRECT" : "buffered",
-               n["io_uring"].get<bool>() ? "io_uring" : "pread/pwrite");
+    fmt::print(
+        "  nvme tier   {} / {} used, {} segments, {} evictions, {} checksum "
+        "failures ({}, {})\n",
+        Human(n["used_bytes"].get<double>()),
+        Human(n["capacity_bytes"].get<double>()), n["segments"].get<uint64_t>(),
+        n["evictions"].get<uint64_t>(), n["checksum_failures"].get<uint64_t>(),
+        n["direct_io"].get<bool>() ? "O_DIRECT" : "buffered",
+        n["io_uring"].get<bool>() ? "io_uring" : "pread/pwrite");
     fmt::print("  recovered   {} segments, {} at start-up{}\n",
                n["recovered_segments"].get<uint64_t>(),
                Human(n["recovered_bytes"].get<double>()),
-               n["catalog_recreated"].get<bool>() ? " (damaged catalog recreated)" : "");
-    fmt::print("  mover       {} demoted ({} dropped, {} failed), {} promoted, "
-               "queues {}/{}; policy {}\n",
-               n["demotions_done"].get<uint64_t>(), n["demotions_dropped"].get<uint64_t>(),
-               n["demotions_failed"].get<uint64_t>(), n["promotions_done"].get<uint64_t>(),
-               n["demotion_queue_depth"].get<uint64_t>(),
-               n["promotion_queue_depth"].get<uint64_t>(),
-               j["write_policy"].get<std::string>());
+               n["catalog_recreated"].get<bool>()
+                   ? " (damaged catalog recreated)"
+                   : "");
+    fmt::print(
+        "  mover       {} demoted ({} dropped, {} failed), {} promoted, "
+        "queues {}/{}; policy {}\n",
+        n["demotions_done"].get<uint64_t>(),
+        n["demotions_dropped"].get<uint64_t>(),
+        n["demotions_failed"].get<uint64_t>(),
+        n["promotions_done"].get<uint64_t>(),
+        n["demotion_queue_depth"].get<uint64_t>(),
+        n["promotion_queue_depth"].get<uint64_t>(),
+        j["write_policy"].get<std::string>());
   }
   fmt::print("  leases      {} active, {} segments referenced\n",
-             j["active_leases"].get<uint64_t>(), h["referenced_segments"].get<uint64_t>());
+             j["active_leases"].get<uint64_t>(),
+             h["referenced_segments"].get<uint64_t>());
   return 0;
 }
 
@@ -138,15 +156,19 @@ int main(int argc, char** argv) {
   CLI::App app{"tierkv: command-line client for tierkvd"};
   app.require_subcommand(1);
   Connection conn;
-  app.add_option("--socket", conn.socket, "daemon socket")->capture_default_str();
+  app.add_option("--socket", conn.socket, "daemon socket")
+      ->capture_default_str();
   app.add_option("-n,--namespace", conn.ns, "namespace")->capture_default_str();
   app.add_option("--token", conn.token, "namespace token");
-  app.add_option("--token-file", conn.token_file,
-                 "file holding the token (default: <socket dir>/<namespace>.token)");
+  app.add_option(
+      "--token-file", conn.token_file,
+      "file holding the token (default: <socket dir>/<namespace>.token)");
 
-  auto* status = app.add_subcommand("status", "Is the daemon up? Version, uptime, namespaces");
+  auto* status = app.add_subcommand(
+      "status", "Is the daemon up? Version, uptime, namespaces");
   bool json_out = false;
-  auto* stats = app.add_subcommand("stats", "Hit rates, occupancy, evictions of a namespace");
+  auto* stats = app.add_subcommand(
+      "stats", "Hit rates, occupancy, evictions of a namespace");
   stats->add_flag("--json", json_out, "print the raw JSON");
 
   std::string page, tokens, file, out;
@@ -156,14 +178,16 @@ int main(int argc, char** argv) {
     sub->add_option("--page", page, "page hash (32 hex digits)");
     sub->add_option("--tokens", tokens, "token ids forming one page: 1,2,3");
     sub->add_option("--layer", layer, "layer")->capture_default_str();
-    sub->add_option("--part", part, "part index within the layer")->capture_default_str();
+    sub->add_option("--part", part, "part index within the layer")
+        ->capture_default_str();
   };
   auto* put = app.add_subcommand("put", "Store a file as one segment");
   add_key(put);
   put->add_option("--file", file, "bytes to store")->required();
   auto* get = app.add_subcommand("get", "Fetch one segment");
   add_key(get);
-  get->add_option("--out", out, "write the bytes here (default: print size and hash)");
+  get->add_option("--out", out,
+                  "write the bytes here (default: print size and hash)");
   uint32_t limit = 100;
   auto* ls = app.add_subcommand("ls", "List stored segments");
   ls->add_option("--limit", limit, "at most this many")->capture_default_str();
@@ -171,8 +195,10 @@ int main(int argc, char** argv) {
   tierkv::tools::DemoOptions demo_options;
   auto* demo = app.add_subcommand("demo", "Run the quick-start workload");
   demo->add_option("--sessions", demo_options.sessions)->capture_default_str();
-  demo->add_option("--prefix-tokens", demo_options.shared_prefix_tokens)->capture_default_str();
-  demo->add_option("--session-tokens", demo_options.session_tokens)->capture_default_str();
+  demo->add_option("--prefix-tokens", demo_options.shared_prefix_tokens)
+      ->capture_default_str();
+  demo->add_option("--session-tokens", demo_options.session_tokens)
+      ->capture_default_str();
   demo->add_option("--layers", demo_options.layers)->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
@@ -198,11 +224,12 @@ int main(int argc, char** argv) {
   if (ls->parsed()) {
     auto segments = c.List(limit);
     if (!segments.ok()) return Fail(segments.status());
-    fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", "page", "layer", "part", "bytes",
-               "refs", "tier");
+    fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", "page", "layer", "part",
+               "bytes", "refs", "tier");
     for (const auto& s : *segments) {
-      fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", s.key.page.ToHex(), s.key.layer,
-                 s.key.part, s.size, s.refs, tierkv::TierName(s.tier));
+      fmt::print("{:<32} {:>5} {:>4} {:>10} {:>4} {}\n", s.key.page.ToHex(),
+                 s.key.layer, s.key.part, s.size, s.refs,
+                 tierkv::TierName(s.tier));
     }
     return 0;
   }
@@ -217,11 +244,13 @@ int main(int argc, char** argv) {
   if (put->parsed()) {
     std::ifstream in(file, std::ios::binary);
     if (!in) return Fail(Status::NotFound("cannot read " + file));
-    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string data((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
     tierkv::SegmentWrite w{key, std::as_bytes(std::span(data))};
     Status s = c.Put(std::span(&w, 1))[0];
     if (s.IsAlreadyExists()) {
-      fmt::print("{} already stored (deduplicated, nothing copied)\n", key.ToString());
+      fmt::print("{} already stored (deduplicated, nothing copied)\n",
+                 key.ToString());
       return 0;
     }
     if (!s.ok()) return Fail(s);

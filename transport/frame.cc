@@ -69,10 +69,9 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const std::byte> bytes,
     return Status::ProtocolError("reserved header bits are set");
   }
   if (h.payload_len > max_payload) {
-    return Status::ProtocolError("frame payload of " +
-                                 std::to_string(h.payload_len) +
-                                 " B exceeds the limit of " +
-                                 std::to_string(max_payload) + " B");
+    return Status::ProtocolError(
+        "frame payload of " + std::to_string(h.payload_len) +
+        " B exceeds the limit of " + std::to_string(max_payload) + " B");
   }
   return h;
 }

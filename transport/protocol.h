@@ -18,8 +18,8 @@
 namespace tierkv::transport {
 
 enum class Opcode : uint16_t {
-  kPing = 1,            // daemon info (JSON); needs no namespace
-  kOpenNamespace = 2,   // name + token -> arena memfd (SCM_RIGHTS)
+  kPing = 1,           // daemon info (JSON); needs no namespace
+  kOpenNamespace = 2,  // name + token -> arena memfd (SCM_RIGHTS)
   kRegisterLayout = 3,
   kMatch = 4,           // page hashes -> leading fully-present pages
   kPutReserve = 5,      // keys + sizes -> write lease + arena offsets

@@ -22,7 +22,8 @@ Result<std::unique_ptr<UdsChannel>> UdsChannel::Connect(
     return Status::InvalidArgument("socket path is empty or too long");
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0)
+    return Status::IOError(std::string("socket: ") + std::strerror(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -82,7 +83,8 @@ Result<uint64_t> UdsChannel::Send(uint16_t opcode,
     ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      broken_ = Status::IOError(std::string("send to tierkvd: ") + std::strerror(errno));
+      broken_ = Status::IOError(std::string("send to tierkvd: ") +
+                                std::strerror(errno));
       return broken_;
     }
     sent += static_cast<size_t>(n);

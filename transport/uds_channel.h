@@ -59,7 +59,8 @@ class UdsChannel {
   int fd() const { return fd_; }
 
  private:
-  UdsChannel(int fd, uint64_t max_payload) : fd_(fd), max_payload_(max_payload) {}
+  UdsChannel(int fd, uint64_t max_payload)
+      : fd_(fd), max_payload_(max_payload) {}
   Result<ChannelReply> ReadReply(uint64_t request_id, uint16_t expect_opcode,
                                  uint16_t* opcode_out, bool spin = false);
   void SpinUntilReadable() const;

@@ -35,8 +35,8 @@ bool SocketIsLive(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr),
-                        sizeof(addr)) == 0;
+  bool live =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return live;
 }
@@ -83,10 +83,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void ReadHeader() {
-    asio::async_read(socket_, asio::buffer(header_),
-                     [self = shared_from_this()](auto ec, size_t) {
-                       self->OnHeader(ec);
-                     });
+    asio::async_read(
+        socket_, asio::buffer(header_),
+        [self = shared_from_this()](auto ec, size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(const boost::system::error_code& ec) {
@@ -100,21 +99,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     frame_ = *decoded;
     payload_.resize(frame_.payload_len);
-    asio::async_read(socket_, asio::buffer(payload_),
-                     [self = shared_from_this()](auto ec, size_t) {
-                       self->OnPayload(ec);
-                     });
+    asio::async_read(
+        socket_, asio::buffer(payload_),
+        [self = shared_from_this()](auto ec, size_t) { self->OnPayload(ec); });
   }
 
   void OnPayload(const boost::system::error_code& ec) {
     if (ec) return Close();
     if (frame_.version != kProtocolVersion) {
-      return Reply(kErrorOpcode, frame_.request_id,
-                   EncodeError(Status::ProtocolError(
-                       "unsupported protocol version " +
-                       std::to_string(frame_.version) + " (this daemon speaks " +
-                       std::to_string(kProtocolVersion) + ")")),
-                   -1, false);
+      return Reply(
+          kErrorOpcode, frame_.request_id,
+          EncodeError(Status::ProtocolError(
+              "unsupported protocol version " + std::to_string(frame_.version) +
+              " (this daemon speaks " + std::to_string(kProtocolVersion) +
+              ")")),
+          -1, false);
     }
     if (Status s = VerifyFrameChecksum(header_, payload_); !s.ok()) {
       return Reply(kErrorOpcode, frame_.request_id, EncodeError(s), -1, false);
@@ -125,8 +124,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        "clients may not send response frames")),
                    -1, false);
     }
-    HandlerReply reply =
-        server_.handler->OnFrame(id_, frame_.opcode, payload_);
+    HandlerReply reply = server_.handler->OnFrame(id_, frame_.opcode, payload_);
     if (payload_.capacity() > kKeepPayloadCapacity) {
       std::vector<std::byte>().swap(payload_);
     }
@@ -148,10 +146,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     std::array<asio::const_buffer, 2> buffers{asio::buffer(reply_header_),
                                               asio::buffer(reply_body_)};
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this(), close_after](auto ec, size_t) {
-                        self->AfterWrite(ec || close_after);
-                      });
+    asio::async_write(
+        socket_, buffers,
+        [self = shared_from_this(), close_after](auto ec, size_t) {
+          self->AfterWrite(ec || close_after);
+        });
   }
 
   void AfterWrite(bool close) {
@@ -183,12 +182,13 @@ Status UdsServer::Impl::Listen() {
   namespace fs = std::filesystem;
   const std::string& path = options.path;
   if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return Status::InvalidArgument("socket path is empty or longer than 107 bytes");
+    return Status::InvalidArgument(
+        "socket path is empty or longer than 107 bytes");
   }
   std::error_code fs_ec;
   fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) fs::create_directories(parent, fs_ec);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return Status::InvalidArgument(path + " exists and is not a socket");
@@ -206,7 +206,8 @@ Status UdsServer::Impl::Listen() {
   if (ec) return Status::IOError("listen on " + path + ": " + ec.message());
   if (!options.group.empty()) {
     struct group* g = ::getgrnam(options.group.c_str());
-    if (!g) return Status::InvalidArgument("unknown socket group " + options.group);
+    if (!g)
+      return Status::InvalidArgument("unknown socket group " + options.group);
     if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
       return Status::IOError("chown " + path + ": " + std::strerror(errno));
     }
@@ -218,27 +219,27 @@ Status UdsServer::Impl::Listen() {
 }
 
 void UdsServer::Impl::Accept() {
-  acceptor.async_accept([this](boost::system::error_code ec,
-                               LocalSocket socket) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      return Accept();  // e.g. EMFILE: keep serving existing clients
-    }
-    std::shared_ptr<Connection> conn;
-    {
-      std::lock_guard lock(mu);
-      if (stopped || connections.size() >= options.max_connections) {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      } else {
-        const uint64_t id = next_id++;
-        conn = std::make_shared<Connection>(*this, std::move(socket), id);
-        connections.emplace(id, conn);
-      }
-    }
-    if (conn) conn->Start();
-    Accept();
-  });
+  acceptor.async_accept(
+      [this](boost::system::error_code ec, LocalSocket socket) {
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          return Accept();  // e.g. EMFILE: keep serving existing clients
+        }
+        std::shared_ptr<Connection> conn;
+        {
+          std::lock_guard lock(mu);
+          if (stopped || connections.size() >= options.max_connections) {
+            boost::system::error_code ignored;
+            socket.close(ignored);
+          } else {
+            const uint64_t id = next_id++;
+            conn = std::make_shared<Connection>(*this, std::move(socket), id);
+            connections.emplace(id, conn);
+          }
+        }
+        if (conn) conn->Start();
+        Accept();
+      });
 }
 
 void UdsServer::Impl::Stop() {

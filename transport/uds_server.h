@@ -55,7 +55,7 @@ struct UdsServerOptions {
   std::string group;
   // Largest accepted request payload. Default: 16 MiB.
   uint64_t max_payload_bytes = uint64_t{16} << 20;
-  uint32_t io_threads = 2;        // Default: 2
+  uint32_t io_threads = 2;          // Default: 2
   uint32_t max_connections = 1024;  // further connections are closed
 };
 

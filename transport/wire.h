@@ -25,7 +25,7 @@ namespace tierkv::transport {
 class WireWriter {
  public:
   template <typename T>
-    requires std::is_integral_v<T>
+  requires std::is_integral_v<T>
   void Int(T v) {
     const size_t at = buf_.size();
     buf_.resize(at + sizeof(T));
@@ -62,8 +62,7 @@ class WireReader {
   explicit WireReader(std::span<const std::byte> data) : data_(data) {}
 
   template <typename T>
-    requires std::is_integral_v<T>
-  T Int() {
+  requires std::is_integral_v<T> T Int() {
     T v{};
     if (!Need(sizeof(T))) return v;
     std::memcpy(&v, data_.data() + pos_, sizeof(T));

@@ -5,12 +5,12 @@
 // payload bytes never do: the namespace's arena is mapped into this process
 // and Put/Get copy straight into and out of it (DESIGN.md §5, buffer mode).
 //
-//   auto client = tierkv::Client::Connect({.socket_path = "/run/tierkv/tierkv.sock"});
-//   ASSERT_OK(client->OpenNamespace("glm-5@bf16", token));
-//   ASSERT_OK(client->RegisterLayout(layout));
-//   auto hit = client->Match(page_hashes);        // leading pages present
-//   auto put = client->Put(writes);               // one Status per segment
-//   auto got = client->Get(reads);                // one Status per segment
+//   auto client = tierkv::Client::Connect({.socket_path =
+//   "/run/tierkv/tierkv.sock"}); ASSERT_OK(client->OpenNamespace("glm-5@bf16",
+//   token)); ASSERT_OK(client->RegisterLayout(layout)); auto hit =
+//   client->Match(page_hashes);        // leading pages present auto put =
+//   client->Put(writes);               // one Status per segment auto got =
+//   client->Get(reads);                // one Status per segment
 //
 // Thread safety: all methods are thread-safe. Requests on one Client are
 // serialized on its connection, but the byte copies of concurrent Put/Get

@@ -21,36 +21,49 @@ namespace tierkv {
 // new codes at the end and never renumber.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kNotFound = 1,          // The key (or namespace) does not exist. Retry: no.
-  kAlreadyExists = 2,     // Dedup: the segment is stored already; nothing copied.
-  kInvalidArgument = 3,   // The request is malformed. Fix the caller.
-  kPermissionDenied = 4,  // Wrong namespace token, or not opened.
-  kResourceExhausted = 5, // No space even after eviction (e.g. all pinned).
-  kBusy = 6,              // Transiently unavailable; retry later.
-  kIOError = 7,           // A device or socket failed.
-  kCorruption = 8,        // Checksum or format check failed.
-  kShutdown = 9,          // The daemon is stopping.
-  kProtocolError = 10,    // The peer sent a frame we cannot parse.
-  kInternal = 11,         // A bug. Please report it.
-  kUnavailable = 12,      // Cannot reach the daemon.
+  kNotFound = 1,       // The key (or namespace) does not exist. Retry: no.
+  kAlreadyExists = 2,  // Dedup: the segment is stored already; nothing copied.
+  kInvalidArgument = 3,    // The request is malformed. Fix the caller.
+  kPermissionDenied = 4,   // Wrong namespace token, or not opened.
+  kResourceExhausted = 5,  // No space even after eviction (e.g. all pinned).
+  kBusy = 6,               // Transiently unavailable; retry later.
+  kIOError = 7,            // A device or socket failed.
+  kCorruption = 8,         // Checksum or format check failed.
+  kShutdown = 9,           // The daemon is stopping.
+  kProtocolError = 10,     // The peer sent a frame we cannot parse.
+  kInternal = 11,          // A bug. Please report it.
+  kUnavailable = 12,       // Cannot reach the daemon.
 };
 
 // Returns a stable lowercase name such as "not_found".
 constexpr std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kAlreadyExists: return "already_exists";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kPermissionDenied: return "permission_denied";
-    case StatusCode::kResourceExhausted: return "resource_exhausted";
-    case StatusCode::kBusy: return "busy";
-    case StatusCode::kIOError: return "io_error";
-    case StatusCode::kCorruption: return "corruption";
-    case StatusCode::kShutdown: return "shutdown";
-    case StatusCode::kProtocolError: return "protocol_error";
-    case StatusCode::kInternal: return "internal";
-    case StatusCode::kUnavailable: return "unavailable";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kAlreadyExists:
+      return "already_exists";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kPermissionDenied:
+      return "permission_denied";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case StatusCode::kBusy:
+      return "busy";
+    case StatusCode::kIOError:
+      return "io_error";
+    case StatusCode::kCorruption:
+      return "corruption";
+    case StatusCode::kShutdown:
+      return "shutdown";
+    case StatusCode::kProtocolError:
+      return "protocol_error";
+    case StatusCode::kInternal:
+      return "internal";
+    case StatusCode::kUnavailable:
+      return "unavailable";
   }
   return "unknown";
 }
@@ -71,7 +84,9 @@ class [[nodiscard]] Status {
                      : std::make_shared<const std::string>(message)) {}
 
   static Status OK() { return Status(); }
-  static Status NotFound(std::string_view m) { return {StatusCode::kNotFound, m}; }
+  static Status NotFound(std::string_view m) {
+    return {StatusCode::kNotFound, m};
+  }
   static Status AlreadyExists(std::string_view m) {
     return {StatusCode::kAlreadyExists, m};
   }
@@ -85,15 +100,21 @@ class [[nodiscard]] Status {
     return {StatusCode::kResourceExhausted, m};
   }
   static Status Busy(std::string_view m) { return {StatusCode::kBusy, m}; }
-  static Status IOError(std::string_view m) { return {StatusCode::kIOError, m}; }
+  static Status IOError(std::string_view m) {
+    return {StatusCode::kIOError, m};
+  }
   static Status Corruption(std::string_view m) {
     return {StatusCode::kCorruption, m};
   }
-  static Status Shutdown(std::string_view m) { return {StatusCode::kShutdown, m}; }
+  static Status Shutdown(std::string_view m) {
+    return {StatusCode::kShutdown, m};
+  }
   static Status ProtocolError(std::string_view m) {
     return {StatusCode::kProtocolError, m};
   }
-  static Status Internal(std::string_view m) { return {StatusCode::kInternal, m}; }
+  static Status Internal(std::string_view m) {
+    return {StatusCode::kInternal, m};
+  }
   static Status Unavailable(std::string_view m) {
     return {StatusCode::kUnavailable, m};
   }
@@ -133,7 +154,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) {
       v_ = Status::Internal("Result constructed from an OK Status");
@@ -151,9 +172,7 @@ class [[nodiscard]] Result {
   const T& operator*() const& { return value(); }
 
   // OK when a value is held.
-  Status status() const {
-    return ok() ? Status::OK() : std::get<Status>(v_);
-  }
+  Status status() const { return ok() ? Status::OK() : std::get<Status>(v_); }
 
  private:
   std::variant<T, Status> v_;

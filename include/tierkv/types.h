@@ -27,11 +27,16 @@ enum class Tier : uint8_t {
 
 constexpr std::string_view TierName(Tier tier) {
   switch (tier) {
-    case Tier::kHbm: return "hbm";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
-    case Tier::kPeer: return "peer";
-    case Tier::kMiss: return "miss";
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+    case Tier::kPeer:
+      return "peer";
+    case Tier::kMiss:
+      return "miss";
   }
   return "unknown";
 }

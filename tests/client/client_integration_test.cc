@@ -29,7 +29,8 @@ nlohmann::json Stats(Client& c) {
 // Polls `pred` for up to 5 s.
 template <typename Pred>
 bool Eventually(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline) {
     if (pred()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -105,7 +106,8 @@ TEST_F(ClientIntegrationTest, SamePrefixPutTwiceIsStoredOnce) {
   EXPECT_TRUE(Eventually([&] {
     auto text = HttpGet(daemon_.metrics_port(), "/metrics");
     return text.ok() &&
-           MetricValue(*text, R"(tierkv_dedup_hits_total{namespace="default"})") == 32;
+           MetricValue(*text,
+                       R"(tierkv_dedup_hits_total{namespace="default"})") == 32;
   }));
 }
 
@@ -133,13 +135,15 @@ TEST_F(ClientIntegrationTest, FillingPastCapacityEvictsLruAndNeverPinned) {
     return m.ok() && m->leading_pages == 1;
   };
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(present(i)) << "pinned page " << i;
-  for (int i = 4; i < 8; ++i) EXPECT_TRUE(present(i)) << "recently read page " << i;
+  for (int i = 4; i < 8; ++i)
+    EXPECT_TRUE(present(i)) << "recently read page " << i;
   for (int i = 8; i < 44; ++i) EXPECT_FALSE(present(i)) << "LRU page " << i;
   for (int i = 44; i < 100; ++i) EXPECT_TRUE(present(i)) << "newer page " << i;
 
   // With everything but the pins gone, pinned pages still refuse eviction.
   for (const Status& s : PutPages(*c, Pages(100, 50000), kSeg)) {
-    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kResourceExhausted) << s.ToString();
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kResourceExhausted)
+        << s.ToString();
   }
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg));
 }
@@ -158,22 +162,25 @@ TEST_F(ClientIntegrationTest, KilledClientsLeasesAndReservationsAreReclaimed) {
     auto k = daemon_.Connect();
     if (!k.ok()) ::_exit(2);
     std::vector<SegmentKey> keys = {{pages[0], 0, 0}, {pages[1], 0, 0}};
-    auto read = (*k)->Acquire(keys);                       // read lease
+    auto read = (*k)->Acquire(keys);  // read lease
     auto pin = (*k)->Pin(std::vector<SegmentKey>{{pages[2], 0, 0}},
-                         std::chrono::hours(1));           // pin
+                         std::chrono::hours(1));  // pin
     // A put that reserves space and never commits, via the raw protocol.
     auto ch = transport::UdsChannel::Connect(daemon_.socket_path(),
                                              std::chrono::seconds(5));
     std::ifstream tf(daemon_.dir().File("default.token"));
     std::string token;
     std::getline(tf, token);
-    auto open = (*ch)->Call(static_cast<uint16_t>(transport::Opcode::kOpenNamespace),
-                            transport::Encode(transport::OpenNamespaceRequest{"default", token}));
+    auto open = (*ch)->Call(
+        static_cast<uint16_t>(transport::Opcode::kOpenNamespace),
+        transport::Encode(transport::OpenNamespaceRequest{"default", token}));
     transport::PutReserveRequest req;
     for (const auto& p : Pages(8, 777)) req.items.push_back({{p, 0, 0}, kSeg});
-    auto reserved = (*ch)->Call(static_cast<uint16_t>(transport::Opcode::kPutReserve),
-                                transport::Encode(req));
-    const char ok = read.ok() && pin.ok() && open.ok() && reserved.ok() ? 'y' : 'n';
+    auto reserved =
+        (*ch)->Call(static_cast<uint16_t>(transport::Opcode::kPutReserve),
+                    transport::Encode(req));
+    const char ok =
+        read.ok() && pin.ok() && open.ok() && reserved.ok() ? 'y' : 'n';
     (void)::write(ready[1], &ok, 1);
     ::pause();  // until SIGKILL
     ::_exit(0);
@@ -189,8 +196,8 @@ TEST_F(ClientIntegrationTest, KilledClientsLeasesAndReservationsAreReclaimed) {
   ::waitpid(child, nullptr, 0);
   EXPECT_TRUE(Eventually([&] {
     auto s = Stats(*c);
-    return s["host"]["referenced_segments"] == 0 && s["host"]["reserved_bytes"] == 0 &&
-           s["active_leases"] == 0;
+    return s["host"]["referenced_segments"] == 0 &&
+           s["host"]["reserved_bytes"] == 0 && s["active_leases"] == 0;
   })) << Stats(*c).dump();
   // Reclaimed space is usable again, and the committed data is intact.
   for (const Status& s : PutPages(*c, Pages(8, 777), kSeg)) EXPECT_OK(s);
@@ -208,8 +215,10 @@ TEST_F(ClientIntegrationTest, LeasesOfAHungClientExpire) {
   auto lease = hung->Acquire(std::vector<SegmentKey>{{pages[0], 0, 0}});
   ASSERT_OK(lease);
   EXPECT_EQ(Stats(*c)["host"]["referenced_segments"], 1);
-  EXPECT_TRUE(Eventually([&] { return Stats(*c)["host"]["referenced_segments"] == 0; }));
-  EXPECT_EQ(lease->Release().code(), StatusCode::kNotFound) << "expired already";
+  EXPECT_TRUE(Eventually(
+      [&] { return Stats(*c)["host"]["referenced_segments"] == 0; }));
+  EXPECT_EQ(lease->Release().code(), StatusCode::kNotFound)
+      << "expired already";
 }
 
 TEST_F(ClientIntegrationTest, GetChecksDestinationSizeAndReportsMisses) {
@@ -230,7 +239,8 @@ TEST_F(ClientIntegrationTest, GetChecksDestinationSizeAndReportsMisses) {
   std::vector<std::byte> wrong(kSeg + 1);
   SegmentWrite w{{pages[1], 0, 0}, wrong};
   EXPECT_EQ(c->Put(std::span(&w, 1))[0].code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->RegisterLayout(OnePartLayout(512)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->RegisterLayout(OnePartLayout(512)).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(ClientIntegrationTest, SigtermStopsCleanlyAndRemovesTheSocket) {
@@ -239,8 +249,9 @@ TEST_F(ClientIntegrationTest, SigtermStopsCleanlyAndRemovesTheSocket) {
   EXPECT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_FALSE(std::filesystem::exists(daemon_.socket_path()));
-  EXPECT_EQ(Client::Connect({.socket_path = daemon_.socket_path()}).status().code(),
-            StatusCode::kUnavailable);
+  EXPECT_EQ(
+      Client::Connect({.socket_path = daemon_.socket_path()}).status().code(),
+      StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -19,7 +19,8 @@ inline LayoutSpec OnePartLayout(uint32_t bytes_per_token = 1024) {
 inline std::vector<PageHash> Pages(size_t n, uint32_t first = 0,
                                    std::string_view ns = "default") {
   std::vector<uint32_t> tokens(n * 64);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = first + static_cast<uint32_t>(i);
   return PageHashChain(RootPageHash(ns), tokens, 64);
 }
 
@@ -34,12 +35,14 @@ inline std::vector<std::byte> SegmentBytes(const SegmentKey& key, size_t size) {
 }
 
 // Puts segment (page, 0, 0) of `size` bytes for every page; returns statuses.
-inline std::vector<Status> PutPages(Client& c, const std::vector<PageHash>& pages,
+inline std::vector<Status> PutPages(Client& c,
+                                    const std::vector<PageHash>& pages,
                                     size_t size) {
   std::vector<std::vector<std::byte>> data;
   std::vector<SegmentWrite> writes;
   for (const auto& p : pages) data.push_back(SegmentBytes({p, 0, 0}, size));
-  for (size_t i = 0; i < pages.size(); ++i) writes.push_back({{pages[i], 0, 0}, data[i]});
+  for (size_t i = 0; i < pages.size(); ++i)
+    writes.push_back({{pages[i], 0, 0}, data[i]});
   return c.Put(writes);
 }
 

@@ -17,7 +17,8 @@ constexpr size_t kSeg = 8 * 1024;  // 64 tokens x 128 B
 
 TEST(ConcurrencyTest, EightThreadsTenThousandMixedOpsEach) {
   DaemonProcess daemon;
-  ASSERT_OK(daemon.Start({.extra_args = {"--host-bytes", "64MiB", "--io-threads", "4"}}));
+  ASSERT_OK(daemon.Start(
+      {.extra_args = {"--host-bytes", "64MiB", "--io-threads", "4"}}));
   constexpr int kThreads = 8;
   constexpr int kOps = 10000;
   std::atomic<int> errors{0}, mismatches{0}, ops{0};
@@ -38,7 +39,9 @@ TEST(ConcurrencyTest, EightThreadsTenThousandMixedOpsEach) {
         switch (rng() % 4) {
           case 0: {  // put (stored or deduplicated are both fine)
             Status s = PutPages(**c, {page}, kSeg)[0];
-            if (!s.ok() && !s.IsAlreadyExists() && s.code() != StatusCode::kBusy) errors++;
+            if (!s.ok() && !s.IsAlreadyExists() &&
+                s.code() != StatusCode::kBusy)
+              errors++;
             break;
           }
           case 1: {  // get: a miss is fine, wrong bytes are not
@@ -62,7 +65,8 @@ TEST(ConcurrencyTest, EightThreadsTenThousandMixedOpsEach) {
             } else if (lease->statuses()[0].ok()) {
               auto bytes = lease->data(0);
               auto want = SegmentBytes(key, kSeg);
-              if (!std::equal(bytes.begin(), bytes.end(), want.begin(), want.end())) {
+              if (!std::equal(bytes.begin(), bytes.end(), want.begin(),
+                              want.end())) {
                 mismatches++;
               }
             }
@@ -81,7 +85,8 @@ TEST(ConcurrencyTest, EightThreadsTenThousandMixedOpsEach) {
   ASSERT_OK(c);
   auto stats = (*c)->StatsJson();
   ASSERT_OK(stats);
-  EXPECT_NE(stats->find("\"referenced_segments\":0"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("\"referenced_segments\":0"), std::string::npos)
+      << *stats;
   EXPECT_NE(stats->find("\"reserved_bytes\":0"), std::string::npos) << *stats;
 }
 

@@ -41,7 +41,8 @@ int EnvInt(const char* name, int fallback) {
 
 TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
   const int kills = EnvInt("TIERKV_CRASH_KILLS", 10);
-  const unsigned seed = static_cast<unsigned>(EnvInt("TIERKV_CRASH_SEED", std::random_device{}()));
+  const unsigned seed = static_cast<unsigned>(
+      EnvInt("TIERKV_CRASH_SEED", std::random_device{}()));
   std::mt19937 rng(seed);
   std::printf("crash test: %d kills, seed %u\n", kills, seed);
 
@@ -53,7 +54,8 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
     ~RemoveOnExit() { std::filesystem::remove_all(path); }
   } cleanup{dir};
   const std::string config =
-      "[nvme]\npath = \"" + dir + "/nvme.data\"\ncapacity_bytes = \"512MiB\"\n"
+      "[nvme]\npath = \"" + dir +
+      "/nvme.data\"\ncapacity_bytes = \"512MiB\"\n"
       "[[namespace]]\nname = \"default\"\ntoken = \"crash-test-token\"\n"
       "host_bytes = \"16MiB\"\nshards = 2\nwrite_policy = \"write_through\"\n";
 
@@ -77,7 +79,8 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
         const std::string log = daemon.log();
         FAIL() << "round " << round << ": acknowledged page " << p.ToHex()
                << " lost (seed " << seed << "): Get says "
-               << (*c)->Get(std::span(&r, 1))[0].ToString() << "\ndaemon log tail:\n"
+               << (*c)->Get(std::span(&r, 1))[0].ToString()
+               << "\ndaemon log tail:\n"
                << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
       }
       ++verified;
@@ -100,7 +103,8 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
     std::atomic<bool> dead{false};
     std::thread writer([&] {
       auto w = daemon.Connect("default", "crash-test-token");
-      if (!w.ok() || !(*w)->RegisterLayout(OnePartLayout(kBytesPerToken)).ok()) return;
+      if (!w.ok() || !(*w)->RegisterLayout(OnePartLayout(kBytesPerToken)).ok())
+        return;
       while (!dead.load()) {
         std::vector<PageHash> pages;
         {
@@ -118,7 +122,8 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
         for (size_t i = 0; i < pages.size(); ++i) {
           if (put[i].ok() && flushed[i].ok()) {
             acknowledged.push_back(pages[i]);
-            attempted.erase(std::find(attempted.begin(), attempted.end(), pages[i]));
+            attempted.erase(
+                std::find(attempted.begin(), attempted.end(), pages[i]));
           }
         }
         if (!flushed.empty() && !flushed[0].ok()) return;  // the daemon is gone
@@ -129,10 +134,12 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
     daemon.Stop(SIGKILL);
     writer.join();
   }
-  std::printf("crash test: %zu acknowledged segments verified %llu times in total; %llu "
-              "unacknowledged found intact\n",
-              acknowledged.size(), static_cast<unsigned long long>(verified),
-              static_cast<unsigned long long>(attempted_found));
+  std::printf(
+      "crash test: %zu acknowledged segments verified %llu times in total; "
+      "%llu "
+      "unacknowledged found intact\n",
+      acknowledged.size(), static_cast<unsigned long long>(verified),
+      static_cast<unsigned long long>(attempted_found));
   EXPECT_GT(acknowledged.size(), 0u);
 }
 

@@ -41,16 +41,18 @@ class NvmeTierTest : public ::testing::Test {
 
   Status Start(std::vector<std::string> extra = {}) {
     daemon_ = std::make_unique<DaemonProcess>();
-    std::vector<std::string> args = {"--host-bytes", "8MiB", "--shards", "1",
-                                     "--nvme-path", data_dir_ + "/nvme.data",
+    std::vector<std::string> args = {"--host-bytes", "8MiB",
+                                     "--shards",     "1",
+                                     "--nvme-path",  data_dir_ + "/nvme.data",
                                      "--nvme-bytes", "64MiB"};
     args.insert(args.end(), extra.begin(), extra.end());
     // Keep the token across restarts: the daemon's temp dir is new each time.
     if (!token_.empty()) {
       std::ofstream(data_dir_ + "/default.token") << token_ << "\n";
     }
-    std::string config = "[[namespace]]\nname = \"default\"\ntoken_file = \"" +
-                         data_dir_ + "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
+    std::string config =
+        "[[namespace]]\nname = \"default\"\ntoken_file = \"" + data_dir_ +
+        "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
     Status s = daemon_->Start({.config_toml = config, .extra_args = args});
     if (s.ok() && token_.empty()) {
       std::ifstream in(data_dir_ + "/default.token");
@@ -122,7 +124,8 @@ TEST_F(NvmeTierTest, WriteBackDemotesEvictedSegmentsAndGetPromotesThem) {
   auto match = c->Match(pages);
   ASSERT_OK(match);
   EXPECT_GE(match->leading_pages, 270u) << "evicted pages are found on NVMe";
-  for (int i = 0; i < 10; ++i) EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg)) << i;
+  for (int i = 0; i < 10; ++i)
+    EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg)) << i;
 }
 
 TEST_F(NvmeTierTest, FlippedBytesOnDiskAreAMissAndCounted) {
@@ -135,7 +138,8 @@ TEST_F(NvmeTierTest, FlippedBytesOnDiskAreAMissAndCounted) {
   }
   daemon_->Stop(SIGTERM);
   {
-    std::fstream f(data_dir_ + "/nvme.data", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(data_dir_ + "/nvme.data",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(1000);
     char b = 0;
     f.read(&b, 1);
@@ -163,21 +167,25 @@ TEST_F(NvmeTierTest, DamagedCatalogIsAClearErrorOrAnExplicitFreshStart) {
   }
   daemon_->Stop(SIGTERM);
   // Wreck every file of the RocksDB catalog.
-  for (const auto& entry : std::filesystem::directory_iterator(data_dir_ + "/nvme.data.catalog")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(data_dir_ + "/nvme.data.catalog")) {
     std::ofstream(entry.path(), std::ios::trunc) << "garbage";
   }
   Status s = Start();
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("recreate_damaged_catalog"), std::string_view::npos)
+  EXPECT_NE(s.message().find("recreate_damaged_catalog"),
+            std::string_view::npos)
       << s.ToString();
   // The operator opts in to starting empty.
   std::ofstream(data_dir_ + "/recreate.toml")
-      << "[nvme]\npath = \"" << data_dir_ << "/nvme.data\"\ncapacity_bytes = \"64MiB\"\n"
+      << "[nvme]\npath = \"" << data_dir_
+      << "/nvme.data\"\ncapacity_bytes = \"64MiB\"\n"
       << "recreate_damaged_catalog = true\n"
       << "[[namespace]]\nname = \"default\"\ntoken_file = \"" << data_dir_
       << "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
   daemon_ = std::make_unique<DaemonProcess>();
-  ASSERT_OK(daemon_->Start({.extra_args = {"--config", data_dir_ + "/recreate.toml"}}));
+  ASSERT_OK(daemon_->Start(
+      {.extra_args = {"--config", data_dir_ + "/recreate.toml"}}));
   auto c = Open();
   EXPECT_EQ(Stats(*c)["nvme"]["catalog_recreated"], true);
   auto m = c->Match(Pages(1));
@@ -214,7 +222,8 @@ TEST_F(NvmeTierTest, FlushWithoutNvmeTierIsRejected) {
   auto c = plain.Connect();
   ASSERT_OK(c);
   ASSERT_OK((*c)->RegisterLayout(OnePartLayout()));
-  EXPECT_EQ((*c)->Flush(Keys(Pages(1)))[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*c)->Flush(Keys(Pages(1)))[0].code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

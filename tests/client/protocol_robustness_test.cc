@@ -59,17 +59,20 @@ class ProtocolRobustnessTest : public ::testing::Test {
     victim_ = std::move(b).value();
     ASSERT_OK(victim_->RegisterLayout(OnePartLayout()));
     victim_pages_ = Pages(8, 0, "b");
-    for (const Status& s : PutPages(*victim_, victim_pages_, kSeg)) ASSERT_OK(s);
+    for (const Status& s : PutPages(*victim_, victim_pages_, kSeg))
+      ASSERT_OK(s);
   }
 
   std::unique_ptr<UdsChannel> Raw() {
-    auto ch = UdsChannel::Connect(daemon_.socket_path(), std::chrono::seconds(5));
+    auto ch =
+        UdsChannel::Connect(daemon_.socket_path(), std::chrono::seconds(5));
     EXPECT_TRUE(ch.ok()) << ch.status().ToString();
     return ch.ok() ? std::move(ch).value() : nullptr;
   }
 
   // A well-formed frame, which tests then damage.
-  static std::vector<std::byte> Frame(uint16_t opcode, std::vector<std::byte> payload,
+  static std::vector<std::byte> Frame(uint16_t opcode,
+                                      std::vector<std::byte> payload,
                                       HeaderBytes* header_out = nullptr) {
     HeaderBytes h = transport::EncodeFrameHeader(opcode, 7, payload);
     if (header_out) *header_out = h;
@@ -132,7 +135,8 @@ TEST_F(ProtocolRobustnessTest, WrongMagicGetsAnErrorFrameAndClose) {
   ExpectHealthy();
 }
 
-TEST_F(ProtocolRobustnessTest, WrongVersionGetsAnErrorAndTheConnectionStaysUsable) {
+TEST_F(ProtocolRobustnessTest,
+       WrongVersionGetsAnErrorAndTheConnectionStaysUsable) {
   auto ch = Raw();
   HeaderBytes h = transport::EncodeFrameHeader(1, 9, {}, /*version=*/99);
   ASSERT_OK(ch->TEST_SendRaw(h));
@@ -150,14 +154,16 @@ TEST_F(ProtocolRobustnessTest, AbsurdLengthIsRejectedWithoutAllocating) {
     Poke<uint64_t>(h, 16, uint64_t{1} << 40);
     auto ch = Raw();
     ASSERT_OK(ch->TEST_SendRaw(h));
-    EXPECT_EQ(ch->TEST_ReadReply(nullptr).status().code(), StatusCode::kProtocolError);
+    EXPECT_EQ(ch->TEST_ReadReply(nullptr).status().code(),
+              StatusCode::kProtocolError);
     EXPECT_TRUE(PeerClosed(*ch));
   }
   EXPECT_LT(daemon_.RssBytes(), before + kRssSlack);
   ExpectHealthy();
 }
 
-TEST_F(ProtocolRobustnessTest, UnknownOpcodeAndBadChecksumLeaveConnectionUsable) {
+TEST_F(ProtocolRobustnessTest,
+       UnknownOpcodeAndBadChecksumLeaveConnectionUsable) {
   auto ch = Raw();
   EXPECT_EQ(ch->Call(999, {}).status().code(), StatusCode::kProtocolError);
   EXPECT_EQ(ch->Call(0, {}).status().code(), StatusCode::kProtocolError);
@@ -165,14 +171,17 @@ TEST_F(ProtocolRobustnessTest, UnknownOpcodeAndBadChecksumLeaveConnectionUsable)
   auto frame = Frame(static_cast<uint16_t>(Opcode::kPing), {std::byte{1}}, &h);
   frame.back() = std::byte{2};  // payload no longer matches the checksum
   ASSERT_OK(ch->TEST_SendRaw(frame));
-  EXPECT_EQ(ch->TEST_ReadReply(nullptr).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(ch->TEST_ReadReply(nullptr).status().code(),
+            StatusCode::kCorruption);
   EXPECT_OK(ch->Call(static_cast<uint16_t>(Opcode::kPing), {}));
 }
 
-TEST_F(ProtocolRobustnessTest, HostileCountsAndTruncatedPayloadsAreProtocolErrors) {
+TEST_F(ProtocolRobustnessTest,
+       HostileCountsAndTruncatedPayloadsAreProtocolErrors) {
   auto ch = Raw();
-  auto open = ch->Call(static_cast<uint16_t>(Opcode::kOpenNamespace),
-                       transport::Encode(transport::OpenNamespaceRequest{"a", "token-of-a"}));
+  auto open = ch->Call(
+      static_cast<uint16_t>(Opcode::kOpenNamespace),
+      transport::Encode(transport::OpenNamespaceRequest{"a", "token-of-a"}));
   ASSERT_OK(open);
   if (open->fd >= 0) ::close(open->fd);
   // A Get claiming 2^31 keys in a 12-byte payload.
@@ -180,8 +189,9 @@ TEST_F(ProtocolRobustnessTest, HostileCountsAndTruncatedPayloadsAreProtocolError
   w.Int<uint64_t>(0);
   w.Int<uint32_t>(0);
   w.Int<uint32_t>(1u << 31);
-  EXPECT_EQ(ch->Call(static_cast<uint16_t>(Opcode::kGet), w.Take()).status().code(),
-            StatusCode::kProtocolError);
+  EXPECT_EQ(
+      ch->Call(static_cast<uint16_t>(Opcode::kGet), w.Take()).status().code(),
+      StatusCode::kProtocolError);
   // A layout whose part name claims 4 GiB.
   transport::WireWriter l;
   l.Int<uint32_t>(64);
@@ -190,13 +200,16 @@ TEST_F(ProtocolRobustnessTest, HostileCountsAndTruncatedPayloadsAreProtocolError
   l.Int<uint32_t>(0xffffffff);
   l.Int<uint32_t>(0);
   EXPECT_EQ(ch->Call(static_cast<uint16_t>(Opcode::kRegisterLayout), l.Take())
-                .status().code(),
+                .status()
+                .code(),
             StatusCode::kProtocolError);
   // A put that is cut short.
-  auto put = transport::Encode(transport::PutReserveRequest{{{{PageHash{1, 1}, 0, 0}, kSeg}}});
+  auto put = transport::Encode(
+      transport::PutReserveRequest{{{{PageHash{1, 1}, 0, 0}, kSeg}}});
   put.pop_back();
-  EXPECT_EQ(ch->Call(static_cast<uint16_t>(Opcode::kPutReserve), put).status().code(),
-            StatusCode::kProtocolError);
+  EXPECT_EQ(
+      ch->Call(static_cast<uint16_t>(Opcode::kPutReserve), put).status().code(),
+      StatusCode::kProtocolError);
   // Segment sizes the arena cannot hold are per-item errors, not crashes.
   auto huge = transport::Encode(
       transport::PutReserveRequest{{{{PageHash{1, 1}, 0, 0}, uint64_t{1} << 40},
@@ -228,24 +241,29 @@ TEST_F(ProtocolRobustnessTest, RandomBytesNeverHurtTheDaemon) {
   ExpectHealthy();
 }
 
-TEST_F(ProtocolRobustnessTest, ClientDisconnectingMidPutLosesNothingAndLeaksNothing) {
+TEST_F(ProtocolRobustnessTest,
+       ClientDisconnectingMidPutLosesNothingAndLeaksNothing) {
   auto a = daemon_.Connect("a", "token-of-a");
   ASSERT_OK(a);
   ASSERT_OK((*a)->RegisterLayout(OnePartLayout()));
   {
     auto ch = Raw();
-    auto open = ch->Call(static_cast<uint16_t>(Opcode::kOpenNamespace),
-                         transport::Encode(transport::OpenNamespaceRequest{"a", "token-of-a"}));
+    auto open = ch->Call(
+        static_cast<uint16_t>(Opcode::kOpenNamespace),
+        transport::Encode(transport::OpenNamespaceRequest{"a", "token-of-a"}));
     ASSERT_OK(open);
     if (open->fd >= 0) ::close(open->fd);
     transport::PutReserveRequest req;
-    for (const auto& p : Pages(16, 0, "a")) req.items.push_back({{p, 0, 0}, kSeg});
-    ASSERT_OK(ch->Call(static_cast<uint16_t>(Opcode::kPutReserve), transport::Encode(req)));
+    for (const auto& p : Pages(16, 0, "a"))
+      req.items.push_back({{p, 0, 0}, kSeg});
+    ASSERT_OK(ch->Call(static_cast<uint16_t>(Opcode::kPutReserve),
+                       transport::Encode(req)));
   }  // disconnect without commit
   bool reclaimed = false;
   for (int i = 0; i < 250 && !reclaimed; ++i) {
     auto stats = (*a)->StatsJson();
-    reclaimed = stats.ok() && stats->find("\"reserved_bytes\":0") != std::string::npos;
+    reclaimed =
+        stats.ok() && stats->find("\"reserved_bytes\":0") != std::string::npos;
     if (!reclaimed) usleep(20000);
   }
   EXPECT_TRUE(reclaimed);

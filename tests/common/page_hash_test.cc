@@ -13,9 +13,10 @@ TEST(PageHashTest, ChainHashesOnlyFullPages) {
   std::iota(tokens.begin(), tokens.end(), 0u);
   auto chain = PageHashChain(RootPageHash("ns"), tokens, 64);
   ASSERT_EQ(chain.size(), 2u);
-  EXPECT_EQ(chain[0], NextPageHash(RootPageHash("ns"),
-                                   std::span(tokens).subspan(0, 64)));
-  EXPECT_EQ(chain[1], NextPageHash(chain[0], std::span(tokens).subspan(64, 64)));
+  EXPECT_EQ(chain[0],
+            NextPageHash(RootPageHash("ns"), std::span(tokens).subspan(0, 64)));
+  EXPECT_EQ(chain[1],
+            NextPageHash(chain[0], std::span(tokens).subspan(64, 64)));
 }
 
 TEST(PageHashTest, EqualPrefixesShareHashesAndDivergeAfter) {
@@ -40,13 +41,16 @@ TEST(PageHashTest, NamespaceAndSaltSeparateChains) {
 // Frozen vectors, cross-checked with the Python xxhash package (xxh3_128 over
 // the same bytes). If these change, every persisted cache is invalidated.
 TEST(PageHashTest, FrozenVectors) {
-  EXPECT_EQ(RootPageHash("default").ToHex(), "12a03b47514c9b7dd69c36821acea183");
+  EXPECT_EQ(RootPageHash("default").ToHex(),
+            "12a03b47514c9b7dd69c36821acea183");
   std::vector<uint32_t> tokens(64);
   std::iota(tokens.begin(), tokens.end(), 1u);
-  EXPECT_EQ(NextPageHash(RootPageHash("default"), tokens).ToHex(), "eaae000cecf2fc67f46506c014bbc5c0");
+  EXPECT_EQ(NextPageHash(RootPageHash("default"), tokens).ToHex(),
+            "eaae000cecf2fc67f46506c014bbc5c0");
   const std::byte salt[] = {std::byte{'x'}};
-  EXPECT_EQ(NextPageHash(PageHash{}, std::span(tokens).subspan(0, 4), salt).ToHex(),
-            "dfed77c69c84eb5533db2eeddfad8f25");
+  EXPECT_EQ(
+      NextPageHash(PageHash{}, std::span(tokens).subspan(0, 4), salt).ToHex(),
+      "dfed77c69c84eb5533db2eeddfad8f25");
 }
 
 TEST(PageHashTest, HexRoundTrips) {
@@ -75,7 +79,8 @@ TEST(LayoutSpecTest, ValidatesAndSizesSegments) {
   bad = glm;
   bad.layers[2].parts.push_back({"kv", 4});
   EXPECT_EQ(bad.Validate().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(glm.Fingerprint(), LayoutSpec::Uniform(64, 3, {{"kv", 1152}}).Fingerprint());
+  EXPECT_NE(glm.Fingerprint(),
+            LayoutSpec::Uniform(64, 3, {{"kv", 1152}}).Fingerprint());
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 namespace tierkv::daemon {
 namespace {
 
-Result<DaemonConfig> Load(const testing::TempDir& dir, const std::string& text) {
+Result<DaemonConfig> Load(const testing::TempDir& dir,
+                          const std::string& text) {
   std::ofstream(dir.File("c.toml")) << text;
   return LoadConfigFile(dir.File("c.toml"), EmbeddedDefaults());
 }
@@ -66,10 +67,14 @@ TEST(ConfigTest, MistakesAreNamed) {
   auto type = Load(dir, "[server]\nio_threads = \"four\"\n");
   ASSERT_FALSE(type.ok());
   EXPECT_NE(type.status().message().find("io_threads"), std::string_view::npos);
-  auto size = Load(dir, "[[namespace]]\nname = \"a\"\ntoken = \"12345678\"\nhost_bytes = \"1 furlong\"\n");
+  auto size = Load(dir,
+                   "[[namespace]]\nname = \"a\"\ntoken = "
+                   "\"12345678\"\nhost_bytes = \"1 furlong\"\n");
   ASSERT_FALSE(size.ok());
   EXPECT_NE(size.status().message().find("host_bytes"), std::string_view::npos);
-  auto both = Load(dir, "[[namespace]]\nname = \"a\"\ntoken = \"12345678\"\ntoken_file = \"/x\"\n");
+  auto both = Load(dir,
+                   "[[namespace]]\nname = \"a\"\ntoken = "
+                   "\"12345678\"\ntoken_file = \"/x\"\n");
   EXPECT_FALSE(both.ok());
 }
 
@@ -110,7 +115,7 @@ TEST(ConfigTest, TokenFilesAreCreatedPrivateAndReused) {
   ASSERT_OK(ResolveTokens(c));
   const std::string token = c.namespaces[0].token;
   EXPECT_GE(token.size(), 32u);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(dir.File("sub/default.token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   DaemonConfig again = EmbeddedDefaults();
@@ -124,12 +129,14 @@ TEST(ConfigTest, DaemonExitsNonZeroWithAClearMessageOnABadConfig) {
   std::ofstream(dir.File("bad.toml")) << "[server]\nio_threads = 0\n";
   const char* bin = std::getenv("TIERKV_BIN_DIR");
   ASSERT_NE(bin, nullptr);
-  std::string cmd = std::string(bin) + "/tierkvd --config " + dir.File("bad.toml") +
-                    " --socket " + dir.File("s.sock") + " > " + dir.File("out") + " 2>&1";
+  std::string cmd = std::string(bin) + "/tierkvd --config " +
+                    dir.File("bad.toml") + " --socket " + dir.File("s.sock") +
+                    " > " + dir.File("out") + " 2>&1";
   int rc = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
   std::ifstream out(dir.File("out"));
-  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  std::string text((std::istreambuf_iterator<char>(out)),
+                   std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("server.io_threads"), std::string::npos) << text;
 }
 

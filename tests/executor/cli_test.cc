@@ -1,6 +1,7 @@
 // Tests of the real tierkv-run binary ($TIERKV_BIN_DIR/tierkv-run): writes a
 // model, runs it, and rejects broken model directories with a clear message
 // and a non-zero exit.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -8,10 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tests/testing/temp_dir.h"
 
@@ -34,7 +33,8 @@ RunResult RunTool(const std::string& args) {
   if (p == nullptr) return r;
   std::array<char, 4096> buf{};
   size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    r.output.append(buf.data(), n);
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   return r;
@@ -47,8 +47,8 @@ class TierkvRunTest : public ::testing::Test {
       GTEST_SKIP() << Binary() << " not built";
     }
     model_ = dir_.path() / "model";
-    const RunResult w =
-        RunTool("--write-random-model " + model_.string() + " --preset tiny --seed 3");
+    const RunResult w = RunTool("--write-random-model " + model_.string() +
+                                " --preset tiny --seed 3");
     ASSERT_EQ(w.exit_code, 0) << w.output;
   }
   tierkv::testing::TempDir dir_;
@@ -58,8 +58,9 @@ class TierkvRunTest : public ::testing::Test {
 TEST_F(TierkvRunTest, GeneratesAndWritesLogitsNpy) {
   const std::string npy = (dir_.path() / "logits.npy").string();
   const RunResult r = RunTool("--model " + model_.string() +
-                          " --prompt-ids 1,2,3 --max-new-tokens 4 --greedy"
-                          " --logits-out " + npy);
+                              " --prompt-ids 1,2,3 --max-new-tokens 4 --greedy"
+                              " --logits-out " +
+                              npy);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
   // Header + 4 rows x 128 vocab x 4 bytes.
@@ -76,7 +77,8 @@ TEST_F(TierkvRunTest, GeneratesAndWritesLogitsNpy) {
 TEST_F(TierkvRunTest, TruncatedSafetensorsExitsNonZeroWithMessage) {
   const auto file = model_ / "model.safetensors";
   std::filesystem::resize_file(file, std::filesystem::file_size(file) / 2);
-  const RunResult r = RunTool("--model " + model_.string() + " --prompt-ids 1,2");
+  const RunResult r =
+      RunTool("--model " + model_.string() + " --prompt-ids 1,2");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
@@ -101,7 +103,8 @@ TEST_F(TierkvRunTest, MismatchedShapeExitsNonZeroNamingTheTensor) {
   std::ofstream(model_ / "config.json") << j.dump();
   const RunResult r = RunTool("--model " + model_.string() + " --prompt-ids 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("indexer.wq_b.weight"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("indexer.wq_b.weight"), std::string::npos)
+      << r.output;
 }
 
 TEST_F(TierkvRunTest, MissingModelDirAndBadPromptAreErrors) {

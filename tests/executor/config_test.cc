@@ -1,10 +1,10 @@
 // Tests for executor/config: HF config.json parsing, IndexShare, YaRN.
 #include "executor/config.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "executor/presets.h"
@@ -183,7 +183,8 @@ TEST(ModelConfig, LoadReportsMissingAndInvalidFiles) {
 
 // The glm5-shape preset proves the loading logic at GLM-5.2 scale without
 // allocating: names and shapes only.
-TEST(ExpectedTensors, Glm5ShapeListsHfNamesAndShapesWithoutIndexerOnSharedLayers) {
+TEST(ExpectedTensors,
+     Glm5ShapeListsHfNamesAndShapesWithoutIndexerOnSharedLayers) {
   auto c = PresetConfig("glm5-shape");
   ASSERT_OK(c);
   const auto tensors = ExpectedTensors(*c);
@@ -192,30 +193,35 @@ TEST(ExpectedTensors, Glm5ShapeListsHfNamesAndShapesWithoutIndexerOnSharedLayers
   using V = std::vector<int64_t>;
   EXPECT_EQ(shapes["model.embed_tokens.weight"], (V{154880, 6144}));
   EXPECT_EQ(shapes["lm_head.weight"], (V{154880, 6144}));
-  EXPECT_EQ(shapes["model.layers.0.self_attn.q_a_proj.weight"], (V{2048, 6144}));
-  EXPECT_EQ(shapes["model.layers.0.self_attn.q_b_proj.weight"], (V{16384, 2048}));
+  EXPECT_EQ(shapes["model.layers.0.self_attn.q_a_proj.weight"],
+            (V{2048, 6144}));
+  EXPECT_EQ(shapes["model.layers.0.self_attn.q_b_proj.weight"],
+            (V{16384, 2048}));
   EXPECT_EQ(shapes["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"],
             (V{576, 6144}));
-  EXPECT_EQ(shapes["model.layers.0.self_attn.kv_b_proj.weight"], (V{28672, 512}));
+  EXPECT_EQ(shapes["model.layers.0.self_attn.kv_b_proj.weight"],
+            (V{28672, 512}));
   EXPECT_EQ(shapes["model.layers.0.self_attn.o_proj.weight"], (V{6144, 16384}));
   EXPECT_EQ(shapes["model.layers.2.self_attn.indexer.wq_b.weight"],
             (V{4096, 2048}));
-  EXPECT_EQ(shapes["model.layers.6.self_attn.indexer.wk.weight"], (V{128, 6144}));
+  EXPECT_EQ(shapes["model.layers.6.self_attn.indexer.wk.weight"],
+            (V{128, 6144}));
   EXPECT_EQ(shapes["model.layers.6.self_attn.indexer.weights_proj.weight"],
             (V{32, 6144}));
   EXPECT_EQ(shapes.count("model.layers.3.self_attn.indexer.wk.weight"), 0u);
   EXPECT_EQ(shapes.count("model.layers.5.self_attn.indexer.wq_b.weight"), 0u);
   EXPECT_EQ(shapes["model.layers.2.mlp.gate_proj.weight"], (V{12288, 6144}));
   EXPECT_EQ(shapes.count("model.layers.3.mlp.gate_proj.weight"), 0u);
-  EXPECT_EQ(shapes["model.layers.3.mlp.gate.e_score_correction_bias"], (V{256}));
+  EXPECT_EQ(shapes["model.layers.3.mlp.gate.e_score_correction_bias"],
+            (V{256}));
   EXPECT_EQ(shapes["model.layers.77.mlp.experts.255.down_proj.weight"],
             (V{6144, 2048}));
   EXPECT_EQ(shapes["model.layers.77.mlp.shared_experts.up_proj.weight"],
             (V{2048, 6144}));
   int indexer_layers = 0;
   for (int64_t l = 0; l < 78; ++l) {
-    indexer_layers += shapes.count(
-        "model.layers." + std::to_string(l) + ".self_attn.indexer.k_norm.bias");
+    indexer_layers += shapes.count("model.layers." + std::to_string(l) +
+                                   ".self_attn.indexer.k_norm.bias");
   }
   EXPECT_EQ(indexer_layers, 21);
   // ~744B parameters without the MTP layer (GLM-5 README: 744B).

@@ -1,11 +1,11 @@
 // Tests for executor/indexer: scores, paged scan, top-k.
 #include "executor/indexer.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "executor/thread_pool.h"
 #include "tests/testing/status_matchers.h"
@@ -22,7 +22,7 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 
 TEST(IndexScores, IsWeightedSumOfReluScaledDotProducts) {
   const int64_t heads = 3, dim = 4;
-  const std::vector<float> q = {1, 0, 0, 0,   0, 2, 0, 0,   -1, -1, -1, -1};
+  const std::vector<float> q = {1, 0, 0, 0, 0, 2, 0, 0, -1, -1, -1, -1};
   const std::vector<float> w = {0.5f, 2.0f, 10.0f};
   const std::vector<float> k = {4, 1, 0, 0};
   float s = 0;
@@ -69,8 +69,8 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
       pool.ParallelFor(1000, 7, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) ++hits[i];
       });
-      ASSERT_TRUE(std::all_of(hits.begin(), hits.end(),
-                              [](int h) { return h == 1; }));
+      ASSERT_TRUE(
+          std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
     }
   }
 }

@@ -30,14 +30,17 @@ TEST(InProcessKvCache, GatherAcrossPagesReturnsWrittenRows) {
   const int64_t dim = cache->geometry().latent_dim;  // 40
   std::vector<float> rows(static_cast<size_t>(150 * dim));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
-  ASSERT_OK(cache->Write(1, KvPart::kLatent, 0, std::span(rows).first(100 * dim)));
-  ASSERT_OK(cache->Write(1, KvPart::kLatent, 100, std::span(rows).subspan(100 * dim)));
+  ASSERT_OK(
+      cache->Write(1, KvPart::kLatent, 0, std::span(rows).first(100 * dim)));
+  ASSERT_OK(cache->Write(1, KvPart::kLatent, 100,
+                         std::span(rows).subspan(100 * dim)));
   const std::vector<int32_t> ids = {149, 0, 64, 63, 64};
   std::vector<float> out(ids.size() * dim);
   ASSERT_OK(cache->Gather(1, KvPart::kLatent, ids, out));
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(out[i * dim], static_cast<float>(ids[i] * dim));
-    EXPECT_EQ(out[i * dim + dim - 1], static_cast<float>(ids[i] * dim + dim - 1));
+    EXPECT_EQ(out[i * dim + dim - 1],
+              static_cast<float>(ids[i] * dim + dim - 1));
   }
   EXPECT_EQ(cache->num_tokens(1, KvPart::kLatent), 150);
   auto page = cache->PageView(1, KvPart::kLatent, 2);
@@ -48,7 +51,8 @@ TEST(InProcessKvCache, GatherAcrossPagesReturnsWrittenRows) {
 TEST(InProcessKvCache, SharedLayerHasNoIndexKeyPart) {
   auto cache = MakeCache();
   std::vector<float> key(16, 1.0f);
-  const Status s = cache->Write(2, KvPart::kIndexKey, 0, key);  // tiny: layer 2 shared
+  const Status s =
+      cache->Write(2, KvPart::kIndexKey, 0, key);  // tiny: layer 2 shared
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("shared"), std::string::npos);
   EXPECT_OK(cache->Write(3, KvPart::kIndexKey, 0, key));

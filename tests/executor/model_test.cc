@@ -2,13 +2,13 @@
 // IndexShare, KV-cache correctness, determinism.
 #include "executor/model.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "executor/generator.h"
 #include "executor/presets.h"
@@ -158,8 +158,8 @@ TEST(ModelTest, PrefillThenDecodeMatchesLongerPrefill) {
     auto cache = m->NewCache(64);
     ASSERT_OK(cache);
     ASSERT_OK(m->Forward(head, cache->get()));
-    auto step = m->Forward(std::span<const int32_t>(&tokens.back(), 1),
-                           cache->get());
+    auto step =
+        m->Forward(std::span<const int32_t>(&tokens.back(), 1), cache->get());
     ASSERT_OK(step);
     auto cache2 = m->NewCache(64);
     ASSERT_OK(cache2);

@@ -1,9 +1,9 @@
 // Tests for executor/moe: noaux_tc routing.
 #include "executor/moe.h"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "executor/presets.h"
 
@@ -30,8 +30,8 @@ TEST(RouteToken, BiasPicksExpertsButWeightsUseUnbiasedScores) {
 
 TEST(RouteToken, GroupLimitedRoutingKeepsOnlyTheBestGroups) {
   ModelConfig c = PresetConfig("tiny").value();
-  c.n_group = 4;      // groups {0,1} {2,3} {4,5} {6,7}
-  c.topk_group = 1;   // keep one group
+  c.n_group = 4;     // groups {0,1} {2,3} {4,5} {6,7}
+  c.topk_group = 1;  // keep one group
   c.norm_topk_prob = false;
   c.routed_scaling_factor = 1.0;
   // Expert 0 is the single best, but group {6,7} has the best top-2 sum.

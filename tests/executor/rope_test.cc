@@ -1,10 +1,10 @@
 // Tests for executor/rope: both layouts, relative-position property, YaRN.
 #include "executor/rope.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "executor/kernels.h"
 #include "executor/presets.h"
@@ -38,8 +38,10 @@ TEST(Rope, LayoutsRotateDifferentPairs) {
 // mixing layouts between q and k breaks that.
 TEST(Rope, BothLayoutsEncodeRelativePositionAndAreNotInterchangeable) {
   const Rope rope(RopeConfig());
-  const std::vector<float> q0 = {0.3f, -1.2f, 0.8f, 0.1f, -0.5f, 0.9f, 0.4f, -0.7f};
-  const std::vector<float> k0 = {1.1f, 0.2f, -0.3f, 0.6f, 0.5f, -0.8f, 0.2f, 0.9f};
+  const std::vector<float> q0 = {0.3f,  -1.2f, 0.8f, 0.1f,
+                                 -0.5f, 0.9f,  0.4f, -0.7f};
+  const std::vector<float> k0 = {1.1f, 0.2f,  -0.3f, 0.6f,
+                                 0.5f, -0.8f, 0.2f,  0.9f};
   auto score = [&](int64_t pq, int64_t pk, bool lq, bool lk) {
     auto q = q0, k = k0;
     rope.Apply(q.data(), 1, 8, pq, lq);
@@ -49,9 +51,9 @@ TEST(Rope, BothLayoutsEncodeRelativePositionAndAreNotInterchangeable) {
   for (bool layout : {true, false}) {
     EXPECT_NEAR(score(10, 7, layout, layout), score(25, 22, layout, layout),
                 1e-4);
-    EXPECT_GT(std::fabs(score(10, 7, layout, layout) -
-                        score(10, 2, layout, layout)),
-              1e-3);
+    EXPECT_GT(
+        std::fabs(score(10, 7, layout, layout) - score(10, 2, layout, layout)),
+        1e-3);
   }
   EXPECT_GT(std::fabs(score(10, 7, true, false) - score(25, 22, true, false)),
             1e-3);

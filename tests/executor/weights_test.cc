@@ -2,12 +2,12 @@
 // executor/checkpoint_writer: formats, dequantization, bad input.
 #include "executor/weights.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "executor/checkpoint_writer.h"
 #include "executor/dtype.h"
@@ -35,16 +35,16 @@ std::vector<std::byte> F32Bytes(const std::vector<float>& v) {
 ModelConfig TinyConfig() { return PresetConfig("tiny").value(); }
 
 TEST(Dtype, Fp8E4M3DecodesKnownCodes) {
-  EXPECT_EQ(Fp8E4M3ToF32(0x38), 1.0f);      // exp 7, man 0
+  EXPECT_EQ(Fp8E4M3ToF32(0x38), 1.0f);  // exp 7, man 0
   EXPECT_EQ(Fp8E4M3ToF32(0x40), 2.0f);
   EXPECT_EQ(Fp8E4M3ToF32(0xB8), -1.0f);
-  EXPECT_EQ(Fp8E4M3ToF32(0x39), 1.125f);    // 1 + 1/8
-  EXPECT_EQ(Fp8E4M3ToF32(0x7E), 448.0f);    // max finite
+  EXPECT_EQ(Fp8E4M3ToF32(0x39), 1.125f);      // 1 + 1/8
+  EXPECT_EQ(Fp8E4M3ToF32(0x7E), 448.0f);      // max finite
   EXPECT_EQ(Fp8E4M3ToF32(0x01), 1.0f / 512);  // subnormal 1/8 * 2^-6
   EXPECT_TRUE(std::isnan(Fp8E4M3ToF32(0x7F)));
   EXPECT_EQ(F32ToFp8E4M3(1.0f), 0x38);
-  EXPECT_EQ(F32ToFp8E4M3(1000.0f), 0x7E);    // saturates
-  EXPECT_EQ(F32ToFp8E4M3(-1.06f), 0xB8);     // nearest: 1.0 (not 1.125)
+  EXPECT_EQ(F32ToFp8E4M3(1000.0f), 0x7E);  // saturates
+  EXPECT_EQ(F32ToFp8E4M3(-1.06f), 0xB8);   // nearest: 1.0 (not 1.125)
 }
 
 TEST(Dtype, Bf16AndF16RoundTripRepresentableValues) {
@@ -88,8 +88,9 @@ TEST(ReadTensorF32, Fp8BlockDequantizationMatchesHandWorkedCase) {
 
 TEST(ReadTensorF32, Fp8WithoutScaleTensorNamesTheMissingScale) {
   testing::TempDir dir;
-  ASSERT_OK(WriteSafetensors(dir.File("m.safetensors"),
-                             {{"x.weight", "F8_E4M3", {1, 2}, Bytes({0x38, 0x38})}}));
+  ASSERT_OK(
+      WriteSafetensors(dir.File("m.safetensors"),
+                       {{"x.weight", "F8_E4M3", {1, 2}, Bytes({0x38, 0x38})}}));
   auto reader = SafetensorsReader::Open(dir.path());
   ASSERT_OK(reader);
   auto t = ReadTensorF32(**reader, "x.weight", {1, 2}, 128, 128);
@@ -178,7 +179,8 @@ TEST(LoadWeights, ShardedBf16CheckpointUsesTheIndexAndRoundsToBf16) {
   opts.seed = 5;
   opts.max_shard_bytes = 64 * 1024;
   ASSERT_OK(WriteRandomCheckpoint(dir.path(), c, opts));
-  ASSERT_TRUE(std::filesystem::exists(dir.path() / "model.safetensors.index.json"));
+  ASSERT_TRUE(
+      std::filesystem::exists(dir.path() / "model.safetensors.index.json"));
   int shards = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     shards += e.path().extension() == ".safetensors" ? 1 : 0;
@@ -254,8 +256,8 @@ TEST(WriteRandomCheckpoint, ConfigOnlyWritesNoWeights) {
   testing::TempDir dir;
   CheckpointWriterOptions opts;
   opts.config_only = true;
-  ASSERT_OK(WriteRandomCheckpoint(dir.path(), PresetConfig("glm5-shape").value(),
-                                  opts));
+  ASSERT_OK(WriteRandomCheckpoint(dir.path(),
+                                  PresetConfig("glm5-shape").value(), opts));
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "config.json"));
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "model.safetensors"));
   auto c = LoadModelConfig(dir.path());

@@ -23,7 +23,8 @@ IoBuffer Filled(size_t bytes, uint8_t seed) {
 // Records the (offset, length) of every Impl call.
 class RecordingDevice final : public Device {
  public:
-  RecordingDevice(uint64_t size, uint32_t max_io) : Device(size, 4096, max_io) {}
+  RecordingDevice(uint64_t size, uint32_t max_io)
+      : Device(size, 4096, max_io) {}
   std::vector<std::pair<uint64_t, size_t>> calls;
 
  protected:
@@ -51,7 +52,8 @@ TEST(MemoryDevice, WritesThenReadsBackSameBytes) {
   IoBuffer dst = IoBuffer::AllocateAligned(3 * 4096, 4096);
   ASSERT_OK(dev.Read(8192, dst.span()));
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
-  EXPECT_EQ(0, std::memcmp(src.data(), dev.TEST_bytes().data() + 8192, src.size()));
+  EXPECT_EQ(
+      0, std::memcmp(src.data(), dev.TEST_bytes().data() + 8192, src.size()));
 }
 
 TEST(Device, RejectsUnalignedOffsetLengthAndBuffer) {
@@ -63,7 +65,8 @@ TEST(Device, RejectsUnalignedOffsetLengthAndBuffer) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(dev.Write(0, buf.span().subspan(512, 4096)).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(dev.Read(0, buf.span().first(0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.Read(0, buf.span().first(0)).code(),
+            StatusCode::kInvalidArgument);
   // Bad arguments are not device errors.
   EXPECT_EQ(dev.Stats().errors, 0u);
 }
@@ -71,7 +74,8 @@ TEST(Device, RejectsUnalignedOffsetLengthAndBuffer) {
 TEST(Device, RejectsIoPastTheEnd) {
   MemoryDevice dev(64 * 1024);
   IoBuffer buf = IoBuffer::AllocateAligned(8192, 4096);
-  EXPECT_EQ(dev.Write(60 * 1024, buf.span()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.Write(60 * 1024, buf.span()).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(dev.Read(UINT64_MAX - 4095, buf.span().first(4096)).code(),
             StatusCode::kInvalidArgument);
   EXPECT_OK(dev.Write(56 * 1024, buf.span()));
@@ -152,9 +156,9 @@ TEST(Device, CountsOpsBytesAndLatency) {
 
 TEST(LatencyHistogram, BucketsAreLog2Microseconds) {
   LatencyHistogram h;
-  h.Record(std::chrono::nanoseconds(500));    // < 1 us
-  h.Record(std::chrono::microseconds(3));     // [2, 4)
-  h.Record(std::chrono::seconds(100));        // overflow bucket
+  h.Record(std::chrono::nanoseconds(500));  // < 1 us
+  h.Record(std::chrono::microseconds(3));   // [2, 4)
+  h.Record(std::chrono::seconds(100));      // overflow bucket
   auto c = h.Snapshot();
   EXPECT_EQ(c[0], 1u);
   EXPECT_EQ(c[2], 1u);

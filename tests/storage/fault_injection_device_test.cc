@@ -20,7 +20,8 @@ class FaultInjectionDeviceTest : public ::testing::Test {
   FaultInjectionDeviceTest()
       : memory_(std::make_shared<MemoryDevice>(1 << 20)), dev_(memory_) {
     buf_ = IoBuffer::AllocateAligned(4 * 4096, 4096);
-    for (size_t i = 0; i < buf_.size(); ++i) buf_.data()[i] = std::byte(i * 13 + 1);
+    for (size_t i = 0; i < buf_.size(); ++i)
+      buf_.data()[i] = std::byte(i * 13 + 1);
   }
   std::shared_ptr<MemoryDevice> memory_;
   FaultInjectionDevice dev_;
@@ -77,7 +78,8 @@ TEST_F(FaultInjectionDeviceTest, CorruptReadsFlipReturnedBytesNotTheStore) {
   IoBuffer back = IoBuffer::AllocateAligned(buf_.size(), 4096);
   ASSERT_OK(dev_.Read(0, back.span()));
   EXPECT_NE(0, std::memcmp(back.data(), buf_.data(), buf_.size()));
-  EXPECT_EQ(0, std::memcmp(memory_->TEST_bytes().data(), buf_.data(), buf_.size()));
+  EXPECT_EQ(
+      0, std::memcmp(memory_->TEST_bytes().data(), buf_.data(), buf_.size()));
   dev_.CorruptReads(false);
   ASSERT_OK(dev_.Read(0, back.span()));
   EXPECT_EQ(0, std::memcmp(back.data(), buf_.data(), buf_.size()));
@@ -89,7 +91,8 @@ TEST_F(FaultInjectionDeviceTest, CorruptStoredBytesChangesOnlyThatRange) {
   std::span<std::byte> stored = memory_->TEST_bytes();
   for (size_t i = 0; i < buf_.size(); ++i) {
     const bool flipped = i >= 5000 && i < 5003;
-    EXPECT_EQ(stored[i], flipped ? (buf_.data()[i] ^ std::byte{0xFF}) : buf_.data()[i])
+    EXPECT_EQ(stored[i],
+              flipped ? (buf_.data()[i] ^ std::byte{0xFF}) : buf_.data()[i])
         << i;
   }
   EXPECT_EQ(dev_.CorruptStoredBytes(1 << 20, 1).code(),

@@ -12,7 +12,9 @@ using std::chrono::milliseconds;
 class LeaseTableTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tier_ = std::move(HostTier::Create({.capacity_bytes = 1 << 20, .shards = 1})).value();
+    tier_ =
+        std::move(HostTier::Create({.capacity_bytes = 1 << 20, .shards = 1}))
+            .value();
   }
   SegmentKey Key(uint64_t n) { return SegmentKey{PageHash{n, n}, 0, 0}; }
   void Put(const SegmentKey& k) {

@@ -72,11 +72,12 @@ TEST_F(NvmeCatalogTest, BatchedEntriesSurviveReopen) {
   ASSERT_OK(id);
   EXPECT_EQ(*id, ns);
   std::vector<SegmentKey> seen;
-  auto stats = cat->ForEach([&](uint32_t n, const SegmentKey& k, const CatalogEntry& e) {
-    EXPECT_EQ(n, ns);
-    EXPECT_EQ(e, Entry(k.page.lo));
-    seen.push_back(k);
-  });
+  auto stats =
+      cat->ForEach([&](uint32_t n, const SegmentKey& k, const CatalogEntry& e) {
+        EXPECT_EQ(n, ns);
+        EXPECT_EQ(e, Entry(k.page.lo));
+        seen.push_back(k);
+      });
   ASSERT_OK(stats);
   EXPECT_EQ(stats->entries, 9u);
   EXPECT_EQ(stats->malformed, 0u);

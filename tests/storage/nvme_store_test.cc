@@ -3,9 +3,8 @@
 #include "storage/nvme_store.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -96,7 +95,8 @@ TEST_F(NvmeStoreTest, RestartServesSegmentsBitExact) {
     ASSERT_NE(store, nullptr);
     std::vector<std::vector<std::byte>> data;
     std::vector<NvmeWriteItem> items;
-    for (int i = 0; i < kSegments; ++i) data.push_back(Content(i, kOddSize + i));
+    for (int i = 0; i < kSegments; ++i)
+      data.push_back(Content(i, kOddSize + i));
     for (int i = 0; i < kSegments; ++i) items.push_back({Key(i), data[i]});
     for (const Status& s : store->Write(kNs, kLayout, items)) ASSERT_OK(s);
     EXPECT_EQ(store->Stats().segments, uint64_t(kSegments));
@@ -190,7 +190,8 @@ class CorruptFirstReadsDevice final : public Device {
     if (left_.fetch_sub(1) > 0) dst[0] ^= std::byte{0x01};
     return dst.size();
   }
-  Result<size_t> WriteImpl(uint64_t offset, std::span<const std::byte> src) override {
+  Result<size_t> WriteImpl(uint64_t offset,
+                           std::span<const std::byte> src) override {
     TIERKV_RETURN_IF_ERROR(target_->Write(offset, src));
     return src.size();
   }
@@ -252,8 +253,8 @@ TEST_F(NvmeStoreTest, EioOnOneItemFailsOnlyThatItemOfTheBatch) {
   ASSERT_OK(Put(*store, 1));
   // Each item is split into one 72 KiB + 4 KiB IO chain; fail the 2nd IO.
   faulty->FailNthIo(2, EIO, IoOp::kWrite);
-  std::vector<std::vector<std::byte>> data = {Content(10, 8192), Content(11, 8192),
-                                              Content(12, 8192)};
+  std::vector<std::vector<std::byte>> data = {
+      Content(10, 8192), Content(11, 8192), Content(12, 8192)};
   std::vector<NvmeWriteItem> items = {
       {Key(10), data[0]}, {Key(11), data[1]}, {Key(12), data[2]}};
   std::vector<Status> results = store->Write(kNs, kLayout, items);
@@ -323,8 +324,11 @@ TEST_F(NvmeStoreTest, SameKeyIsStoredOnceAndLayoutsDoNotMix) {
   EXPECT_EQ(store->Stats().write_dedup, 1u);
   std::vector<std::byte> dst(kOddSize);
   EXPECT_TRUE(store->Read(kNs, Key(1), kLayout + 1, dst).status().IsNotFound());
-  EXPECT_TRUE(store->Read("other-ns", Key(1), kLayout, dst).status().IsNotFound());
-  EXPECT_EQ(store->Read(kNs, Key(1), kLayout, std::span(dst).first(100)).status().code(),
+  EXPECT_TRUE(
+      store->Read("other-ns", Key(1), kLayout, dst).status().IsNotFound());
+  EXPECT_EQ(store->Read(kNs, Key(1), kLayout, std::span(dst).first(100))
+                .status()
+                .code(),
             StatusCode::kInvalidArgument);
   ASSERT_OK(store->Remove(kNs, Key(1)));
   EXPECT_FALSE(store->Contains(kNs, Key(1), kLayout));
@@ -381,8 +385,9 @@ TEST_F(NvmeStoreTest, DamagedCatalogFailsOpenWithCorruptionUnlessRecreating) {
     ASSERT_NE(store, nullptr);
     ASSERT_OK(Put(*store, 1));
   }
-  std::ofstream(std::filesystem::path(dir_.File("nvme.data.catalog")) / "CURRENT",
-                std::ios::trunc)
+  std::ofstream(
+      std::filesystem::path(dir_.File("nvme.data.catalog")) / "CURRENT",
+      std::ios::trunc)
       << "not a manifest";
   auto failed = NvmeStore::Open(FileOptions());
   ASSERT_FALSE(failed.ok());
@@ -515,7 +520,8 @@ class BatchRecordingDevice final : public Device {
   std::atomic<uint64_t> batches_{0};
 };
 
-TEST_F(NvmeStoreTest, ReadBatchReturnsOneResultPerItemForHitsMissesAndCorruption) {
+TEST_F(NvmeStoreTest,
+       ReadBatchReturnsOneResultPerItemForHitsMissesAndCorruption) {
   auto store = OpenOrDie(FileOptions());
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->Stats().io_uring);
@@ -549,27 +555,29 @@ TEST_F(NvmeStoreTest, ReadBatchReturnsOneResultPerItemForHitsMissesAndCorruption
   std::vector<std::byte> miss(kOddSize), other_layout(kOddSize), small(100);
   const std::vector<NvmeReadItem> items = {
       {Key(1), aligned1.span()},
-      {Key(100), miss},                              // never stored
-      {Key(3), aligned3.span()},                     // corrupted
-      {Key(2), std::span(unaligned2).subspan(1)},    // bounce
-      {Key(6), other_layout},                        // other layout
-      {Key(4), small},                               // dst too small
+      {Key(100), miss},                            // never stored
+      {Key(3), aligned3.span()},                   // corrupted
+      {Key(2), std::span(unaligned2).subspan(1)},  // bounce
+      {Key(6), other_layout},                      // other layout
+      {Key(4), small},                             // dst too small
       {Key(5), aligned5.span()},
-      {Key(1), unaligned1},                          // repeated key
+      {Key(1), unaligned1},  // repeated key
   };
   std::vector<Result<uint64_t>> results = store->ReadBatch(kNs, kLayout, items);
   ASSERT_EQ(results.size(), items.size());
 
   ASSERT_OK(results[0]);
   EXPECT_EQ(*results[0], kOddSize);
-  EXPECT_EQ(0, std::memcmp(aligned1.data(), Content(1, kOddSize).data(), kOddSize));
+  EXPECT_EQ(
+      0, std::memcmp(aligned1.data(), Content(1, kOddSize).data(), kOddSize));
   EXPECT_EQ(results[1].status().code(), StatusCode::kNotFound);
   EXPECT_EQ(results[2].status().code(), StatusCode::kNotFound);
   // The bytes that failed verification are not left in dst.
   EXPECT_TRUE(std::all_of(aligned3.data(), aligned3.data() + kOddSize,
                           [](std::byte b) { return b == std::byte{0}; }));
   ASSERT_OK(results[3]);
-  EXPECT_EQ(0, std::memcmp(unaligned2.data() + 1, Content(2, kOddSize).data(), kOddSize));
+  EXPECT_EQ(0, std::memcmp(unaligned2.data() + 1, Content(2, kOddSize).data(),
+                           kOddSize));
   EXPECT_EQ(results[4].status().code(), StatusCode::kNotFound);
   EXPECT_EQ(results[5].status().code(), StatusCode::kInvalidArgument);
   ASSERT_OK(results[6]);
@@ -589,7 +597,8 @@ TEST_F(NvmeStoreTest, ReadBatchReturnsOneResultPerItemForHitsMissesAndCorruption
   EXPECT_TRUE(store->ReadBatch(kNs, kLayout, {}).empty());
   // An unknown namespace is all misses, one per item.
   results = store->ReadBatch("no-such-ns", kLayout, items);
-  for (const auto& r : results) EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  for (const auto& r : results)
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
 }
 
 TEST_F(NvmeStoreTest, ReadBatchSubmitsTheBatchToTheDeviceAtOnce) {
@@ -598,7 +607,8 @@ TEST_F(NvmeStoreTest, ReadBatchSubmitsTheBatchToTheDeviceAtOnce) {
   auto store = OpenOrDie(DeviceOptions(device, 8 << 20));
   ASSERT_NE(store, nullptr);
   for (int i = 0; i < kSegments; ++i) ASSERT_OK(Put(*store, i));
-  std::vector<std::vector<std::byte>> dst(kSegments, std::vector<std::byte>(kOddSize));
+  std::vector<std::vector<std::byte>> dst(kSegments,
+                                          std::vector<std::byte>(kOddSize));
   std::vector<NvmeReadItem> items;
   for (int i = 0; i < kSegments; ++i) items.push_back({Key(i), dst[i]});
   const uint64_t batches_before = device->batches();
@@ -619,7 +629,8 @@ TEST_F(NvmeStoreTest, ReadBatchBoundsBounceMemoryByReadingInRounds) {
   auto store = OpenOrDie(o);
   ASSERT_NE(store, nullptr);
   for (int i = 0; i < kSegments; ++i) ASSERT_OK(Put(*store, i));
-  std::vector<std::vector<std::byte>> dst(kSegments, std::vector<std::byte>(kOddSize));
+  std::vector<std::vector<std::byte>> dst(kSegments,
+                                          std::vector<std::byte>(kOddSize));
   std::vector<NvmeReadItem> items;
   for (int i = 0; i < kSegments; ++i) items.push_back({Key(i), dst[i]});
   const uint64_t batches_before = device->batches();
@@ -697,7 +708,8 @@ void RunReadBatchesAgainstEvictingWriters(NvmeStore& store, uint64_t capacity) {
           items.push_back({Key((i * 7 + j * 31 + w * 13) % kKeys), data[j]});
         }
         for (const Status& s : store.Write(kNs, kLayout, items)) {
-          if (!s.ok() && !s.IsAlreadyExists() && s.code() != StatusCode::kBusy) {
+          if (!s.ok() && !s.IsAlreadyExists() &&
+              s.code() != StatusCode::kBusy) {
             bad.fetch_add(1);
           }
         }
@@ -719,10 +731,12 @@ void RunReadBatchesAgainstEvictingWriters(NvmeStore& store, uint64_t capacity) {
         for (size_t j = 0; j < kBatch; ++j) {
           const uint64_t n = (i * 5 + j * 3 + r) % kKeys;  // repeats keys
           keys.push_back(n);
-          items.push_back({Key(n), j % 2 == 0 ? aligned[j].span()
-                                              : std::span<std::byte>(plain[j])});
+          items.push_back({Key(n), j % 2 == 0
+                                       ? aligned[j].span()
+                                       : std::span<std::byte>(plain[j])});
         }
-        std::vector<Result<uint64_t>> got = store.ReadBatch(kNs, kLayout, items);
+        std::vector<Result<uint64_t>> got =
+            store.ReadBatch(kNs, kLayout, items);
         if (got.size() != kBatch) bad.fetch_add(1);
         for (size_t j = 0; j < got.size(); ++j) {
           if (got[j].ok()) {

@@ -16,15 +16,16 @@
 namespace tierkv::storage {
 namespace {
 
-constexpr uint64_t kFp = 77;         // layout fingerprint
-constexpr size_t kSeg = 72 * 1024;   // a GLM-5 latent page
+constexpr uint64_t kFp = 77;        // layout fingerprint
+constexpr size_t kSeg = 72 * 1024;  // a GLM-5 latent page
 
 SegmentKey Key(uint64_t n) { return SegmentKey{PageHash{n, n ^ 0xabc}, 3, 0}; }
 
 class TierMoverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto host = HostTier::Create({.name = "ns", .capacity_bytes = 4 << 20, .shards = 1});
+    auto host = HostTier::Create(
+        {.name = "ns", .capacity_bytes = 4 << 20, .shards = 1});
     ASSERT_OK(host);
     host_ = std::move(host).value();
     faults_ = std::make_shared<FaultInjectionDevice>(
@@ -42,7 +43,8 @@ class TierMoverTest : public ::testing::Test {
 
   std::vector<std::byte> Bytes(uint64_t n) {
     std::vector<std::byte> b(kSeg);
-    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(n * 31 + i);
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = static_cast<std::byte>(n * 31 + i);
     return b;
   }
   void PutHost(uint64_t n) {
@@ -55,7 +57,8 @@ class TierMoverTest : public ::testing::Test {
   bool HostHolds(uint64_t n) {
     auto loc = host_->Acquire(Key(n));
     if (!loc.ok()) return false;
-    bool same = std::memcmp(host_->arena().base() + loc->offset, Bytes(n).data(), kSeg) == 0;
+    bool same = std::memcmp(host_->arena().base() + loc->offset,
+                            Bytes(n).data(), kSeg) == 0;
     host_->Release(Key(n));
     EXPECT_TRUE(same) << "host bytes of segment " << n << " differ";
     return same;
@@ -74,9 +77,10 @@ class TierMoverTest : public ::testing::Test {
 
 TEST_F(TierMoverTest, WriteBackPersistsWhatHostEvicts) {
   TierMover mover({.workers = 1});
-  host_->SetEvictionListener([&](const SegmentKey& k, std::span<const std::byte> b) {
-    mover.EnqueueEvicted(Tiers(), kFp, k, b);
-  });
+  host_->SetEvictionListener(
+      [&](const SegmentKey& k, std::span<const std::byte> b) {
+        mover.EnqueueEvicted(Tiers(), kFp, k, b);
+      });
   for (uint64_t n = 0; n < 80; ++n) PutHost(n);  // 4 MiB holds 56
   mover.TEST_Drain();
   EXPECT_GE(host_->Stats().evictions, 24u);
@@ -98,7 +102,8 @@ TEST_F(TierMoverTest, WriteThroughAndPromotionRoundTrip) {
   // Push them out of DRAM, then bring them back asynchronously.
   for (uint64_t n = 100; n < 160; ++n) PutHost(n);
   EXPECT_FALSE(host_->Touch(Key(0)));
-  for (uint64_t n = 0; n < 10; ++n) mover.EnqueuePromotion(Tiers(), kFp, Key(n));
+  for (uint64_t n = 0; n < 10; ++n)
+    mover.EnqueuePromotion(Tiers(), kFp, Key(n));
   mover.TEST_Drain();
   for (uint64_t n = 0; n < 10; ++n) EXPECT_TRUE(HostHolds(n)) << n;
   EXPECT_EQ(mover.Stats().promotions_done, 10u);
@@ -111,12 +116,14 @@ TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
   faults_->FailWrites(ENOSPC);
   Status s = TierMover::PersistNow(Tiers(), kFp, Key(2));
   EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
-  EXPECT_NE(s.message().find("No space"), std::string_view::npos) << s.ToString();
+  EXPECT_NE(s.message().find("No space"), std::string_view::npos)
+      << s.ToString();
   EXPECT_TRUE(HostHolds(2)) << "DRAM keeps serving the segment";
   EXPECT_TRUE(NvmeHolds(1)) << "what NVMe stored before is intact";
   faults_->ClearFaults();
   faults_->FailNthIo(1, EIO);
-  EXPECT_EQ(TierMover::PersistNow(Tiers(), kFp, Key(2)).code(), StatusCode::kIOError);
+  EXPECT_EQ(TierMover::PersistNow(Tiers(), kFp, Key(2)).code(),
+            StatusCode::kIOError);
   faults_->ClearFaults();
   EXPECT_OK(TierMover::PersistNow(Tiers(), kFp, Key(2)));
   EXPECT_TRUE(NvmeHolds(2));
@@ -130,15 +137,18 @@ TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
   ASSERT_OK(faults_->CorruptStoredBytes(entry->offset + 100, 1));
   for (uint64_t n = 100; n < 160; ++n) PutHost(n);  // evict 5 from DRAM
   ASSERT_FALSE(host_->Touch(Key(5)));
-  EXPECT_EQ(TierMover::PromoteNow(Tiers(), kFp, Key(5)).code(), StatusCode::kNotFound);
+  EXPECT_EQ(TierMover::PromoteNow(Tiers(), kFp, Key(5)).code(),
+            StatusCode::kNotFound);
   EXPECT_FALSE(host_->Touch(Key(5)));
   EXPECT_EQ(nvme_->Stats().checksum_failures, 1u);
-  EXPECT_EQ(host_->Stats().reserved_bytes, 0u) << "the failed promotion aborted";
+  EXPECT_EQ(host_->Stats().reserved_bytes, 0u)
+      << "the failed promotion aborted";
 }
 
 TEST_F(TierMoverTest, FullQueuesDropInsteadOfBlocking) {
   TierMover mover({.workers = 0, .demotion_queue = 2, .promotion_queue = 1});
-  for (uint64_t n = 0; n < 20; ++n) mover.EnqueuePromotion(Tiers(), kFp, Key(n));
+  for (uint64_t n = 0; n < 20; ++n)
+    mover.EnqueuePromotion(Tiers(), kFp, Key(n));
   for (uint64_t n = 0; n < 5; ++n) mover.EnqueueCommitted(Tiers(), kFp, Key(n));
   const auto s = mover.Stats();
   EXPECT_EQ(s.promotions_queued, 1u);
@@ -150,9 +160,10 @@ TEST_F(TierMoverTest, FullQueuesDropInsteadOfBlocking) {
 
 TEST_F(TierMoverTest, ReadsRacingEvictionAndPromotionNeverSeeTornData) {
   TierMover mover({.workers = 2});
-  host_->SetEvictionListener([&](const SegmentKey& k, std::span<const std::byte> b) {
-    mover.EnqueueEvicted(Tiers(), kFp, k, b);
-  });
+  host_->SetEvictionListener(
+      [&](const SegmentKey& k, std::span<const std::byte> b) {
+        mover.EnqueueEvicted(Tiers(), kFp, k, b);
+      });
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};
   std::thread reader([&] {
@@ -160,7 +171,9 @@ TEST_F(TierMoverTest, ReadsRacingEvictionAndPromotionNeverSeeTornData) {
       for (uint64_t n = 0; n < 40; ++n) {
         auto loc = host_->Acquire(Key(n));
         if (loc.ok()) {
-          if (std::memcmp(host_->arena().base() + loc->offset, Bytes(n).data(), kSeg)) bad++;
+          if (std::memcmp(host_->arena().base() + loc->offset, Bytes(n).data(),
+                          kSeg))
+            bad++;
           host_->Release(Key(n));
         } else {
           (void)TierMover::PromoteNow(Tiers(), kFp, Key(n));

@@ -3,10 +3,9 @@
 #include "storage/uring_device.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
@@ -50,7 +49,9 @@ class DirectIoDir {
     std::error_code ec;
     if (!own_.empty()) std::filesystem::remove_all(own_, ec);
   }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
+  std::string File(const std::string& name) const {
+    return (path_ / name).string();
+  }
   bool supported() const { return supported_; }
 
  private:
@@ -62,7 +63,8 @@ class DirectIoDir {
 
 IoBuffer Pattern(size_t bytes, uint32_t seed) {
   IoBuffer buf = IoBuffer::AllocateAligned(bytes, 4096);
-  for (size_t i = 0; i < bytes; ++i) buf.data()[i] = std::byte((i * 31 + seed) >> 3);
+  for (size_t i = 0; i < bytes; ++i)
+    buf.data()[i] = std::byte((i * 31 + seed) >> 3);
   return buf;
 }
 
@@ -87,14 +89,16 @@ TEST_F(UringDeviceTest, UsesDirectIoAndIoUringWhereAvailable) {
   auto dev = OpenOrDie(Options());
   ASSERT_NE(dev, nullptr);
   // O_DIRECT must be used whenever the file system supports it.
-  EXPECT_EQ(dev->direct_io(), dir_.supported()) << dev->direct_io_status().ToString();
+  EXPECT_EQ(dev->direct_io(), dir_.supported())
+      << dev->direct_io_status().ToString();
   if (!dev->direct_io()) {
     EXPECT_FALSE(dev->direct_io_status().ok());
   }
   // Either io_uring runs, or the fallback says why.
   if (dev->backend() == IoBackend::kPosix) {
     EXPECT_FALSE(dev->backend_status().ok());
-    GTEST_SKIP() << "io_uring unavailable: " << dev->backend_status().ToString();
+    GTEST_SKIP() << "io_uring unavailable: "
+                 << dev->backend_status().ToString();
   }
   EXPECT_OK(dev->backend_status());
 }
@@ -216,7 +220,8 @@ TEST_F(UringDeviceTest, EachThreadGetsItsOwnRing) {
         if (!results[t].ok()) break;
         std::memset(mine.data(), 0, 65536);
         results[t] = dev->Read(off, mine.span());
-        if (results[t].ok() && std::memcmp(mine.data(), src.data(), 65536) != 0) {
+        if (results[t].ok() &&
+            std::memcmp(mine.data(), src.data(), 65536) != 0) {
           results[t] = Status::Corruption("mismatch");
         }
       }
@@ -264,7 +269,8 @@ TEST_F(UringDeviceTest, OptionsAreValidated) {
   o.path = dir_.File("missing-dir/data");
   Status s = UringDevice::Open(o).status();
   EXPECT_EQ(s.code(), StatusCode::kIOError);
-  EXPECT_NE(s.message().find("No such file"), std::string_view::npos) << s.ToString();
+  EXPECT_NE(s.message().find("No such file"), std::string_view::npos)
+      << s.ToString();
 }
 
 }  // namespace

@@ -10,15 +10,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 namespace tierkv::testing {
 namespace {
 
-std::string Replace(std::string text, const std::string& from, const std::string& to) {
+std::string Replace(std::string text, const std::string& from,
+                    const std::string& to) {
   for (size_t at = text.find(from); at != std::string::npos;
        at = text.find(from, at + to.size())) {
     text.replace(at, from.size(), to);
@@ -51,9 +51,15 @@ DaemonProcess::~DaemonProcess() {
 Status DaemonProcess::Start(const DaemonSpec& spec) {
   socket_ = dir_.File("tierkv.sock");
   const std::string ready = dir_.File("ready.json");
-  std::vector<std::string> args = {BinDir() + "/tierkvd", "--socket", socket_,
-                                   "--metrics", "127.0.0.1:0", "--ready-file",
-                                   ready, "--log-level", "info"};
+  std::vector<std::string> args = {BinDir() + "/tierkvd",
+                                   "--socket",
+                                   socket_,
+                                   "--metrics",
+                                   "127.0.0.1:0",
+                                   "--ready-file",
+                                   ready,
+                                   "--log-level",
+                                   "info"};
   const bool sized = std::find(spec.extra_args.begin(), spec.extra_args.end(),
                                "--host-bytes") != spec.extra_args.end();
   if (spec.config_toml.empty() && !sized && !spec.default_host_bytes.empty()) {
@@ -62,8 +68,9 @@ Status DaemonProcess::Start(const DaemonSpec& spec) {
   }
   if (!spec.config_toml.empty()) {
     const std::string config = dir_.File("tierkvd.toml");
-    std::ofstream(config) << Replace(Replace(spec.config_toml, "{SOCKET}", socket_),
-                                     "{DIR}", dir_.path().string());
+    std::ofstream(config) << Replace(
+        Replace(spec.config_toml, "{SOCKET}", socket_), "{DIR}",
+        dir_.path().string());
     args.push_back("--config");
     args.push_back(config);
   }
@@ -84,7 +91,8 @@ Status DaemonProcess::Start(const DaemonSpec& spec) {
     std::perror("execv tierkvd");
     ::_exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -107,7 +115,8 @@ int DaemonProcess::Stop(int signal) {
   if (pid_ <= 0) return -1;
   ::kill(pid_, signal);
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (::waitpid(pid_, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::kill(pid_, SIGKILL);
@@ -120,10 +129,12 @@ int DaemonProcess::Stop(int signal) {
   return status;
 }
 
-std::string DaemonProcess::log() const { return ReadFile(dir_.File("tierkvd.log")); }
+std::string DaemonProcess::log() const {
+  return ReadFile(dir_.File("tierkvd.log"));
+}
 
-Result<std::unique_ptr<Client>> DaemonProcess::Connect(const std::string& ns,
-                                                       const std::string& token) const {
+Result<std::unique_ptr<Client>> DaemonProcess::Connect(
+    const std::string& ns, const std::string& token) const {
   auto client = Client::Connect({.socket_path = socket_});
   if (!client.ok()) return client;
   std::string t = token;
@@ -161,10 +172,12 @@ Result<std::string> HttpGet(int port, const std::string& path) {
   std::string resp;
   char buf[8192];
   ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0)
+    resp.append(buf, static_cast<size_t>(n));
   ::close(fd);
   auto body = resp.find("\r\n\r\n");
-  if (body == std::string::npos) return Status::ProtocolError("bad HTTP response");
+  if (body == std::string::npos)
+    return Status::ProtocolError("bad HTTP response");
   return resp.substr(body + 4);
 }
 
@@ -172,7 +185,8 @@ double MetricValue(const std::string& text, const std::string& series) {
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+    if (line.rfind(series + " ", 0) == 0)
+      return std::stod(line.substr(series.size() + 1));
   }
   return -1;
 }

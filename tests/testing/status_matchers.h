@@ -15,13 +15,13 @@ Status ToStatus(const Result<T>& r) {
 
 }  // namespace tierkv::testing
 
-#define ASSERT_OK(expr)                                            \
-  do {                                                             \
-    ::tierkv::Status s_ = ::tierkv::testing::ToStatus((expr));     \
-    ASSERT_TRUE(s_.ok()) << #expr << " -> " << s_.ToString();      \
+#define ASSERT_OK(expr)                                        \
+  do {                                                         \
+    ::tierkv::Status s_ = ::tierkv::testing::ToStatus((expr)); \
+    ASSERT_TRUE(s_.ok()) << #expr << " -> " << s_.ToString();  \
   } while (0)
-#define EXPECT_OK(expr)                                            \
-  do {                                                             \
-    ::tierkv::Status s_ = ::tierkv::testing::ToStatus((expr));     \
-    EXPECT_TRUE(s_.ok()) << #expr << " -> " << s_.ToString();      \
+#define EXPECT_OK(expr)                                        \
+  do {                                                         \
+    ::tierkv::Status s_ = ::tierkv::testing::ToStatus((expr)); \
+    EXPECT_TRUE(s_.ok()) << #expr << " -> " << s_.ToString();  \
   } while (0)

@@ -39,14 +39,17 @@ TEST(FrameTest, RejectsBadMagicReservedBitsAndLongPayloads) {
   HeaderBytes h = EncodeFrameHeader(1, 1, {});
   HeaderBytes bad = h;
   bad[0] = std::byte{0};
-  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(), StatusCode::kProtocolError);
+  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(),
+            StatusCode::kProtocolError);
   bad = h;
   bad[30] = std::byte{1};
-  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(), StatusCode::kProtocolError);
+  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(),
+            StatusCode::kProtocolError);
   bad = h;
   const uint64_t huge = uint64_t{1} << 40;
   std::memcpy(&bad[16], &huge, 8);
-  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(), StatusCode::kProtocolError);
+  EXPECT_EQ(DecodeFrameHeader(bad, 1024).status().code(),
+            StatusCode::kProtocolError);
   EXPECT_EQ(DecodeFrameHeader(std::span(h).first(31), 1024).status().code(),
             StatusCode::kProtocolError);
 }

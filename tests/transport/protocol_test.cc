@@ -11,7 +11,8 @@ namespace {
 
 TEST(ProtocolTest, BatchedMessagesRoundTrip) {
   PutReserveRequest put;
-  put.items = {{{PageHash{1, 2}, 3, 1}, 73728}, {{PageHash{5, 6}, 77, 0}, 8448}};
+  put.items = {{{PageHash{1, 2}, 3, 1}, 73728},
+               {{PageHash{5, 6}, 77, 0}, 8448}};
   PutReserveRequest put2;
   ASSERT_OK(Decode(Encode(put), put2));
   ASSERT_EQ(put2.items.size(), 2u);
@@ -33,7 +34,8 @@ TEST(ProtocolTest, BatchedMessagesRoundTrip) {
 
 TEST(ProtocolTest, LayoutWithPerLayerPartsRoundTrips) {
   LayoutSpec layout = LayoutSpec::Uniform(64, 78, {{"kv", 1152}});
-  for (uint32_t l : {0u, 1u, 2u, 6u, 10u}) layout.layers[l].parts.push_back({"index_k", 132});
+  for (uint32_t l : {0u, 1u, 2u, 6u, 10u})
+    layout.layers[l].parts.push_back({"index_k", 132});
   RegisterLayoutRequest out;
   ASSERT_OK(Decode(Encode(RegisterLayoutRequest{layout}), out));
   EXPECT_EQ(out.layout, layout);
@@ -46,7 +48,8 @@ TEST(ProtocolTest, TrailingBytesAndTruncationAreRejected) {
   longer.push_back(std::byte{0});
   EXPECT_EQ(Decode(longer, m).code(), StatusCode::kProtocolError);
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
-    EXPECT_EQ(Decode(std::span(bytes).first(cut), m).code(), StatusCode::kProtocolError)
+    EXPECT_EQ(Decode(std::span(bytes).first(cut), m).code(),
+              StatusCode::kProtocolError)
         << cut;
   }
 }
@@ -59,7 +62,8 @@ TEST(ProtocolTest, UnknownStatusCodesAndTiersAreRejected) {
   bad_status[0] = std::byte{200};
   GetResponse out;
   EXPECT_EQ(Decode(bad_status, out).code(), StatusCode::kProtocolError);
-  // The item's tier byte sits after: status(1+4) lease(8) count(4) item status(1+4).
+  // The item's tier byte sits after: status(1+4) lease(8) count(4) item
+  // status(1+4).
   auto bad_tier = bytes;
   bad_tier[5 + 8 + 4 + 5] = std::byte{77};
   EXPECT_EQ(Decode(bad_tier, out).code(), StatusCode::kProtocolError);

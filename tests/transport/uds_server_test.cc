@@ -40,7 +40,7 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
   ASSERT_EQ(::ftruncate(handler.memfd, 4096), 0);
   auto server = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
   ASSERT_OK(server);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(dir.File("s.sock").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 
@@ -54,7 +54,7 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
   auto with_fd = (*ch)->Call(2, {});
   ASSERT_OK(with_fd);
   ASSERT_GE(with_fd->fd, 0);
-  struct stat fd_st{};
+  struct stat fd_st {};
   ASSERT_EQ(::fstat(with_fd->fd, &fd_st), 0);
   EXPECT_EQ(fd_st.st_size, 4096);
   ::close(with_fd->fd);
@@ -62,7 +62,8 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
   EXPECT_EQ((*ch)->Call(3, {}).status().code(), StatusCode::kBusy);
   EXPECT_OK((*ch)->Call(1, {}));  // still usable after an error frame
   ch->reset();
-  for (int i = 0; i < 100 && handler.disconnects.load() == 0; ++i) usleep(10000);
+  for (int i = 0; i < 100 && handler.disconnects.load() == 0; ++i)
+    usleep(10000);
   EXPECT_EQ(handler.disconnects.load(), 1);
   ::close(handler.memfd);
 }
@@ -72,8 +73,9 @@ TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
   EchoHandler handler;
   auto first = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
   ASSERT_OK(first);
-  EXPECT_EQ(UdsServer::Start({.path = dir.File("s.sock")}, &handler).status().code(),
-            StatusCode::kBusy);
+  EXPECT_EQ(
+      UdsServer::Start({.path = dir.File("s.sock")}, &handler).status().code(),
+      StatusCode::kBusy);
   std::string regular = dir.File("file");
   FILE* f = std::fopen(regular.c_str(), "w");
   std::fclose(f);
@@ -84,8 +86,8 @@ TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
 TEST(UdsServerTest, OversizedFramesCloseOnlyTheirConnection) {
   testing::TempDir dir;
   EchoHandler handler;
-  auto server = UdsServer::Start({.path = dir.File("s.sock"), .max_payload_bytes = 1024},
-                                 &handler);
+  auto server = UdsServer::Start(
+      {.path = dir.File("s.sock"), .max_payload_bytes = 1024}, &handler);
   ASSERT_OK(server);
   auto bad = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
   auto good = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
@@ -100,16 +102,19 @@ TEST(UdsServerTest, OversizedFramesCloseOnlyTheirConnection) {
 TEST(UdsServerTest, ManyConcurrentConnections) {
   testing::TempDir dir;
   EchoHandler handler;
-  auto server = UdsServer::Start({.path = dir.File("s.sock"), .io_threads = 2}, &handler);
+  auto server =
+      UdsServer::Start({.path = dir.File("s.sock"), .io_threads = 2}, &handler);
   ASSERT_OK(server);
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
-      auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+      auto ch =
+          UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
       if (!ch.ok()) return;
       for (int i = 0; i < 500; ++i) {
-        std::vector<std::byte> p(1 + (i * 37 + t) % 5000, static_cast<std::byte>(t));
+        std::vector<std::byte> p(1 + (i * 37 + t) % 5000,
+                                 static_cast<std::byte>(t));
         auto r = (*ch)->Call(1, p);
         if (r.ok() && r->payload == p) ok++;
       }
