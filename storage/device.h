@@ -4,9 +4,9 @@
 // request (bounds and block alignment of offset, length and buffer address,
 // as O_DIRECT demands), split IOs larger than max_io_bytes, resubmit short
 // transfers, keep counters and a latency histogram, and only then call the
-// protected virtual *Impl hooks a backend overrides. Backends: MemoryDevice
-// (tests), UringDevice (io_uring + O_DIRECT, with a pread/pwrite fallback),
-// and decorators such as FaultInjectionDevice.
+// protected virtual *Impl hooks a backend overrides. Backends: UringDevice
+// (io_uring + O_DIRECT, with a pread/pwrite fallback) and, in tests only,
+// tests/testing/'s MemoryDevice and FaultInjectionDevice decorator.
 //
 // Errors: every failure is a Status. Bad arguments are InvalidArgument; any
 // device failure is IOError whose message carries the operation, offset and

@@ -84,9 +84,9 @@ struct NvmeStoreOptions {
   uint64_t read_batch_bounce_bytes = uint64_t{64} << 20;
   // IO alignment (O_DIRECT); a power of two >= 512. Default: 4096.
   uint32_t block_size = 4096;
-  // Device to use instead of opening `path` (tests: MemoryDevice,
-  // FaultInjectionDevice). Its size must be >= capacity_bytes and its block
-  // size equal to block_size. Default: null.
+  // Device to use instead of opening `path` (tests: tests/testing/'s
+  // MemoryDevice, FaultInjectionDevice). Its size must be >= capacity_bytes and
+  // its block size equal to block_size. Default: null.
   std::shared_ptr<Device> device;
 
   // InvalidArgument naming the first bad field.

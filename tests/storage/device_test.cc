@@ -1,5 +1,5 @@
 // Device (NVI) contract: alignment and bounds checks, splitting, counters,
-// batches; exercised through MemoryDevice and a recording backend.
+// batches; exercised through the test MemoryDevice and a recording backend.
 #include "storage/device.h"
 
 #include <gtest/gtest.h>
@@ -8,11 +8,13 @@
 #include <mutex>
 #include <vector>
 
-#include "storage/memory_device.h"
+#include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {
 namespace {
+
+using testing::MemoryDevice;
 
 IoBuffer Filled(size_t bytes, uint8_t seed) {
   IoBuffer buf = IoBuffer::AllocateAligned(bytes, 4096);
@@ -44,17 +46,6 @@ class RecordingDevice final : public Device {
  private:
   std::mutex mu_;
 };
-
-TEST(MemoryDevice, WritesThenReadsBackSameBytes) {
-  MemoryDevice dev(1 << 20);
-  IoBuffer src = Filled(3 * 4096, 1);
-  ASSERT_OK(dev.Write(8192, src.span()));
-  IoBuffer dst = IoBuffer::AllocateAligned(3 * 4096, 4096);
-  ASSERT_OK(dev.Read(8192, dst.span()));
-  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
-  EXPECT_EQ(
-      0, std::memcmp(src.data(), dev.TEST_bytes().data() + 8192, src.size()));
-}
 
 TEST(Device, RejectsUnalignedOffsetLengthAndBuffer) {
   MemoryDevice dev(1 << 20);
@@ -163,12 +154,6 @@ TEST(LatencyHistogram, BucketsAreLog2Microseconds) {
   EXPECT_EQ(c[0], 1u);
   EXPECT_EQ(c[2], 1u);
   EXPECT_EQ(c[LatencyHistogram::kBuckets - 1], 1u);
-}
-
-TEST(MemoryDevice, FactoryRejectsBadGeometry) {
-  EXPECT_FALSE(NewMemoryDevice(4096 * 3, 3000).ok());
-  EXPECT_FALSE(NewMemoryDevice(5000, 4096).ok());
-  EXPECT_OK(NewMemoryDevice(1 << 20));
 }
 
 }  // namespace

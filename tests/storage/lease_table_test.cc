@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/manual_clock.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {
 namespace {
+
+using testing::ManualClock;
 
 using std::chrono::milliseconds;
 

@@ -15,15 +15,18 @@
 #include <thread>
 #include <vector>
 
-#include "storage/fault_injection_device.h"
 #include "storage/io_buffer.h"
-#include "storage/memory_device.h"
 #include "storage/uring_device.h"
+#include "tests/testing/fault_injection_device.h"
+#include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::storage {
 namespace {
+
+using testing::FaultInjectionDevice;
+using testing::MemoryDevice;
 
 constexpr uint64_t kLayout = 0xABCDEF;
 constexpr std::string_view kNs = "glm-5@bf16";

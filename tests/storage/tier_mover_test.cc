@@ -8,13 +8,16 @@
 #include <cstring>
 #include <thread>
 
-#include "storage/fault_injection_device.h"
-#include "storage/memory_device.h"
+#include "tests/testing/fault_injection_device.h"
+#include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::storage {
 namespace {
+
+using testing::FaultInjectionDevice;
+using testing::MemoryDevice;
 
 constexpr uint64_t kFp = 77;        // layout fingerprint
 constexpr size_t kSeg = 72 * 1024;  // a GLM-5 latent page

@@ -1,9 +1,9 @@
-#include "storage/memory_device.h"
+#include "tests/testing/memory_device.h"
 
 #include <bit>
 #include <cstring>
 
-namespace tierkv::storage {
+namespace tierkv::testing {
 
 MemoryDevice::MemoryDevice(uint64_t size_bytes, uint32_t block_size,
                            uint32_t max_io_bytes)
@@ -22,15 +22,15 @@ Result<size_t> MemoryDevice::WriteImpl(uint64_t offset,
   return src.size();
 }
 
-Result<std::unique_ptr<Device>> NewMemoryDevice(uint64_t size_bytes,
-                                                uint32_t block_size) {
+Result<std::unique_ptr<storage::Device>> NewMemoryDevice(uint64_t size_bytes,
+                                                         uint32_t block_size) {
   if (block_size == 0 || !std::has_single_bit(block_size) ||
       size_bytes % block_size != 0) {
     return Status::InvalidArgument(
         "memory device: block_size must be a power of two dividing the size");
   }
-  return std::unique_ptr<Device>(
+  return std::unique_ptr<storage::Device>(
       std::make_unique<MemoryDevice>(size_bytes, block_size));
 }
 
-}  // namespace tierkv::storage
+}  // namespace tierkv::testing

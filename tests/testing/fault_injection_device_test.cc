@@ -1,6 +1,6 @@
 // FaultInjectionDevice: every configured fault shows up exactly as asked,
 // and the Device layer turns it into a Status (or transparently retries).
-#include "storage/fault_injection_device.h"
+#include "tests/testing/fault_injection_device.h"
 
 #include <gtest/gtest.h>
 
@@ -9,11 +9,15 @@
 #include <string>
 #include <thread>
 
-#include "storage/memory_device.h"
+#include "storage/io_buffer.h"
+#include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 
-namespace tierkv::storage {
+namespace tierkv::testing {
 namespace {
+
+using storage::IoBuffer;
+using storage::IoOp;
 
 class FaultInjectionDeviceTest : public ::testing::Test {
  protected:
@@ -116,4 +120,4 @@ TEST_F(FaultInjectionDeviceTest, ReconfiguringDuringIoIsThreadSafe) {
 }
 
 }  // namespace
-}  // namespace tierkv::storage
+}  // namespace tierkv::testing

@@ -1,7 +1,8 @@
 // FaultInjectionDevice: a Device decorator that injects failures into IO
 // sent to a target device (leveldb's fault_injection_test, navy's
 // MockDevice). Tests use it to prove that callers turn every device failure
-// into a Status and lose nothing already stored.
+// into a Status and lose nothing already stored. A test double: it lives in
+// tests/testing/, never in tierkvd.
 //
 // Faults, all configurable at runtime and cleared by ClearFaults():
 //   * FailNthIo(n, err): the n-th IO from now (1-based; reads and writes
@@ -29,14 +30,15 @@
 
 #include "storage/device.h"
 
-namespace tierkv::storage {
+namespace tierkv::testing {
 
-class FaultInjectionDevice final : public Device {
+class FaultInjectionDevice final : public storage::Device {
  public:
   // REQUIRES: target != nullptr.
-  explicit FaultInjectionDevice(std::shared_ptr<Device> target);
+  explicit FaultInjectionDevice(std::shared_ptr<storage::Device> target);
 
-  void FailNthIo(uint64_t n, int err, std::optional<IoOp> only = std::nullopt);
+  void FailNthIo(uint64_t n, int err,
+                 std::optional<storage::IoOp> only = std::nullopt);
   void FailWrites(int err);
   void FailReads(int err);
   void ShortIo(uint64_t count);
@@ -52,7 +54,7 @@ class FaultInjectionDevice final : public Device {
   uint64_t injected_faults() const {
     return injected_.load(std::memory_order_relaxed);
   }
-  Device& target() { return *target_; }
+  storage::Device& target() { return *target_; }
 
  protected:
   Result<size_t> ReadImpl(uint64_t offset, std::span<std::byte> dst) override;
@@ -63,14 +65,14 @@ class FaultInjectionDevice final : public Device {
  private:
   enum class Action { kNone, kFail, kShort, kStall };
   // Decides the fault for one IO of kind `op`; sets *err for kFail.
-  Action NextAction(IoOp op, int* err);
+  Action NextAction(storage::IoOp op, int* err);
   size_t ShortLength(size_t length) const;
 
-  const std::shared_ptr<Device> target_;
+  const std::shared_ptr<storage::Device> target_;
   mutable std::mutex mu_;        // guards the fault configuration below
   uint64_t fail_countdown_ = 0;  // 0: disarmed
   int fail_nth_errno_ = 0;
-  std::optional<IoOp> fail_nth_only_;
+  std::optional<storage::IoOp> fail_nth_only_;
   int write_errno_ = 0;  // 0: writes succeed
   int read_errno_ = 0;
   uint64_t short_remaining_ = 0;
@@ -79,4 +81,4 @@ class FaultInjectionDevice final : public Device {
   std::atomic<uint64_t> injected_{0};  // statistics only (relaxed)
 };
 
-}  // namespace tierkv::storage
+}  // namespace tierkv::testing

@@ -1,4 +1,5 @@
-// MemoryDevice: a Device backed by heap memory, for tests and benchmarks.
+// MemoryDevice: a Device backed by heap memory, for tests and benchmarks
+// (a test double: it lives in tests/testing/, never in tierkvd).
 //
 // Behaves like a zero-filled block device of a fixed size with the same
 // alignment rules as an O_DIRECT file (block_size defaults to 4096), so tests
@@ -16,9 +17,9 @@
 
 #include "storage/device.h"
 
-namespace tierkv::storage {
+namespace tierkv::testing {
 
-class MemoryDevice final : public Device {
+class MemoryDevice final : public storage::Device {
  public:
   // REQUIRES: block_size a power of two, size_bytes a multiple of it,
   // max_io_bytes a non-zero multiple of it.
@@ -39,7 +40,7 @@ class MemoryDevice final : public Device {
 };
 
 // Factory: InvalidArgument when the geometry is invalid.
-Result<std::unique_ptr<Device>> NewMemoryDevice(uint64_t size_bytes,
-                                                uint32_t block_size = 4096);
+Result<std::unique_ptr<storage::Device>> NewMemoryDevice(
+    uint64_t size_bytes, uint32_t block_size = 4096);
 
-}  // namespace tierkv::storage
+}  // namespace tierkv::testing

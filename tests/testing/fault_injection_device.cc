@@ -1,10 +1,15 @@
-#include "storage/fault_injection_device.h"
+#include "tests/testing/fault_injection_device.h"
 
 #include <fmt/format.h>
 
-namespace tierkv::storage {
+namespace tierkv::testing {
 
-FaultInjectionDevice::FaultInjectionDevice(std::shared_ptr<Device> target)
+using storage::IoBuffer;
+using storage::IoErrorFromErrno;
+using storage::IoOp;
+
+FaultInjectionDevice::FaultInjectionDevice(
+    std::shared_ptr<storage::Device> target)
     : Device(target->size(), target->block_size(), target->max_io_bytes()),
       target_(std::move(target)) {}
 
@@ -160,4 +165,4 @@ Status FaultInjectionDevice::CorruptStoredBytes(uint64_t offset,
   return target_->Write(first, blocks);
 }
 
-}  // namespace tierkv::storage
+}  // namespace tierkv::testing
