@@ -6,9 +6,10 @@
 
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "transport/protocol.h"
 #include "transport/uds_channel.h"
 
@@ -27,18 +28,17 @@ class Client::Impl {
   // Sends a request and decodes its response; serialized on the channel.
   template <typename Response>
   Status Call(Opcode op, const std::vector<std::byte>& payload, Response& out,
-              int* fd = nullptr) {
-    std::lock_guard lock(mu_);
+              int* fd = nullptr) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto id = channel_->Send(static_cast<uint16_t>(op), payload);
     if (!id.ok()) return id.status();
     return ReceiveLocked(op, *id, out, fd);
   }
 
   // Waits for the reply to request `id` (sent with `op`) and decodes it.
-  // REQUIRES: mu_ held.
   template <typename Response>
   Status ReceiveLocked(Opcode op, uint64_t id, Response& out, int* fd = nullptr,
-                       bool spin = false) {
+                       bool spin = false) REQUIRES(mu_) {
     Result<ChannelReply> reply =
         channel_->Receive(id, static_cast<uint16_t>(op), spin);
     if (!reply.ok()) return reply.status();
@@ -60,9 +60,11 @@ class Client::Impl {
     return {arena_ + offset, size};
   }
 
-  std::mutex mu_;
-  std::unique_ptr<UdsChannel> channel_;  // guarded by mu_
-  std::byte* arena_ = nullptr;           // set once by OpenNamespace
+  // Serializes use of the connection: one request/response exchange (or
+  // one pipelined Put / Get) at a time.
+  Mutex mu_;
+  std::unique_ptr<UdsChannel> channel_ GUARDED_BY(mu_);
+  std::byte* arena_ = nullptr;  // set once by OpenNamespace
   uint64_t arena_bytes_ = 0;
   std::optional<LayoutSpec> layout_;
   bool prefault_ = true;
@@ -198,8 +200,8 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
   };
   std::deque<InFlight> in_flight;  // replies arrive in this order
 
-  std::lock_guard lock(impl_->mu_);
-  UdsChannel& channel = *impl_->channel_;
+  MutexLock lock(&impl_->mu_);
+  UdsChannel& channel = *impl_->channel_;  // used only while `lock` is held
   auto fail_chunk = [&](size_t k, const Status& s) {
     for (size_t i = chunks[k].first; i < chunks[k].second; ++i) out[i] = s;
   };
@@ -219,7 +221,7 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
     send(Opcode::kPutReserve, k, Encode(req));
   };
   // Receives replies in order up to and including the one for (op, k).
-  auto receive_until = [&](Opcode op, size_t k) {
+  auto receive_until = [&](Opcode op, size_t k) REQUIRES(impl_->mu_) {
     while (!in_flight.empty()) {
       const InFlight r = in_flight.front();
       in_flight.pop_front();
@@ -293,8 +295,8 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
   const auto chunks =
       SplitByBytes(reads.size(), kPipelineChunkBytes,
                    [&](size_t i) { return reads[i].dst.size(); });
-  std::lock_guard lock(impl_->mu_);
-  UdsChannel& channel = *impl_->channel_;
+  MutexLock lock(&impl_->mu_);
+  UdsChannel& channel = *impl_->channel_;  // used only while `lock` is held
   uint64_t finished_lease = 0;  // copied out; released by the next request
   auto send = [&](size_t k) {
     KeysRequest req;

@@ -18,10 +18,10 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -40,8 +40,8 @@ void ThreadPool::WorkerLoop() {
     const std::function<void(int64_t, int64_t)>* fn;
     int64_t n, grain;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) work_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
       fn = fn_;
@@ -51,10 +51,10 @@ void ThreadPool::WorkerLoop() {
     RunChunks(*fn, n, grain);
     bool last;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       last = --pending_workers_ == 0;
     }
-    if (last) done_cv_.notify_one();
+    if (last) done_cv_.Signal();
   }
 }
 
@@ -66,9 +66,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     for (int64_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain));
     return;
   }
-  std::lock_guard<std::mutex> call_lock(call_mu_);
+  MutexLock call_lock(&call_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fn_ = &fn;
     n_ = n;
     grain_ = grain;
@@ -76,10 +76,10 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     pending_workers_ = static_cast<int>(workers_.size());
     ++generation_;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   RunChunks(fn, n, grain);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+  MutexLock lock(&mu_);
+  while (pending_workers_ != 0) done_cv_.Wait(&mu_);
 }
 
 }  // namespace tierkv::executor

@@ -14,12 +14,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace tierkv::executor {
 
@@ -37,29 +38,30 @@ class ThreadPool {
   // Calls fn(begin, end) over disjoint chunks covering [0, n), each at most
   // `grain` long (grain >= 1), and returns when all are done.
   void ParallelFor(int64_t n, int64_t grain,
-                   const std::function<void(int64_t, int64_t)>& fn);
+                   const std::function<void(int64_t, int64_t)>& fn)
+      EXCLUDES(call_mu_, mu_);
 
  private:
-  void WorkerLoop();
+  void WorkerLoop() EXCLUDES(mu_);
   void RunChunks(const std::function<void(int64_t, int64_t)>& fn, int64_t n,
                  int64_t grain);
 
-  int num_threads_;
-  std::vector<std::thread> workers_;
-  std::mutex call_mu_;  // serializes ParallelFor calls
+  int num_threads_;                     // set in the constructor
+  std::vector<std::thread> workers_;    // set in the constructor
+  Mutex call_mu_ ACQUIRED_BEFORE(mu_);  // serializes ParallelFor calls
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // Guarded by mu_: the current job and its generation.
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar work_cv_;  // a new generation_ or stop_
+  CondVar done_cv_;  // pending_workers_ reached 0
+  // The current job and its generation.
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
   // Workers that have not yet finished the current generation; every worker
   // takes part in every job, so none can touch a retired job's fn.
-  int pending_workers_ = 0;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  int64_t grain_ = 1;
+  int pending_workers_ GUARDED_BY(mu_) = 0;
+  const std::function<void(int64_t, int64_t)>* fn_ GUARDED_BY(mu_) = nullptr;
+  int64_t n_ GUARDED_BY(mu_) = 0;
+  int64_t grain_ GUARDED_BY(mu_) = 1;
   // Next chunk start; relaxed is enough because the job fields are
   // published by mu_ and completion is published by mu_ again.
   std::atomic<int64_t> next_{0};

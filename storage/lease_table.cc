@@ -5,7 +5,7 @@
 namespace tierkv::storage {
 
 LeaseTable::~LeaseTable() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, lease] : leases_) EndLease(lease);
 }
 
@@ -23,7 +23,7 @@ void LeaseTable::EndLease(Lease& lease) {
 uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
                          std::vector<SegmentKey> keys,
                          std::chrono::milliseconds ttl) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   leases_.emplace(
       id, Lease{owner, kind, tier, std::move(keys), clock_->Now() + ttl});
@@ -31,7 +31,7 @@ uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
 }
 
 Status LeaseTable::Release(uint64_t owner, uint64_t lease_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.owner != owner) {
     return Status::NotFound("no such lease (expired or not yours)");
@@ -45,7 +45,7 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
                                        std::span<const SegmentKey> keys) {
   std::vector<Status> out;
   out.reserve(keys.size());
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.owner != owner ||
       it->second.kind != LeaseKind::kWrite) {
@@ -79,7 +79,7 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
 }
 
 size_t LeaseTable::ReleaseOwner(uint64_t owner) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.owner == owner) {
@@ -95,7 +95,7 @@ size_t LeaseTable::ReleaseOwner(uint64_t owner) {
 
 size_t LeaseTable::ExpireDue() {
   const auto now = clock_->Now();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.expires <= now) {
@@ -110,7 +110,7 @@ size_t LeaseTable::ExpireDue() {
 }
 
 size_t LeaseTable::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return leases_.size();
 }
 

@@ -15,11 +15,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "storage/clock.h"
 #include "storage/host_tier.h"
 
@@ -71,9 +72,9 @@ class LeaseTable {
   static void EndLease(Lease& lease);
 
   const Clock* clock_;
-  mutable std::mutex mu_;
-  uint64_t next_id_ = 1;                        // guarded by mu_
-  std::unordered_map<uint64_t, Lease> leases_;  // guarded by mu_
+  mutable Mutex mu_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
 };
 
 }  // namespace tierkv::storage

@@ -238,7 +238,7 @@ Status NvmeCatalog::LoadNamespaces() {
   std::unique_ptr<rocksdb::Iterator> it(
       db_->NewIterator(rocksdb::ReadOptions()));
   const std::string prefix(1, kNamespacePrefix);
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
        it->Next()) {
     const rocksdb::Slice value = it->value();
@@ -259,12 +259,12 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
   if (name.empty())
     return Status::InvalidArgument("catalog: empty namespace name");
   {
-    std::lock_guard lock(ns_mu_);
+    MutexLock lock(&ns_mu_);
     if (auto it = namespaces_.find(name); it != namespaces_.end())
       return it->second;
   }
-  std::lock_guard write_lock(write_mu_);
-  std::lock_guard lock(ns_mu_);
+  MutexLock write_lock(&write_mu_);
+  MutexLock lock(&ns_mu_);
   if (auto it = namespaces_.find(name); it != namespaces_.end())
     return it->second;
   const uint32_t id = next_ns_id_;
@@ -282,14 +282,14 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
 }
 
 Result<uint32_t> NvmeCatalog::FindNamespace(std::string_view name) const {
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   if (auto it = namespaces_.find(name); it != namespaces_.end())
     return it->second;
   return Status::NotFound(fmt::format("catalog: unknown namespace '{}'", name));
 }
 
 std::map<std::string, uint32_t, std::less<>> NvmeCatalog::Namespaces() const {
-  std::lock_guard lock(ns_mu_);
+  MutexLock lock(&ns_mu_);
   return namespaces_;
 }
 
@@ -297,7 +297,7 @@ Status NvmeCatalog::Write(Batch& batch) {
   if (batch.empty()) return Status::OK();
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  std::lock_guard write_lock(write_mu_);
+  MutexLock write_lock(&write_mu_);
   Status s = FromRocks(db_->Write(wo, batch.batch_.get()), "write");
   // A failed write applied nothing; report every failure as IOError so the
   // caller treats it as a device problem (the database may be unusable).

@@ -26,10 +26,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -113,7 +114,8 @@ class NvmeCatalog {
 
   // The id of namespace `name`, assigning and persisting a new one on first
   // use. InvalidArgument for an empty name; IOError when persisting fails.
-  Result<uint32_t> GetOrCreateNamespace(std::string_view name);
+  Result<uint32_t> GetOrCreateNamespace(std::string_view name)
+      EXCLUDES(write_mu_, ns_mu_);
   // NotFound when `name` was never assigned an id.
   Result<uint32_t> FindNamespace(std::string_view name) const;
   // Every known namespace: name -> id.
@@ -121,7 +123,7 @@ class NvmeCatalog {
 
   // Applies `batch` atomically (WAL, synced when options.sync_writes).
   // IOError on failure, in which case nothing of the batch is applied.
-  Status Write(Batch& batch);
+  Status Write(Batch& batch) EXCLUDES(write_mu_);
 
   // NotFound when absent; Corruption when the stored value is malformed.
   Result<CatalogEntry> Get(uint32_t ns_id, const SegmentKey& key) const;
@@ -138,7 +140,7 @@ class NvmeCatalog {
  private:
   NvmeCatalog(const NvmeCatalogOptions& options,
               std::unique_ptr<rocksdb::DB> db);
-  Status LoadNamespaces();
+  Status LoadNamespaces() EXCLUDES(ns_mu_);
 
   const NvmeCatalogOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -149,11 +151,13 @@ class NvmeCatalog {
   // concurrent writers, with one thread copying another's batch; NvmeStore
   // already batches per call, and that cross-thread hand-off happens inside
   // the uninstrumented system librocksdb, where ThreadSanitizer reports it
-  // as a race. Taken before ns_mu_ when both are needed.
-  std::mutex write_mu_;
-  mutable std::mutex ns_mu_;  // guards the namespace table
-  std::map<std::string, uint32_t, std::less<>> namespaces_;
-  uint32_t next_ns_id_ = 1;
+  // as a race. Taken before ns_mu_ when both are needed. It guards no
+  // member (db_ is thread-safe and also read without it), so nothing is
+  // GUARDED_BY it; it only orders the writers.
+  Mutex write_mu_ ACQUIRED_BEFORE(ns_mu_);
+  mutable Mutex ns_mu_;  // guards the namespace table
+  std::map<std::string, uint32_t, std::less<>> namespaces_ GUARDED_BY(ns_mu_);
+  uint32_t next_ns_id_ GUARDED_BY(ns_mu_) = 1;
 };
 
 }  // namespace tierkv::storage

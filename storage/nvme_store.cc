@@ -168,7 +168,7 @@ Status NvmeStore::Recover() {
   });
   NvmeCatalog::Batch drop;
   uint64_t max_generation = 0;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const Found& f : found) {
     max_generation = std::max(max_generation, f.entry.generation);
     const Extent extent{f.entry.offset, allocator_.RoundUp(f.entry.length)};
@@ -256,11 +256,11 @@ void NvmeStore::ReleaseReaderLocked(const std::shared_ptr<Segment>& segment) {
 }
 
 Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
-  std::lock_guard flush_lock(flush_mu_);
+  MutexLock flush_lock(&flush_mu_);
   std::vector<FullKey> keys;
   uint64_t seq = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (durable_delete_seq_ >= std::min(upto_seq, delete_seq_))
       return Status::OK();
     keys.swap(pending_deletes_);
@@ -269,7 +269,7 @@ Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
   NvmeCatalog::Batch batch;
   for (const FullKey& k : keys) batch.Delete(k.ns_id, k.key);
   Status s = catalog_->Write(batch);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (s.ok()) {
     durable_delete_seq_ = seq;
   } else {
@@ -285,7 +285,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   auto ns_id = catalog_->GetOrCreateNamespace(ns);
   if (!ns_id.ok()) {
     std::fill(results.begin(), results.end(), AsIoError(ns_id.status()));
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     counters_.write_errors += items.size();
     return results;
   }
@@ -300,7 +300,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   std::vector<Planned> planned;
   uint64_t needs_seq = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t i = 0; i < items.size(); ++i) {
       const NvmeWriteItem& item = items[i];
       const uint64_t length = item.data.size();
@@ -409,7 +409,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   }
 
   // Then publish (or roll back).
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Planned& plan : planned) {
     writing_.erase(plan.key);
     Status& result = results[plan.item];
@@ -478,7 +478,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     round.clear();
     uint64_t bounce_bytes = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       for (; next < items.size(); ++next) {
         const NvmeReadItem& item = items[next];
         std::shared_ptr<Segment> segment;
@@ -592,7 +592,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     }
 
     // 4. Unpin and count.
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     counters_.checksum_reread_ok += reread_ok;
     for (size_t r = 0; r < round.size(); ++r) {
       PendingRead& p = round[r];
@@ -619,7 +619,7 @@ std::optional<uint64_t> NvmeStore::Lookup(std::string_view ns,
                                           uint64_t layout_fingerprint) const {
   auto ns_id = catalog_->FindNamespace(ns);
   if (!ns_id.ok()) return std::nullopt;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(FullKey{*ns_id, key});
   if (it == index_.end() ||
       it->second->entry.layout_fingerprint != layout_fingerprint) {
@@ -633,7 +633,7 @@ Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {
   if (!ns_id.ok()) return Status::NotFound("nvme store: unknown namespace");
   uint64_t needs_seq = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = index_.find(FullKey{*ns_id, key});
     if (it == index_.end())
       return Status::NotFound("nvme store: segment not stored");
@@ -648,7 +648,7 @@ std::optional<CatalogEntry> NvmeStore::TEST_Entry(std::string_view ns,
                                                   const SegmentKey& key) const {
   auto ns_id = catalog_->FindNamespace(ns);
   if (!ns_id.ok()) return std::nullopt;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(FullKey{*ns_id, key});
   if (it == index_.end()) return std::nullopt;
   return it->second->entry;
@@ -657,7 +657,7 @@ std::optional<CatalogEntry> NvmeStore::TEST_Entry(std::string_view ns,
 NvmeStoreStats NvmeStore::Stats() const {
   NvmeStoreStats s;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     s = counters_;
     s.segments = index_.size();
     s.bytes_used = bytes_used_;

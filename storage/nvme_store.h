@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -39,6 +38,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "storage/device.h"
 #include "storage/extent_allocator.h"
 #include "storage/nvme_catalog.h"
@@ -237,30 +238,39 @@ class NvmeStore {
   };
   // One stored segment. Owned by index_ while live; readers hold a
   // shared_ptr so a segment unlinked mid-read keeps its extent reserved
-  // until the last reader leaves.
+  // until the last reader leaves. `key`, `entry` and `extent` are immutable
+  // once the segment is published in index_.
+  //
+  // `readers`, `live` and `lru_pos` are guarded by NvmeStore::mu_ but carry
+  // no GUARDED_BY: an annotation in a nested struct cannot name the
+  // enclosing object's mutex (Clang resolves `mu_` against the Segment).
+  // They are touched only in REQUIRES(mu_) helpers and under MutexLock(&mu_).
   struct Segment {
     FullKey key;
     CatalogEntry entry;
     Extent extent;
-    uint32_t readers = 0;  // guarded by mu_
-    bool live = true;      // guarded by mu_; false once unlinked
-    std::list<Segment*>::iterator lru_pos;  // valid while live
+    uint32_t readers = 0;  // guarded by NvmeStore::mu_
+    bool live = true;      // guarded by NvmeStore::mu_; false once unlinked
+    std::list<Segment*>::iterator lru_pos;  // NvmeStore::mu_; while live
   };
 
   NvmeStore(const NvmeStoreOptions& options, std::shared_ptr<Device> device,
             std::unique_ptr<NvmeCatalog> catalog);
-  Status Recover();
-  std::optional<Extent> AllocateLocked(uint64_t length);
-  bool EvictOneLocked();
-  void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry);
-  void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment);
-  Status FlushPendingDeletes(uint64_t upto_seq);
+  Status Recover() EXCLUDES(mu_);
+  std::optional<Extent> AllocateLocked(uint64_t length) REQUIRES(mu_);
+  bool EvictOneLocked() REQUIRES(mu_);
+  void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry)
+      REQUIRES(mu_);
+  void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment)
+      REQUIRES(mu_);
+  // Makes every catalog delete queued up to `upto_seq` durable.
+  Status FlushPendingDeletes(uint64_t upto_seq) EXCLUDES(flush_mu_, mu_);
   bool IsBlockAligned(const void* address) const;
   // Cold path of a checksum mismatch: re-reads the extent (which the caller
   // keeps pinned) and says whether the device holds the right bytes
   // (*reread_ok) for the log.
   std::string DiagnoseMismatch(const CatalogEntry& entry, uint64_t got_checksum,
-                               bool* reread_ok);
+                               bool* reread_ok) EXCLUDES(mu_);
 
   const NvmeStoreOptions options_;
   const std::shared_ptr<Device> device_;
@@ -268,22 +278,25 @@ class NvmeStore {
   NvmeRecoveryReport recovery_;  // written once in Open
 
   // Serializes catalog delete flushes so they reach RocksDB in order.
-  std::mutex flush_mu_;
+  // Taken before mu_.
+  Mutex flush_mu_ ACQUIRED_BEFORE(mu_);
 
-  mutable std::mutex mu_;  // guards everything below
-  ExtentAllocator allocator_;
-  std::unordered_map<FullKey, std::shared_ptr<Segment>, FullKeyHash> index_;
-  std::list<Segment*> lru_;  // front: most recently used
-  std::unordered_set<FullKey, FullKeyHash> writing_;  // writes in flight
+  mutable Mutex mu_;  // guards everything below
+  ExtentAllocator allocator_ GUARDED_BY(mu_);
+  std::unordered_map<FullKey, std::shared_ptr<Segment>, FullKeyHash> index_
+      GUARDED_BY(mu_);
+  std::list<Segment*> lru_ GUARDED_BY(mu_);  // front: most recently used
+  // Writes in flight.
+  std::unordered_set<FullKey, FullKeyHash> writing_ GUARDED_BY(mu_);
   // Catalog deletes of unlinked segments not yet durable. Their extents may
   // be handed out again, but no data is written into a fresh extent before
   // every delete queued until then is durable (durable_delete_seq_).
-  std::vector<FullKey> pending_deletes_;
-  uint64_t delete_seq_ = 0;          // deletes queued so far
-  uint64_t durable_delete_seq_ = 0;  // deletes known durable
-  uint64_t next_generation_ = 1;
-  uint64_t bytes_used_ = 0;
-  NvmeStoreStats counters_;  // the counter fields only
+  std::vector<FullKey> pending_deletes_ GUARDED_BY(mu_);
+  uint64_t delete_seq_ GUARDED_BY(mu_) = 0;          // deletes queued so far
+  uint64_t durable_delete_seq_ GUARDED_BY(mu_) = 0;  // deletes known durable
+  uint64_t next_generation_ GUARDED_BY(mu_) = 1;
+  uint64_t bytes_used_ GUARDED_BY(mu_) = 0;
+  NvmeStoreStats counters_ GUARDED_BY(mu_);  // the counter fields only
 };
 
 }  // namespace tierkv::storage

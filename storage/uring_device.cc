@@ -27,16 +27,20 @@ struct UringThreadRing {
     Close();
     std::free(arena);
   }
-  void Close() {
-    std::lock_guard lock(close_mu);
+  void Close() EXCLUDES(close_mu) {
+    MutexLock lock(&close_mu);
     if (!closed.load(std::memory_order_relaxed)) {
       io_uring_queue_exit(&ring);
       closed.store(true, std::memory_order_release);
     }
   }
 
+  // Used for IO by the owner thread without a lock; io_uring_queue_exit()
+  // runs once, under close_mu, after the last IO.
   io_uring ring{};
-  std::mutex close_mu;
+  Mutex close_mu;  // serializes Close()
+  // Set once the ring is gone (release), read by the owner (acquire) before
+  // it reuses its cached ring.
   std::atomic<bool> closed{false};
   // Registered arena: [arena, arena + arena_size) is fixed buffer index 0.
   std::byte* arena = nullptr;
@@ -191,7 +195,7 @@ Result<std::unique_ptr<UringDevice>> UringDevice::Open(
     device->backend_status_ =
         Status::Unavailable("io_uring disabled by options (force_sync_io)");
   } else if (device->RingForThisThread() == nullptr) {
-    std::lock_guard lock(device->mu_);
+    MutexLock lock(&device->mu_);
     device->backend_ = IoBackend::kPosix;
     device->backend_status_ = device->registered_status_.ok()
                                   ? Status::Unavailable("io_uring unavailable")
@@ -219,7 +223,7 @@ UringDevice::UringDevice(const UringDeviceOptions& options, int fd,
 UringDevice::~UringDevice() {
   std::vector<std::weak_ptr<UringThreadRing>> rings;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     rings.swap(rings_);
   }
   for (auto& weak : rings) {
@@ -229,7 +233,7 @@ UringDevice::~UringDevice() {
 }
 
 Status UringDevice::registered_buffer_status() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return registered_status_;
 }
 
@@ -241,7 +245,7 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
       return ring->closed.load(std::memory_order_acquire) ? nullptr : ring;
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (rings_failed_) return nullptr;
   }
   // Drop entries of devices that are gone (their rings are closed).
@@ -263,7 +267,7 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
     StorageLog().warn(
         "tierkv uring device {}: {}; falling back to pread/pwrite",
         options_.path, why.ToString());
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     rings_failed_ = true;
     registered_status_ = why;
     return nullptr;
@@ -296,7 +300,7 @@ std::shared_ptr<UringThreadRing> UringDevice::RingForThisThread() {
   }
 
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     std::erase_if(rings_, [](const auto& weak) { return weak.expired(); });
     rings_.push_back(ring);
     registered_status_ = registered;

@@ -27,10 +27,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "storage/device.h"
 
 namespace tierkv::storage {
@@ -116,7 +117,7 @@ class UringDevice final : public Device {
               bool direct_io, Status direct_io_status);
   // This thread's ring for this device, created on first use; nullptr when
   // io_uring is unavailable or disabled (use pread/pwrite).
-  std::shared_ptr<UringThreadRing> RingForThisThread();
+  std::shared_ptr<UringThreadRing> RingForThisThread() EXCLUDES(mu_);
 
   const UringDeviceOptions options_;
   const int fd_;
@@ -126,10 +127,11 @@ class UringDevice final : public Device {
   IoBackend backend_ = IoBackend::kIoUring;  // set once in Open
   Status backend_status_;                    // set once in Open
 
-  mutable std::mutex mu_;  // guards the members below
-  std::vector<std::weak_ptr<UringThreadRing>> rings_;
-  Status registered_status_;
-  bool rings_failed_ = false;  // a ring setup failed: stop retrying
+  mutable Mutex mu_;  // guards the members below
+  std::vector<std::weak_ptr<UringThreadRing>> rings_ GUARDED_BY(mu_);
+  Status registered_status_ GUARDED_BY(mu_);
+  // A ring setup failed: stop retrying.
+  bool rings_failed_ GUARDED_BY(mu_) = false;
 
   // Statistics only (relaxed).
   std::atomic<uint64_t> fixed_ios_{0};

@@ -15,39 +15,39 @@ FaultInjectionDevice::FaultInjectionDevice(
 
 void FaultInjectionDevice::FailNthIo(uint64_t n, int err,
                                      std::optional<IoOp> only) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_countdown_ = n;
   fail_nth_errno_ = err;
   fail_nth_only_ = only;
 }
 
 void FaultInjectionDevice::FailWrites(int err) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   write_errno_ = err;
 }
 
 void FaultInjectionDevice::FailReads(int err) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   read_errno_ = err;
 }
 
 void FaultInjectionDevice::ShortIo(uint64_t count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   short_remaining_ = count;
 }
 
 void FaultInjectionDevice::StallIo(uint64_t count) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   stall_remaining_ = count;
 }
 
 void FaultInjectionDevice::CorruptReads(bool enable) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   corrupt_reads_ = enable;
 }
 
 void FaultInjectionDevice::ClearFaults() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_countdown_ = 0;
   write_errno_ = read_errno_ = 0;
   short_remaining_ = stall_remaining_ = 0;
@@ -56,7 +56,7 @@ void FaultInjectionDevice::ClearFaults() {
 
 FaultInjectionDevice::Action FaultInjectionDevice::NextAction(IoOp op,
                                                               int* err) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (fail_countdown_ > 0 && (!fail_nth_only_ || *fail_nth_only_ == op)) {
     if (--fail_countdown_ == 0) {
       *err = fail_nth_errno_;
@@ -104,7 +104,7 @@ Result<size_t> FaultInjectionDevice::ReadImpl(uint64_t offset,
   TIERKV_RETURN_IF_ERROR(target_->Read(offset, dst));
   bool corrupt;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     corrupt = corrupt_reads_;
   }
   if (corrupt) {
@@ -138,7 +138,7 @@ Result<size_t> FaultInjectionDevice::WriteImpl(uint64_t offset,
 Status FaultInjectionDevice::FlushImpl() {
   int err;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     err = write_errno_;
   }
   if (err != 0) {

@@ -25,9 +25,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "storage/device.h"
 
 namespace tierkv::testing {
@@ -65,19 +66,19 @@ class FaultInjectionDevice final : public storage::Device {
  private:
   enum class Action { kNone, kFail, kShort, kStall };
   // Decides the fault for one IO of kind `op`; sets *err for kFail.
-  Action NextAction(storage::IoOp op, int* err);
+  Action NextAction(storage::IoOp op, int* err) EXCLUDES(mu_);
   size_t ShortLength(size_t length) const;
 
   const std::shared_ptr<storage::Device> target_;
-  mutable std::mutex mu_;        // guards the fault configuration below
-  uint64_t fail_countdown_ = 0;  // 0: disarmed
-  int fail_nth_errno_ = 0;
-  std::optional<storage::IoOp> fail_nth_only_;
-  int write_errno_ = 0;  // 0: writes succeed
-  int read_errno_ = 0;
-  uint64_t short_remaining_ = 0;
-  uint64_t stall_remaining_ = 0;
-  bool corrupt_reads_ = false;
+  mutable Mutex mu_;  // guards the fault configuration below
+  uint64_t fail_countdown_ GUARDED_BY(mu_) = 0;  // 0: disarmed
+  int fail_nth_errno_ GUARDED_BY(mu_) = 0;
+  std::optional<storage::IoOp> fail_nth_only_ GUARDED_BY(mu_);
+  int write_errno_ GUARDED_BY(mu_) = 0;  // 0: writes succeed
+  int read_errno_ GUARDED_BY(mu_) = 0;
+  uint64_t short_remaining_ GUARDED_BY(mu_) = 0;
+  uint64_t stall_remaining_ GUARDED_BY(mu_) = 0;
+  bool corrupt_reads_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> injected_{0};  // statistics only (relaxed)
 };
 
