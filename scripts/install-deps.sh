@@ -5,6 +5,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates
+  clang-14 clang-format
   liburing-dev librocksdb-dev libboost-dev libucx-dev ucx-utils prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev nlohmann-json3-dev
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev

@@ -1,29 +1,50 @@
 #!/usr/bin/env bash
 # The whole test suite (README, command 2; CI runs it through .ci/run):
-#   1. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
+#   1. format check (scripts/check-format.sh), then a Clang 14 build, with
+#      -Werror=thread-safety, of every target that takes locks: tierkvd,
+#      libtierkv and the tierkv CLI, the storage / transport tests and the
+#      test doubles, and the executor's thread pool (no tests run);
+#   2. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
 #      io_uring);
-#   2. ThreadSanitizer build of the storage and transport tests;
-#   3. AddressSanitizer + UBSan build, every test (the daemon the tests start
+#   3. ThreadSanitizer build of the storage, transport and test-double tests;
+#   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
 #      is instrumented too).
-# Set TIERKV_SKIP_SANITIZERS=1 for a quick local run of step 1 only.
+# Set TIERKV_SKIP_SANITIZERS=1 for a quick local run: the format check and
+# step 2 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/install-deps.sh
+quick=0  # TIERKV_SKIP_SANITIZERS=1: quick local run
+if [[ ${TIERKV_SKIP_SANITIZERS:-0} == 1 ]]; then quick=1; fi
 
-echo "== [1/3] build + tests ($(( $(date +%s) - start )) s so far)"
+echo "== [1/4] format check + Clang thread-safety build ($(( $(date +%s) - start )) s so far)"
+scripts/check-format.sh
+if ((quick)); then
+  echo "(Clang thread-safety build skipped: TIERKV_SKIP_SANITIZERS=1)"
+else
+  # Only what carries a lock, to keep CI time down; thread_pool.cc is the
+  # executor's only lock, so its object stands in for the whole library.
+  scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -- tierkvd tierkv_client tierkv storage_tests transport_tests testing_tests \
+    executor/CMakeFiles/tierkv_executor.dir/thread_pool.cc.o
+fi
+
+echo "== [2/4] build + tests ($(( $(date +%s) - start )) s so far)"
 scripts/build.sh build
 ctest --test-dir build -j2 --output-on-failure --timeout 600
 
-if [[ ${TIERKV_SKIP_SANITIZERS:-0} != 1 ]]; then
-  echo "== [2/3] ThreadSanitizer: storage and transport ($(( $(date +%s) - start )) s so far)"
+if ((!quick)); then
+  echo "== [3/4] ThreadSanitizer: storage, transport, test doubles ($(( $(date +%s) - start )) s so far)"
   scripts/build.sh build-tsan -DTIERKV_SANITIZE=thread -DTIERKV_BUILD_EXECUTOR=OFF \
-    -- storage_tests transport_tests
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/storage_tests --gtest_brief=1
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/transport_tests --gtest_brief=1
+    -- storage_tests transport_tests testing_tests
+  for t in storage_tests transport_tests testing_tests; do
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/$t --gtest_brief=1
+  done
 
-  echo "== [3/3] AddressSanitizer + UBSan: every test ($(( $(date +%s) - start )) s so far)"
+  echo "== [4/4] AddressSanitizer + UBSan: every test ($(( $(date +%s) - start )) s so far)"
   scripts/build.sh build-asan -DTIERKV_SANITIZE=address,undefined
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan -j2 --output-on-failure --timeout 900
 fi
+echo "== all steps passed ($(( $(date +%s) - start )) s)"
