@@ -1,3 +1,5 @@
+// UdsServer: Asio accept loop and per-connection frame state machine (see
+// uds_server.h).
 #include "transport/uds_server.h"
 
 #include <grp.h>
@@ -6,10 +8,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -69,9 +73,36 @@ class UdsServer::Impl {
   bool stopped = false;
 };
 
-// One client connection: reads a frame, handles it, writes the reply, and
-// repeats. Owned by the shared_ptrs held in pending Asio handlers.
-class Connection : public std::enable_shared_from_this<Connection> {
+Responder& Responder::operator=(Responder&& other) noexcept {
+  if (this != &other) {
+    if (target_)
+      Send(HandlerReply{
+          EncodeError(Status::Internal("request dropped without a reply")), -1,
+          /*is_error=*/true});
+    target_ = std::move(other.target_);
+  }
+  return *this;
+}
+
+Responder::~Responder() {
+  if (target_) {
+    Send(HandlerReply{
+        EncodeError(Status::Internal("request dropped without a reply")), -1,
+        /*is_error=*/true});
+  }
+}
+
+void Responder::Send(HandlerReply reply) {
+  std::shared_ptr<Target> target = std::move(target_);
+  if (target) target->Deliver(std::move(reply));
+}
+
+// One client connection: reads a frame, hands it to the handler, writes the
+// reply, and repeats. Owned by the shared_ptrs held in pending Asio handlers
+// and Responders. Every handler of a connection runs on its strand, so its
+// state needs no lock even when a worker thread delivers the reply.
+class Connection : public std::enable_shared_from_this<Connection>,
+                   public Responder::Target {
  public:
   Connection(UdsServer::Impl& server, LocalSocket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), id_(id) {}
@@ -124,10 +155,38 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        "clients may not send response frames")),
                    -1, false);
     }
-    HandlerReply reply = server_.handler->OnFrame(id_, frame_.opcode, payload_);
+    dispatch_thread_.store(std::this_thread::get_id(),
+                           std::memory_order_relaxed);
+    server_.handler->OnFrame(id_, frame_.opcode, payload_,
+                             Responder(shared_from_this()));
+    dispatch_thread_.store(std::thread::id(), std::memory_order_relaxed);
     if (payload_.capacity() > kKeepPayloadCapacity) {
       std::vector<std::byte>().swap(payload_);
     }
+    if (inline_reply_) {
+      HandlerReply reply = std::move(*inline_reply_);
+      inline_reply_.reset();
+      SendHandlerReply(std::move(reply));
+    }
+  }
+
+  // Responder::Target. A reply given during OnFrame on this thread is sent
+  // when OnFrame returns (no extra hop); one from another thread is posted
+  // to the connection's strand, which runs it after OnPayload finishes.
+  void Deliver(HandlerReply reply) override {
+    if (dispatch_thread_.load(std::memory_order_relaxed) ==
+        std::this_thread::get_id()) {
+      inline_reply_ = std::move(reply);
+      return;
+    }
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), r = std::move(reply)]() mutable {
+                 self->SendHandlerReply(std::move(r));
+               });
+  }
+
+  void SendHandlerReply(HandlerReply reply) {
+    if (closed_) return;
     if (reply.no_reply) return ReadHeader();
     Reply(reply.is_error ? kErrorOpcode : (frame_.opcode | kResponseBit),
           frame_.request_id, std::move(reply.payload), reply.fd, false);
@@ -176,6 +235,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   HeaderBytes reply_header_{};
   std::vector<std::byte> reply_body_;
   bool closed_ = false;
+  // The thread running OnFrame for this connection (none otherwise), and
+  // the reply it gave before returning.
+  std::atomic<std::thread::id> dispatch_thread_{};
+  std::optional<HandlerReply> inline_reply_;
 };
 
 Status UdsServer::Impl::Listen() {
@@ -219,7 +282,9 @@ Status UdsServer::Impl::Listen() {
 }
 
 void UdsServer::Impl::Accept() {
+  // Each connection's socket gets its own strand (see Connection).
   acceptor.async_accept(
+      asio::make_strand(io),
       [this](boost::system::error_code ec, LocalSocket socket) {
         if (ec) {
           if (ec == asio::error::operation_aborted) return;

@@ -1,10 +1,14 @@
 // UdsServer: the daemon's Unix-domain-socket front end (Boost.Asio).
 //
 // Reads frames (frame.h), hands each valid one to a FrameHandler and writes
-// the handler's reply, optionally with a file descriptor (SCM_RIGHTS). A
-// connection handles one frame at a time, so a handler never sees two
-// concurrent frames from one connection; different connections run in
-// parallel on `io_threads` threads.
+// the handler's reply, optionally with a file descriptor (SCM_RIGHTS). The
+// handler answers through a Responder, at once or later from another thread
+// (the daemon replies from its workers after NVMe IO), so an IO thread never
+// waits for slow work. A connection handles one frame at a time: it reads
+// the next frame only after the reply to the previous one is written, so a
+// handler never sees two concurrent frames from one connection, and
+// OnDisconnect runs only when no request of that connection is pending.
+// Different connections run in parallel on `io_threads` threads.
 //
 // Hostile input never reaches the handler:
 //   * bad magic, reserved bits or an over-long payload: an error frame, then
@@ -36,14 +40,43 @@ struct HandlerReply {
   bool no_reply = false;
 };
 
+// Sends the reply to one request, once, from any thread. A Responder that
+// is destroyed without Send() replies with an Internal error, so a client
+// never waits for an answer that will not come. Move-only.
+class Responder {
+ public:
+  // The connection side; implemented in uds_server.cc.
+  class Target {
+   public:
+    virtual ~Target() = default;
+    virtual void Deliver(HandlerReply reply) = 0;
+  };
+
+  Responder() = default;
+  explicit Responder(std::shared_ptr<Target> target)
+      : target_(std::move(target)) {}
+  Responder(Responder&&) noexcept = default;
+  Responder& operator=(Responder&&) noexcept;
+  ~Responder();
+
+  // Sends `reply` (opcode | kResponseBit, or an error frame when
+  // reply.is_error). REQUIRES: not sent before.
+  void Send(HandlerReply reply);
+
+ private:
+  std::shared_ptr<Target> target_;
+};
+
 // Implemented by the daemon. Must be thread-safe across connections.
 class FrameHandler {
  public:
   virtual ~FrameHandler() = default;
   virtual void OnConnect(uint64_t connection_id) { (void)connection_id; }
-  // Handles one request; the reply goes back with opcode | kResponseBit.
-  virtual HandlerReply OnFrame(uint64_t connection_id, uint16_t opcode,
-                               std::span<const std::byte> payload) = 0;
+  // Handles one request and answers it through `responder`, now or later.
+  // `payload` is valid only during the call.
+  virtual void OnFrame(uint64_t connection_id, uint16_t opcode,
+                       std::span<const std::byte> payload,
+                       Responder responder) = 0;
   virtual void OnDisconnect(uint64_t connection_id) { (void)connection_id; }
 };
 

@@ -19,15 +19,31 @@ namespace {
 
 class EchoHandler : public FrameHandler {
  public:
-  HandlerReply OnFrame(uint64_t, uint16_t opcode,
-                       std::span<const std::byte> payload) override {
+  void OnFrame(uint64_t, uint16_t opcode, std::span<const std::byte> payload,
+               Responder responder) override {
     frames++;
-    if (opcode == 2) return {{}, memfd, false};  // send a descriptor
-    if (opcode == 3) return {EncodeError(Status::Busy("try later")), -1, true};
-    return {{payload.begin(), payload.end()}, -1, false};
+    if (opcode == 2) return responder.Send({{}, memfd, false});  // a descriptor
+    if (opcode == 3) {
+      return responder.Send({EncodeError(Status::Busy("try later")), -1, true});
+    }
+    if (opcode == 4) {
+      // Answered later, from another thread (as the daemon's workers do).
+      later.emplace_back([r = std::move(responder),
+                          body = std::vector<std::byte>(
+                              payload.begin(), payload.end())]() mutable {
+        r.Send({std::move(body), -1, false});
+      });
+      return;
+    }
+    if (opcode == 5) return;  // dropped: the Responder answers Internal
+    responder.Send({{payload.begin(), payload.end()}, -1, false});
   }
   void OnDisconnect(uint64_t) override { disconnects++; }
+  ~EchoHandler() override {
+    for (auto& t : later) t.join();
+  }
 
+  std::vector<std::thread> later;  // only one connection's frames use it
   int memfd = -1;
   std::atomic<int> frames{0};
   std::atomic<int> disconnects{0};
@@ -66,6 +82,24 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
     usleep(10000);
   EXPECT_EQ(handler.disconnects.load(), 1);
   ::close(handler.memfd);
+}
+
+TEST(UdsServerTest, RepliesFromAnotherThreadAndAnswersDroppedRequests) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
+  ASSERT_OK(server);
+  auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+  ASSERT_OK(ch);
+  for (int i = 0; i < 20; ++i) {
+    std::vector<std::byte> body(100 + i, static_cast<std::byte>(i));
+    auto reply = (*ch)->Call(4, body);
+    ASSERT_OK(reply);
+    EXPECT_EQ(reply->payload, body);
+    EXPECT_OK((*ch)->Call(1, body));  // inline replies interleave
+  }
+  EXPECT_EQ((*ch)->Call(5, {}).status().code(), StatusCode::kInternal);
+  EXPECT_OK((*ch)->Call(1, {}));
 }
 
 TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
