@@ -1,3 +1,4 @@
+// CacheService: decode -> storage engine -> encode (see cache_service.h).
 #include "daemon/cache_service.h"
 
 #include <prometheus/counter.h>
@@ -28,34 +29,16 @@ HandlerReply Ok(const Message& m) {
   return HandlerReply{Encode(m), -1, false};
 }
 
-// Checks a segment's size against the registered layout (if any).
-Status CheckSize(const std::optional<LayoutSpec>& layout, const SegmentKey& key,
-                 uint64_t size) {
-  if (size == 0) return Status::InvalidArgument("segment size is 0");
-  if (!layout) return Status::OK();
-  const uint64_t expected = layout->SegmentBytes(key.layer, key.part);
-  if (expected == 0) {
-    return Status::InvalidArgument("layer/part not in the namespace layout");
-  }
-  if (expected != size) {
-    return Status::InvalidArgument("segment size " + std::to_string(size) +
-                                   " differs from the layout's " +
-                                   std::to_string(expected));
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 CacheService::CacheService(
-    const CacheServiceOptions& options,
+    const CacheServiceOptions& options, storage::CacheEngine* engine,
     const std::vector<std::unique_ptr<Namespace>>* namespaces,
-    storage::LeaseTable* leases, DaemonMetrics* metrics, NvmeTier nvme)
+    DaemonMetrics* metrics)
     : options_(options),
+      engine_(engine),
       namespaces_(namespaces),
-      leases_(leases),
       metrics_(metrics),
-      nvme_(nvme),
       started_(std::chrono::steady_clock::now()) {}
 
 void CacheService::OnConnect(uint64_t connection_id) {
@@ -64,19 +47,23 @@ void CacheService::OnConnect(uint64_t connection_id) {
 }
 
 void CacheService::OnDisconnect(uint64_t connection_id) {
-  const size_t released = leases_->ReleaseOwner(connection_id);
+  const size_t released = engine_->ReleaseOwner(connection_id);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     opened_.erase(connection_id);
   }
   metrics_->connections().Decrement();
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
+  UpdateLeaseGauge();
   spdlog::debug("connection {} closed; released {} leases", connection_id,
                 released);
 }
 
+void CacheService::UpdateLeaseGauge() {
+  metrics_->active_leases().Set(static_cast<double>(engine_->active_leases()));
+}
+
 Namespace* CacheService::OpenedNamespace(uint64_t connection_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = opened_.find(connection_id);
   return it == opened_.end() ? nullptr : it->second;
 }
@@ -88,50 +75,53 @@ HandlerReply CacheService::Error(const Status& s) {
   return HandlerReply{EncodeError(s), -1, /*is_error=*/true};
 }
 
-HandlerReply CacheService::OnFrame(uint64_t conn, uint16_t opcode,
-                                   std::span<const std::byte> in) {
+void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in,
+                           Responder responder) {
   const auto op = static_cast<Opcode>(opcode);
-  if (op == Opcode::kPing) return Ping();
-  if (op == Opcode::kOpenNamespace) return OpenNamespace(conn, in);
+  if (op == Opcode::kPing) return responder.Send(Ping());
+  if (op == Opcode::kOpenNamespace) {
+    return responder.Send(OpenNamespace(conn, in));
+  }
   if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kFlush)) {
-    return Error(
-        Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
+    return responder.Send(Error(
+        Status::ProtocolError("unknown opcode " + std::to_string(opcode))));
   }
   Namespace* ns = OpenedNamespace(conn);
   if (!ns) {
-    return Error(Status::PermissionDenied("open a namespace first"));
+    return responder.Send(
+        Error(Status::PermissionDenied("open a namespace first")));
   }
   switch (op) {
-    case Opcode::kRegisterLayout:
-      return RegisterLayout(*ns, in);
-    case Opcode::kMatch:
-      return Match(*ns, in);
-    case Opcode::kPutReserve:
-      return PutReserve(conn, *ns, in);
-    case Opcode::kPutCommit:
-      return PutCommit(conn, *ns, in);
     case Opcode::kGet:
-      return Get(conn, *ns, in);
+      return Get(conn, *ns, in, std::move(responder));
+    case Opcode::kFlush:
+      return Flush(*ns, in, std::move(responder));
+    case Opcode::kRegisterLayout:
+      return responder.Send(RegisterLayout(*ns, in));
+    case Opcode::kMatch:
+      return responder.Send(Match(*ns, in));
+    case Opcode::kPutReserve:
+      return PutReserve(conn, *ns, in, std::move(responder));
+    case Opcode::kPutCommit:
+      return responder.Send(PutCommit(conn, *ns, in));
     case Opcode::kRelease:
-      return Release(conn, in);
+      return responder.Send(Release(conn, in));
     case Opcode::kReleaseOneWay: {
       HandlerReply reply = Release(conn, in);
       reply.no_reply = true;
-      return reply;
+      return responder.Send(std::move(reply));
     }
     case Opcode::kPin:
-      return Pin(conn, *ns, in);
+      return responder.Send(Pin(conn, *ns, in));
     case Opcode::kStats:
-      return Stats(*ns);
+      return responder.Send(Stats(*ns));
     case Opcode::kList:
-      return List(*ns, in);
-    case Opcode::kFlush:
-      return Flush(*ns, in);
+      return responder.Send(List(*ns, in));
     default:
       break;
   }
-  return Error(
-      Status::ProtocolError("unknown opcode " + std::to_string(opcode)));
+  responder.Send(
+      Error(Status::ProtocolError("unknown opcode " + std::to_string(opcode))));
 }
 
 HandlerReply CacheService::Ping() {
@@ -142,17 +132,16 @@ HandlerReply CacheService::Ping() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
           .count();
   info["namespaces"] = nlohmann::json::array();
-  for (const auto& ns : *namespaces_) info["namespaces"].push_back(ns->name);
+  for (const auto& ns : *namespaces_) info["namespaces"].push_back(ns->name());
   return Ok(JsonResponse{Status::OK(), info.dump()});
 }
 
-HandlerReply CacheService::OpenNamespace(uint64_t conn,
-                                         std::span<const std::byte> in) {
+HandlerReply CacheService::OpenNamespace(uint64_t conn, In in) {
   OpenNamespaceRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   Namespace* found = nullptr;
   for (const auto& ns : *namespaces_) {
-    if (ns->name == req.name) found = ns.get();
+    if (ns->name() == req.name) found = ns.get();
   }
   // One answer for "no such namespace" and "wrong token": a client without
   // the token learns nothing.
@@ -167,7 +156,7 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn,
         {}});
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto [it, inserted] = opened_.emplace(conn, found);
     if (!inserted && it->second != found) {
       return Ok(OpenNamespaceResponse{
@@ -178,221 +167,180 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn,
           {}});
     }
   }
+  const storage::HostTier& host = found->engine->host();
   OpenNamespaceResponse resp;
-  resp.arena_bytes = found->host->arena().size();
-  if (auto layout = found->layout()) {
+  resp.arena_bytes = host.arena().size();
+  if (auto layout = found->engine->layout()) {
     resp.has_layout = true;
     resp.layout = *layout;
   }
-  return HandlerReply{Encode(resp), found->host->arena().fd(), false};
+  return HandlerReply{Encode(resp), host.arena().fd(), false};
 }
 
-HandlerReply CacheService::RegisterLayout(Namespace& ns,
-                                          std::span<const std::byte> in) {
+HandlerReply CacheService::RegisterLayout(Namespace& ns, In in) {
   RegisterLayoutRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  return Ok(StatusResponse{ns.RegisterLayout(req.layout)});
+  return Ok(StatusResponse{engine_->RegisterLayout(*ns.engine, req.layout)});
 }
 
-HandlerReply CacheService::Match(Namespace& ns, std::span<const std::byte> in) {
+HandlerReply CacheService::Match(Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  auto layout = ns.layout();
-  if (!layout) {
-    return Ok(MatchResponse{
-        Status::InvalidArgument("register a layout before Match"), 0, {}});
-  }
-  const uint64_t fingerprint = ns.fingerprint();
-  MatchResponse resp;
-  resp.tiers.reserve(req.pages.size());
-  bool leading = true;
-  std::vector<SegmentKey> on_nvme_only;  // of leading pages: promote them
-  uint64_t nvme_pages = 0;
-  for (const PageHash& page : req.pages) {
-    Tier tier = Tier::kHost;
-    const size_t promote_mark = on_nvme_only.size();
-    for (uint16_t l = 0; tier != Tier::kMiss && l < layout->num_layers(); ++l) {
-      const auto parts = layout->layers[l].parts.size();
-      for (uint8_t p = 0; tier != Tier::kMiss && p < parts; ++p) {
-        const SegmentKey key{page, l, p};
-        if (ns.host->Touch(key)) continue;
-        if (ns.nvme && ns.nvme->Contains(ns.name, key, fingerprint)) {
-          tier = Tier::kNvme;
-          on_nvme_only.push_back(key);
-        } else {
-          tier = Tier::kMiss;
-        }
-      }
-    }
-    if (tier == Tier::kMiss) on_nvme_only.resize(promote_mark);
-    resp.tiers.push_back(tier);
-    leading = leading && tier != Tier::kMiss;
-    if (leading) {
-      resp.leading_pages++;
-      if (tier == Tier::kNvme) nvme_pages++;
-    } else {
-      on_nvme_only.resize(std::min(on_nvme_only.size(), promote_mark));
-    }
-  }
-  // Prefetch what the engine will Get next: NVMe -> host, asynchronously.
-  if (nvme_.mover) {
-    for (const auto& key : on_nvme_only) {
-      nvme_.mover->EnqueuePromotion(ns.tiers(), fingerprint, key);
-    }
-  }
-  const double page_tokens = layout->page_tokens;
+  auto match = engine_->Match(*ns.engine, req.pages);
+  if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
+  const double page_tokens = ns.engine->layout()->page_tokens;
   ns.metrics->lookups->Increment();
-  ns.metrics->lookup_tokens_host->Increment((resp.leading_pages - nvme_pages) *
+  ns.metrics->lookup_tokens_host->Increment(
+      (match->leading_pages - match->leading_nvme_pages) * page_tokens);
+  ns.metrics->lookup_tokens_nvme->Increment(match->leading_nvme_pages *
                                             page_tokens);
-  ns.metrics->lookup_tokens_nvme->Increment(nvme_pages * page_tokens);
   ns.metrics->lookup_tokens_miss->Increment(
-      (req.pages.size() - resp.leading_pages) * page_tokens);
-  return Ok(resp);
+      (req.pages.size() - match->leading_pages) * page_tokens);
+  return Ok(MatchResponse{Status::OK(), match->leading_pages,
+                          std::move(match->tiers)});
 }
 
-HandlerReply CacheService::PutReserve(uint64_t conn, Namespace& ns,
-                                      std::span<const std::byte> in) {
+void CacheService::PutReserve(uint64_t conn, Namespace& ns, In in,
+                              Responder responder) {
   PutReserveRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  const auto layout = ns.layout();
-  PutReserveResponse resp;
-  resp.items.reserve(req.items.size());
-  std::vector<SegmentKey> reserved;
-  for (const auto& item : req.items) {
-    Placement placement;
-    placement.status = CheckSize(layout, item.key, item.size);
-    if (placement.status.ok()) {
-      auto loc = ns.host->Reserve(item.key, item.size);
-      if (loc.ok()) {
-        placement.offset = loc->offset;
-        reserved.push_back(item.key);
-      } else {
-        placement.status = loc.status();
-      }
-    }
-    if (placement.status.IsAlreadyExists()) {
-      ns.metrics->put_dedup->Increment();
-    } else if (!placement.status.ok()) {
-      ns.metrics->put_failed->Increment();
-    }
-    resp.items.push_back(std::move(placement));
-  }
-  if (!reserved.empty()) {
-    resp.lease_id =
-        leases_->Add(conn, storage::LeaseKind::kWrite, ns.host.get(),
-                     std::move(reserved), options_.lease_ttl);
-  }
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
-  return Ok(resp);
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
+  std::vector<storage::SegmentSize> items;
+  items.reserve(req.items.size());
+  for (const PutItem& item : req.items) items.push_back({item.key, item.size});
+  engine_->Reserve(
+      conn, *ns.engine, std::move(items),
+      [this, &ns, r = std::make_shared<Responder>(std::move(responder))](
+          storage::EngineReservation reservation) {
+        PutReserveResponse resp;
+        resp.lease_id = reservation.lease_id;
+        resp.items.reserve(reservation.items.size());
+        for (auto& item : reservation.items) {
+          Placement placement;
+          if (!item.ok()) {
+            placement.status = item.status();
+            ns.metrics->put_failed->Increment();
+          } else if (item->already_stored) {
+            // The wire still reports dedup as AlreadyExists (protocol v1).
+            placement.status = Status::AlreadyExists("segment already stored");
+            ns.metrics->put_dedup->Increment();
+          } else {
+            placement.offset = item->location.offset;
+          }
+          resp.items.push_back(std::move(placement));
+        }
+        UpdateLeaseGauge();
+        r->Send(Ok(resp));
+      });
 }
 
-HandlerReply CacheService::PutCommit(uint64_t conn, Namespace& ns,
-                                     std::span<const std::byte> in) {
+HandlerReply CacheService::PutCommit(uint64_t conn, Namespace& ns, In in) {
   KeysRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   ItemStatusResponse resp;
-  resp.items = leases_->Commit(conn, req.lease_id, req.keys);
-  const bool write_through =
-      nvme_.mover && ns.write_policy == WritePolicy::kWriteThrough;
-  for (size_t i = 0; i < resp.items.size(); ++i) {
-    const bool ok = resp.items[i].ok();
-    (ok ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
-    if (ok && write_through) {
-      nvme_.mover->EnqueueCommitted(ns.tiers(), ns.fingerprint(), req.keys[i]);
-    }
+  resp.items = engine_->Commit(conn, *ns.engine, req.lease_id, req.keys);
+  for (const Status& s : resp.items) {
+    (s.ok() ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
   }
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
+  UpdateLeaseGauge();
   return Ok(resp);
 }
 
-HandlerReply CacheService::Get(uint64_t conn, Namespace& ns,
-                               std::span<const std::byte> in) {
+void CacheService::Get(uint64_t conn, Namespace& ns, In in,
+                       Responder responder) {
   KeysRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
   if (req.lease_id != 0) {
     // Piggybacked release of the previous read; it may have expired.
-    leases_->Release(conn, req.lease_id).PermitUncheckedError();
+    engine_->Release(conn, req.lease_id).PermitUncheckedError();
   }
-  GetResponse resp;
-  resp.items.reserve(req.keys.size());
-  std::vector<SegmentKey> acquired;
-  uint64_t from_nvme = 0;
-  for (const auto& key : req.keys) {
-    Location loc;
-    auto found = ns.host->Acquire(key);
-    Tier tier = Tier::kHost;
-    if (!found.ok() && found.status().IsNotFound() && ns.nvme) {
-      // On-demand promotion: the engine is waiting for these bytes. A
-      // segment that fails its checksum on NVMe is a miss, never bad bytes.
-      if (storage::TierMover::PromoteNow(ns.tiers(), ns.fingerprint(), key)
-              .ok()) {
-        found = ns.host->Acquire(key);
-        tier = Tier::kNvme;
-      }
-    }
-    if (found.ok()) {
-      from_nvme += tier == Tier::kNvme;
-      loc.tier = tier;
-      loc.offset = found->offset;
-      loc.size = found->size;
-      acquired.push_back(key);
-    } else {
-      loc.status = found.status();
-    }
-    resp.items.push_back(std::move(loc));
-  }
-  ns.metrics->get_hits->Increment(
-      static_cast<double>(acquired.size() - from_nvme));
-  ns.metrics->get_hits_nvme->Increment(static_cast<double>(from_nvme));
-  ns.metrics->get_misses->Increment(
-      static_cast<double>(req.keys.size() - acquired.size()));
-  if (!acquired.empty()) {
-    resp.lease_id = leases_->Add(conn, storage::LeaseKind::kRead, ns.host.get(),
-                                 std::move(acquired), options_.lease_ttl);
-  }
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
-  return Ok(resp);
+  engine_->Acquire(
+      conn, *ns.engine, std::move(req.keys),
+      // std::function needs a copyable callable: share the move-only
+      // Responder.
+      [this, &ns, r = std::make_shared<Responder>(std::move(responder))](
+          storage::EngineRead read) {
+        GetResponse resp;
+        resp.lease_id = read.lease_id;
+        resp.items.reserve(read.items.size());
+        uint64_t hits = 0, from_nvme = 0;
+        for (size_t i = 0; i < read.items.size(); ++i) {
+          Location loc;
+          if (read.items[i].ok()) {
+            loc.tier = read.source[i];
+            loc.offset = read.items[i]->offset;
+            loc.size = read.items[i]->size;
+            hits++;
+            from_nvme += read.source[i] == Tier::kNvme;
+          } else {
+            loc.status = read.items[i].status();
+          }
+          resp.items.push_back(std::move(loc));
+        }
+        ns.metrics->get_hits->Increment(static_cast<double>(hits - from_nvme));
+        ns.metrics->get_hits_nvme->Increment(static_cast<double>(from_nvme));
+        ns.metrics->get_misses->Increment(
+            static_cast<double>(read.items.size() - hits));
+        r->Send(Ok(resp));
+      });
 }
 
-HandlerReply CacheService::Release(uint64_t conn,
-                                   std::span<const std::byte> in) {
+HandlerReply CacheService::Release(uint64_t conn, In in) {
   ReleaseRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  Status s = leases_->Release(conn, req.lease_id);
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
+  Status s = engine_->Release(conn, req.lease_id);
+  UpdateLeaseGauge();
   return Ok(StatusResponse{s});
 }
 
-HandlerReply CacheService::Pin(uint64_t conn, Namespace& ns,
-                               std::span<const std::byte> in) {
+HandlerReply CacheService::Pin(uint64_t conn, Namespace& ns, In in) {
   KeysRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   ItemStatusResponse resp;
-  const auto ttl = std::chrono::milliseconds(req.ttl_ms);
-  if (req.ttl_ms == 0 || ttl > options_.max_pin_ttl) {
-    resp.status = Status::InvalidArgument(
-        "pin ttl must be in [1, " +
-        std::to_string(options_.max_pin_ttl.count()) + "] ms");
+  auto pin = engine_->Pin(conn, *ns.engine, req.keys,
+                          std::chrono::milliseconds(req.ttl_ms));
+  if (!pin.ok()) {
+    resp.status = pin.status();
     return Ok(resp);
   }
-  std::vector<SegmentKey> pinned;
-  for (const auto& key : req.keys) {
-    auto found = ns.host->Acquire(key);
-    resp.items.push_back(found.status());
-    if (found.ok()) pinned.push_back(key);
+  resp.lease_id = pin->lease_id;
+  resp.items = std::move(pin->items);
+  UpdateLeaseGauge();
+  return Ok(resp);
+}
+
+void CacheService::Flush(Namespace& ns, In in, Responder responder) {
+  KeysRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
+  if (!engine_->has_nvme()) {
+    ItemStatusResponse resp;
+    resp.status = Status::InvalidArgument("this daemon has no NVMe tier");
+    return responder.Send(Ok(resp));
   }
-  if (!pinned.empty()) {
-    resp.lease_id = leases_->Add(conn, storage::LeaseKind::kPin, ns.host.get(),
-                                 std::move(pinned), ttl);
+  engine_->Flush(*ns.engine, std::move(req.keys),
+                 [r = std::make_shared<Responder>(std::move(responder))](
+                     std::vector<Status> items) {
+                   ItemStatusResponse resp;
+                   resp.items = std::move(items);
+                   r->Send(Ok(resp));
+                 });
+}
+
+HandlerReply CacheService::List(Namespace& ns, In in) {
+  ListRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  ListResponse resp;
+  const size_t limit = std::min<size_t>(req.limit, kMaxBatchItems);
+  for (const auto& info : engine_->List(*ns.engine, limit)) {
+    resp.segments.push_back({info.key, info.size, info.refs, Tier::kHost});
   }
-  metrics_->active_leases().Set(static_cast<double>(leases_->size()));
   return Ok(resp);
 }
 
 HandlerReply CacheService::Stats(Namespace& ns) {
-  const auto s = ns.host->Stats();
+  const storage::EngineStats es = engine_->Stats(*ns.engine);
+  const storage::HostTierStats& s = es.host;
   nlohmann::json j;
-  j["namespace"] = ns.name;
+  j["namespace"] = ns.name();
   j["host"] = {{"capacity_bytes", s.capacity_bytes},
                {"used_bytes", s.used_bytes},
                {"reserved_bytes", s.reserved_bytes},
@@ -403,6 +351,11 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                {"evictions", s.evictions},
                {"evicted_bytes", s.evicted_bytes},
                {"aborts", s.aborts},
+               {"dirty_segments", s.dirty_segments},
+               {"dirty_bytes", s.dirty_bytes},
+               {"backpressure_rejections", s.backpressure_rejections},
+               {"backpressure_waits", es.backpressure_waits},
+               {"backpressure_busy", es.backpressure_busy},
                {"largest_free_bytes", s.largest_free_bytes},
                {"hugepages", s.hugepages}};
   auto& m = *ns.metrics;
@@ -414,13 +367,15 @@ HandlerReply CacheService::Stats(Namespace& ns) {
   j["put_segments"] = {{"stored", m.put_stored->Value()},
                        {"dedup", m.put_dedup->Value()},
                        {"failed", m.put_failed->Value()}};
-  j["active_leases"] = leases_->size();
-  j["write_policy"] = WritePolicyName(ns.write_policy);
+  j["active_leases"] = es.active_leases;
+  j["workers"] = {{"queue_depth", es.worker_queue_depth},
+                  {"rejections", es.worker_rejections}};
+  j["write_policy"] = storage::WritePolicyName(ns.engine->write_policy());
   j["lookup_tokens"]["nvme"] = m.lookup_tokens_nvme->Value();
   j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
-  if (nvme_.store) {
-    const auto n = nvme_.store->Stats();
-    const auto mv = nvme_.mover->Stats();
+  if (es.has_nvme) {
+    const storage::NvmeStoreStats& n = es.nvme;
+    const storage::TierMoverStats& mv = es.mover;
     j["nvme"] = {{"capacity_bytes", n.capacity_bytes},
                  {"used_bytes", n.bytes_used},
                  {"allocated_bytes", n.bytes_allocated},
@@ -442,46 +397,20 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"direct_io", n.direct_io},
                  {"io_uring", n.io_uring},
                  {"demotions_done", mv.demotions_done},
-                 {"demotions_dropped", mv.demotions_dropped},
+                 {"demotions_retried", mv.demotions_retried},
                  {"demotions_failed", mv.demotions_failed},
+                 {"demotion_batches", mv.demotion_batches},
                  {"promotions_done", mv.promotions_done},
-                 {"promotions_dropped", mv.promotions_dropped},
-                 {"demotion_queue_depth", mv.demotion_queue_depth},
-                 {"promotion_queue_depth", mv.promotion_queue_depth}};
+                 {"promotions_failed", mv.promotions_failed},
+                 {"prefetch_batches", mv.prefetch_batches},
+                 {"prefetch_dropped", mv.prefetch_dropped},
+                 {"prefetch_queue_depth", mv.prefetch_queue_depth}};
   }
-  if (auto layout = ns.layout()) {
+  if (auto layout = ns.engine->layout()) {
     j["layout"] = {{"page_tokens", layout->page_tokens},
                    {"num_layers", layout->num_layers()}};
   }
   return Ok(JsonResponse{Status::OK(), j.dump()});
-}
-
-HandlerReply CacheService::Flush(Namespace& ns, std::span<const std::byte> in) {
-  KeysRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  ItemStatusResponse resp;
-  if (!nvme_.store) {
-    resp.status = Status::InvalidArgument("this daemon has no NVMe tier");
-    return Ok(resp);
-  }
-  // Synchronous on this connection: the caller asked for durability.
-  resp.items.reserve(req.keys.size());
-  for (const auto& key : req.keys) {
-    resp.items.push_back(
-        storage::TierMover::PersistNow(ns.tiers(), ns.fingerprint(), key));
-  }
-  return Ok(resp);
-}
-
-HandlerReply CacheService::List(Namespace& ns, std::span<const std::byte> in) {
-  ListRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  ListResponse resp;
-  const size_t limit = std::min<size_t>(req.limit, kMaxBatchItems);
-  for (const auto& info : ns.host->List(limit)) {
-    resp.segments.push_back({info.key, info.size, info.refs, Tier::kHost});
-  }
-  return Ok(resp);
 }
 
 }  // namespace tierkv::daemon

@@ -118,18 +118,6 @@ Result<WritePolicy> ParseWritePolicy(std::string_view text) {
       "unknown write_policy '{}' (write_back, write_through or none)", text));
 }
 
-std::string_view WritePolicyName(WritePolicy policy) {
-  switch (policy) {
-    case WritePolicy::kWriteBack:
-      return "write_back";
-    case WritePolicy::kWriteThrough:
-      return "write_through";
-    case WritePolicy::kNone:
-      return "none";
-  }
-  return "unknown";
-}
-
 Result<uint64_t> ParseByteSize(std::string_view text) {
   size_t i = 0;
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
@@ -190,6 +178,9 @@ Status DaemonConfig::Validate() const {
   }
   if (io_threads == 0 || io_threads > 64)
     return Bad("server.io_threads", "must be in [1, 64]");
+  if (workers == 0 || workers > 256)
+    return Bad("server.workers", "must be in [1, 256]");
+  if (worker_queue == 0) return Bad("server.worker_queue", "must be > 0");
   if (max_frame_bytes < 4096 || max_frame_bytes > (uint64_t{1} << 30)) {
     return Bad("server.max_frame_bytes", "must be in [4 KiB, 1 GiB]");
   }
@@ -214,8 +205,8 @@ Status DaemonConfig::Validate() const {
     if (nvme.mover_workers == 0 || nvme.mover_workers > 64) {
       return Bad("nvme.mover_workers", "must be in [1, 64]");
     }
-    if (nvme.demotion_queue == 0 || nvme.promotion_queue == 0) {
-      return Bad("nvme", "queues must hold at least one segment");
+    if (nvme.prefetch_queue == 0) {
+      return Bad("nvme.prefetch_queue", "must be > 0");
     }
   }
   if (namespaces.empty())
@@ -273,7 +264,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         CheckKeys(*nvme, "nvme",
                   {"path", "catalog_path", "capacity_bytes", "queue_depth",
                    "direct_io", "sync", "recreate_damaged_catalog",
-                   "mover_workers", "demotion_queue", "promotion_queue"}));
+                   "mover_workers", "prefetch_queue"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
@@ -284,9 +275,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
     TIERKV_RETURN_IF_ERROR(
-        ReadInt(*nvme, "nvme", "demotion_queue", c.nvme.demotion_queue));
-    TIERKV_RETURN_IF_ERROR(
-        ReadInt(*nvme, "nvme", "promotion_queue", c.nvme.promotion_queue));
+        ReadInt(*nvme, "nvme", "prefetch_queue", c.nvme.prefetch_queue));
     TIERKV_RETURN_IF_ERROR(
         ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
     TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "sync", c.nvme.sync));
@@ -294,9 +283,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                     c.nvme.recreate_damaged_catalog));
   }
   if (auto* server = root["server"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(CheckKeys(*server, "server",
-                                     {"socket", "socket_mode", "socket_group",
-                                      "io_threads", "max_frame_bytes"}));
+    TIERKV_RETURN_IF_ERROR(
+        CheckKeys(*server, "server",
+                  {"socket", "socket_mode", "socket_group", "io_threads",
+                   "workers", "worker_queue", "max_frame_bytes"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -304,6 +294,9 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadString(*server, "server", "socket_group", c.socket_group));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "io_threads", c.io_threads));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "workers", c.workers));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "worker_queue", c.worker_queue));
     TIERKV_RETURN_IF_ERROR(
         ReadBytes(*server, "server", "max_frame_bytes", c.max_frame_bytes));
   }

@@ -5,13 +5,13 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
-//               max_frame_bytes
+//               workers, worker_queue, max_frame_bytes
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
-//               demotion_queue, promotion_queue
+//               prefetch_queue
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
 //               shards, hugepages, prefault, write_policy
 #pragma once
@@ -21,18 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "storage/write_policy.h"
 #include "tierkv/status.h"
 
 namespace tierkv::daemon {
 
-// When host segments are also written to NVMe (DESIGN.md §4).
-enum class WritePolicy : uint8_t {
-  kWriteBack,     // when evicted from host DRAM (the default with NVMe)
-  kWriteThrough,  // every committed segment, asynchronously
-  kNone,          // never
-};
+using storage::WritePolicy;
+using storage::WritePolicyName;
 Result<WritePolicy> ParseWritePolicy(std::string_view text);
-std::string_view WritePolicyName(WritePolicy policy);
 
 // The NVMe tier (T2): one data file or block device shared by all
 // namespaces, plus its RocksDB catalog.
@@ -47,9 +43,10 @@ struct NvmeConfig {
   // Start with an empty catalog when the existing one is damaged (else the
   // daemon refuses to start and says why). Default: false.
   bool recreate_damaged_catalog = false;
-  uint32_t mover_workers = 2;       // Default: 2
-  uint32_t demotion_queue = 4096;   // segments; Default: 4096
-  uint32_t promotion_queue = 4096;  // segments; Default: 4096
+  uint32_t mover_workers = 2;  // Default: 2
+  // Prefetch batches (one per Match) waiting for a mover worker; more are
+  // dropped (a hint: the Get promotes on demand). Default: 256.
+  uint32_t prefetch_queue = 256;
   bool enabled() const { return !path.empty(); }
 };
 
@@ -71,7 +68,11 @@ struct DaemonConfig {
   std::string socket_path = "/run/tierkv/tierkv.sock";
   uint32_t socket_mode = 0660;
   std::string socket_group;  // Default: the daemon's own group
-  uint32_t io_threads = 2;
+  uint32_t io_threads = 2;   // socket IO threads. Default: 2
+  // Engine threads for requests that wait for NVMe (Get promotions, Flush),
+  // and how many such requests may wait for one (more get Busy).
+  uint32_t workers = 4;                           // Default: 4
+  uint32_t worker_queue = 1024;                   // Default: 1024
   uint64_t max_frame_bytes = uint64_t{16} << 20;  // Default: 16 MiB
 
   std::string metrics_listen = "127.0.0.1:9400";  // "" disables

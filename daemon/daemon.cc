@@ -1,3 +1,5 @@
+// Daemon: builds the engine, server and metrics from the config and tears
+// them down in order (see daemon.h).
 #include "daemon/daemon.h"
 
 #include <prometheus/gauge.h>
@@ -43,10 +45,6 @@ Status Daemon::OpenNvmeTier() {
       stats.io_uring ? "io_uring" : "pread/pwrite", r.recovered_segments,
       r.recovered_bytes >> 20, r.dropped_segments,
       r.catalog_recreated ? "; damaged catalog was recreated EMPTY" : "");
-  mover_ = std::make_unique<storage::TierMover>(
-      storage::TierMoverOptions{.workers = c.mover_workers,
-                                .demotion_queue = c.demotion_queue,
-                                .promotion_queue = c.promotion_queue});
   return Status::OK();
 }
 
@@ -54,50 +52,48 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   TIERKV_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Daemon> d(new Daemon(config));
   if (config.nvme.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenNvmeTier());
+  std::vector<storage::NamespaceOptions> spaces;
   for (const auto& nc : config.namespaces) {
+    spaces.push_back(
+        {.host = {.name = nc.name,
+                  .capacity_bytes = nc.host_bytes,
+                  .shards = nc.shards,
+                  .try_hugepages = nc.hugepages,
+                  .prefault = nc.prefault},
+         .write_policy = nc.write_policy.value_or(
+             d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone)});
+  }
+  storage::CacheEngineOptions eo;
+  eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);
+  eo.max_pin_ttl = std::chrono::milliseconds(config.max_pin_ttl_ms);
+  eo.workers = config.workers;
+  eo.worker_queue = config.worker_queue;
+  eo.mover.workers = config.nvme.mover_workers;
+  eo.mover.prefetch_queue = config.nvme.prefetch_queue;
+  auto engine =
+      storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
+  if (!engine.ok()) return engine.status();
+  d->engine_ = std::move(engine).value();
+  for (size_t i = 0; i < config.namespaces.size(); ++i) {
+    const NamespaceConfig& nc = config.namespaces[i];
     auto ns = std::make_unique<Namespace>();
-    ns->name = nc.name;
     ns->token = nc.token;
-    auto host = storage::HostTier::Create({.name = nc.name,
-                                           .capacity_bytes = nc.host_bytes,
-                                           .shards = nc.shards,
-                                           .try_hugepages = nc.hugepages,
-                                           .prefault = nc.prefault});
-    if (!host.ok()) {
-      return Status(host.status().code(),
-                    "namespace '" + nc.name +
-                        "': " + std::string(host.status().message()));
-    }
-    ns->host = std::move(host).value();
+    ns->engine = d->engine_->namespaces()[i].get();
     ns->metrics = d->metrics_.AddNamespace(nc.name);
-    ns->nvme = d->nvme_.get();
-    ns->write_policy = nc.write_policy.value_or(
-        d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone);
-    if (ns->write_policy == WritePolicy::kWriteBack) {
-      ns->host->SetEvictionListener(
-          [mover = d->mover_.get(), raw = ns.get()](
-              const SegmentKey& key, std::span<const std::byte> bytes) {
-            mover->EnqueueEvicted(raw->tiers(), raw->fingerprint(), key, bytes);
-          });
-    }
     spdlog::info(
         "namespace '{}': host tier {} MiB in {} shards ({} pages), write "
         "policy {}",
         nc.name, nc.host_bytes >> 20, nc.shards,
-        ns->host->Stats().hugepages ? "2 MiB huge" : "4 KiB",
-        WritePolicyName(ns->write_policy));
+        ns->engine->host().Stats().hugepages ? "2 MiB huge" : "4 KiB",
+        storage::WritePolicyName(ns->engine->write_policy()));
     d->namespaces_.push_back(std::move(ns));
   }
-  d->leases_ =
-      std::make_unique<storage::LeaseTable>(storage::SteadyClock::Default());
   d->service_ = std::make_unique<CacheService>(
-      CacheServiceOptions{
-          .lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms),
-          .max_pin_ttl = std::chrono::milliseconds(config.max_pin_ttl_ms),
-          .version_info = "tierkvd 0.1.0"},
-      &d->namespaces_, d->leases_.get(), &d->metrics_,
-      NvmeTier{d->nvme_.get(), d->mover_.get()});
-  if (d->nvme_) d->metrics_.AddNvmeTier(d->nvme_.get(), d->mover_.get());
+      CacheServiceOptions{.version_info = "tierkvd 0.1.0"}, d->engine_.get(),
+      &d->namespaces_, &d->metrics_);
+  if (d->nvme_) {
+    d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
+  }
   if (!config.metrics_listen.empty()) {
     TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
     spdlog::info("metrics on http://{}/metrics (port {})",
@@ -130,41 +126,47 @@ Daemon::~Daemon() {
   Shutdown();
   metrics_.StopServing();  // no scrape may see the tiers being torn down
   if (sweeper_.joinable()) sweeper_.join();
-  if (server_) server_->Stop();  // before the service and tiers it uses
-  server_.reset();
+  // Stop the IO threads first, then the engine: its workers may still
+  // deliver replies, which the stopped server's queues absorb. The server
+  // object itself outlives the engine for that reason.
+  if (server_) server_->Stop();
+  engine_.reset();  // runs queued calls, joins the mover, ends leases
   service_.reset();
-  mover_.reset();   // joins workers that may still touch the tiers
-  leases_.reset();  // releases leases while the tiers still exist
+  server_.reset();
   namespaces_.clear();
   nvme_.reset();  // last: the catalog closes cleanly
 }
 
 void Daemon::Wait() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [this] { return stopping_; });
+  MutexLock lock(&mu_);
+  while (!stopping_) cv_.Wait(&mu_);
 }
 
 void Daemon::Shutdown() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Daemon::SweepLoop() {
   const auto period = std::chrono::milliseconds(config_.sweep_interval_ms);
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, period, [this] { return stopping_; });
-    lock.unlock();
-    if (size_t n = leases_->ExpireDue()) {
+    const auto next = std::chrono::steady_clock::now() + period;
+    while (!stopping_ && cv_.WaitUntil(&mu_, next)) {
+    }
+    if (stopping_) break;
+    lock.Unlock();
+    if (size_t n = engine_->ExpireLeases()) {
       spdlog::info("expired {} leases of unresponsive clients", n);
     }
-    metrics_.active_leases().Set(static_cast<double>(leases_->size()));
-    for (auto& ns : namespaces_)
-      metrics_.Refresh(*ns->metrics, ns->host->Stats());
-    lock.lock();
+    metrics_.active_leases().Set(static_cast<double>(engine_->active_leases()));
+    for (auto& ns : namespaces_) {
+      metrics_.Refresh(*ns->metrics, ns->engine->host().Stats());
+    }
+    lock.Lock();
   }
 }
 

@@ -7,21 +7,17 @@
 // or Shutdown(); destruction stops everything in reverse order.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/cache_service.h"
 #include "daemon/config.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
-#include "storage/clock.h"
-#include "storage/lease_table.h"
+#include "storage/cache_engine.h"
 #include "storage/nvme_store.h"
-#include "storage/tier_mover.h"
 #include "transport/uds_server.h"
 
 namespace tierkv::daemon {
@@ -48,15 +44,14 @@ class Daemon {
   const DaemonConfig config_;
   DaemonMetrics metrics_;
   std::unique_ptr<storage::NvmeStore> nvme_;  // null without an NVMe tier
+  std::unique_ptr<storage::CacheEngine> engine_;
   std::vector<std::unique_ptr<Namespace>> namespaces_;
-  std::unique_ptr<storage::TierMover> mover_;
-  std::unique_ptr<storage::LeaseTable> leases_;
   std::unique_ptr<CacheService> service_;
   std::unique_ptr<transport::UdsServer> server_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread sweeper_;
 };
 

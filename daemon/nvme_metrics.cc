@@ -130,28 +130,36 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   out.push_back(std::move(latency));
 
   auto depth = Family("tierkv_mover_queue_depth",
-                      "Jobs waiting in the tier mover", MetricType::Gauge);
-  AddValue(depth, {{"queue", "demotion"}},
-           static_cast<double>(mv.demotion_queue_depth));
-  AddValue(depth, {{"queue", "promotion"}},
-           static_cast<double>(mv.promotion_queue_depth));
+                      "Batches waiting in the tier mover", MetricType::Gauge);
+  AddValue(depth, {{"queue", "prefetch"}},
+           static_cast<double>(mv.prefetch_queue_depth));
   out.push_back(std::move(depth));
 
-  auto jobs =
-      Family("tierkv_mover_jobs_total", "Tier mover jobs by queue and result",
-             MetricType::Counter);
+  // Segments moved, by direction and result. Demotions are never dropped:
+  // dirty segments wait in DRAM (backpressure) until written.
+  auto jobs = Family("tierkv_mover_segments_total",
+                     "Tier mover segments by direction and result",
+                     MetricType::Counter);
   AddValue(jobs, {{"queue", "demotion"}, {"result", "done"}},
            static_cast<double>(mv.demotions_done));
-  AddValue(jobs, {{"queue", "demotion"}, {"result", "dropped"}},
-           static_cast<double>(mv.demotions_dropped));
+  AddValue(jobs, {{"queue", "demotion"}, {"result", "retried"}},
+           static_cast<double>(mv.demotions_retried));
   AddValue(jobs, {{"queue", "demotion"}, {"result", "failed"}},
            static_cast<double>(mv.demotions_failed));
   AddValue(jobs, {{"queue", "promotion"}, {"result", "done"}},
            static_cast<double>(mv.promotions_done));
-  AddValue(jobs, {{"queue", "promotion"}, {"result", "dropped"}},
-           static_cast<double>(mv.promotions_dropped));
   AddValue(jobs, {{"queue", "promotion"}, {"result", "failed"}},
            static_cast<double>(mv.promotions_failed));
+  out.push_back(std::move(jobs));
+
+  auto batches = Family("tierkv_mover_batches_total",
+                        "Tier mover batches by kind", MetricType::Counter);
+  AddValue(batches, {{"kind", "demotion"}},
+           static_cast<double>(mv.demotion_batches));
+  AddValue(batches, {{"kind", "prefetch"}},
+           static_cast<double>(mv.prefetch_batches));
+  AddValue(batches, {{"kind", "prefetch_dropped"}},
+           static_cast<double>(mv.prefetch_dropped));
   out.push_back(std::move(jobs));
   return out;
 }

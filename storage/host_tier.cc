@@ -1,3 +1,5 @@
+// HostTier: sharded DRAM index, O(1) clean/dirty LRU and dedup over a memfd
+// arena (see host_tier.h for the contract).
 #include "storage/host_tier.h"
 
 #include <fmt/format.h>
@@ -8,22 +10,84 @@ struct HostTier::Shard {
   Shard(uint32_t index, uint64_t bytes, uint64_t alignment)
       : index(index), allocator(bytes, alignment) {}
 
+  // Puts an unreferenced committed entry on its list: the front (most
+  // recent) or the back (next to be evicted or persisted).
+  void LinkLocked(const SegmentKey& key, Entry& e, bool front) REQUIRES(mu) {
+    auto& list = e.dirty ? dirty_lru : clean_lru;
+    e.lru_pos =
+        front ? list.insert(list.begin(), key) : list.insert(list.end(), key);
+    e.in_lru = true;
+    if (!e.dirty) clean_bytes += e.extent.length;
+  }
+  void UnlinkLocked(Entry& e) REQUIRES(mu) {
+    if (!e.in_lru) return;
+    (e.dirty ? dirty_lru : clean_lru).erase(e.lru_pos);
+    e.in_lru = false;
+    if (!e.dirty) clean_bytes -= e.extent.length;
+  }
+  void TouchLocked(Entry& e) REQUIRES(mu) {
+    if (!e.in_lru) return;
+    auto& list = e.dirty ? dirty_lru : clean_lru;
+    list.splice(list.begin(), list, e.lru_pos);
+  }
+  void EvictCleanTailLocked() REQUIRES(mu) {
+    auto it = entries.find(clean_lru.back());
+    Entry& e = it->second;
+    UnlinkLocked(e);
+    allocator.Free(e.extent);
+    used_bytes -= e.extent.length;
+    segments--;
+    evictions++;
+    evicted_bytes += e.size;
+    entries.erase(it);
+  }
+  // FinishPersist under the lock; false when `key` was not taken.
+  bool FinishPersistLocked(const SegmentKey& key, bool persisted, bool retry)
+      REQUIRES(mu) {
+    auto it = entries.find(key);
+    if (it == entries.end() || !it->second.persisting) return false;
+    Entry& e = it->second;
+    e.persisting = false;
+    if (persisted || !retry) {
+      e.dirty = false;
+      dirty_segments--;
+      dirty_bytes -= e.size;
+    }
+    // Persisted segments are the oldest of the shard (the dirty tail): they
+    // go to the clean tail, first in line for eviction. A retry goes back to
+    // the dirty tail, first in line for the next batch.
+    if (e.refs == 0) LinkLocked(key, e, /*front=*/false);
+    return true;
+  }
+
+  // Free plus clean (evictable) bytes: what new Puts can use at once.
+  uint64_t ReadyBytesLocked(uint64_t shard_bytes) const REQUIRES(mu) {
+    return shard_bytes - used_bytes - reserved_bytes + clean_bytes;
+  }
+
   const uint32_t index;
-  mutable std::mutex mu;
-  ExtentAllocator allocator;                      // guarded by mu
-  std::unordered_map<SegmentKey, Entry> entries;  // guarded by mu
-  std::list<SegmentKey>
-      lru;  // front = most recent; unreferenced committed only
-  // Counters: guarded by mu.
-  uint64_t used_bytes = 0;
-  uint64_t reserved_bytes = 0;
-  uint64_t segments = 0;
-  uint64_t referenced = 0;
-  uint64_t inserts = 0;
-  uint64_t dedup_hits = 0;
-  uint64_t evictions = 0;
-  uint64_t evicted_bytes = 0;
-  uint64_t aborts = 0;
+  mutable Mutex mu;
+  // Signalled whenever `generation` advances (commit, abort, write-back).
+  CondVar changed;
+  uint64_t generation GUARDED_BY(mu) = 0;
+  ExtentAllocator allocator GUARDED_BY(mu);
+  std::unordered_map<SegmentKey, Entry> entries GUARDED_BY(mu);
+  // Unreferenced committed segments; front = most recent.
+  std::list<SegmentKey> clean_lru GUARDED_BY(mu);
+  std::list<SegmentKey> dirty_lru GUARDED_BY(mu);
+  uint64_t clean_bytes GUARDED_BY(mu) = 0;  // extent bytes on clean_lru
+  uint64_t used_bytes GUARDED_BY(mu) = 0;
+  uint64_t reserved_bytes GUARDED_BY(mu) = 0;
+  uint64_t segments GUARDED_BY(mu) = 0;
+  uint64_t referenced GUARDED_BY(mu) = 0;
+  uint64_t dirty_segments GUARDED_BY(mu) = 0;
+  uint64_t dirty_bytes GUARDED_BY(mu) = 0;
+  uint64_t inserts GUARDED_BY(mu) = 0;
+  uint64_t dedup_hits GUARDED_BY(mu) = 0;
+  uint64_t evictions GUARDED_BY(mu) = 0;
+  uint64_t evicted_bytes GUARDED_BY(mu) = 0;
+  uint64_t aborts GUARDED_BY(mu) = 0;
+  uint64_t backpressure_rejections GUARDED_BY(mu) = 0;
 };
 
 Status HostTierOptions::Validate() const {
@@ -39,6 +103,10 @@ Status HostTierOptions::Validate() const {
         "namespace '{}': host capacity {} B is below 1 MiB per shard ({} "
         "shards)",
         name, capacity_bytes, shards));
+  }
+  if (!(clean_reserve_fraction >= 0 && clean_reserve_fraction <= 1)) {
+    return Status::InvalidArgument(
+        "host tier clean_reserve_fraction must be in [0, 1]");
   }
   return Status::OK();
 }
@@ -71,29 +139,7 @@ uint64_t HostTier::ArenaOffset(const Shard& shard, const Extent& e) const {
   return shard.index * shard_bytes_ + e.offset;
 }
 
-void HostTier::TouchLocked(Shard& shard, Entry& e) {
-  if (e.in_lru) shard.lru.splice(shard.lru.begin(), shard.lru, e.lru_pos);
-}
-
-void HostTier::EvictTailLocked(Shard& shard) {
-  const SegmentKey key = shard.lru.back();
-  auto it = shard.entries.find(key);
-  Entry& e = it->second;
-  if (on_evict_) {
-    on_evict_(key, std::span<const std::byte>(
-                       arena_->base() + ArenaOffset(shard, e.extent), e.size));
-  }
-  shard.lru.pop_back();
-  shard.allocator.Free(e.extent);
-  shard.used_bytes -= e.extent.length;
-  shard.segments--;
-  shard.evictions++;
-  shard.evicted_bytes += e.size;
-  shard.entries.erase(it);
-}
-
-Result<SegmentLocation> HostTier::Reserve(const SegmentKey& key,
-                                          uint64_t size) {
+Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
   if (size == 0) return Status::InvalidArgument("segment size is 0");
   if (size > shard_bytes_) {
     return Status::InvalidArgument(fmt::format(
@@ -101,73 +147,122 @@ Result<SegmentLocation> HostTier::Reserve(const SegmentKey& key,
         shard_bytes_, options_.name));
   }
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(&shard.mu);
   if (auto it = shard.entries.find(key); it != shard.entries.end()) {
     if (!it->second.committed) {
       return Status::Busy("segment is being written by another client");
     }
     shard.dedup_hits++;
-    TouchLocked(shard, it->second);
-    return Status::AlreadyExists("segment already stored");
+    shard.TouchLocked(it->second);
+    return Reservation{.already_stored = true};
   }
   std::optional<Extent> extent;
   while (!(extent = shard.allocator.Allocate(size))) {
-    if (shard.lru.empty()) {
+    if (shard.clean_lru.empty()) {
+      if (shard.dirty_segments > 0) {
+        shard.backpressure_rejections++;
+        return Status::Busy(fmt::format(
+            "namespace '{}': host shard {} holds only segments not yet "
+            "written back to NVMe; retry when the write-back catches up",
+            options_.name, shard.index));
+      }
       return Status::ResourceExhausted(fmt::format(
           "namespace '{}': no evictable space for {} B (shard {} has every "
           "segment leased, pinned or reserved)",
           options_.name, size, shard.index));
     }
-    EvictTailLocked(shard);
+    shard.EvictCleanTailLocked();
   }
   Entry& e = shard.entries[key];
   e.extent = *extent;
   e.size = size;
   shard.reserved_bytes += extent->length;
-  return SegmentLocation{ArenaOffset(shard, *extent), size};
+  return Reservation{.location = {ArenaOffset(shard, *extent), size}};
 }
 
-Status HostTier::Commit(const SegmentKey& key) {
+Status HostTier::Commit(const SegmentKey& key, bool dirty) {
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
-  auto it = shard.entries.find(key);
-  if (it == shard.entries.end() || it->second.committed) {
-    return Status::NotFound("segment is not reserved");
+  {
+    MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || it->second.committed) {
+      return Status::NotFound("segment is not reserved");
+    }
+    Entry& e = it->second;
+    e.committed = true;
+    e.dirty = dirty;
+    shard.reserved_bytes -= e.extent.length;
+    shard.used_bytes += e.extent.length;
+    shard.segments++;
+    shard.inserts++;
+    if (dirty) {
+      shard.dirty_segments++;
+      shard.dirty_bytes += e.size;
+    }
+    shard.LinkLocked(key, e, /*front=*/true);
+    shard.generation++;
   }
-  Entry& e = it->second;
-  e.committed = true;
-  shard.reserved_bytes -= e.extent.length;
-  shard.used_bytes += e.extent.length;
-  shard.segments++;
-  shard.inserts++;
-  shard.lru.push_front(key);
-  e.lru_pos = shard.lru.begin();
-  e.in_lru = true;
+  shard.changed.SignalAll();
   return Status::OK();
 }
 
 void HostTier::Abort(const SegmentKey& key) {
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
-  auto it = shard.entries.find(key);
-  if (it == shard.entries.end() || it->second.committed) return;
-  shard.allocator.Free(it->second.extent);
-  shard.reserved_bytes -= it->second.extent.length;
-  shard.aborts++;
-  shard.entries.erase(it);
+  {
+    MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || it->second.committed) return;
+    shard.allocator.Free(it->second.extent);
+    shard.reserved_bytes -= it->second.extent.length;
+    shard.aborts++;
+    shard.entries.erase(it);
+    shard.generation++;
+  }
+  shard.changed.SignalAll();
+}
+
+uint64_t HostTier::ShardGeneration(const SegmentKey& key) const {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  return shard.generation;
+}
+
+bool HostTier::WaitShardChange(const SegmentKey& key, uint64_t seen,
+                               std::chrono::steady_clock::time_point deadline) {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  while (shard.generation == seen) {
+    if (!shard.changed.WaitUntil(&shard.mu, deadline)) {
+      return shard.generation != seen;
+    }
+  }
+  return true;
+}
+
+bool HostTier::WaitUnreserved(const SegmentKey& key,
+                              std::chrono::steady_clock::time_point deadline) {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  while (true) {
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || it->second.committed) return true;
+    if (!shard.changed.WaitUntil(&shard.mu, deadline)) {
+      it = shard.entries.find(key);
+      return it == shard.entries.end() || it->second.committed;
+    }
+  }
 }
 
 Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(&shard.mu);
   auto it = shard.entries.find(key);
   if (it == shard.entries.end() || !it->second.committed) {
     return Status::NotFound("segment not in host tier");
   }
   Entry& e = it->second;
   if (e.refs++ == 0) {
-    shard.lru.erase(e.lru_pos);
-    e.in_lru = false;
+    shard.UnlinkLocked(e);
     shard.referenced++;
   }
   return SegmentLocation{ArenaOffset(shard, e.extent), e.size};
@@ -175,31 +270,72 @@ Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
 
 void HostTier::Release(const SegmentKey& key) {
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(&shard.mu);
   auto it = shard.entries.find(key);
   if (it == shard.entries.end() || it->second.refs == 0) return;
   Entry& e = it->second;
   if (--e.refs == 0) {
-    shard.lru.push_front(key);  // released = just used
-    e.lru_pos = shard.lru.begin();
-    e.in_lru = true;
     shard.referenced--;
+    // Released = just used. A segment being persisted re-links when the
+    // mover finishes with it.
+    if (!e.persisting) shard.LinkLocked(key, e, /*front=*/true);
   }
 }
 
 bool HostTier::Touch(const SegmentKey& key) {
   Shard& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(&shard.mu);
   auto it = shard.entries.find(key);
   if (it == shard.entries.end() || !it->second.committed) return false;
-  TouchLocked(shard, it->second);
+  shard.TouchLocked(it->second);
   return true;
+}
+
+std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
+                                              uint64_t max_bytes,
+                                              bool only_needed) {
+  std::vector<DirtySegment> out;
+  uint64_t bytes = 0;
+  const auto reserve_bytes = static_cast<uint64_t>(
+      options_.clean_reserve_fraction * static_cast<double>(shard_bytes_));
+  const uint32_t start =
+      next_dirty_shard_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < shards_.size() && out.size() < max_items; ++i) {
+    Shard& shard = *shards_[(start + i) % shards_.size()];
+    MutexLock lock(&shard.mu);
+    // Oldest first, until the batch is full or (write_back) the shard will
+    // have its reserve of ready bytes once this batch is clean.
+    uint64_t taken_here = 0;
+    while (!shard.dirty_lru.empty() && out.size() < max_items &&
+           (out.empty() || bytes < max_bytes) &&
+           (!only_needed || shard.ReadyBytesLocked(shard_bytes_) + taken_here <
+                                reserve_bytes)) {
+      const SegmentKey key = shard.dirty_lru.back();
+      Entry& e = shard.entries.find(key)->second;
+      shard.UnlinkLocked(e);
+      e.persisting = true;
+      out.push_back({key, {ArenaOffset(shard, e.extent), e.size}});
+      bytes += e.size;
+      taken_here += e.extent.length;
+    }
+  }
+  return out;
+}
+
+void HostTier::FinishPersist(const SegmentKey& key, bool persisted,
+                             bool retry) {
+  Shard& shard = ShardFor(key);
+  {
+    MutexLock lock(&shard.mu);
+    if (shard.FinishPersistLocked(key, persisted, retry)) shard.generation++;
+  }
+  shard.changed.SignalAll();
 }
 
 std::vector<SegmentInfo> HostTier::List(size_t limit) const {
   std::vector<SegmentInfo> out;
   for (const auto& shard : shards_) {
-    std::lock_guard lock(shard->mu);
+    MutexLock lock(&shard->mu);
     for (const auto& [key, e] : shard->entries) {
       if (out.size() >= limit) return out;
       if (e.committed) out.push_back({key, e.size, e.refs});
@@ -213,7 +349,7 @@ HostTierStats HostTier::Stats() const {
   s.capacity_bytes = shard_bytes_ * shards_.size();
   s.hugepages = arena_->hugepages_used();
   for (const auto& shard : shards_) {
-    std::lock_guard lock(shard->mu);
+    MutexLock lock(&shard->mu);
     s.used_bytes += shard->used_bytes;
     s.reserved_bytes += shard->reserved_bytes;
     s.segments += shard->segments;
@@ -223,6 +359,9 @@ HostTierStats HostTier::Stats() const {
     s.evictions += shard->evictions;
     s.evicted_bytes += shard->evicted_bytes;
     s.aborts += shard->aborts;
+    s.dirty_segments += shard->dirty_segments;
+    s.dirty_bytes += shard->dirty_bytes;
+    s.backpressure_rejections += shard->backpressure_rejections;
     s.largest_free_bytes = std::max(
         s.largest_free_bytes, shard->allocator.Stats().largest_free_bytes);
   }

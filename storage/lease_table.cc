@@ -42,7 +42,8 @@ Status LeaseTable::Release(uint64_t owner, uint64_t lease_id) {
 }
 
 std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
-                                       std::span<const SegmentKey> keys) {
+                                       std::span<const SegmentKey> keys,
+                                       bool dirty) {
   std::vector<Status> out;
   out.reserve(keys.size());
   MutexLock lock(&mu_);
@@ -59,7 +60,7 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
   std::unordered_map<SegmentKey, Status> committed;
   for (const auto& key : lease.keys) {
     if (to_commit.count(key)) {
-      committed.emplace(key, lease.tier->Commit(key));
+      committed.emplace(key, lease.tier->Commit(key, dirty));
     } else {
       remaining.push_back(key);
     }

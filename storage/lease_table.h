@@ -47,11 +47,13 @@ class LeaseTable {
   // already, or someone else's).
   Status Release(uint64_t owner, uint64_t lease_id);
 
-  // Commits `keys` of write lease `lease_id`, one Status per key: NotFound
-  // when a key is not (or no longer) part of that lease of `owner`. The
-  // lease ends once every key is committed.
+  // Commits `keys` of write lease `lease_id` (HostTier::Commit with
+  // `dirty`), one Status per key: NotFound when a key is not (or no longer)
+  // part of that lease of `owner`. The lease ends once every key is
+  // committed.
   std::vector<Status> Commit(uint64_t owner, uint64_t lease_id,
-                             std::span<const SegmentKey> keys);
+                             std::span<const SegmentKey> keys,
+                             bool dirty = false);
 
   // Ends every lease of `owner`; returns how many.
   size_t ReleaseOwner(uint64_t owner);

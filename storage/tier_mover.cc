@@ -1,16 +1,27 @@
+// TierMover: batched demotion, promotion and persistence between the host
+// and NVMe tiers (see tier_mover.h).
 #include "storage/tier_mover.h"
 
-#include <algorithm>
-#include <chrono>
-#include <tuple>
+#include <spdlog/spdlog.h>
 
 namespace tierkv::storage {
-namespace {
-// How long a promotion waits for a concurrent writer of the same segment.
-constexpr std::chrono::microseconds kMaxPromotionWait{200000};
-}  // namespace
 
-TierMover::TierMover(const TierMoverOptions& options) : options_(options) {
+Status TierMoverOptions::Validate() const {
+  if (workers > 64) {
+    return Status::InvalidArgument("tier mover workers must be <= 64");
+  }
+  if (demotion_batch_segments == 0 || demotion_batch_bytes == 0) {
+    return Status::InvalidArgument("tier mover demotion batch must be > 0");
+  }
+  if (prefetch_queue == 0) {
+    return Status::InvalidArgument("tier mover prefetch_queue must be > 0");
+  }
+  return Status::OK();
+}
+
+TierMover::TierMover(const TierMoverOptions& options,
+                     std::vector<const TierPair*> namespaces)
+    : options_(options), namespaces_(std::move(namespaces)) {
   for (uint32_t i = 0; i < options.workers; ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -18,214 +29,259 @@ TierMover::TierMover(const TierMoverOptions& options) : options_(options) {
 
 TierMover::~TierMover() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
-void TierMover::Push(Job job, std::deque<Job>& queue, uint32_t limit,
-                     std::atomic<uint64_t>& queued,
-                     std::atomic<uint64_t>& dropped) {
+void TierMover::Kick() {
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ || queue.size() >= limit) {
-      dropped.fetch_add(1, std::memory_order_relaxed);
+    MutexLock lock(&mu_);
+    if (kicked_) return;
+    kicked_ = true;
+  }
+  work_cv_.Signal();
+}
+
+void TierMover::Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys) {
+  if (keys.empty()) return;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_ || prefetches_.size() >= options_.prefetch_queue) {
+      prefetch_dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    queue.push_back(std::move(job));
+    prefetches_.push_back({tiers, std::move(keys)});
   }
-  queued.fetch_add(1, std::memory_order_relaxed);
-  work_cv_.notify_one();
-}
-
-void TierMover::EnqueueEvicted(const TierPair& tiers, uint64_t fingerprint,
-                               const SegmentKey& key,
-                               std::span<const std::byte> bytes) {
-  if (tiers.nvme->Contains(tiers.ns, key, fingerprint)) return;  // already safe
-  Push(Job{Job::Kind::kEvicted, tiers, fingerprint, key,
-           std::vector<std::byte>(bytes.begin(), bytes.end())},
-       demotions_, options_.demotion_queue, demotions_queued_,
-       demotions_dropped_);
-}
-
-void TierMover::EnqueueCommitted(const TierPair& tiers, uint64_t fingerprint,
-                                 const SegmentKey& key) {
-  Push(Job{Job::Kind::kCommitted, tiers, fingerprint, key, {}}, demotions_,
-       options_.demotion_queue, demotions_queued_, demotions_dropped_);
-}
-
-void TierMover::EnqueuePromotion(const TierPair& tiers, uint64_t fingerprint,
-                                 const SegmentKey& key) {
-  Push(Job{Job::Kind::kPromote, tiers, fingerprint, key, {}}, promotions_,
-       options_.promotion_queue, promotions_queued_, promotions_dropped_);
+  prefetch_batches_.fetch_add(1, std::memory_order_relaxed);
+  work_cv_.Signal();
 }
 
 void TierMover::WorkerLoop() {
-  std::unique_lock lock(mu_);
-  std::vector<Job> batch;
+  MutexLock lock(&mu_);
   while (true) {
-    work_cv_.wait(lock, [this] {
-      return stopping_ || !demotions_.empty() || !promotions_.empty();
-    });
+    while (!stopping_ && !kicked_ && prefetches_.empty()) work_cv_.Wait(&mu_);
     if (stopping_) return;
-    batch.clear();
-    // Promotions first, one at a time: an engine is waiting for them.
-    // Demotions in batches: one NVMe sync covers many segments.
-    if (!promotions_.empty()) {
-      batch.push_back(std::move(promotions_.front()));
-      promotions_.pop_front();
-    } else {
-      while (!demotions_.empty() && batch.size() < options_.demotion_batch) {
-        batch.push_back(std::move(demotions_.front()));
-        demotions_.pop_front();
-      }
-    }
     running_++;
-    lock.unlock();
-    if (batch.front().kind == Job::Kind::kPromote) {
-      Promote(batch.front());
+    if (!prefetches_.empty()) {
+      // Prefetches first: an engine is about to read them.
+      PrefetchJob job = std::move(prefetches_.front());
+      prefetches_.pop_front();
+      lock.Unlock();
+      PromoteBatch(*job.tiers, job.keys).clear();
+      lock.Lock();
     } else {
-      Demote(batch);
+      kicked_ = false;
+      lock.Unlock();
+      const bool wrote = DemoteOnce();
+      lock.Lock();
+      // There may be more: look again (another worker may help).
+      if (wrote && !kicked_) {
+        kicked_ = true;
+        work_cv_.Signal();
+      }
     }
-    lock.lock();
     running_--;
-    if (running_ == 0 && demotions_.empty() && promotions_.empty()) {
-      idle_cv_.notify_all();
+    if (running_ == 0 && !kicked_ && prefetches_.empty()) {
+      idle_cv_.SignalAll();
     }
   }
 }
 
-void TierMover::Promote(Job& job) {
-  Status s = PromoteNow(job.tiers, job.fingerprint, job.key);
-  (s.ok() ? promotions_done_ : promotions_failed_)
-      .fetch_add(1, std::memory_order_relaxed);
+std::vector<Status> TierMover::WriteAndAnnounce(
+    const TierPair& tiers, std::span<const NvmeWriteItem> items) {
+  std::vector<Status> statuses =
+      tiers.nvme->Write(tiers.ns, tiers.Fingerprint(), items);
+  {
+    MutexLock lock(&mu_);
+    write_generation_++;
+  }
+  persisted_cv_.SignalAll();
+  return statuses;
 }
 
-void TierMover::Demote(std::vector<Job>& jobs) {
-  // Group by (store, namespace, layout): NvmeStore::Write takes one of each.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
-    return std::tie(a.tiers.nvme, a.tiers.ns, a.fingerprint) <
-           std::tie(b.tiers.nvme, b.tiers.ns, b.fingerprint);
-  });
-  for (size_t begin = 0; begin < jobs.size();) {
-    size_t end = begin;
-    while (end < jobs.size() &&
-           jobs[end].tiers.nvme == jobs[begin].tiers.nvme &&
-           jobs[end].tiers.ns == jobs[begin].tiers.ns &&
-           jobs[end].fingerprint == jobs[begin].fingerprint) {
-      ++end;
-    }
-    const TierPair& tiers = jobs[begin].tiers;
+bool TierMover::DemoteOnce() {
+  const size_t n = namespaces_.size();
+  const uint32_t start =
+      next_namespace_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < n; ++i) {
+    const TierPair& tiers = *namespaces_[(start + i) % n];
+    if (tiers.policy == WritePolicy::kNone || !tiers.nvme) continue;
+    std::vector<DirtySegment> batch = tiers.host->TakeDirty(
+        options_.demotion_batch_segments, options_.demotion_batch_bytes,
+        /*only_needed=*/tiers.policy == WritePolicy::kWriteBack);
+    if (batch.empty()) continue;
+    // Taken segments are immutable and cannot be evicted until
+    // FinishPersist, so the device reads them straight from the arena.
     std::vector<NvmeWriteItem> items;
-    std::vector<SegmentKey> referenced;  // host segments read in place
-    for (size_t i = begin; i < end; ++i) {
-      Job& job = jobs[i];
-      if (job.kind == Job::Kind::kEvicted) {
-        items.push_back({job.key, job.bytes});
-        continue;
-      }
-      if (tiers.nvme->Contains(tiers.ns, job.key, job.fingerprint)) {
-        demotions_done_.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      auto loc = tiers.host->Acquire(job.key);  // held until written
-      if (!loc.ok()) {  // evicted before we got to it (write_back may follow)
-        demotions_failed_.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      referenced.push_back(job.key);
+    items.reserve(batch.size());
+    for (const DirtySegment& d : batch) {
       items.push_back(
-          {job.key, std::span<const std::byte>(
-                        tiers.host->arena().base() + loc->offset, loc->size)});
+          {d.key,
+           {tiers.host->arena().base() + d.location.offset, d.location.size}});
     }
-    if (!items.empty()) {
-      for (const Status& s :
-           tiers.nvme->Write(tiers.ns, jobs[begin].fingerprint, items)) {
-        // Busy: a concurrent Flush is writing the same segment.
-        (s.ok() || s.IsAlreadyExists() || s.code() == StatusCode::kBusy
-             ? demotions_done_
-             : demotions_failed_)
-            .fetch_add(1, std::memory_order_relaxed);
+    const std::vector<Status> statuses = WriteAndAnnounce(tiers, items);
+    // Newest first, so that the clean list keeps the batch's age order.
+    for (size_t k = batch.size(); k-- > 0;) {
+      const Status& s = statuses[k];
+      const bool persisted = s.ok() || s.IsAlreadyExists();
+      const bool busy = s.code() == StatusCode::kBusy;
+      tiers.host->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
+      (persisted ? demotions_done_
+       : busy    ? demotions_retried_
+                 : demotions_failed_)
+          .fetch_add(1, std::memory_order_relaxed);
+      if (!persisted && !busy) {
+        spdlog::warn(
+            "namespace '{}': write-back of a segment failed ({}); it stays "
+            "in host DRAM as a cache entry only",
+            tiers.ns, s.ToString());
       }
     }
-    for (const auto& key : referenced) tiers.host->Release(key);
-    begin = end;
+    demotion_batches_.fetch_add(1, std::memory_order_relaxed);
+    return true;
   }
+  return false;
 }
 
-Status TierMover::PromoteNow(const TierPair& tiers, uint64_t fingerprint,
-                             const SegmentKey& key) {
-  auto size = tiers.nvme->Lookup(tiers.ns, key, fingerprint);
-  if (!size) return Status::NotFound("segment not on NVMe");
-  auto loc = tiers.host->Reserve(key, *size);
-  // Busy: another promoter (or a client's Put) is filling this segment
-  // right now. Wait a little for it rather than report a miss.
-  for (auto backoff = std::chrono::microseconds(50), waited = backoff * 0;
-       !loc.ok() && loc.status().code() == StatusCode::kBusy &&
-       waited < kMaxPromotionWait;
-       waited += backoff,
-            backoff = std::min(backoff * 2, std::chrono::microseconds(5000))) {
-    std::this_thread::sleep_for(backoff);
-    loc = tiers.host->Reserve(key, *size);
+std::vector<Status> TierMover::PromoteBatch(const TierPair& tiers,
+                                            std::span<const SegmentKey> keys) {
+  std::vector<Status> results(keys.size());
+  const uint64_t fingerprint = tiers.Fingerprint();
+  std::vector<NvmeReadItem> reads;
+  std::vector<size_t> read_of;  // key index per read
+  std::vector<size_t> contended;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto size = tiers.nvme->Lookup(tiers.ns, keys[i], fingerprint);
+    if (!size) {
+      results[i] = Status::NotFound("segment not on NVMe");
+      continue;
+    }
+    auto reserved = tiers.host->Reserve(keys[i], *size);
+    if (!reserved.ok()) {
+      // Busy: another promoter or a client's Put fills this key right now
+      // (wait for it below), or the host tier is short of clean space.
+      if (reserved.status().code() == StatusCode::kBusy) {
+        contended.push_back(i);
+      }
+      results[i] = reserved.status();
+      continue;
+    }
+    if (reserved->already_stored) continue;  // OK: another promoter won
+    reads.push_back({keys[i],
+                     {tiers.host->arena().base() + reserved->location.offset,
+                      reserved->location.size}});
+    read_of.push_back(i);
   }
-  if (!loc.ok()) {
-    // AlreadyExists: another request promoted it first.
-    if (loc.status().IsAlreadyExists()) return Status::OK();
-    return loc.status();
+  if (!reads.empty()) {
+    auto got = tiers.nvme->ReadBatch(tiers.ns, fingerprint, reads);
+    for (size_t r = 0; r < reads.size(); ++r) {
+      const size_t i = read_of[r];
+      if (got[r].ok() && *got[r] == reads[r].dst.size()) {
+        // Clean: NVMe holds it, so eviction may drop the host copy.
+        results[i] = tiers.host->Commit(keys[i], /*dirty=*/false);
+      } else {
+        tiers.host->Abort(keys[i]);
+        results[i] =
+            got[r].ok()
+                ? Status::Corruption("NVMe segment changed size mid-read")
+                : got[r].status();
+      }
+      (results[i].ok() ? promotions_done_ : promotions_failed_)
+          .fetch_add(1, std::memory_order_relaxed);
+    }
   }
-  std::span<std::byte> dst(tiers.host->arena().base() + loc->offset, loc->size);
-  auto read = tiers.nvme->Read(tiers.ns, key, fingerprint, dst);
-  if (!read.ok() || *read != loc->size) {
-    tiers.host->Abort(key);
-    return read.ok() ? Status::Corruption("NVMe segment changed size")
-                     : read.status();
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.reservation_wait;
+  for (size_t i : contended) {
+    if (tiers.host->WaitUnreserved(keys[i], deadline) &&
+        tiers.host->Touch(keys[i])) {
+      results[i] = Status::OK();
+    }
   }
-  return tiers.host->Commit(key);
+  return results;
 }
 
-Status TierMover::PersistNow(const TierPair& tiers, uint64_t fingerprint,
-                             const SegmentKey& key) {
-  // Busy means another writer (the mover, another Flush) is persisting the
-  // same segment right now: wait for it to finish, then look again.
-  for (auto backoff = std::chrono::microseconds(50);;
-       backoff = std::min(backoff * 2, std::chrono::microseconds(10000))) {
-    if (tiers.nvme->Contains(tiers.ns, key, fingerprint)) return Status::OK();
-    auto loc = tiers.host->Acquire(key);  // holds it against eviction
-    if (!loc.ok()) return Status::NotFound("segment in neither tier");
-    NvmeWriteItem item{
-        key, std::span<const std::byte>(
-                 tiers.host->arena().base() + loc->offset, loc->size)};
-    Status s = tiers.nvme->Write(tiers.ns, fingerprint, std::span(&item, 1))[0];
-    tiers.host->Release(key);
-    if (s.code() != StatusCode::kBusy)
-      return s.IsAlreadyExists() ? Status::OK() : s;
-    std::this_thread::sleep_for(backoff);
+std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
+                                            std::span<const SegmentKey> keys) {
+  std::vector<Status> results(keys.size());
+  const uint64_t fingerprint = tiers.Fingerprint();
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.reservation_wait;
+  std::vector<size_t> pending(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+  while (!pending.empty()) {
+    std::vector<NvmeWriteItem> items;
+    std::vector<size_t> item_of;
+    for (size_t i : pending) {
+      if (tiers.nvme->Contains(tiers.ns, keys[i], fingerprint)) {
+        results[i] = Status::OK();
+        continue;
+      }
+      auto loc = tiers.host->Acquire(keys[i]);  // held until written
+      if (!loc.ok()) {
+        results[i] = Status::NotFound("segment in neither tier");
+        continue;
+      }
+      items.push_back(
+          {keys[i], {tiers.host->arena().base() + loc->offset, loc->size}});
+      item_of.push_back(i);
+    }
+    uint64_t generation;
+    {
+      MutexLock lock(&mu_);
+      generation = write_generation_;
+    }
+    std::vector<Status> statuses;
+    if (!items.empty()) statuses = WriteAndAnnounce(tiers, items);
+    for (const NvmeWriteItem& item : items) tiers.host->Release(item.key);
+    pending.clear();
+    for (size_t k = 0; k < items.size(); ++k) {
+      const size_t i = item_of[k];
+      if (statuses[k].code() == StatusCode::kBusy) {
+        pending.push_back(i);  // a concurrent write of the key: wait for it
+      } else {
+        results[i] = statuses[k].IsAlreadyExists() ? Status::OK() : statuses[k];
+      }
+    }
+    if (pending.empty()) break;
+    // Wait for a write batch other than ours to finish, then look again.
+    MutexLock lock(&mu_);
+    bool in_time = true;
+    while (write_generation_ <= generation + 1 && in_time) {
+      in_time = persisted_cv_.WaitUntil(&mu_, deadline);
+    }
+    if (!in_time) {
+      for (size_t i : pending) {
+        results[i] = Status::Busy(
+            "another write of this segment did not finish in time");
+      }
+      break;
+    }
   }
+  return results;
 }
 
 TierMoverStats TierMover::Stats() const {
   TierMoverStats s;
-  s.demotions_queued = demotions_queued_.load(std::memory_order_relaxed);
   s.demotions_done = demotions_done_.load(std::memory_order_relaxed);
-  s.demotions_dropped = demotions_dropped_.load(std::memory_order_relaxed);
+  s.demotions_retried = demotions_retried_.load(std::memory_order_relaxed);
   s.demotions_failed = demotions_failed_.load(std::memory_order_relaxed);
-  s.promotions_queued = promotions_queued_.load(std::memory_order_relaxed);
+  s.demotion_batches = demotion_batches_.load(std::memory_order_relaxed);
   s.promotions_done = promotions_done_.load(std::memory_order_relaxed);
-  s.promotions_dropped = promotions_dropped_.load(std::memory_order_relaxed);
   s.promotions_failed = promotions_failed_.load(std::memory_order_relaxed);
-  std::lock_guard lock(mu_);
-  s.demotion_queue_depth = demotions_.size();
-  s.promotion_queue_depth = promotions_.size();
+  s.prefetch_batches = prefetch_batches_.load(std::memory_order_relaxed);
+  s.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
+  MutexLock lock(&mu_);
+  s.prefetch_queue_depth = prefetches_.size();
   return s;
 }
 
 void TierMover::TEST_Drain() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [this] {
-    return running_ == 0 && demotions_.empty() && promotions_.empty();
-  });
+  MutexLock lock(&mu_);
+  while (running_ != 0 || kicked_ || !prefetches_.empty()) idle_cv_.Wait(&mu_);
 }
 
 }  // namespace tierkv::storage

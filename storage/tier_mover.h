@@ -1,134 +1,162 @@
-// TierMover: moves segments between the host tier and the NVMe tier in the
-// background (DESIGN.md §4, "mover").
+// TierMover: moves segments between namespaces' host tiers and the shared
+// NVMe tier in the background (DESIGN.md §4, "mover").
 //
-//   demotion  host -> NVMe: write_back (bytes copied out at host eviction)
-//             and write_through (bytes read from the host tier under a
-//             reference after commit);
-//   promotion NVMe -> host: segments a Match found only on NVMe, so that the
-//             Get that usually follows hits DRAM.
+//   demotion  host -> NVMe. Workers take batches of the oldest dirty host
+//             segments (HostTier::TakeDirty: write_through takes every dirty
+//             segment, write_back only while a shard runs short of clean
+//             space), write each batch with one NvmeStore::Write (queue depth
+//             IO straight from the arena, one data sync, one catalog batch)
+//             and mark them clean. No bytes are queued, so nothing can be
+//             dropped: when dirty data outruns the disk, HostTier::Reserve
+//             answers Busy (backpressure) until a batch lands.
+//   promotion NVMe -> host. PromoteBatch() reads a whole batch with one
+//             NvmeStore::ReadBatch into freshly reserved arena space; Get
+//             calls it on demand, and Prefetch() queues a batch for the
+//             workers (a bounded queue of hints: a full queue drops the
+//             batch and counts it; the Get that follows promotes on demand).
+//   persist   PersistBatch() writes host segments to NVMe now (Flush): one
+//             NvmeStore::Write for the batch, so one data sync and one
+//             catalog sync per call.
 //
-// Both queues are bounded (backpressure): when one is full a job is dropped
-// and counted, never blocking the caller. That is safe because tierkv is a
-// cache: a dropped demotion means the segment is recomputed if needed later;
-// a dropped promotion means the Get promotes on demand. Workers take jobs in
-// FIFO order.
-//
-// PromoteNow() and PersistNow() are the synchronous forms used by Get (an
-// on-demand promotion) and Flush (a durability barrier).
-//
-// Thread safety: thread-safe. Enqueue* may be called under a HostTier shard
-// lock (from an eviction listener): they only copy and push.
+// Thread safety: thread-safe.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "storage/host_tier.h"
 #include "storage/nvme_store.h"
+#include "storage/write_policy.h"
 
 namespace tierkv::storage {
 
 struct TierMoverOptions {
-  // Worker threads. Default: 2. 0 runs none (jobs only queue; for tests).
+  // Worker threads. Default: 2. 0 runs none (nothing moves in the
+  // background; for tests).
   uint32_t workers = 2;
-  uint32_t demotion_queue = 4096;   // jobs; Default: 4096
-  uint32_t promotion_queue = 4096;  // jobs; Default: 4096
-  // Demotions written per NVMe batch (one data sync + one catalog write).
-  uint32_t demotion_batch = 64;  // Default: 64
+  // Largest demotion batch: segments and bytes per NvmeStore::Write. Large
+  // batches keep the device at queue depth and amortize the data and
+  // catalog syncs. Default: 512 segments, 32 MiB.
+  uint32_t demotion_batch_segments = 512;
+  uint64_t demotion_batch_bytes = uint64_t{32} << 20;
+  // Prefetch batches waiting for a worker; more are dropped. Default: 256.
+  uint32_t prefetch_queue = 256;
+  // How long a promotion waits for a concurrent writer of the same segment
+  // (another promoter or a client's Put) before reporting it missing.
+  // Default: 200 ms.
+  std::chrono::milliseconds reservation_wait{200};
+
+  Status Validate() const;
 };
 
 struct TierMoverStats {
-  uint64_t demotions_queued = 0;
-  uint64_t demotions_done = 0;     // written (or already on NVMe)
-  uint64_t demotions_dropped = 0;  // queue full
-  uint64_t demotions_failed = 0;   // NVMe write failed or source vanished
-  uint64_t promotions_queued = 0;
-  uint64_t promotions_done = 0;
-  uint64_t promotions_dropped = 0;
-  uint64_t promotions_failed = 0;
-  uint64_t demotion_queue_depth = 0;
-  uint64_t promotion_queue_depth = 0;
+  uint64_t demotions_done = 0;     // segments written (or already on NVMe)
+  uint64_t demotions_retried = 0;  // a concurrent write held the key
+  uint64_t demotions_failed = 0;   // NVMe refused them (IOError, full)
+  uint64_t demotion_batches = 0;
+  uint64_t promotions_done = 0;    // segments read into host
+  uint64_t promotions_failed = 0;  // missing, corrupt or no host space
+  uint64_t prefetch_batches = 0;   // queued
+  uint64_t prefetch_dropped = 0;   // batches dropped: queue full
+  uint64_t prefetch_queue_depth = 0;
 };
 
-// Where a segment goes: one namespace's tiers. Borrowed pointers; the owner
-// keeps them alive until the mover is destroyed.
+// One namespace's tiers, as the mover sees them. The pointers are borrowed:
+// the owner keeps them alive until the mover is destroyed.
 struct TierPair {
   std::string ns;
   HostTier* host = nullptr;
   NvmeStore* nvme = nullptr;
+  WritePolicy policy = WritePolicy::kNone;
+  // The namespace's layout fingerprint (0 before a layout is registered),
+  // stored with its NVMe data.
+  const std::atomic<uint64_t>* fingerprint = nullptr;
+
+  uint64_t Fingerprint() const {
+    return fingerprint->load(std::memory_order_acquire);
+  }
 };
 
 class TierMover {
  public:
-  explicit TierMover(const TierMoverOptions& options);
-  ~TierMover();  // drains nothing: pending jobs are dropped, workers joined
+  // Starts the workers over `namespaces` (borrowed, fixed for the mover's
+  // life), whose dirty segments they persist by each one's policy.
+  // REQUIRES: options.Validate() is OK.
+  TierMover(const TierMoverOptions& options,
+            std::vector<const TierPair*> namespaces);
+  ~TierMover();  // joins the workers; queued prefetches are dropped
 
   TierMover(const TierMover&) = delete;
   TierMover& operator=(const TierMover&) = delete;
 
-  // write_back: persist `bytes` (copied now) of a segment being evicted.
-  void EnqueueEvicted(const TierPair& tiers, uint64_t layout_fingerprint,
-                      const SegmentKey& key, std::span<const std::byte> bytes);
-  // write_through: persist a committed host segment (read when the job runs).
-  void EnqueueCommitted(const TierPair& tiers, uint64_t layout_fingerprint,
-                        const SegmentKey& key);
-  // Bring an NVMe-only segment into the host tier.
-  void EnqueuePromotion(const TierPair& tiers, uint64_t layout_fingerprint,
-                        const SegmentKey& key);
+  // Wakes the workers: dirty segments were committed or a Reserve met
+  // backpressure. Cheap; call after each batch of commits.
+  void Kick();
 
-  // Copies a segment from NVMe into the host tier now. OK when the segment
-  // is in the host tier afterwards (also if it already was); NotFound when
-  // NVMe does not have it (or it failed its checksum); ResourceExhausted
-  // when the host tier has no evictable space.
-  static Status PromoteNow(const TierPair& tiers, uint64_t layout_fingerprint,
-                           const SegmentKey& key);
+  // Queues promotion of `keys` (NVMe-only segments) into the host tier.
+  void Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys);
 
-  // Writes a host segment to NVMe now (durable when NvmeStore syncs). OK
-  // also when NVMe already has it; NotFound when neither tier has it;
-  // IOError from the device.
-  static Status PersistNow(const TierPair& tiers, uint64_t layout_fingerprint,
-                           const SegmentKey& key);
+  // Reads `keys` from NVMe into the host tier with one ReadBatch. One
+  // Status per key: OK when the segment is in the host tier afterwards
+  // (also if it already was, or another promoter won); NotFound when NVMe
+  // does not have it (or it failed its checksum); Busy or
+  // ResourceExhausted when the host tier has no room for it now.
+  std::vector<Status> PromoteBatch(const TierPair& tiers,
+                                   std::span<const SegmentKey> keys);
+
+  // Writes host segments `keys` to NVMe now with one NvmeStore::Write. One
+  // Status per key: OK when on NVMe (now or before); NotFound when in
+  // neither tier; IOError / ResourceExhausted from the NVMe tier; Busy when
+  // another write of the key did not finish within reservation_wait.
+  std::vector<Status> PersistBatch(const TierPair& tiers,
+                                   std::span<const SegmentKey> keys);
 
   TierMoverStats Stats() const;
 
-  // Blocks until both queues are empty and no job runs (tests, shutdown).
+  // Blocks until no dirty segment the policies would persist is left and
+  // no job runs (tests, shutdown).
   void TEST_Drain();
 
  private:
-  struct Job {
-    enum class Kind : uint8_t { kEvicted, kCommitted, kPromote } kind;
-    TierPair tiers;
-    uint64_t fingerprint;
-    SegmentKey key;
-    std::vector<std::byte> bytes;  // kEvicted only
-  };
-  void Push(Job job, std::deque<Job>& queue, uint32_t limit,
-            std::atomic<uint64_t>& queued, std::atomic<uint64_t>& dropped);
+  // Takes and writes one demotion batch; false when there was nothing.
+  bool DemoteOnce();
   void WorkerLoop();
-  void Promote(Job& job);
-  // Writes demotion jobs as NVMe batches (possibly of mixed namespaces).
-  void Demote(std::vector<Job>& jobs);
+  // Writes `items` of `tiers` with one NvmeStore::Write and wakes
+  // PersistBatch calls waiting for a concurrent write to finish.
+  std::vector<Status> WriteAndAnnounce(const TierPair& tiers,
+                                       std::span<const NvmeWriteItem> items);
 
   const TierMoverOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<Job> demotions_;   // guarded by mu_
-  std::deque<Job> promotions_;  // guarded by mu_
-  uint32_t running_ = 0;        // guarded by mu_
-  bool stopping_ = false;       // guarded by mu_
-  std::vector<std::thread> workers_;
+  const std::vector<const TierPair*> namespaces_;
 
-  std::atomic<uint64_t> demotions_queued_{0}, demotions_done_{0},
-      demotions_dropped_{0}, demotions_failed_{0};
-  std::atomic<uint64_t> promotions_queued_{0}, promotions_done_{0},
-      promotions_dropped_{0}, promotions_failed_{0};
+  mutable Mutex mu_;
+  CondVar work_cv_;
+  CondVar idle_cv_;
+  // Bumped after every NVMe write batch (persisted_cv_ signalled).
+  uint64_t write_generation_ GUARDED_BY(mu_) = 0;
+  CondVar persisted_cv_;
+  struct PrefetchJob {
+    const TierPair* tiers;
+    std::vector<SegmentKey> keys;
+  };
+  std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
+  bool kicked_ GUARDED_BY(mu_) = false;
+  uint32_t running_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> next_namespace_{0};
+
+  std::atomic<uint64_t> demotions_done_{0}, demotions_retried_{0},
+      demotions_failed_{0}, demotion_batches_{0};
+  std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
+      prefetch_batches_{0}, prefetch_dropped_{0};
 };
 
 }  // namespace tierkv::storage

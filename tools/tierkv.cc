@@ -134,14 +134,14 @@ int PrintStats(const std::string& json_text, bool raw) {
                    ? " (damaged catalog recreated)"
                    : "");
     fmt::print(
-        "  mover       {} demoted ({} dropped, {} failed), {} promoted, "
-        "queues {}/{}; policy {}\n",
+        "  mover       {} demoted in {} batches ({} failed), {} dirty "
+        "waiting, {} Puts held back; {} promoted; policy {}\n",
         n["demotions_done"].get<uint64_t>(),
-        n["demotions_dropped"].get<uint64_t>(),
+        n["demotion_batches"].get<uint64_t>(),
         n["demotions_failed"].get<uint64_t>(),
+        h["dirty_segments"].get<uint64_t>(),
+        h["backpressure_rejections"].get<uint64_t>(),
         n["promotions_done"].get<uint64_t>(),
-        n["demotion_queue_depth"].get<uint64_t>(),
-        n["promotion_queue_depth"].get<uint64_t>(),
         j["write_policy"].get<std::string>());
   }
   fmt::print("  leases      {} active, {} segments referenced\n",

@@ -22,12 +22,13 @@ std::unique_ptr<HostTier> MakeTier(uint64_t capacity, uint32_t shards) {
 }
 
 // Reserve + write + commit, as a client does.
-void PutSegment(HostTier& tier, const SegmentKey& key, uint64_t size,
-                char fill) {
-  auto loc = tier.Reserve(key, size);
-  ASSERT_OK(loc);
-  std::memset(tier.arena().base() + loc->offset, fill, size);
-  ASSERT_OK(tier.Commit(key));
+void PutSegment(HostTier& tier, const SegmentKey& key, uint64_t size, char fill,
+                bool dirty = false) {
+  auto r = tier.Reserve(key, size);
+  ASSERT_OK(r);
+  ASSERT_FALSE(r->already_stored);
+  std::memset(tier.arena().base() + r->location.offset, fill, size);
+  ASSERT_OK(tier.Commit(key, dirty));
 }
 
 TEST(HostTierTest, CommittedSegmentIsReadableAtItsOffset) {
@@ -56,8 +57,9 @@ TEST(HostTierTest, DuplicatePutIsDedupedWithoutUsingSpace) {
   auto tier = MakeTier(8 << 20, 2);
   PutSegment(*tier, Key(1), 10000, 'x');
   const uint64_t used = tier->Stats().used_bytes;
-  EXPECT_EQ(tier->Reserve(Key(1), 10000).status().code(),
-            StatusCode::kAlreadyExists);
+  auto again = tier->Reserve(Key(1), 10000);
+  ASSERT_OK(again);
+  EXPECT_TRUE(again->already_stored);
   EXPECT_EQ(tier->Stats().used_bytes, used);
   EXPECT_EQ(tier->Stats().dedup_hits, 1u);
 }
@@ -86,19 +88,83 @@ TEST(HostTierTest, NeverEvictsReferencedSegments) {
             StatusCode::kResourceExhausted);
 }
 
-TEST(HostTierTest, EvictionListenerSeesBytesBeforeTheyAreFreed) {
-  auto tier = MakeTier(1 << 20, 1);
-  std::vector<std::pair<SegmentKey, char>> seen;
-  tier->SetEvictionListener(
-      [&](const SegmentKey& k, std::span<const std::byte> bytes) {
-        seen.emplace_back(k, static_cast<char>(bytes[0]));
-      });
-  for (uint64_t i = 0; i < 17; ++i) {
-    PutSegment(*tier, Key(i), 65536, static_cast<char>('a' + i));
+TEST(HostTierTest, DirtySegmentsAreNeverEvictedAndFullShardsPushBack) {
+  auto tier = MakeTier(1 << 20, 1);  // 16 segments of 64 KiB
+  for (uint64_t i = 0; i < 16; ++i) {
+    PutSegment(*tier, Key(i), 65536, 'd', /*dirty=*/true);
   }
-  ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].first, Key(0));
-  EXPECT_EQ(seen[0].second, 'a');
+  EXPECT_EQ(tier->Stats().dirty_segments, 16u);
+  // No clean segment to evict: backpressure, and nothing is lost.
+  EXPECT_EQ(tier->Reserve(Key(100), 65536).status().code(), StatusCode::kBusy);
+  EXPECT_EQ(tier->Stats().backpressure_rejections, 1u);
+  for (uint64_t i = 0; i < 16; ++i) EXPECT_TRUE(tier->Touch(Key(i))) << i;
+
+  // The mover takes the oldest dirty segments (0 was touched first above,
+  // so it is the oldest) and marks them persisted: they become evictable.
+  auto taken = tier->TakeDirty(/*max_items=*/2, /*max_bytes=*/1 << 20,
+                               /*only_needed=*/false);
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].key, Key(0));
+  EXPECT_EQ(taken[1].key, Key(1));
+  EXPECT_EQ(static_cast<char>(tier->arena().base()[taken[0].location.offset]),
+            'd');
+  // Taken, not finished: still not evictable, not taken twice.
+  EXPECT_EQ(tier->Reserve(Key(100), 65536).status().code(), StatusCode::kBusy);
+  EXPECT_EQ(tier->TakeDirty(16, 1 << 20, false).size(), 14u);
+  // Finished newest first, so the oldest ends at the clean tail.
+  tier->FinishPersist(taken[1].key, /*persisted=*/true, /*retry=*/false);
+  tier->FinishPersist(taken[0].key, /*persisted=*/true, /*retry=*/false);
+  EXPECT_EQ(tier->Stats().dirty_segments, 14u);
+  PutSegment(*tier, Key(100), 65536, 'n');
+  EXPECT_FALSE(tier->Touch(Key(0))) << "the persisted segment is evicted";
+  EXPECT_TRUE(tier->Touch(Key(1)));
+}
+
+TEST(HostTierTest, WriteBackTakesDirtySegmentsOnlyWhenCleanSpaceRunsShort) {
+  auto tier = HostTier::Create({.name = "t",
+                                .capacity_bytes = 1 << 20,
+                                .shards = 1,
+                                .clean_reserve_fraction = 0.25});
+  ASSERT_OK(tier);
+  for (uint64_t i = 0; i < 8; ++i) {
+    PutSegment(**tier, Key(i), 65536, 'd', /*dirty=*/true);
+  }
+  // Half the shard is free: nothing needs writing back yet.
+  EXPECT_TRUE((*tier)->TakeDirty(64, 1 << 20, /*only_needed=*/true).empty());
+  for (uint64_t i = 8; i < 14; ++i) {
+    PutSegment(**tier, Key(i), 65536, 'd', /*dirty=*/true);
+  }
+  // 2 of 16 slots free; the reserve is 4: take just enough (2) to restore
+  // it, oldest first.
+  auto taken = (*tier)->TakeDirty(64, 1 << 20, /*only_needed=*/true);
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].key, Key(0));
+  EXPECT_EQ(taken[1].key, Key(1));
+}
+
+TEST(HostTierTest, FailedWriteBackRetriesOrGivesUpWithoutLosingTheSegment) {
+  auto tier = MakeTier(1 << 20, 1);
+  PutSegment(*tier, Key(1), 65536, 'a', /*dirty=*/true);
+  auto taken = tier->TakeDirty(8, 1 << 20, false);
+  ASSERT_EQ(taken.size(), 1u);
+  tier->FinishPersist(Key(1), /*persisted=*/false, /*retry=*/true);
+  EXPECT_EQ(tier->Stats().dirty_segments, 1u);
+  ASSERT_EQ(tier->TakeDirty(8, 1 << 20, false).size(), 1u);
+  tier->FinishPersist(Key(1), /*persisted=*/false, /*retry=*/false);
+  EXPECT_EQ(tier->Stats().dirty_segments, 0u);
+  EXPECT_TRUE(tier->Touch(Key(1))) << "still cached in DRAM";
+}
+
+TEST(HostTierTest, WaitUnreservedReturnsOnCommitOrAtTheDeadline) {
+  auto tier = MakeTier(1 << 20, 1);
+  ASSERT_OK(tier->Reserve(Key(1), 4096));
+  const auto soon = std::chrono::steady_clock::now();
+  EXPECT_FALSE(tier->WaitUnreserved(Key(1), soon));
+  std::thread committer([&] { EXPECT_OK(tier->Commit(Key(1))); });
+  EXPECT_TRUE(tier->WaitUnreserved(
+      Key(1), std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  committer.join();
+  EXPECT_TRUE(tier->WaitUnreserved(Key(2), soon)) << "absent keys";
 }
 
 TEST(HostTierTest, ShardsAreIndependentLruDomains) {
@@ -129,9 +195,10 @@ TEST(HostTierTest, ConcurrentPutsAndReadsKeepAccountingExact) {
     threads.emplace_back([&, t] {
       for (uint64_t i = 0; i < 2000; ++i) {
         SegmentKey k = Key(i % 500, static_cast<uint16_t>(t));
-        auto loc = tier->Reserve(k, 8192 + 64 * (i % 7));
-        if (loc.ok()) {
-          std::memset(tier->arena().base() + loc->offset, t, loc->size);
+        auto r = tier->Reserve(k, 8192 + 64 * (i % 7));
+        if (r.ok() && !r->already_stored) {
+          std::memset(tier->arena().base() + r->location.offset, t,
+                      r->location.size);
           EXPECT_OK(tier->Commit(k));
         }
         if (tier->Acquire(k).ok()) tier->Release(k);

@@ -42,7 +42,11 @@ class TierMoverTest : public ::testing::Test {
     nvme_ = std::move(nvme).value();
   }
 
-  TierPair Tiers() { return {"ns", host_.get(), nvme_.get()}; }
+  // The namespace as the mover sees it, with `policy`.
+  const TierPair* Tiers(WritePolicy policy = WritePolicy::kNone) {
+    pair_ = {"ns", host_.get(), nvme_.get(), policy, &fingerprint_};
+    return &pair_;
+  }
 
   std::vector<std::byte> Bytes(uint64_t n) {
     std::vector<std::byte> b(kSeg);
@@ -50,12 +54,26 @@ class TierMoverTest : public ::testing::Test {
       b[i] = static_cast<std::byte>(n * 31 + i);
     return b;
   }
-  void PutHost(uint64_t n) {
-    auto loc = host_->Reserve(Key(n), kSeg);
-    ASSERT_OK(loc);
+  // Puts segment n into DRAM; Busy (write-back backpressure) when only
+  // dirty segments are left to evict.
+  Status TryPutHost(uint64_t n, bool dirty) {
+    auto r = host_->Reserve(Key(n), kSeg);
+    if (!r.ok()) return r.status();
+    if (r->already_stored) return Status::OK();
     auto b = Bytes(n);
-    std::memcpy(host_->arena().base() + loc->offset, b.data(), kSeg);
-    ASSERT_OK(host_->Commit(Key(n)));
+    std::memcpy(host_->arena().base() + r->location.offset, b.data(), kSeg);
+    return host_->Commit(Key(n), dirty);
+  }
+  void PutHost(uint64_t n, bool dirty = false) {
+    ASSERT_OK(TryPutHost(n, dirty));
+  }
+  Status PersistOne(TierMover& mover, uint64_t n) {
+    const SegmentKey key = Key(n);
+    return mover.PersistBatch(*Tiers(), std::span(&key, 1))[0];
+  }
+  Status PromoteOne(TierMover& mover, uint64_t n) {
+    const SegmentKey key = Key(n);
+    return mover.PromoteBatch(*Tiers(), std::span(&key, 1))[0];
   }
   bool HostHolds(uint64_t n) {
     auto loc = host_->Acquire(Key(n));
@@ -73,51 +91,91 @@ class TierMoverTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
+  std::atomic<uint64_t> fingerprint_{kFp};
+  TierPair pair_;
   std::unique_ptr<HostTier> host_;
   std::shared_ptr<FaultInjectionDevice> faults_;
   std::unique_ptr<NvmeStore> nvme_;
 };
 
-TEST_F(TierMoverTest, WriteBackPersistsWhatHostEvicts) {
-  TierMover mover({.workers = 1});
-  host_->SetEvictionListener(
-      [&](const SegmentKey& k, std::span<const std::byte> b) {
-        mover.EnqueueEvicted(Tiers(), kFp, k, b);
-      });
-  for (uint64_t n = 0; n < 80; ++n) PutHost(n);  // 4 MiB holds 56
-  mover.TEST_Drain();
-  EXPECT_GE(host_->Stats().evictions, 24u);
-  for (uint64_t n = 0; n < 24; ++n) {
-    EXPECT_FALSE(host_->Touch(Key(n)));
-    EXPECT_TRUE(NvmeHolds(n)) << n;
+TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
+  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteBack)});
+  // 4 MiB of DRAM holds 56 segments; put 200 as fast as possible. A Put
+  // that meets backpressure waits for the mover, as a client would retry.
+  uint64_t busy = 0;
+  for (uint64_t n = 0; n < 200; ++n) {
+    Status s = TryPutHost(n, /*dirty=*/true);
+    mover.Kick();
+    while (s.code() == StatusCode::kBusy) {
+      busy++;
+      mover.TEST_Drain();
+      s = TryPutHost(n, /*dirty=*/true);
+      mover.Kick();
+    }
+    ASSERT_OK(s);
   }
-  EXPECT_EQ(mover.Stats().demotions_done, host_->Stats().evictions);
+  mover.TEST_Drain();
+  EXPECT_GE(host_->Stats().evictions, 144u);
+  for (uint64_t n = 0; n < 200; ++n) {
+    EXPECT_TRUE(host_->Touch(Key(n)) || NvmeHolds(n)) << "lost segment " << n;
+  }
+  const TierMoverStats s = mover.Stats();
+  EXPECT_EQ(s.demotions_failed, 0u);
+  EXPECT_GE(s.demotions_done, host_->Stats().evictions);
+  EXPECT_LT(s.demotion_batches, s.demotions_done) << "batched writes";
+  EXPECT_EQ(host_->Stats().backpressure_rejections, busy);
 }
 
-TEST_F(TierMoverTest, WriteThroughAndPromotionRoundTrip) {
-  TierMover mover({.workers = 2});
-  for (uint64_t n = 0; n < 10; ++n) {
-    PutHost(n);
-    mover.EnqueueCommitted(Tiers(), kFp, Key(n));
-  }
+TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
+  TierMover mover({.workers = 2}, {Tiers(WritePolicy::kWriteThrough)});
+  for (uint64_t n = 0; n < 10; ++n) PutHost(n, /*dirty=*/true);
+  mover.Kick();
   mover.TEST_Drain();
-  for (uint64_t n = 0; n < 10; ++n) EXPECT_TRUE(NvmeHolds(n));
-  // Push them out of DRAM, then bring them back asynchronously.
+  for (uint64_t n = 0; n < 10; ++n) EXPECT_TRUE(NvmeHolds(n)) << n;
+  EXPECT_EQ(host_->Stats().dirty_segments, 0u);
+  // Push them out of DRAM, then bring all ten back with one ReadBatch.
   for (uint64_t n = 100; n < 160; ++n) PutHost(n);
   EXPECT_FALSE(host_->Touch(Key(0)));
-  for (uint64_t n = 0; n < 10; ++n)
-    mover.EnqueuePromotion(Tiers(), kFp, Key(n));
-  mover.TEST_Drain();
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 10; ++n) keys.push_back(Key(n));
+  const uint64_t reads_before = nvme_->Stats().reads;
+  for (const Status& s : mover.PromoteBatch(*Tiers(), keys)) EXPECT_OK(s);
+  EXPECT_EQ(nvme_->Stats().reads - reads_before, 10u);
   for (uint64_t n = 0; n < 10; ++n) EXPECT_TRUE(HostHolds(n)) << n;
   EXPECT_EQ(mover.Stats().promotions_done, 10u);
+  EXPECT_EQ(host_->Stats().dirty_segments, 0u) << "promoted = clean";
+  // Asynchronous prefetch of the same keys: already in DRAM, still OK.
+  mover.Prefetch(Tiers(), keys);
+  mover.TEST_Drain();
+  EXPECT_EQ(mover.Stats().prefetch_batches, 1u);
+}
+
+TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
+  auto host =
+      HostTier::Create({.name = "ns", .capacity_bytes = 64 << 20, .shards = 4});
+  ASSERT_OK(host);
+  host_ = std::move(host).value();
+  TierMover mover({.workers = 0}, {Tiers()});
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 1000; ++n) {
+    auto r = host_->Reserve(Key(n), 8192);
+    ASSERT_OK(r);
+    ASSERT_OK(host_->Commit(Key(n)));
+    keys.push_back(Key(n));
+  }
+  const uint64_t flushes_before = faults_->Stats().flush_ops;
+  for (const Status& s : mover.PersistBatch(*Tiers(), keys)) EXPECT_OK(s);
+  EXPECT_EQ(faults_->Stats().flush_ops - flushes_before, 1u);
+  EXPECT_EQ(nvme_->Stats().segments, 1000u);
 }
 
 TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
+  TierMover mover({.workers = 0}, {Tiers()});
   PutHost(1);
-  ASSERT_OK(TierMover::PersistNow(Tiers(), kFp, Key(1)));
+  ASSERT_OK(PersistOne(mover, 1));
   PutHost(2);
   faults_->FailWrites(ENOSPC);
-  Status s = TierMover::PersistNow(Tiers(), kFp, Key(2));
+  Status s = PersistOne(mover, 2);
   EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
   EXPECT_NE(s.message().find("No space"), std::string_view::npos)
       << s.ToString();
@@ -125,48 +183,52 @@ TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
   EXPECT_TRUE(NvmeHolds(1)) << "what NVMe stored before is intact";
   faults_->ClearFaults();
   faults_->FailNthIo(1, EIO);
-  EXPECT_EQ(TierMover::PersistNow(Tiers(), kFp, Key(2)).code(),
-            StatusCode::kIOError);
+  EXPECT_EQ(PersistOne(mover, 2).code(), StatusCode::kIOError);
   faults_->ClearFaults();
-  EXPECT_OK(TierMover::PersistNow(Tiers(), kFp, Key(2)));
+  EXPECT_OK(PersistOne(mover, 2));
   EXPECT_TRUE(NvmeHolds(2));
+  EXPECT_EQ(PersistOne(mover, 3).code(), StatusCode::kNotFound);
+}
+
+TEST_F(TierMoverTest, FailedWriteBackLeavesTheSegmentCachedAndEvictable) {
+  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteThrough)});
+  faults_->FailWrites(ENOSPC);
+  PutHost(1, /*dirty=*/true);
+  mover.Kick();
+  mover.TEST_Drain();
+  EXPECT_EQ(mover.Stats().demotions_failed, 1u);
+  EXPECT_EQ(host_->Stats().dirty_segments, 0u) << "not retried forever";
+  EXPECT_TRUE(HostHolds(1));
 }
 
 TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
+  TierMover mover({.workers = 0}, {Tiers()});
   PutHost(5);
-  ASSERT_OK(TierMover::PersistNow(Tiers(), kFp, Key(5)));
+  ASSERT_OK(PersistOne(mover, 5));
   auto entry = nvme_->TEST_Entry("ns", Key(5));
   ASSERT_TRUE(entry.has_value());
   ASSERT_OK(faults_->CorruptStoredBytes(entry->offset + 100, 1));
   for (uint64_t n = 100; n < 160; ++n) PutHost(n);  // evict 5 from DRAM
   ASSERT_FALSE(host_->Touch(Key(5)));
-  EXPECT_EQ(TierMover::PromoteNow(Tiers(), kFp, Key(5)).code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(PromoteOne(mover, 5).code(), StatusCode::kNotFound);
   EXPECT_FALSE(host_->Touch(Key(5)));
   EXPECT_EQ(nvme_->Stats().checksum_failures, 1u);
   EXPECT_EQ(host_->Stats().reserved_bytes, 0u)
       << "the failed promotion aborted";
 }
 
-TEST_F(TierMoverTest, FullQueuesDropInsteadOfBlocking) {
-  TierMover mover({.workers = 0, .demotion_queue = 2, .promotion_queue = 1});
-  for (uint64_t n = 0; n < 20; ++n)
-    mover.EnqueuePromotion(Tiers(), kFp, Key(n));
-  for (uint64_t n = 0; n < 5; ++n) mover.EnqueueCommitted(Tiers(), kFp, Key(n));
+TEST_F(TierMoverTest, FullPrefetchQueueDropsHintsInsteadOfBlocking) {
+  TierMover mover({.workers = 0, .prefetch_queue = 1}, {Tiers()});
+  for (uint64_t n = 0; n < 20; ++n) mover.Prefetch(Tiers(), {Key(n)});
   const auto s = mover.Stats();
-  EXPECT_EQ(s.promotions_queued, 1u);
-  EXPECT_EQ(s.promotions_dropped, 19u);
-  EXPECT_EQ(s.demotions_queued, 2u);
-  EXPECT_EQ(s.demotions_dropped, 3u);
-  EXPECT_EQ(s.promotion_queue_depth, 1u);
+  EXPECT_EQ(s.prefetch_batches, 1u);
+  EXPECT_EQ(s.prefetch_dropped, 19u);
+  EXPECT_EQ(s.prefetch_queue_depth, 1u);
 }
 
-TEST_F(TierMoverTest, ReadsRacingEvictionAndPromotionNeverSeeTornData) {
-  TierMover mover({.workers = 2});
-  host_->SetEvictionListener(
-      [&](const SegmentKey& k, std::span<const std::byte> b) {
-        mover.EnqueueEvicted(Tiers(), kFp, k, b);
-      });
+TEST_F(TierMoverTest,
+       ReadsRacingWriteBackEvictionAndPromotionNeverSeeTornData) {
+  TierMover mover({.workers = 2}, {Tiers(WritePolicy::kWriteBack)});
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};
   std::thread reader([&] {
@@ -179,19 +241,18 @@ TEST_F(TierMoverTest, ReadsRacingEvictionAndPromotionNeverSeeTornData) {
             bad++;
           host_->Release(Key(n));
         } else {
-          (void)TierMover::PromoteNow(Tiers(), kFp, Key(n));
+          (void)PromoteOne(mover, n);
         }
       }
     }
   });
   for (int round = 0; round < 5; ++round) {
     for (uint64_t n = 0; n < 80; ++n) {
-      auto loc = host_->Reserve(Key(n), kSeg);
-      if (loc.ok()) {
-        std::memcpy(host_->arena().base() + loc->offset, Bytes(n).data(), kSeg);
-        ASSERT_OK(host_->Commit(Key(n)));
+      if (TryPutHost(n, /*dirty=*/true).code() == StatusCode::kBusy) {
+        mover.Kick();
       }
     }
+    mover.Kick();
   }
   stop = true;
   reader.join();

@@ -1,0 +1,264 @@
+// CacheEngine: everything tierkvd decides about segments, without sockets
+// (DESIGN.md §2, §4): namespaces and their layouts, prefix matching across
+// layers and parts, leases, dedup, promotion from NVMe, write policies and
+// Flush. The daemon's request handler only decodes, calls the engine and
+// encodes; tests drive the engine directly.
+//
+// One engine serves every namespace of a daemon, because the NVMe tier, the
+// tier mover, the lease table and the worker pool are shared; each
+// namespace keeps its own host tier (tenants never evict each other's DRAM).
+//
+// Threads: calls that only touch DRAM (Match, Reserve, Commit, Pin,
+// Release) complete on the caller's thread. Calls that may wait for NVMe
+// (Acquire when a segment must be promoted, Flush) take a completion
+// callback and run on the engine's worker pool; they complete inline when
+// no device IO is needed. A full worker queue completes the call at once
+// with Busy. Callbacks run exactly once, on the caller's or a worker's
+// thread, and must not block.
+//
+// Owners: every lease belongs to an `owner` id chosen by the caller (the
+// daemon uses connection ids); ReleaseOwner ends all of them.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/mutex.h"
+#include "storage/clock.h"
+#include "storage/host_tier.h"
+#include "storage/lease_table.h"
+#include "storage/nvme_store.h"
+#include "storage/tier_mover.h"
+#include "storage/worker_pool.h"
+#include "storage/write_policy.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::storage {
+
+struct CacheEngineOptions {
+  // Read and write leases end after this unless released. Default: 30 s.
+  std::chrono::milliseconds lease_ttl{30000};
+  // Longest pin a client may ask for. Default: 1 h.
+  std::chrono::milliseconds max_pin_ttl{3600000};
+  // Threads for calls that wait for NVMe (promotion on Acquire, Flush).
+  // Default: 4.
+  uint32_t workers = 4;
+  // Calls waiting for a worker; further ones complete with Busy.
+  // Default: 1024.
+  uint32_t worker_queue = 1024;
+  // How long a Put may wait for the write-back to free host space before
+  // its segments are answered Busy. Default: 2 s.
+  std::chrono::milliseconds write_back_wait{2000};
+  // Background demotion and prefetch (used only with an NVMe tier).
+  TierMoverOptions mover;
+  // Source of time for lease expiry; borrowed. Default: the steady clock.
+  const Clock* clock = SteadyClock::Default();
+
+  Status Validate() const;
+};
+
+struct NamespaceOptions {
+  HostTierOptions host;  // host.name is the namespace's name
+  // Ignored (treated as kNone) without an NVMe tier. Default: write_back.
+  WritePolicy write_policy = WritePolicy::kWriteBack;
+};
+
+// One namespace inside the engine. Handed out by the engine, valid for its
+// life; callers pass it back to name the namespace of a call.
+class EngineNamespace {
+ public:
+  const std::string& name() const { return tiers_.ns; }
+  WritePolicy write_policy() const { return tiers_.policy; }
+  HostTier& host() const { return *host_; }
+  // The registered layout, if any.
+  std::optional<LayoutSpec> layout() const EXCLUDES(layout_mu_);
+  // The registered layout's fingerprint (stored with NVMe data), 0 before.
+  uint64_t fingerprint() const {
+    return fingerprint_.load(std::memory_order_acquire);
+  }
+
+ private:
+  friend class CacheEngine;
+  std::unique_ptr<HostTier> host_;
+  TierPair tiers_;
+  mutable Mutex layout_mu_;
+  std::optional<LayoutSpec> layout_ GUARDED_BY(layout_mu_);
+  // Release-published after layout_ is set; read lock-free by the data path.
+  std::atomic<uint64_t> fingerprint_{0};
+};
+
+struct EngineMatch {
+  // Pages [0, leading_pages) have every segment of the layout stored.
+  uint32_t leading_pages = 0;
+  uint32_t leading_nvme_pages = 0;  // of those, pages with a segment on NVMe
+  // Per page: the slowest tier holding one of its segments, or kMiss.
+  std::vector<Tier> tiers;
+};
+
+struct SegmentSize {
+  SegmentKey key;
+  uint64_t size = 0;
+};
+
+struct EngineReservation {
+  uint64_t lease_id = 0;  // write lease; 0 when nothing was reserved
+  // Per item: where to write (commit under lease_id), or already_stored
+  // (dedup: nothing to write), or why not (InvalidArgument: size differs
+  // from the layout; Busy: being written or write-back backpressure;
+  // ResourceExhausted: nothing evictable).
+  std::vector<Result<Reservation>> items;
+};
+
+struct EngineRead {
+  uint64_t lease_id = 0;  // read lease; 0 when nothing was leased
+  // Per key: where the bytes are in the arena (valid until the lease ends),
+  // NotFound (miss) or Busy (no worker free / no host room to promote).
+  std::vector<Result<SegmentLocation>> items;
+  std::vector<Tier> source;  // per key: kHost, kNvme (promoted) or kMiss
+};
+
+struct EnginePin {
+  uint64_t lease_id = 0;
+  std::vector<Status> items;  // per key: OK or NotFound
+};
+
+struct EngineStats {
+  HostTierStats host;
+  bool has_nvme = false;
+  NvmeStoreStats nvme;
+  TierMoverStats mover;
+  uint64_t active_leases = 0;
+  uint64_t worker_queue_depth = 0;
+  uint64_t worker_rejections = 0;   // calls answered Busy: queue full
+  uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
+  uint64_t backpressure_busy = 0;   // items still Busy after waiting
+};
+
+class CacheEngine {
+ public:
+  // Validates everything, creates each namespace's host tier and starts the
+  // workers. `nvme` is borrowed (null: no NVMe tier) and must outlive the
+  // engine. Errors: InvalidArgument (options, duplicate names), IOError
+  // (arena creation).
+  static Result<std::unique_ptr<CacheEngine>> Open(
+      const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
+      NvmeStore* nvme);
+  // Runs queued worker calls (their callbacks fire), stops the mover, then
+  // ends every lease.
+  ~CacheEngine();
+
+  CacheEngine(const CacheEngine&) = delete;
+  CacheEngine& operator=(const CacheEngine&) = delete;
+
+  // The namespace called `name`, or null.
+  EngineNamespace* Find(std::string_view name) const;
+  const std::vector<std::unique_ptr<EngineNamespace>>& namespaces() const {
+    return spaces_;
+  }
+  bool has_nvme() const { return nvme_ != nullptr; }
+
+  // Registers the namespace's layout the first time; later calls must pass
+  // the same layout (else InvalidArgument).
+  Status RegisterLayout(EngineNamespace& ns, const LayoutSpec& layout);
+
+  // Which leading pages have every segment of the layout in some tier;
+  // touches them in the host LRU and queues promotion of the NVMe-only
+  // segments of leading pages (the Get that follows then hits DRAM).
+  // InvalidArgument without a registered layout.
+  Result<EngineMatch> Match(EngineNamespace& ns,
+                            std::span<const PageHash> pages);
+
+  // Reserves host space for segments, under one write lease of `owner`,
+  // then calls `done` once. Items that meet write-back backpressure (only
+  // unpersisted segments left to evict) wait on a worker, up to
+  // write_back_wait, for the mover to clean space; only then are they Busy.
+  void Reserve(uint64_t owner, EngineNamespace& ns,
+               std::vector<SegmentSize> items,
+               std::function<void(EngineReservation)> done);
+  // Commits reserved segments of write lease `lease_id`: one Status per key
+  // (NotFound when not reserved by that lease). Committed segments become
+  // readable and, by the namespace's write policy, dirty for the mover.
+  std::vector<Status> Commit(uint64_t owner, EngineNamespace& ns,
+                             uint64_t lease_id,
+                             std::span<const SegmentKey> keys);
+
+  // Leases `keys` for reading, promoting NVMe-only ones into DRAM first
+  // (one ReadBatch), then calls `done` once. A segment that fails its
+  // checksum on NVMe is a miss, never bad bytes.
+  void Acquire(uint64_t owner, EngineNamespace& ns,
+               std::vector<SegmentKey> keys,
+               std::function<void(EngineRead)> done);
+
+  // Protects host segments from eviction for `ttl` (InvalidArgument
+  // outside [1 ms, max_pin_ttl]).
+  Result<EnginePin> Pin(uint64_t owner, EngineNamespace& ns,
+                        std::span<const SegmentKey> keys,
+                        std::chrono::milliseconds ttl);
+
+  // Ends a lease of `owner`; NotFound when expired or not its own.
+  Status Release(uint64_t owner, uint64_t lease_id);
+  // Ends every lease of `owner`; returns how many.
+  size_t ReleaseOwner(uint64_t owner);
+  // Ends leases past their expiry; returns how many.
+  size_t ExpireLeases();
+  // Leases held right now, over all namespaces.
+  size_t active_leases() const;
+
+  // Makes `keys` durable on NVMe (one write batch: one data sync and one
+  // catalog sync) and calls `done` with one Status per key: OK (on NVMe),
+  // NotFound (in neither tier), IOError / ResourceExhausted (NVMe), Busy.
+  // InvalidArgument for every key without an NVMe tier.
+  void Flush(EngineNamespace& ns, std::vector<SegmentKey> keys,
+             std::function<void(std::vector<Status>)> done);
+
+  // Up to `limit` host segments of `ns`.
+  std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
+  EngineStats Stats(EngineNamespace& ns) const;
+  // The shared NVMe tier and mover (null without NVMe), for metrics.
+  const NvmeStore* nvme() const { return nvme_; }
+  const TierMover* mover() const { return mover_.get(); }
+
+  // Blocks until the mover is idle and the worker queue is empty (tests).
+  void TEST_DrainBackground();
+
+ private:
+  CacheEngine(const CacheEngineOptions& options, NvmeStore* nvme);
+  Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
+                   uint64_t size) const;
+  // Runs `job` on a worker; false when the queue is full (counted).
+  bool Submit(std::function<void()> job);
+  // Retries the Busy items of a Reserve until they settle or the deadline,
+  // then adds the write lease and calls `done`.
+  void FinishReserve(uint64_t owner, EngineNamespace& ns,
+                     std::vector<SegmentSize> items, EngineReservation r,
+                     std::vector<size_t> busy, bool wait,
+                     std::function<void(EngineReservation)> done);
+  // Promotes what the inline pass missed and finishes an Acquire.
+  void FinishAcquire(uint64_t owner, EngineNamespace& ns,
+                     std::vector<SegmentKey> keys, EngineRead read,
+                     std::vector<size_t> missing,
+                     std::function<void(EngineRead)> done);
+
+  const CacheEngineOptions options_;
+  NvmeStore* const nvme_;  // borrowed; null without NVMe
+  std::vector<std::unique_ptr<EngineNamespace>> spaces_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<TierMover> mover_;     // null without NVMe
+  std::unique_ptr<WorkerPool> workers_;  // destroyed first
+  std::atomic<uint64_t> worker_rejections_{0};
+  std::atomic<uint64_t> backpressure_waits_{0};
+  std::atomic<uint64_t> backpressure_busy_{0};
+};
+
+}  // namespace tierkv::storage

@@ -1,0 +1,48 @@
+// WorkerPool: a fixed set of threads that run jobs from one bounded FIFO
+// queue. The daemon runs blocking work (NVMe promotion, Flush) here so that
+// its socket IO threads never wait for a device.
+//
+// Why hand-written: Boost.Asio's thread_pool has no queue bound, and a bound
+// is the point: a flood of requests gets Busy, not unbounded memory.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+
+namespace tierkv::storage {
+
+class WorkerPool {
+ public:
+  // REQUIRES: threads >= 1, queue_limit >= 1.
+  WorkerPool(uint32_t threads, uint32_t queue_limit);
+  // Runs every job already queued, then joins the threads.
+  ~WorkerPool();
+
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Queues `job`; false (and `job` is not run) when queue_limit jobs are
+  // already waiting or the pool is shutting down.
+  [[nodiscard]] bool TrySubmit(std::function<void()> job);
+
+  size_t queue_depth() const;
+
+ private:
+  void Loop();
+
+  const uint32_t queue_limit_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tierkv::storage

@@ -1,0 +1,286 @@
+// The cache engine without a socket: matching across layers and parts,
+// leases, dedup, promotion from a real NvmeStore (RocksDB catalog on a
+// memory device) and batched Flush.
+#include "storage/cache_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+
+#include "storage/memory_device.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tierkv::storage {
+namespace {
+
+constexpr uint64_t kOwner = 7;
+
+// 4 layers; layer 0 and 2 also carry an indexer key (IndexShare-like).
+LayoutSpec TestLayout() {
+  LayoutSpec l;
+  l.page_tokens = 16;
+  for (int i = 0; i < 4; ++i) {
+    LayerSpec layer;
+    layer.parts.push_back({"kv", 256});
+    if (i % 2 == 0) layer.parts.push_back({"index_k", 33});
+    l.layers.push_back(layer);
+  }
+  return l;
+}
+
+PageHash Page(uint64_t n) { return PageHash{n, n * 977 + 1}; }
+
+class CacheEngineTest : public ::testing::Test {
+ protected:
+  void Open(bool with_nvme, WritePolicy policy = WritePolicy::kNone,
+            uint64_t host_bytes = 1 << 20) {
+    if (with_nvme) {
+      device_ = std::make_shared<MemoryDevice>(64 << 20);
+      NvmeStoreOptions o;
+      o.catalog_path = dir_.File("catalog");
+      o.capacity_bytes = 64 << 20;
+      o.device = device_;
+      auto nvme = NvmeStore::Open(o);
+      ASSERT_OK(nvme);
+      nvme_ = std::move(nvme).value();
+    }
+    std::vector<NamespaceOptions> spaces;
+    spaces.push_back(
+        {.host = {.name = "ns", .capacity_bytes = host_bytes, .shards = 1},
+         .write_policy = policy});
+    auto engine =
+        CacheEngine::Open({.workers = 2}, std::move(spaces), nvme_.get());
+    ASSERT_OK(engine);
+    engine_ = std::move(engine).value();
+    ns_ = engine_->Find("ns");
+    ASSERT_NE(ns_, nullptr);
+    ASSERT_OK(engine_->RegisterLayout(*ns_, TestLayout()));
+  }
+
+  std::vector<std::byte> Bytes(const SegmentKey& k, uint64_t size) {
+    std::vector<std::byte> b(size);
+    for (size_t i = 0; i < size; ++i) {
+      b[i] = static_cast<std::byte>(k.page.lo * 7 + k.layer * 3 + k.part + i);
+    }
+    return b;
+  }
+
+  // Stores every segment of page n as a client does: reserve, write into
+  // the arena, commit.
+  void PutPage(uint64_t n) {
+    const LayoutSpec layout = TestLayout();
+    std::vector<SegmentSize> items;
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        const SegmentKey k{Page(n), l, p};
+        items.push_back({k, layout.SegmentBytes(l, p)});
+      }
+    }
+    EngineReservation r = ReserveNow(items);
+    std::vector<SegmentKey> keys;
+    for (size_t i = 0; i < items.size(); ++i) {
+      ASSERT_OK(r.items[i]);
+      if (r.items[i]->already_stored) continue;
+      auto bytes = Bytes(items[i].key, items[i].size);
+      std::memcpy(ns_->host().arena().base() + r.items[i]->location.offset,
+                  bytes.data(), bytes.size());
+      keys.push_back(items[i].key);
+    }
+    for (const Status& s : engine_->Commit(kOwner, *ns_, r.lease_id, keys)) {
+      ASSERT_OK(s);
+    }
+  }
+
+  // Reserve, waiting for the callback (inline or from a worker).
+  EngineReservation ReserveNow(std::vector<SegmentSize> items) {
+    std::promise<EngineReservation> done;
+    engine_->Reserve(kOwner, *ns_, std::move(items), [&](EngineReservation r) {
+      done.set_value(std::move(r));
+    });
+    return done.get_future().get();
+  }
+  // Acquire, waiting for the callback (inline or from a worker).
+  EngineRead AcquireNow(std::vector<SegmentKey> keys) {
+    std::promise<EngineRead> done;
+    engine_->Acquire(kOwner, *ns_, std::move(keys),
+                     [&](EngineRead r) { done.set_value(std::move(r)); });
+    return done.get_future().get();
+  }
+  std::vector<Status> FlushNow(std::vector<SegmentKey> keys) {
+    std::promise<std::vector<Status>> done;
+    engine_->Flush(*ns_, std::move(keys), [&](std::vector<Status> r) {
+      done.set_value(std::move(r));
+    });
+    return done.get_future().get();
+  }
+  std::vector<SegmentKey> AllKeys(uint64_t n) {
+    const LayoutSpec layout = TestLayout();
+    std::vector<SegmentKey> keys;
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        keys.push_back({Page(n), l, p});
+      }
+    }
+    return keys;
+  }
+
+  testing::TempDir dir_;
+  std::shared_ptr<MemoryDevice> device_;
+  std::unique_ptr<NvmeStore> nvme_;
+  std::unique_ptr<CacheEngine> engine_;
+  EngineNamespace* ns_ = nullptr;
+};
+
+TEST_F(CacheEngineTest, MatchCountsOnlyPagesWithEveryLayerAndPart) {
+  Open(/*with_nvme=*/false);
+  PutPage(0);
+  PutPage(1);
+  PutPage(3);
+  // Page 2 lacks one indexer key: not a hit, and it ends the prefix.
+  std::vector<SegmentSize> partial;
+  for (const SegmentKey& k : AllKeys(2)) {
+    if (k.layer == 2 && k.part == 1) continue;
+    partial.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
+  }
+  EngineReservation r = ReserveNow(partial);
+  std::vector<SegmentKey> keys;
+  for (const auto& item : partial) keys.push_back(item.key);
+  for (const Status& s : engine_->Commit(kOwner, *ns_, r.lease_id, keys)) {
+    ASSERT_OK(s);
+  }
+  const PageHash pages[] = {Page(0), Page(1), Page(2), Page(3)};
+  auto m = engine_->Match(*ns_, pages);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 2u);
+  EXPECT_EQ(m->tiers, (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kMiss,
+                                         Tier::kHost}));
+}
+
+TEST_F(CacheEngineTest, DedupIsASuccessAndChecksTheLayout) {
+  Open(/*with_nvme=*/false);
+  PutPage(0);
+  const uint64_t kv = TestLayout().SegmentBytes(0, 0);  // 16 tokens x 256 B
+  const SegmentSize again[] = {{{Page(0), 0, 0}, kv},
+                               {{Page(0), 1, 0}, kv - 1},
+                               {{Page(0), 1, 1}, 16 * 33}};
+  EngineReservation r = ReserveNow({std::begin(again), std::end(again)});
+  ASSERT_OK(r.items[0]);
+  EXPECT_TRUE(r.items[0]->already_stored);
+  EXPECT_EQ(r.items[1].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.items[2].status().code(), StatusCode::kInvalidArgument)
+      << "layer 1 has no index_k part";
+  EXPECT_EQ(r.lease_id, 0u) << "nothing was reserved";
+}
+
+TEST_F(CacheEngineTest, LeasesPinUntilReleasedOrTheOwnerLeaves) {
+  Open(/*with_nvme=*/false);
+  PutPage(0);
+  EngineRead read = AcquireNow(AllKeys(0));
+  ASSERT_NE(read.lease_id, 0u);
+  for (const auto& item : read.items) ASSERT_OK(item);
+  ASSERT_EQ(read.items.size(), 6u);  // layers 0 and 2 have two parts
+  const std::vector<std::byte> want =
+      Bytes({Page(0), 3, 0}, TestLayout().SegmentBytes(3, 0));
+  EXPECT_EQ(std::memcmp(ns_->host().arena().base() + read.items[5]->offset,
+                        want.data(), want.size()),
+            0);
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, 6u);
+  EXPECT_EQ(engine_->Release(kOwner + 1, read.lease_id).code(),
+            StatusCode::kNotFound)
+      << "not the owner's lease";
+  auto pin = engine_->Pin(kOwner, *ns_, AllKeys(0), std::chrono::seconds(5));
+  ASSERT_OK(pin);
+  EXPECT_OK(engine_->Release(kOwner, read.lease_id));
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, 6u) << "still pinned";
+  EXPECT_EQ(engine_->ReleaseOwner(kOwner), 1u);
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, 0u);
+  EXPECT_EQ(engine_->Pin(kOwner, *ns_, AllKeys(0), std::chrono::hours(2))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheEngineTest, NvmeOnlyPagesArePromotedOnAcquireWithOneReadBatch) {
+  // 1 MiB of DRAM holds ~58 pages of 17 KiB; 200 more evict these.
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  for (uint64_t n = 0; n < 4; ++n) PutPage(n);
+  std::vector<SegmentKey> wanted;
+  for (uint64_t n = 0; n < 4; ++n) {
+    for (const auto& k : AllKeys(n)) wanted.push_back(k);
+  }
+  for (const Status& s : FlushNow(wanted)) ASSERT_OK(s);
+  // Evict everything from DRAM with other pages.
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  const PageHash pages[] = {Page(0), Page(1), Page(2), Page(3)};
+  auto m = engine_->Match(*ns_, pages);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 4u);
+  engine_->TEST_DrainBackground();  // Match queued a prefetch; let it land
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // evict them again
+  engine_->TEST_DrainBackground();
+  const uint64_t reads_before = nvme_->Stats().reads;
+  EngineRead read = AcquireNow(wanted);
+  uint64_t from_nvme = 0;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    ASSERT_OK(read.items[i]);
+    from_nvme += read.source[i] == Tier::kNvme;
+    const auto want = Bytes(wanted[i], read.items[i]->size);
+    EXPECT_EQ(std::memcmp(ns_->host().arena().base() + read.items[i]->offset,
+                          want.data(), want.size()),
+              0)
+        << wanted[i].ToString();
+  }
+  EXPECT_GT(from_nvme, 0u);
+  EXPECT_EQ(nvme_->Stats().reads - reads_before, from_nvme)
+      << "one read per promoted segment, in one batch";
+}
+
+TEST_F(CacheEngineTest, FlushOfAThousandKeysSyncsTheDeviceOnce) {
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/8 << 20);
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 167; ++n) {  // 167 pages x 6 segments = 1002
+    PutPage(n);
+    for (const auto& k : AllKeys(n)) keys.push_back(k);
+  }
+  keys.resize(1000);
+  const uint64_t flushes = device_->Stats().flush_ops;
+  for (const Status& s : FlushNow(keys)) EXPECT_OK(s);
+  EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
+  EXPECT_EQ(nvme_->Stats().segments, 1000u);
+  // Already durable: no further sync.
+  for (const Status& s : FlushNow(keys)) EXPECT_OK(s);
+  EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
+}
+
+TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
+  // 1 MiB of DRAM (~58 pages) and 400 pages put as fast as possible: every
+  // Put succeeds (waiting for write-back when DRAM is all dirty) and every
+  // page is afterwards in DRAM or on NVMe.
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  for (uint64_t n = 0; n < 400; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  std::vector<PageHash> pages;
+  for (uint64_t n = 0; n < 400; ++n) pages.push_back(Page(n));
+  auto m = engine_->Match(*ns_, pages);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 400u);
+  const EngineStats s = engine_->Stats(*ns_);
+  EXPECT_GT(s.host.evictions, 0u);
+  EXPECT_EQ(s.mover.demotions_failed, 0u);
+  EXPECT_EQ(s.backpressure_busy, 0u);
+  EXPECT_GE(s.mover.demotions_done, s.host.evictions);
+}
+
+TEST_F(CacheEngineTest, FlushWithoutNvmeIsInvalidArgument) {
+  Open(/*with_nvme=*/false);
+  PutPage(0);
+  for (const Status& s : FlushNow(AllKeys(0))) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::storage
