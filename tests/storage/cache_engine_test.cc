@@ -8,12 +8,14 @@
 #include <cstring>
 #include <future>
 
-#include "storage/memory_device.h"
+#include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::storage {
 namespace {
+
+using testing::MemoryDevice;
 
 constexpr uint64_t kOwner = 7;
 
