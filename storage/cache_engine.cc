@@ -129,6 +129,10 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   out.tiers.reserve(pages.size());
   bool leading = true;
   std::vector<SegmentKey> promote;  // NVMe-only segments of leading pages
+  // Prefetching more than half the host tier would evict what it brought
+  // in before the Get that follows.
+  const uint64_t prefetch_budget = ns.host_->Stats().capacity_bytes / 2;
+  uint64_t prefetch_bytes = 0;
   for (const PageHash& page : pages) {
     Tier tier = Tier::kHost;
     const size_t mark = promote.size();
@@ -139,7 +143,11 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
         if (ns.host_->Touch(key)) continue;
         if (nvme_ && nvme_->Contains(ns.name(), key, fingerprint)) {
           tier = Tier::kNvme;
-          promote.push_back(key);
+          const uint64_t bytes = layout->SegmentBytes(l, p);
+          if (prefetch_bytes + bytes <= prefetch_budget) {
+            promote.push_back(key);
+            prefetch_bytes += bytes;
+          }
         } else {
           tier = Tier::kMiss;
         }
@@ -151,7 +159,12 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
       out.leading_pages++;
       out.leading_nvme_pages += tier == Tier::kNvme;
     } else {
-      promote.resize(mark);  // only what the engine will read next
+      // Only what the engine will read next.
+      for (size_t k = mark; k < promote.size(); ++k) {
+        prefetch_bytes -=
+            layout->SegmentBytes(promote[k].layer, promote[k].part);
+      }
+      promote.resize(mark);
     }
   }
   if (mover_ && !promote.empty()) {
@@ -295,8 +308,9 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
     std::vector<SegmentKey> wanted;
     wanted.reserve(missing.size());
     for (size_t i : missing) wanted.push_back(keys[i]);
-    const std::vector<Status> promoted =
-        mover_->PromoteBatch(ns.tiers_, wanted);
+    const std::vector<Status> promoted = mover_->PromoteBatch(
+        ns.tiers_, wanted,
+        std::chrono::steady_clock::now() + options_.write_back_wait);
     for (size_t m = 0; m < missing.size(); ++m) {
       const size_t i = missing[m];
       if (!promoted[m].ok()) {

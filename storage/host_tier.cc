@@ -239,20 +239,6 @@ bool HostTier::WaitShardChange(const SegmentKey& key, uint64_t seen,
   return true;
 }
 
-bool HostTier::WaitUnreserved(const SegmentKey& key,
-                              std::chrono::steady_clock::time_point deadline) {
-  Shard& shard = ShardFor(key);
-  MutexLock lock(&shard.mu);
-  while (true) {
-    auto it = shard.entries.find(key);
-    if (it == shard.entries.end() || it->second.committed) return true;
-    if (!shard.changed.WaitUntil(&shard.mu, deadline)) {
-      it = shard.entries.find(key);
-      return it == shard.entries.end() || it->second.committed;
-    }
-  }
-}
-
 Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
   Shard& shard = ShardFor(key);
   MutexLock lock(&shard.mu);

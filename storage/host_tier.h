@@ -159,11 +159,6 @@ class HostTier {
   bool WaitShardChange(const SegmentKey& key, uint64_t seen,
                        std::chrono::steady_clock::time_point deadline);
 
-  // Waits until `key` is not reserved by a writer (committed, aborted or
-  // absent), or until `deadline`. Returns true when it is not reserved.
-  bool WaitUnreserved(const SegmentKey& key,
-                      std::chrono::steady_clock::time_point deadline);
-
   // Takes up to `max_items` / `max_bytes` (at least one segment when any
   // qualifies) of the oldest unreferenced dirty segments, visiting shards
   // from a rotating start. With `only_needed`, only shards whose free plus

@@ -146,60 +146,80 @@ bool TierMover::DemoteOnce() {
   return false;
 }
 
-std::vector<Status> TierMover::PromoteBatch(const TierPair& tiers,
-                                            std::span<const SegmentKey> keys) {
+std::vector<Status> TierMover::PromoteBatch(
+    const TierPair& tiers, std::span<const SegmentKey> keys,
+    std::chrono::steady_clock::time_point wait_until) {
   std::vector<Status> results(keys.size());
   const uint64_t fingerprint = tiers.Fingerprint();
-  std::vector<NvmeReadItem> reads;
-  std::vector<size_t> read_of;  // key index per read
-  std::vector<size_t> contended;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto size = tiers.nvme->Lookup(tiers.ns, keys[i], fingerprint);
-    if (!size) {
-      results[i] = Status::NotFound("segment not on NVMe");
-      continue;
-    }
-    auto reserved = tiers.host->Reserve(keys[i], *size);
-    if (!reserved.ok()) {
-      // Busy: another promoter or a client's Put fills this key right now
-      // (wait for it below), or the host tier is short of clean space.
-      if (reserved.status().code() == StatusCode::kBusy) {
-        contended.push_back(i);
+  const uint64_t round_bytes = std::max<uint64_t>(
+      1,
+      std::min(options_.promotion_batch_bytes, tiers.host->shard_bytes() / 4));
+  std::vector<size_t> todo(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
+  while (!todo.empty()) {
+    std::vector<NvmeReadItem> reads;
+    std::vector<size_t> read_of;  // key index per read
+    std::vector<size_t> next_round, busy;
+    uint64_t busy_generation = 0;
+    uint64_t bytes = 0;
+    for (size_t i : todo) {
+      auto size = tiers.nvme->Lookup(tiers.ns, keys[i], fingerprint);
+      if (!size) {
+        results[i] = Status::NotFound("segment not on NVMe");
+        continue;
       }
-      results[i] = reserved.status();
-      continue;
-    }
-    if (reserved->already_stored) continue;  // OK: another promoter won
-    reads.push_back({keys[i],
-                     {tiers.host->arena().base() + reserved->location.offset,
-                      reserved->location.size}});
-    read_of.push_back(i);
-  }
-  if (!reads.empty()) {
-    auto got = tiers.nvme->ReadBatch(tiers.ns, fingerprint, reads);
-    for (size_t r = 0; r < reads.size(); ++r) {
-      const size_t i = read_of[r];
-      if (got[r].ok() && *got[r] == reads[r].dst.size()) {
-        // Clean: NVMe holds it, so eviction may drop the host copy.
-        results[i] = tiers.host->Commit(keys[i], /*dirty=*/false);
-      } else {
-        tiers.host->Abort(keys[i]);
-        results[i] =
-            got[r].ok()
-                ? Status::Corruption("NVMe segment changed size mid-read")
-                : got[r].status();
+      if (!reads.empty() && bytes + *size > round_bytes) {
+        next_round.push_back(i);
+        continue;
       }
-      (results[i].ok() ? promotions_done_ : promotions_failed_)
-          .fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.reservation_wait;
-  for (size_t i : contended) {
-    if (tiers.host->WaitUnreserved(keys[i], deadline) &&
-        tiers.host->Touch(keys[i])) {
+      const uint64_t generation = tiers.host->ShardGeneration(keys[i]);
+      auto reserved = tiers.host->Reserve(keys[i], *size);
+      if (!reserved.ok()) {
+        results[i] = reserved.status();
+        if (reserved.status().code() == StatusCode::kBusy) {
+          if (busy.empty()) busy_generation = generation;
+          busy.push_back(i);
+        }
+        continue;
+      }
       results[i] = Status::OK();
+      if (reserved->already_stored) continue;  // another promoter won
+      reads.push_back({keys[i],
+                       {tiers.host->arena().base() + reserved->location.offset,
+                        reserved->location.size}});
+      read_of.push_back(i);
+      bytes += *size;
     }
+    if (!reads.empty()) {
+      auto got = tiers.nvme->ReadBatch(tiers.ns, fingerprint, reads);
+      for (size_t r = 0; r < reads.size(); ++r) {
+        const size_t i = read_of[r];
+        if (got[r].ok() && *got[r] == reads[r].dst.size()) {
+          // Clean: NVMe holds it, so eviction may drop the host copy.
+          results[i] = tiers.host->Commit(keys[i], /*dirty=*/false);
+        } else {
+          tiers.host->Abort(keys[i]);
+          results[i] =
+              got[r].ok()
+                  ? Status::Corruption("NVMe segment changed size mid-read")
+                  : got[r].status();
+        }
+        (results[i].ok() ? promotions_done_ : promotions_failed_)
+            .fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (!busy.empty() && next_round.empty()) {
+      // Busy: another promoter or a client's Put fills the key, or DRAM
+      // holds only unpersisted segments. Retry once the shard changes.
+      Kick();
+      if (std::chrono::steady_clock::now() >= wait_until ||
+          !tiers.host->WaitShardChange(keys[busy.front()], busy_generation,
+                                       wait_until)) {
+        break;  // out of time: those keys stay Busy
+      }
+    }
+    next_round.insert(next_round.end(), busy.begin(), busy.end());
+    todo = std::move(next_round);
   }
   return results;
 }

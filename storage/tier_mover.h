@@ -9,8 +9,9 @@
 //             and mark them clean. No bytes are queued, so nothing can be
 //             dropped: when dirty data outruns the disk, HostTier::Reserve
 //             answers Busy (backpressure) until a batch lands.
-//   promotion NVMe -> host. PromoteBatch() reads a whole batch with one
-//             NvmeStore::ReadBatch into freshly reserved arena space; Get
+//   promotion NVMe -> host. PromoteBatch() reads a batch with one
+//             NvmeStore::ReadBatch per promotion_batch_bytes into freshly
+//             reserved arena space; Get
 //             calls it on demand, and Prefetch() queues a batch for the
 //             workers (a bounded queue of hints: a full queue drops the
 //             batch and counts it; the Get that follows promotes on demand).
@@ -48,7 +49,11 @@ struct TierMoverOptions {
   uint64_t demotion_batch_bytes = uint64_t{32} << 20;
   // Prefetch batches waiting for a worker; more are dropped. Default: 256.
   uint32_t prefetch_queue = 256;
-  // How long a promotion waits for a concurrent writer of the same segment
+  // Largest promotion round: bytes reserved in DRAM and read with one
+  // ReadBatch (never more than a quarter of a host shard, so a round cannot
+  // evict itself). Default: 16 MiB.
+  uint64_t promotion_batch_bytes = uint64_t{16} << 20;
+  // How long a Flush waits for a concurrent writer of the same segment
   // (another promoter or a client's Put) before reporting it missing.
   // Default: 200 ms.
   std::chrono::milliseconds reservation_wait{200};
@@ -103,13 +108,17 @@ class TierMover {
   // Queues promotion of `keys` (NVMe-only segments) into the host tier.
   void Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys);
 
-  // Reads `keys` from NVMe into the host tier with one ReadBatch. One
-  // Status per key: OK when the segment is in the host tier afterwards
-  // (also if it already was, or another promoter won); NotFound when NVMe
-  // does not have it (or it failed its checksum); Busy or
-  // ResourceExhausted when the host tier has no room for it now.
-  std::vector<Status> PromoteBatch(const TierPair& tiers,
-                                   std::span<const SegmentKey> keys);
+  // Reads `keys` from NVMe into the host tier, one ReadBatch per round of
+  // promotion_batch_bytes. A key whose reservation is Busy (another writer
+  // of it, or write-back backpressure) is retried whenever its host shard
+  // changes, until `wait_until`. One Status per key: OK when the segment
+  // is in the host tier afterwards (also if it already was, or another
+  // promoter won); NotFound when NVMe does not have it (or it failed its
+  // checksum); Busy or ResourceExhausted when the host tier had no room
+  // for it in time.
+  std::vector<Status> PromoteBatch(
+      const TierPair& tiers, std::span<const SegmentKey> keys,
+      std::chrono::steady_clock::time_point wait_until = {});
 
   // Writes host segments `keys` to NVMe now with one NvmeStore::Write. One
   // Status per key: OK when on NVMe (now or before); NotFound when in

@@ -2,6 +2,8 @@
 // deterministic segment bytes, and put/get shorthands.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <vector>
 
@@ -47,11 +49,17 @@ inline std::vector<Status> PutPages(Client& c,
 }
 
 // True when segment (page, 0, 0) reads back exactly as PutPages wrote it.
-inline bool ReadsBackExact(Client& c, const PageHash& page, size_t size) {
+inline ::testing::AssertionResult ReadsBackExact(Client& c,
+                                                 const PageHash& page,
+                                                 size_t size) {
   std::vector<std::byte> dst(size);
   SegmentRead r{{page, 0, 0}, dst};
-  if (!c.Get(std::span(&r, 1))[0].ok()) return false;
-  return dst == SegmentBytes({page, 0, 0}, size);
+  const Status s = c.Get(std::span(&r, 1))[0];
+  if (!s.ok()) return ::testing::AssertionFailure() << "Get: " << s.ToString();
+  if (dst != SegmentBytes({page, 0, 0}, size)) {
+    return ::testing::AssertionFailure() << "bytes differ";
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace tierkv::testing

@@ -155,16 +155,24 @@ TEST(HostTierTest, FailedWriteBackRetriesOrGivesUpWithoutLosingTheSegment) {
   EXPECT_TRUE(tier->Touch(Key(1))) << "still cached in DRAM";
 }
 
-TEST(HostTierTest, WaitUnreservedReturnsOnCommitOrAtTheDeadline) {
+TEST(HostTierTest, ShardGenerationAdvancesOnCommitAbortAndWriteBack) {
   auto tier = MakeTier(1 << 20, 1);
-  ASSERT_OK(tier->Reserve(Key(1), 4096));
   const auto soon = std::chrono::steady_clock::now();
-  EXPECT_FALSE(tier->WaitUnreserved(Key(1), soon));
-  std::thread committer([&] { EXPECT_OK(tier->Commit(Key(1))); });
-  EXPECT_TRUE(tier->WaitUnreserved(
-      Key(1), std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  uint64_t seen = tier->ShardGeneration(Key(1));
+  EXPECT_FALSE(tier->WaitShardChange(Key(1), seen, soon));
+  ASSERT_OK(tier->Reserve(Key(1), 4096));
+  std::thread committer([&] { EXPECT_OK(tier->Commit(Key(1), true)); });
+  EXPECT_TRUE(tier->WaitShardChange(
+      Key(1), seen, std::chrono::steady_clock::now() + std::chrono::hours(1)));
   committer.join();
-  EXPECT_TRUE(tier->WaitUnreserved(Key(2), soon)) << "absent keys";
+  seen = tier->ShardGeneration(Key(1));
+  ASSERT_EQ(tier->TakeDirty(1, 1 << 20, false).size(), 1u);
+  tier->FinishPersist(Key(1), /*persisted=*/true, /*retry=*/false);
+  EXPECT_TRUE(tier->WaitShardChange(Key(1), seen, soon));
+  seen = tier->ShardGeneration(Key(2));
+  ASSERT_OK(tier->Reserve(Key(2), 4096));
+  tier->Abort(Key(2));
+  EXPECT_TRUE(tier->WaitShardChange(Key(2), seen, soon));
 }
 
 TEST(HostTierTest, ShardsAreIndependentLruDomains) {
