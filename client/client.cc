@@ -25,20 +25,20 @@ class Client::Impl {
     if (arena_) ::munmap(arena_, arena_bytes_);
   }
 
-  // Sends a request and decodes its response; serialized on the channel.
+  // Sends a request and decodes its response. Concurrent calls share the
+  // (multiplexed) channel; no lock is held here.
   template <typename Response>
   Status Call(Opcode op, const std::vector<std::byte>& payload, Response& out,
-              int* fd = nullptr) EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    auto id = channel_->Send(static_cast<uint16_t>(op), payload);
+              int* fd = nullptr, int fd_to_send = -1) {
+    auto id = channel_->Send(static_cast<uint16_t>(op), payload, fd_to_send);
     if (!id.ok()) return id.status();
-    return ReceiveLocked(op, *id, out, fd);
+    return Receive(op, *id, out, fd);
   }
 
   // Waits for the reply to request `id` (sent with `op`) and decodes it.
   template <typename Response>
-  Status ReceiveLocked(Opcode op, uint64_t id, Response& out, int* fd = nullptr,
-                       bool spin = false) REQUIRES(mu_) {
+  Status Receive(Opcode op, uint64_t id, Response& out, int* fd = nullptr,
+                 bool spin = false) {
     Result<ChannelReply> reply =
         channel_->Receive(id, static_cast<uint16_t>(op), spin);
     if (!reply.ok()) return reply.status();
@@ -60,13 +60,13 @@ class Client::Impl {
     return {arena_ + offset, size};
   }
 
-  // Serializes use of the connection: one request/response exchange (or
-  // one pipelined Put / Get) at a time.
-  Mutex mu_;
-  std::unique_ptr<UdsChannel> channel_ GUARDED_BY(mu_);
+  // Thread-safe and multiplexed: concurrent calls each wait only for their
+  // own replies, and byte copies run outside any lock.
+  const std::unique_ptr<UdsChannel> channel_;
   std::byte* arena_ = nullptr;  // set once by OpenNamespace
   uint64_t arena_bytes_ = 0;
-  std::optional<LayoutSpec> layout_;
+  Mutex layout_mu_;
+  std::optional<LayoutSpec> layout_ GUARDED_BY(layout_mu_);
   bool prefault_ = true;
 };
 
@@ -139,7 +139,10 @@ Status Client::OpenNamespace(const std::string& name,
   }
   impl_->arena_ = static_cast<std::byte*>(base);
   impl_->arena_bytes_ = resp.arena_bytes;
-  if (resp.has_layout) impl_->layout_ = resp.layout;
+  if (resp.has_layout) {
+    MutexLock lock(&impl_->layout_mu_);
+    impl_->layout_ = resp.layout;
+  }
   return Status::OK();
 }
 
@@ -148,12 +151,14 @@ Status Client::RegisterLayout(const LayoutSpec& layout) {
   StatusResponse resp;
   TIERKV_RETURN_IF_ERROR(impl_->Call(
       Opcode::kRegisterLayout, Encode(RegisterLayoutRequest{layout}), resp));
+  MutexLock lock(&impl_->layout_mu_);
   impl_->layout_ = layout;
   return Status::OK();
 }
 
-const LayoutSpec* Client::layout() const {
-  return impl_->layout_ ? &*impl_->layout_ : nullptr;
+std::optional<LayoutSpec> Client::layout() const {
+  MutexLock lock(&impl_->layout_mu_);
+  return impl_->layout_;
 }
 
 Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
@@ -200,8 +205,7 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
   };
   std::deque<InFlight> in_flight;  // replies arrive in this order
 
-  MutexLock lock(&impl_->mu_);
-  UdsChannel& channel = *impl_->channel_;  // used only while `lock` is held
+  UdsChannel& channel = *impl_->channel_;
   auto fail_chunk = [&](size_t k, const Status& s) {
     for (size_t i = chunks[k].first; i < chunks[k].second; ++i) out[i] = s;
   };
@@ -221,14 +225,13 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
     send(Opcode::kPutReserve, k, Encode(req));
   };
   // Receives replies in order up to and including the one for (op, k).
-  auto receive_until = [&](Opcode op, size_t k) REQUIRES(impl_->mu_) {
+  auto receive_until = [&](Opcode op, size_t k) {
     while (!in_flight.empty()) {
       const InFlight r = in_flight.front();
       in_flight.pop_front();
       const auto [begin, end] = chunks[r.chunk];
       if (r.op == Opcode::kPutReserve) {
-        Status s =
-            impl_->ReceiveLocked(r.op, r.id, reserved[r.chunk], nullptr, true);
+        Status s = impl_->Receive(r.op, r.id, reserved[r.chunk], nullptr, true);
         if (s.ok() && reserved[r.chunk].items.size() != end - begin) {
           s = Status::ProtocolError("reserve reply has the wrong item count");
         }
@@ -238,7 +241,7 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
         }
       } else {
         ItemStatusResponse done;
-        Status s = impl_->ReceiveLocked(r.op, r.id, done, nullptr, true);
+        Status s = impl_->Receive(r.op, r.id, done, nullptr, true);
         const auto& idx = committed[r.chunk];
         if (s.ok() && done.items.size() != idx.size()) {
           s = Status::ProtocolError("commit reply has the wrong item count");
@@ -289,14 +292,13 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
   // Pipelined: while sub-batch k is copied out of the arena, the daemon is
   // already leasing sub-batch k+1; each lease is released by the request
   // that follows it (the last one by a one-way release). So a large Get
-  // pays for about one round trip, not two per sub-batch. The connection is
-  // held for the whole call.
+  // pays for about one round trip, not two per sub-batch. Other threads'
+  // requests interleave on the connection meanwhile.
   std::vector<Status> out(reads.size());
   const auto chunks =
       SplitByBytes(reads.size(), kPipelineChunkBytes,
                    [&](size_t i) { return reads[i].dst.size(); });
-  MutexLock lock(&impl_->mu_);
-  UdsChannel& channel = *impl_->channel_;  // used only while `lock` is held
+  UdsChannel& channel = *impl_->channel_;
   uint64_t finished_lease = 0;  // copied out; released by the next request
   auto send = [&](size_t k) {
     KeysRequest req;
@@ -311,8 +313,8 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
   for (size_t k = 0; k < chunks.size(); ++k) {
     const auto [begin, end] = chunks[k];
     GetResponse resp;
-    Status s = pending.ok() ? impl_->ReceiveLocked(Opcode::kGet, *pending, resp,
-                                                   nullptr, /*spin=*/true)
+    Status s = pending.ok() ? impl_->Receive(Opcode::kGet, *pending, resp,
+                                             nullptr, /*spin=*/true)
                             : pending.status();
     if (s.ok() && resp.items.size() != end - begin) {
       s = Status::ProtocolError("get reply has the wrong item count");

@@ -75,7 +75,7 @@ HandlerReply CacheService::Error(const Status& s) {
   return HandlerReply{EncodeError(s), -1, /*is_error=*/true};
 }
 
-void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in,
+void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int /*fd*/,
                            Responder responder) {
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return responder.Send(Ping());

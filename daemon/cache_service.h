@@ -42,7 +42,7 @@ class CacheService final : public transport::FrameHandler {
 
   void OnConnect(uint64_t connection_id) override;
   void OnFrame(uint64_t connection_id, uint16_t opcode,
-               std::span<const std::byte> payload,
+               std::span<const std::byte> payload, int fd,
                transport::Responder responder) override;
   void OnDisconnect(uint64_t connection_id) override;
 

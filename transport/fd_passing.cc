@@ -52,6 +52,48 @@ Status SendAllWithFd(int socket_fd, std::span<const std::byte> bytes,
   return Status::OK();
 }
 
+namespace {
+// Keeps the first descriptor of a message's SCM_RIGHTS data in *received_fd
+// (when that is -1 and non-null) and closes the rest.
+void TakeDescriptors(msghdr& msg, int* received_fd) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (received_fd && *received_fd < 0) {
+        *received_fd = fd;
+      } else {
+        ::close(fd);
+      }
+    }
+  }
+}
+}  // namespace
+
+Result<size_t> RecvSomeWithFd(int socket_fd, std::span<std::byte> bytes,
+                              int* received_fd) {
+  while (true) {
+    iovec iov{bytes.data(), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+      return Errno("recvmsg");
+    }
+    TakeDescriptors(msg, received_fd);
+    if (n == 0) return Status::Unavailable("connection closed by peer");
+    return static_cast<size_t>(n);
+  }
+}
+
 Status RecvAllWithFd(int socket_fd, std::span<std::byte> bytes,
                      int* received_fd) {
   size_t got = 0;
@@ -71,19 +113,7 @@ Status RecvAllWithFd(int socket_fd, std::span<std::byte> bytes,
       }
       return Errno("recvmsg");
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (received_fd && *received_fd < 0) {
-          *received_fd = fd;
-        } else {
-          ::close(fd);
-        }
-      }
-    }
+    TakeDescriptors(msg, received_fd);
     if (n == 0) return Status::Unavailable("connection closed by peer");
     got += static_cast<size_t>(n);
   }

@@ -22,4 +22,11 @@ Status SendAllWithFd(int socket_fd, std::span<const std::byte> bytes,
 Status RecvAllWithFd(int socket_fd, std::span<std::byte> bytes,
                      int* received_fd);
 
+// Reads what is available, up to `bytes.size()`, from a non-blocking socket:
+// the number of bytes read (0 when none are available yet). A descriptor
+// that arrives is stored in *received_fd when that is -1, else closed.
+// Unavailable on EOF, IOError on other failures.
+Result<size_t> RecvSomeWithFd(int socket_fd, std::span<std::byte> bytes,
+                              int* received_fd);
+
 }  // namespace tierkv::transport

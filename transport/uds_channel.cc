@@ -1,3 +1,5 @@
+// UdsChannel: multiplexed request/reply framing over a Unix socket (see
+// uds_channel.h).
 #include "transport/uds_channel.h"
 
 #include <poll.h>
@@ -51,18 +53,88 @@ Result<ChannelReply> UdsChannel::Call(uint16_t opcode,
 
 Result<ChannelReply> UdsChannel::Receive(uint64_t request_id, uint16_t opcode,
                                          bool spin) {
-  if (!broken_.ok()) return broken_;
-  return ReadReply(request_id, opcode | kResponseBit, nullptr, spin);
+  const uint16_t expect = opcode | kResponseBit;
+  MutexLock lock(&mu_);
+  while (true) {
+    if (auto it = arrived_.find(request_id); it != arrived_.end()) {
+      Arrived got = std::move(it->second);
+      arrived_.erase(it);
+      if (got.opcode != kErrorOpcode && got.opcode != expect) {
+        if (got.reply.ok() && got.reply->fd >= 0) ::close(got.reply->fd);
+        broken_ = Status::ProtocolError("reply does not match the request");
+        arrived_cv_.SignalAll();
+        return broken_;
+      }
+      return std::move(got.reply);
+    }
+    if (!broken_.ok()) return broken_;
+    if (reading_) {
+      arrived_cv_.Wait(&mu_);
+      continue;
+    }
+    // Lead: read one frame without the lock, file it, wake the others.
+    reading_ = true;
+    lock.Unlock();
+    if (spin) SpinUntilReadable();
+    Result<Arrived> frame = ReadFrame();
+    lock.Lock();
+    reading_ = false;
+    if (!frame.ok()) {
+      broken_ = frame.status();
+    } else if (frame->request_id == 0 ||
+               frame->request_id >=
+                   next_request_id_.load(std::memory_order_relaxed) ||
+               arrived_.contains(frame->request_id)) {
+      // Id 0: the daemon could not parse our stream and hung up.
+      Status why =
+          frame->reply.ok()
+              ? Status::ProtocolError("reply for a request that was never sent")
+              : frame->reply.status();
+      if (frame->reply.ok() && frame->reply->fd >= 0) {
+        ::close(frame->reply->fd);
+      }
+      broken_ = why;
+    } else {
+      const uint64_t id = frame->request_id;
+      arrived_.emplace(id, std::move(frame).value());
+    }
+    arrived_cv_.SignalAll();
+  }
 }
 
 Result<uint64_t> UdsChannel::Send(uint16_t opcode,
-                                  std::span<const std::byte> payload) {
-  if (!broken_.ok()) return broken_;
-  const uint64_t id = next_request_id_++;
+                                  std::span<const std::byte> payload,
+                                  int fd_to_send) {
+  {
+    MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  MutexLock send_lock(&send_mu_);
+  const uint64_t id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
   HeaderBytes header = EncodeFrameHeader(opcode, id, payload);
-  iovec iov[2] = {{header.data(), header.size()},
+  Status s;
+  if (fd_to_send >= 0) {
+    // Rare (pool registration): one copy so the descriptor rides the frame.
+    std::vector<std::byte> frame(header.begin(), header.end());
+    frame.insert(frame.end(), payload.begin(), payload.end());
+    s = SendAllWithFd(fd_, frame, fd_to_send);
+  } else {
+    s = SendAll(header, payload);
+  }
+  if (!s.ok()) {
+    MutexLock lock(&mu_);
+    broken_ = Status::IOError("send to tierkvd: " + std::string(s.message()));
+    arrived_cv_.SignalAll();
+    return broken_;
+  }
+  return id;
+}
+
+Status UdsChannel::SendAll(std::span<const std::byte> header,
+                           std::span<const std::byte> payload) {
+  iovec iov[2] = {{const_cast<std::byte*>(header.data()), header.size()},
                   {const_cast<std::byte*>(payload.data()), payload.size()}};
-  size_t total = header.size() + payload.size();
+  const size_t total = header.size() + payload.size();
   size_t sent = 0;
   // writev loop: header and payload without an extra copy.
   while (sent < total) {
@@ -83,25 +155,20 @@ Result<uint64_t> UdsChannel::Send(uint16_t opcode,
     ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      broken_ = Status::IOError(std::string("send to tierkvd: ") +
-                                std::strerror(errno));
-      return broken_;
+      return Status::IOError(std::strerror(errno));
     }
     sent += static_cast<size_t>(n);
   }
-  return id;
+  return Status::OK();
 }
 
-Result<ChannelReply> UdsChannel::ReadReply(uint64_t request_id,
-                                           uint16_t expect_opcode,
-                                           uint16_t* opcode_out, bool spin) {
+Result<UdsChannel::Arrived> UdsChannel::ReadFrame() {
   HeaderBytes header{};
+  Arrived out;
   ChannelReply reply;
-  if (spin) SpinUntilReadable();
   Status s = RecvAllWithFd(fd_, header, &reply.fd);
-  auto fail = [&](Status why) -> Result<ChannelReply> {
+  auto fail = [&](Status why) -> Result<Arrived> {
     if (reply.fd >= 0) ::close(reply.fd);
-    broken_ = why;
     return why;
   };
   if (!s.ok()) return fail(s);
@@ -111,17 +178,16 @@ Result<ChannelReply> UdsChannel::ReadReply(uint64_t request_id,
   s = RecvAllWithFd(fd_, reply.payload, &reply.fd);
   if (!s.ok()) return fail(s);
   if (s = VerifyFrameChecksum(header, reply.payload); !s.ok()) return fail(s);
-  if (opcode_out) *opcode_out = h->opcode;
+  out.opcode = h->opcode;
+  out.request_id = h->request_id;
   if (h->opcode == kErrorOpcode) {
     if (reply.fd >= 0) ::close(reply.fd);
     Status err = DecodeError(reply.payload);
-    return err.ok() ? Status::ProtocolError("empty error frame") : err;
+    out.reply = err.ok() ? Status::ProtocolError("empty error frame") : err;
+  } else {
+    out.reply = std::move(reply);
   }
-  if (expect_opcode != 0 &&
-      (h->opcode != expect_opcode || h->request_id != request_id)) {
-    return fail(Status::ProtocolError("reply does not match the request"));
-  }
-  return reply;
+  return out;
 }
 
 void UdsChannel::SpinUntilReadable() const {
@@ -139,7 +205,10 @@ Status UdsChannel::TEST_SendRaw(std::span<const std::byte> bytes) {
 }
 
 Result<ChannelReply> UdsChannel::TEST_ReadReply(uint16_t* opcode) {
-  return ReadReply(0, 0, opcode);
+  Result<Arrived> frame = ReadFrame();
+  if (!frame.ok()) return frame.status();
+  if (opcode) *opcode = frame->opcode;
+  return std::move(frame->reply);
 }
 
 }  // namespace tierkv::transport

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -94,39 +95,91 @@ Responder::~Responder() {
 
 void Responder::Send(HandlerReply reply) {
   std::shared_ptr<Target> target = std::move(target_);
-  if (target) target->Deliver(std::move(reply));
+  if (target) target->Deliver(opcode_, request_id_, std::move(reply));
 }
 
-// One client connection: reads a frame, hands it to the handler, writes the
-// reply, and repeats. Owned by the shared_ptrs held in pending Asio handlers
-// and Responders. Every handler of a connection runs on its strand, so its
-// state needs no lock even when a worker thread delivers the reply.
+// One client connection: reads frames and hands them to the handler while
+// earlier replies are pending, and writes replies as they complete. Owned
+// by the shared_ptrs held in pending Asio handlers and Responders. Every
+// handler of a connection runs on its strand, so its state needs no lock
+// even when a worker thread delivers a reply.
 class Connection : public std::enable_shared_from_this<Connection>,
                    public Responder::Target {
  public:
   Connection(UdsServer::Impl& server, LocalSocket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), id_(id) {}
+  ~Connection() override {
+    if (frame_fd_ >= 0) ::close(frame_fd_);
+  }
 
   void Start() {
     server_.handler->OnConnect(id_);
+    boost::system::error_code ignored;
+    socket_.native_non_blocking(true, ignored);  // for recvmsg below
     ReadHeader();
   }
 
- private:
-  void ReadHeader() {
-    asio::async_read(
-        socket_, asio::buffer(header_),
-        [self = shared_from_this()](auto ec, size_t) { self->OnHeader(ec); });
+  // Responder::Target. A reply given during OnFrame on this thread is sent
+  // when OnFrame returns (no extra hop); one from another thread is posted
+  // to the connection's strand.
+  void Deliver(uint16_t opcode, uint64_t request_id,
+               HandlerReply reply) override {
+    if (dispatch_thread_.load(std::memory_order_relaxed) ==
+        std::this_thread::get_id()) {
+      inline_replies_.push_back({opcode, request_id, std::move(reply)});
+      return;
+    }
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), opcode, request_id,
+                r = std::move(reply)]() mutable {
+                 self->Complete(opcode, request_id, std::move(r));
+               });
   }
 
-  void OnHeader(const boost::system::error_code& ec) {
-    if (ec) return Close();
+ private:
+  struct PendingReply {
+    uint16_t opcode;
+    uint64_t request_id;
+    HandlerReply reply;
+  };
+  struct OutFrame {
+    HeaderBytes header;
+    std::vector<std::byte> body;
+    int fd = -1;  // borrowed from the handler
+    bool close_after = false;
+  };
+
+  // The header is read with recvmsg, not Asio, to receive a descriptor the
+  // client may attach to the frame's first byte (Asio drops SCM_RIGHTS).
+  void ReadHeader() {
+    if (closed_ || reading_) return;
+    reading_ = true;
+    header_got_ = 0;
+    WaitForHeaderBytes();
+  }
+  void WaitForHeaderBytes() {
+    socket_.async_wait(
+        asio::socket_base::wait_read,
+        [self = shared_from_this()](const boost::system::error_code& ec) {
+          self->OnHeaderReadable(ec);
+        });
+  }
+  void OnHeaderReadable(const boost::system::error_code& ec) {
+    if (ec || closed_) return Close();
+    auto n =
+        RecvSomeWithFd(socket_.native_handle(),
+                       std::span(header_).subspan(header_got_), &frame_fd_);
+    if (!n.ok()) return Close();
+    header_got_ += *n;
+    if (header_got_ < header_.size()) return WaitForHeaderBytes();
     auto decoded =
         DecodeFrameHeader(header_, server_.options.max_payload_bytes);
     if (!decoded.ok()) {
       // The stream cannot be trusted any more: answer and hang up.
-      return Reply(kErrorOpcode, 0, EncodeError(decoded.status()), -1,
-                   /*close_after=*/true);
+      reading_ = false;
+      return Queue(
+          {EncodeFrameHeader(kErrorOpcode, 0, EncodeError(decoded.status())),
+           EncodeError(decoded.status()), -1, /*close_after=*/true});
     }
     frame_ = *decoded;
     payload_.resize(frame_.payload_len);
@@ -136,92 +189,118 @@ class Connection : public std::enable_shared_from_this<Connection>,
   }
 
   void OnPayload(const boost::system::error_code& ec) {
+    reading_ = false;
     if (ec) return Close();
+    in_flight_++;
+    Status bad;
     if (frame_.version != kProtocolVersion) {
-      return Reply(
-          kErrorOpcode, frame_.request_id,
-          EncodeError(Status::ProtocolError(
-              "unsupported protocol version " + std::to_string(frame_.version) +
-              " (this daemon speaks " + std::to_string(kProtocolVersion) +
-              ")")),
-          -1, false);
+      bad = Status::ProtocolError(
+          "unsupported protocol version " + std::to_string(frame_.version) +
+          " (this daemon speaks " + std::to_string(kProtocolVersion) + ")");
+    } else if (Status s = VerifyFrameChecksum(header_, payload_); !s.ok()) {
+      bad = s;
+    } else if (frame_.opcode & kResponseBit) {
+      bad = Status::ProtocolError("clients may not send response frames");
     }
-    if (Status s = VerifyFrameChecksum(header_, payload_); !s.ok()) {
-      return Reply(kErrorOpcode, frame_.request_id, EncodeError(s), -1, false);
+    if (!bad.ok()) {
+      Complete(frame_.opcode, frame_.request_id,
+               HandlerReply{EncodeError(bad), -1, /*is_error=*/true});
+    } else {
+      dispatch_thread_.store(std::this_thread::get_id(),
+                             std::memory_order_relaxed);
+      server_.handler->OnFrame(
+          id_, frame_.opcode, payload_, frame_fd_,
+          Responder(shared_from_this(), frame_.opcode, frame_.request_id));
+      dispatch_thread_.store(std::thread::id(), std::memory_order_relaxed);
+      std::vector<PendingReply> replies;
+      replies.swap(inline_replies_);
+      for (auto& r : replies) {
+        Complete(r.opcode, r.request_id, std::move(r.reply));
+      }
     }
-    if (frame_.opcode & kResponseBit) {
-      return Reply(kErrorOpcode, frame_.request_id,
-                   EncodeError(Status::ProtocolError(
-                       "clients may not send response frames")),
-                   -1, false);
+    if (frame_fd_ >= 0) {
+      ::close(frame_fd_);
+      frame_fd_ = -1;
     }
-    dispatch_thread_.store(std::this_thread::get_id(),
-                           std::memory_order_relaxed);
-    server_.handler->OnFrame(id_, frame_.opcode, payload_,
-                             Responder(shared_from_this()));
-    dispatch_thread_.store(std::thread::id(), std::memory_order_relaxed);
     if (payload_.capacity() > kKeepPayloadCapacity) {
       std::vector<std::byte>().swap(payload_);
     }
-    if (inline_reply_) {
-      HandlerReply reply = std::move(*inline_reply_);
-      inline_reply_.reset();
-      SendHandlerReply(std::move(reply));
-    }
+    MaybeReadMore();
   }
 
-  // Responder::Target. A reply given during OnFrame on this thread is sent
-  // when OnFrame returns (no extra hop); one from another thread is posted
-  // to the connection's strand, which runs it after OnPayload finishes.
-  void Deliver(HandlerReply reply) override {
-    if (dispatch_thread_.load(std::memory_order_relaxed) ==
-        std::this_thread::get_id()) {
-      inline_reply_ = std::move(reply);
-      return;
-    }
-    asio::post(socket_.get_executor(),
-               [self = shared_from_this(), r = std::move(reply)]() mutable {
-                 self->SendHandlerReply(std::move(r));
-               });
+  // Reads the next frame unless the in-flight bound is reached (then the
+  // completion of a request resumes reading).
+  void MaybeReadMore() {
+    if (in_flight_ < server_.options.max_requests_in_flight) ReadHeader();
   }
 
-  void SendHandlerReply(HandlerReply reply) {
+  // A request is answered (on the strand).
+  void Complete(uint16_t opcode, uint64_t request_id, HandlerReply reply) {
+    in_flight_--;
+    if (!closed_ && !reply.no_reply) {
+      const uint16_t out_opcode =
+          reply.is_error ? kErrorOpcode : (opcode | kResponseBit);
+      Queue({EncodeFrameHeader(out_opcode, request_id, reply.payload),
+             std::move(reply.payload), reply.fd, false});
+    }
+    if (closed_) return MaybeFinishClose();
+    MaybeReadMore();
+  }
+
+  void Queue(OutFrame frame) {
     if (closed_) return;
-    if (reply.no_reply) return ReadHeader();
-    Reply(reply.is_error ? kErrorOpcode : (frame_.opcode | kResponseBit),
-          frame_.request_id, std::move(reply.payload), reply.fd, false);
+    out_.push_back(std::move(frame));
+    if (!writing_) WriteNext();
   }
 
-  void Reply(uint16_t opcode, uint64_t request_id, std::vector<std::byte> body,
-             int fd, bool close_after) {
-    reply_header_ = EncodeFrameHeader(opcode, request_id, body);
-    reply_body_ = std::move(body);
-    if (fd >= 0) {
-      // Asio has no SCM_RIGHTS support: send this (small) reply directly.
-      std::vector<std::byte> frame(reply_header_.begin(), reply_header_.end());
-      frame.insert(frame.end(), reply_body_.begin(), reply_body_.end());
-      Status s = SendAllWithFd(socket_.native_handle(), frame, fd);
-      return AfterWrite(!s.ok() || close_after);
+  void WriteNext() {
+    while (!out_.empty() && !closed_) {
+      OutFrame& f = out_.front();
+      if (f.fd < 0) break;
+      // Asio has no SCM_RIGHTS support: send this (small) reply directly,
+      // in its turn (no other write is in progress here).
+      std::vector<std::byte> frame(f.header.begin(), f.header.end());
+      frame.insert(frame.end(), f.body.begin(), f.body.end());
+      const Status s = SendAllWithFd(socket_.native_handle(), frame, f.fd);
+      const bool close_after = f.close_after;
+      out_.pop_front();
+      if (!s.ok() || close_after) return Close();
     }
-    std::array<asio::const_buffer, 2> buffers{asio::buffer(reply_header_),
-                                              asio::buffer(reply_body_)};
+    if (out_.empty() || closed_) return;
+    writing_ = true;
+    std::array<asio::const_buffer, 2> buffers{asio::buffer(out_.front().header),
+                                              asio::buffer(out_.front().body)};
     asio::async_write(
         socket_, buffers,
-        [self = shared_from_this(), close_after](auto ec, size_t) {
-          self->AfterWrite(ec || close_after);
-        });
+        [self = shared_from_this()](auto ec, size_t) { self->OnWritten(ec); });
   }
 
-  void AfterWrite(bool close) {
-    if (close) return Close();
-    ReadHeader();
+  void OnWritten(const boost::system::error_code& ec) {
+    writing_ = false;
+    if (closed_) {
+      out_.clear();  // no write refers to them any more
+      return MaybeFinishClose();
+    }
+    const bool close_after = out_.front().close_after;
+    out_.pop_front();
+    if (ec || close_after) return Close();
+    WriteNext();
   }
 
   void Close() {
-    if (closed_) return;
-    closed_ = true;
-    boost::system::error_code ignored;
-    socket_.close(ignored);
+    if (!closed_) {
+      closed_ = true;
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+      if (!writing_) out_.clear();  // else OnWritten clears them
+    }
+    MaybeFinishClose();
+  }
+
+  // OnDisconnect once the peer is gone and no request is pending.
+  void MaybeFinishClose() {
+    if (!closed_ || in_flight_ > 0 || writing_ || disconnected_) return;
+    disconnected_ = true;
     server_.handler->OnDisconnect(id_);
     server_.Forget(id_);
   }
@@ -229,16 +308,22 @@ class Connection : public std::enable_shared_from_this<Connection>,
   UdsServer::Impl& server_;
   LocalSocket socket_;
   const uint64_t id_;
+  // The frame being read.
   HeaderBytes header_{};
+  size_t header_got_ = 0;
+  int frame_fd_ = -1;  // owned until OnFrame returns
   FrameHeader frame_;
   std::vector<std::byte> payload_;
-  HeaderBytes reply_header_{};
-  std::vector<std::byte> reply_body_;
+  bool reading_ = false;
+  uint32_t in_flight_ = 0;  // handed to the handler, not yet answered
+  std::deque<OutFrame> out_;
+  bool writing_ = false;
   bool closed_ = false;
+  bool disconnected_ = false;
   // The thread running OnFrame for this connection (none otherwise), and
-  // the reply it gave before returning.
+  // the replies it gave before returning.
   std::atomic<std::thread::id> dispatch_thread_{};
-  std::optional<HandlerReply> inline_reply_;
+  std::vector<PendingReply> inline_replies_;
 };
 
 Status UdsServer::Impl::Listen() {

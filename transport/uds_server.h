@@ -1,23 +1,21 @@
 // UdsServer: the daemon's Unix-domain-socket front end (Boost.Asio).
 //
 // Reads frames (frame.h), hands each valid one to a FrameHandler and writes
-// the handler's reply, optionally with a file descriptor (SCM_RIGHTS). The
+// the handler's reply, optionally with a file descriptor (SCM_RIGHTS); a
+// descriptor a client attaches to a request reaches the handler too. The
 // handler answers through a Responder, at once or later from another thread
 // (the daemon replies from its workers after NVMe IO), so an IO thread never
-// waits for slow work. A connection handles one frame at a time: it reads
-// the next frame only after the reply to the previous one is written, so a
-// handler never sees two concurrent frames from one connection, and
-// OnDisconnect runs only when no request of that connection is pending.
-// Different connections run in parallel on `io_threads` threads.
+// waits for slow work.
 //
-// Hostile input never reaches the handler:
-//   * bad magic, reserved bits or an over-long payload: an error frame, then
-//     the connection is closed (the stream cannot be resynchronized);
-//   * a wrong protocol version or checksum: an error frame; the connection
-//     stays usable;
-//   * a peer that disconnects mid-frame: the connection is dropped and
-//     OnDisconnect runs, so its leases can be released.
-// Memory per connection is bounded by Options::max_payload_bytes.
+// Multiplexed: a connection keeps reading while earlier requests are being
+// handled, up to Options::max_requests_in_flight per connection, and
+// replies go out in completion order, each carrying its request id (the
+// client matches them). OnFrame calls of one connection never overlap (they
+// run on the connection's strand), but their replies may come later and in
+// any order. OnDisconnect runs once, after the peer is gone and every
+// request of that connection has been answered, so a handler may keep
+// per-request state until then.
+// Different connections run in parallel on `io_threads` threads.
 #pragma once
 
 #include <cstdint>
@@ -49,12 +47,14 @@ class Responder {
   class Target {
    public:
     virtual ~Target() = default;
-    virtual void Deliver(HandlerReply reply) = 0;
+    virtual void Deliver(uint16_t opcode, uint64_t request_id,
+                         HandlerReply reply) = 0;
   };
 
   Responder() = default;
-  explicit Responder(std::shared_ptr<Target> target)
-      : target_(std::move(target)) {}
+  Responder(std::shared_ptr<Target> target, uint16_t opcode,
+            uint64_t request_id)
+      : target_(std::move(target)), opcode_(opcode), request_id_(request_id) {}
   Responder(Responder&&) noexcept = default;
   Responder& operator=(Responder&&) noexcept;
   ~Responder();
@@ -65,6 +65,8 @@ class Responder {
 
  private:
   std::shared_ptr<Target> target_;
+  uint16_t opcode_ = 0;
+  uint64_t request_id_ = 0;
 };
 
 // Implemented by the daemon. Must be thread-safe across connections.
@@ -73,9 +75,11 @@ class FrameHandler {
   virtual ~FrameHandler() = default;
   virtual void OnConnect(uint64_t connection_id) { (void)connection_id; }
   // Handles one request and answers it through `responder`, now or later.
-  // `payload` is valid only during the call.
+  // `payload` is valid only during the call. `fd` is a descriptor the client
+  // attached to the request (-1 if none); the server closes it when OnFrame
+  // returns, so a handler that keeps it must dup() it.
   virtual void OnFrame(uint64_t connection_id, uint16_t opcode,
-                       std::span<const std::byte> payload,
+                       std::span<const std::byte> payload, int fd,
                        Responder responder) = 0;
   virtual void OnDisconnect(uint64_t connection_id) { (void)connection_id; }
 };
@@ -90,6 +94,10 @@ struct UdsServerOptions {
   uint64_t max_payload_bytes = uint64_t{16} << 20;
   uint32_t io_threads = 2;          // Default: 2
   uint32_t max_connections = 1024;  // further connections are closed
+  // Requests of one connection being handled at once; the connection is
+  // not read further until one completes (bounds memory per connection to
+  // about max_payload_bytes plus this many replies). Default: 64.
+  uint32_t max_requests_in_flight = 64;
 };
 
 class UdsServer {

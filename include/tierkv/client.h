@@ -12,9 +12,11 @@
 //   client->Put(writes);               // one Status per segment auto got =
 //   client->Get(reads);                // one Status per segment
 //
-// Thread safety: all methods are thread-safe. Requests on one Client are
-// serialized on its connection, but the byte copies of concurrent Put/Get
-// calls run in parallel. Use several Clients for parallel control traffic.
+// Thread safety: all methods are thread-safe. One Client's connection is
+// multiplexed: requests from many threads are in flight at once, each call
+// waits only for its own replies (matched by request id), and no lock is
+// held while bytes are copied, so concurrent Put/Get calls copy in
+// parallel.
 //
 // Failure model: every call returns Status / Result; nothing throws. If the
 // daemon goes away, calls return Unavailable or IOError and the Client must
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -129,8 +132,9 @@ class Client {
   // re-registration is OK, a different layout is InvalidArgument).
   Status RegisterLayout(const LayoutSpec& layout);
   // The layout known to the daemon, if any (fetched at OpenNamespace or
-  // set by RegisterLayout).
-  const LayoutSpec* layout() const;
+  // set by RegisterLayout). A copy: safe against a concurrent
+  // RegisterLayout.
+  std::optional<LayoutSpec> layout() const;
 
   // Which leading pages are fully present (all layers and parts).
   // REQUIRES: a registered layout.

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "tests/testing/status_matchers.h"
@@ -20,7 +22,7 @@ namespace {
 class EchoHandler : public FrameHandler {
  public:
   void OnFrame(uint64_t, uint16_t opcode, std::span<const std::byte> payload,
-               Responder responder) override {
+               int /*fd*/, Responder responder) override {
     frames++;
     if (opcode == 2) return responder.Send({{}, memfd, false});  // a descriptor
     if (opcode == 3) {
@@ -36,6 +38,24 @@ class EchoHandler : public FrameHandler {
       return;
     }
     if (opcode == 5) return;  // dropped: the Responder answers Internal
+    if (opcode == 6) {
+      // Parked until a later request (opcode 7) of any connection.
+      {
+        std::lock_guard lock(parked_mu);
+        parked.push_back(std::move(responder));
+      }
+      parked_cv.notify_all();
+      return;
+    }
+    if (opcode == 7) {
+      std::vector<Responder> release;
+      {
+        std::lock_guard lock(parked_mu);
+        release.swap(parked);
+      }
+      for (auto& r : release) r.Send({{std::byte{6}}, -1, false});
+      return responder.Send({{std::byte{7}}, -1, false});
+    }
     responder.Send({{payload.begin(), payload.end()}, -1, false});
   }
   void OnDisconnect(uint64_t) override { disconnects++; }
@@ -44,6 +64,9 @@ class EchoHandler : public FrameHandler {
   }
 
   std::vector<std::thread> later;  // only one connection's frames use it
+  std::mutex parked_mu;
+  std::condition_variable parked_cv;
+  std::vector<Responder> parked;
   int memfd = -1;
   std::atomic<int> frames{0};
   std::atomic<int> disconnects{0};
@@ -100,6 +123,41 @@ TEST(UdsServerTest, RepliesFromAnotherThreadAndAnswersDroppedRequests) {
   }
   EXPECT_EQ((*ch)->Call(5, {}).status().code(), StatusCode::kInternal);
   EXPECT_OK((*ch)->Call(1, {}));
+}
+
+TEST(UdsServerTest, OneConnectionCarriesConcurrentRequestsAnsweredOutOfOrder) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
+  ASSERT_OK(server);
+  auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(10));
+  ASSERT_OK(ch);
+  // Thread A's request is answered only once thread B's request reaches the
+  // daemon over the same connection: a serialized channel or server would
+  // deadlock here (and fail by the receive timeout).
+  std::thread a([&] {
+    auto reply = (*ch)->Call(6, {});
+    ASSERT_OK(reply);
+    EXPECT_EQ(reply->payload, std::vector<std::byte>{std::byte{6}});
+  });
+  {  // wait for A's request to be parked, then release it
+    std::unique_lock lock(handler.parked_mu);
+    handler.parked_cv.wait(lock, [&] { return !handler.parked.empty(); });
+  }
+  auto b = (*ch)->Call(7, {});
+  ASSERT_OK(b);
+  EXPECT_EQ(b->payload, std::vector<std::byte>{std::byte{7}});
+  a.join();
+  // Pipelined on one thread, received in the reverse order of sending.
+  auto first = (*ch)->Send(6, {});
+  auto second = (*ch)->Send(1, std::vector<std::byte>(10, std::byte{1}));
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  auto echoed = (*ch)->Receive(*second, 1);
+  ASSERT_OK(echoed);
+  EXPECT_EQ(echoed->payload.size(), 10u);
+  ASSERT_OK((*ch)->Call(7, {}));
+  ASSERT_OK((*ch)->Receive(*first, 6));
 }
 
 TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
