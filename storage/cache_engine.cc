@@ -3,8 +3,15 @@
 #include "storage/cache_engine.h"
 
 #include <fmt/format.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <climits>
+#include <cstring>
 #include <unordered_set>
+
+#include "common/load_ticket.h"
 
 namespace tierkv::storage {
 
@@ -358,6 +365,10 @@ Status CacheEngine::Release(uint64_t owner, uint64_t lease_id) {
 }
 
 size_t CacheEngine::ReleaseOwner(uint64_t owner) {
+  {
+    MutexLock lock(&owners_mu_);
+    owners_.erase(owner);  // running transfers keep their regions mapped
+  }
   return leases_->ReleaseOwner(owner);
 }
 
@@ -404,7 +415,275 @@ EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   s.worker_rejections = worker_rejections_.load(std::memory_order_relaxed);
   s.backpressure_waits = backpressure_waits_.load(std::memory_order_relaxed);
   s.backpressure_busy = backpressure_busy_.load(std::memory_order_relaxed);
+  auto get = [](const std::atomic<uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  s.load_segments_host = get(load_segments_host_);
+  s.load_bytes_host = get(load_bytes_host_);
+  s.load_segments_nvme = get(load_segments_nvme_);
+  s.load_bytes_nvme = get(load_bytes_nvme_);
+  s.load_misses = get(load_misses_);
+  s.store_segments = get(store_segments_);
+  s.store_bytes = get(store_bytes_);
+  s.store_dedup = get(store_dedup_);
+  s.transfers = get(transfers_);
   return s;
+}
+
+namespace {
+
+uint32_t PoolKey(uint16_t layer, uint8_t part) {
+  return uint32_t{layer} << 8 | part;
+}
+
+LoadTicket& TicketAt(MappedRegion& region, uint32_t index) {
+  return *reinterpret_cast<LoadTicket*>(region.bytes().data() +
+                                        uint64_t{index} * sizeof(LoadTicket));
+}
+
+// Publishes that `layers` layers are complete and wakes every waiter (the
+// client futex-waits on the word in its own mapping of the same memfd).
+void PublishLayers(LoadTicket& ticket, uint32_t layers) {
+  ticket.layers_done.store(layers, std::memory_order_release);
+  ::syscall(SYS_futex, &ticket.layers_done, FUTEX_WAKE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+
+void RecordError(LoadTicket& ticket, uint32_t page, uint16_t layer,
+                 uint8_t part, StatusCode code) {
+  const uint32_t at =
+      ticket.error_count.load(std::memory_order_relaxed);  // one writer
+  if (at < LoadTicket::kMaxErrors) {
+    ticket.errors[at] = {page, layer, part, static_cast<uint8_t>(code)};
+  }
+  // Release: the entry is written before the count that covers it.
+  ticket.error_count.store(at + 1, std::memory_order_release);
+}
+
+}  // namespace
+
+Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
+                                 const PoolLayout& pool) {
+  const auto layout = ns.layout();
+  if (!layout) return Status::InvalidArgument("register a layout first");
+  const uint64_t segment = layout->SegmentBytes(pool.layer, pool.part);
+  if (segment == 0) {
+    return Status::InvalidArgument(
+        fmt::format("layer {} part {} is not in the namespace layout",
+                    pool.layer, pool.part));
+  }
+  if (pool.slot_bytes != segment) {
+    return Status::InvalidArgument(
+        fmt::format("pool slot of {} B differs from the {} B segment",
+                    pool.slot_bytes, segment));
+  }
+  if (pool.slot_count == 0) return Status::InvalidArgument("pool of 0 slots");
+  auto region = MappedRegion::Map(
+      fd, pool.offset + uint64_t{pool.slot_count} * pool.slot_bytes);
+  if (!region.ok()) return region.status();
+  MutexLock lock(&owners_mu_);
+  auto [it, inserted] = owners_[owner].pools.emplace(
+      PoolKey(pool.layer, pool.part), Pool{std::move(region).value(), pool});
+  if (!inserted) {
+    return Status::InvalidArgument(
+        fmt::format("layer {} part {} already has a pool on this connection",
+                    pool.layer, pool.part));
+  }
+  return Status::OK();
+}
+
+Status CacheEngine::RegisterTickets(uint64_t owner, int fd, uint32_t count) {
+  if (count == 0 || count > 65536) {
+    return Status::InvalidArgument("ticket count must be in [1, 65536]");
+  }
+  auto region = MappedRegion::Map(fd, uint64_t{count} * sizeof(LoadTicket));
+  if (!region.ok()) return region.status();
+  MutexLock lock(&owners_mu_);
+  OwnerPools& o = owners_[owner];
+  o.tickets = std::move(region).value();
+  o.ticket_count = count;
+  return Status::OK();
+}
+
+Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
+    uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
+  auto layout = ns.layout();
+  if (!layout) return Status::InvalidArgument("register a layout first");
+  if (t.pages.size() != t.slots.size()) {
+    return Status::InvalidArgument("one slot per page");
+  }
+  if (t.num_layers == 0 ||
+      uint32_t{t.first_layer} + t.num_layers > layout->num_layers()) {
+    return Status::InvalidArgument(
+        fmt::format("layers [{}, {}) outside the layout's {}", t.first_layer,
+                    t.first_layer + t.num_layers, layout->num_layers()));
+  }
+  auto job = std::make_shared<TransferJob>();
+  job->ns = &ns;
+  job->pools.resize(t.num_layers);
+  {
+    MutexLock lock(&owners_mu_);
+    auto it = owners_.find(owner);
+    if (it == owners_.end() || !it->second.tickets) {
+      return Status::InvalidArgument("register tickets before Load/Store");
+    }
+    const OwnerPools& o = it->second;
+    if (t.ticket >= o.ticket_count) {
+      return Status::InvalidArgument("ticket index out of range");
+    }
+    job->tickets = o.tickets;
+    for (uint16_t k = 0; k < t.num_layers; ++k) {
+      const uint16_t l = t.first_layer + k;
+      for (uint8_t p = 0; p < layout->layers[l].parts.size(); ++p) {
+        auto pool = o.pools.find(PoolKey(l, p));
+        if (pool == o.pools.end()) {
+          return Status::InvalidArgument(
+              fmt::format("layer {} part {} has no registered pool", l, p));
+        }
+        job->pools[k].push_back(pool->second);
+      }
+    }
+  }
+  for (const auto& layer_pools : job->pools) {
+    for (const Pool& pool : layer_pools) {
+      for (uint32_t slot : t.slots) {
+        if (slot >= pool.layout.slot_count) {
+          return Status::InvalidArgument(fmt::format(
+              "slot {} outside the pool of layer {} part {} ({} slots)", slot,
+              pool.layout.layer, pool.layout.part, pool.layout.slot_count));
+        }
+      }
+    }
+  }
+  LoadTicket& ticket = TicketAt(*job->tickets, t.ticket);
+  ticket.error_count.store(0, std::memory_order_relaxed);
+  ticket.finished.store(0, std::memory_order_relaxed);
+  ticket.layers_done.store(0, std::memory_order_release);
+  job->layout = std::move(*layout);
+  job->t = std::move(t);
+  return job;
+}
+
+Status CacheEngine::Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
+  auto job = PrepareTransfer(owner, ns, std::move(t));
+  if (!job.ok()) return job.status();
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+  if (!Submit([this, job = *job] { RunLoad(*job); })) {
+    return Status::Busy("daemon workers are saturated; retry");
+  }
+  return Status::OK();
+}
+
+Status CacheEngine::Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
+  auto job = PrepareTransfer(owner, ns, std::move(t));
+  if (!job.ok()) return job.status();
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+  if (!Submit([this, job = *job] { RunStore(*job); })) {
+    return Status::Busy("daemon workers are saturated; retry");
+  }
+  return Status::OK();
+}
+
+void CacheEngine::RunLoad(TransferJob& job) {
+  const PoolTransfer& t = job.t;
+  EngineNamespace& ns = *job.ns;
+  LoadTicket& ticket = TicketAt(*job.tickets, t.ticket);
+  const uint64_t fingerprint = ns.fingerprint();
+  std::vector<NvmeReadItem> reads;
+  std::vector<uint32_t> read_page;
+  for (uint16_t k = 0; k < t.num_layers; ++k) {
+    const uint16_t l = t.first_layer + k;
+    if (before_transfer_layer_) before_transfer_layer_(l);
+    for (const Pool& pool : job.pools[k]) {
+      const uint8_t p = pool.layout.part;
+      reads.clear();
+      read_page.clear();
+      for (uint32_t i = 0; i < t.pages.size(); ++i) {
+        const SegmentKey key{t.pages[i], l, p};
+        std::byte* slot = pool.Slot(t.slots[i]);
+        // A reference keeps the segment from eviction during the copy.
+        auto loc = ns.host_->Acquire(key);
+        if (loc.ok() && loc->size == pool.layout.slot_bytes) {
+          std::memcpy(slot, ns.host_->arena().base() + loc->offset, loc->size);
+          ns.host_->Release(key);
+          load_segments_host_.fetch_add(1, std::memory_order_relaxed);
+          load_bytes_host_.fetch_add(loc->size, std::memory_order_relaxed);
+          continue;
+        }
+        if (loc.ok()) ns.host_->Release(key);
+        if (nvme_) {
+          reads.push_back({key, {slot, pool.layout.slot_bytes}});
+          read_page.push_back(i);
+        } else {
+          RecordError(ticket, i, l, p, StatusCode::kNotFound);
+          load_misses_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      if (reads.empty()) continue;
+      // Straight into the slots where aligned, else through a bounce
+      // buffer; either way the checksum is verified before a hit counts.
+      auto got = nvme_->ReadBatch(ns.name(), fingerprint, reads);
+      for (size_t r = 0; r < reads.size(); ++r) {
+        if (got[r].ok() && *got[r] == pool.layout.slot_bytes) {
+          load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
+          load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
+        } else {
+          RecordError(
+              ticket, read_page[r], l, p,
+              got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
+          load_misses_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    }
+    PublishLayers(ticket, k + 1u);
+  }
+  ticket.finished.store(1, std::memory_order_release);
+  PublishLayers(ticket, t.num_layers);
+}
+
+void CacheEngine::RunStore(TransferJob& job) {
+  const PoolTransfer& t = job.t;
+  EngineNamespace& ns = *job.ns;
+  LoadTicket& ticket = TicketAt(*job.tickets, t.ticket);
+  const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  for (uint16_t k = 0; k < t.num_layers; ++k) {
+    const uint16_t l = t.first_layer + k;
+    if (before_transfer_layer_) before_transfer_layer_(l);
+    for (const Pool& pool : job.pools[k]) {
+      const uint8_t p = pool.layout.part;
+      for (uint32_t i = 0; i < t.pages.size(); ++i) {
+        const SegmentKey key{t.pages[i], l, p};
+        auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
+        if (!r.ok()) {
+          RecordError(ticket, i, l, p, r.status().code());
+          continue;
+        }
+        if (r->already_stored) {
+          store_dedup_.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        std::memcpy(ns.host_->arena().base() + r->location.offset,
+                    pool.Slot(t.slots[i]), pool.layout.slot_bytes);
+        if (Status s = ns.host_->Commit(key, dirty); !s.ok()) {
+          RecordError(ticket, i, l, p, s.code());
+          continue;
+        }
+        store_segments_.fetch_add(1, std::memory_order_relaxed);
+        store_bytes_.fetch_add(pool.layout.slot_bytes,
+                               std::memory_order_relaxed);
+      }
+    }
+    if (dirty && mover_) mover_->Kick();
+    PublishLayers(ticket, k + 1u);
+  }
+  ticket.finished.store(1, std::memory_order_release);
+  PublishLayers(ticket, t.num_layers);
+}
+
+Status CacheEngine::Prefetch(EngineNamespace& ns,
+                             std::span<const PageHash> pages) {
+  auto m = Match(ns, pages);  // queues the NVMe-only segments it finds
+  return m.ok() ? Status::OK() : m.status();
 }
 
 void CacheEngine::TEST_DrainBackground() {

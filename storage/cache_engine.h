@@ -31,12 +31,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/mutex.h"
 #include "storage/clock.h"
 #include "storage/host_tier.h"
 #include "storage/lease_table.h"
+#include "storage/mapped_region.h"
 #include "storage/nvme_store.h"
 #include "storage/tier_mover.h"
 #include "storage/worker_pool.h"
@@ -133,6 +135,27 @@ struct EnginePin {
   std::vector<Status> items;  // per key: OK or NotFound
 };
 
+// One engine-registered pool: slot_count slots of slot_bytes at `offset` of
+// a client memfd, holding segments of (layer, part).
+struct PoolLayout {
+  uint16_t layer = 0;
+  uint8_t part = 0;
+  uint64_t offset = 0;
+  uint64_t slot_bytes = 0;  // must equal the layout's segment size
+  uint32_t slot_count = 0;
+};
+
+// A per-layer transfer between registered pools and the tiers: page i of
+// `pages` is slot slots[i] of every layer's pools, layers [first_layer,
+// first_layer + num_layers) in order; progress goes to ticket `ticket`.
+struct PoolTransfer {
+  std::vector<PageHash> pages;
+  std::vector<uint32_t> slots;
+  uint16_t first_layer = 0;
+  uint16_t num_layers = 0;
+  uint32_t ticket = 0;
+};
+
 struct EngineStats {
   HostTierStats host;
   bool has_nvme = false;
@@ -143,6 +166,12 @@ struct EngineStats {
   uint64_t worker_rejections = 0;   // calls answered Busy: queue full
   uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
   uint64_t backpressure_busy = 0;   // items still Busy after waiting
+  // Registered-pool transfers: segments and bytes by source tier.
+  uint64_t load_segments_host = 0, load_bytes_host = 0;
+  uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
+  uint64_t load_misses = 0;
+  uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
+  uint64_t transfers = 0;  // Load and Store calls accepted
 };
 
 class CacheEngine {
@@ -222,6 +251,33 @@ class CacheEngine {
   void Flush(EngineNamespace& ns, std::vector<SegmentKey> keys,
              std::function<void(std::vector<Status>)> done);
 
+  // Registered pools (DESIGN.md §5). All belong to `owner` and end with
+  // ReleaseOwner; a worker still moving bytes keeps its regions mapped.
+  //
+  // Maps memfd `fd` (borrowed) as the pool of (layer, part) of `ns`.
+  // InvalidArgument: (layer, part) not in the layout or already has a pool
+  // of this owner, slot_bytes differs from the segment size, no slots, or
+  // the memfd is unsuitable (see MappedRegion::Map).
+  Status RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
+                      const PoolLayout& pool);
+  // Maps memfd `fd` as `count` LoadTickets of `owner` (replacing earlier
+  // ones). InvalidArgument as for pools, or count 0.
+  Status RegisterTickets(uint64_t owner, int fd, uint32_t count);
+  // Starts copying the segments of `t.pages` into the owner's pools, layer
+  // by layer (host DRAM by memcpy, NVMe by io_uring reads into the slots),
+  // publishing progress in ticket t.ticket. Returns once the request is
+  // checked and queued; InvalidArgument (no layout, a layer without pools,
+  // a slot out of range, bad ticket, sizes), Busy (workers saturated). A
+  // segment found in no tier, or failing its checksum, is recorded in the
+  // ticket's errors: its slot is not written.
+  Status Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
+  // The reverse: copies slots into the host tier (dedup: an existing
+  // segment copies nothing), layer by layer, then the write policy applies
+  // as for Put. Errors as for Load.
+  Status Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
+  // Queues promotion NVMe -> DRAM of every NVMe-only segment of `pages`.
+  Status Prefetch(EngineNamespace& ns, std::span<const PageHash> pages);
+
   // Up to `limit` host segments of `ns`.
   std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
   EngineStats Stats(EngineNamespace& ns) const;
@@ -231,6 +287,12 @@ class CacheEngine {
 
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
+  // Called by the worker before it moves each layer of a Load or Store
+  // (tests: stall layer l+1 to see WaitLayer(l) return first). Set before
+  // any transfer. Default: none.
+  void TEST_SetBeforeTransferLayer(std::function<void(uint16_t)> hook) {
+    before_transfer_layer_ = std::move(hook);
+  }
 
  private:
   CacheEngine(const CacheEngineOptions& options, NvmeStore* nvme);
@@ -250,6 +312,32 @@ class CacheEngine {
                      std::vector<size_t> missing,
                      std::function<void(EngineRead)> done);
 
+  struct Pool {
+    std::shared_ptr<MappedRegion> region;
+    PoolLayout layout;
+    std::byte* Slot(uint32_t slot) const {
+      return region->bytes().data() + layout.offset + slot * layout.slot_bytes;
+    }
+  };
+  // What a transfer job needs, resolved under owners_mu_ at submission.
+  struct TransferJob {
+    EngineNamespace* ns;
+    PoolTransfer t;
+    LayoutSpec layout;
+    std::vector<std::vector<Pool>> pools;  // [layer - first][part]
+    std::shared_ptr<MappedRegion> tickets;
+  };
+  struct OwnerPools {
+    std::unordered_map<uint32_t, Pool> pools;  // by layer << 8 | part
+    std::shared_ptr<MappedRegion> tickets;
+    uint32_t ticket_count = 0;
+  };
+  Result<std::shared_ptr<TransferJob>> PrepareTransfer(uint64_t owner,
+                                                       EngineNamespace& ns,
+                                                       PoolTransfer t);
+  void RunLoad(TransferJob& job);
+  void RunStore(TransferJob& job);
+
   const CacheEngineOptions options_;
   NvmeStore* const nvme_;  // borrowed; null without NVMe
   std::vector<std::unique_ptr<EngineNamespace>> spaces_;
@@ -258,6 +346,12 @@ class CacheEngine {
   std::unique_ptr<WorkerPool> workers_;  // destroyed first
   std::atomic<uint64_t> worker_rejections_{0};
   std::atomic<uint64_t> backpressure_waits_{0};
+  std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
+      load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
+      store_segments_{0}, store_bytes_{0}, store_dedup_{0}, transfers_{0};
+  Mutex owners_mu_;
+  std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
+  std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
 };
 

@@ -3,11 +3,20 @@
 // memory device) and batched Flush.
 #include "storage/cache_engine.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <future>
+#include <map>
+#include <mutex>
 
+#include "common/load_ticket.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -274,6 +283,241 @@ TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
   EXPECT_EQ(s.mover.demotions_failed, 0u);
   EXPECT_EQ(s.backpressure_busy, 0u);
   EXPECT_GE(s.mover.demotions_done, s.host.evictions);
+}
+
+// A memfd as an engine would register it: sealed against shrinking.
+class SealedMemfd {
+ public:
+  explicit SealedMemfd(uint64_t bytes, bool seal = true) : bytes_(bytes) {
+    fd_ = ::memfd_create("pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(::ftruncate(fd_, static_cast<off_t>(bytes)), 0);
+    if (seal) EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    base_ = static_cast<std::byte*>(
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+  }
+  ~SealedMemfd() {
+    ::munmap(base_, bytes_);
+    ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  std::byte* base() const { return base_; }
+
+ private:
+  uint64_t bytes_;
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+};
+
+class CacheEnginePoolTest : public CacheEngineTest {
+ protected:
+  static constexpr uint32_t kSlots = 8;
+  // One memfd per (layer, part), kSlots slots each, and 4 tickets.
+  void RegisterPools() {
+    const LayoutSpec layout = TestLayout();
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        const uint64_t seg = layout.SegmentBytes(l, p);
+        pools_[{l, p}] = std::make_unique<SealedMemfd>(seg * kSlots);
+        ASSERT_OK(engine_->RegisterPool(
+            kOwner, *ns_, pools_[{l, p}]->fd(),
+            {.layer = l, .part = p, .slot_bytes = seg, .slot_count = kSlots}));
+      }
+    }
+    tickets_ = std::make_unique<SealedMemfd>(4 * sizeof(LoadTicket));
+    ASSERT_OK(engine_->RegisterTickets(kOwner, tickets_->fd(), 4));
+  }
+  LoadTicket& Ticket(uint32_t i) {
+    return reinterpret_cast<LoadTicket*>(tickets_->base())[i];
+  }
+  void WaitFinished(uint32_t i) {
+    while (Ticket(i).finished.load(std::memory_order_acquire) == 0) {
+      const uint32_t seen = Ticket(i).layers_done.load();
+      if (Ticket(i).finished.load(std::memory_order_acquire)) break;
+      ::syscall(SYS_futex, &Ticket(i).layers_done, FUTEX_WAIT, seen, nullptr,
+                nullptr, 0);
+    }
+  }
+  std::span<std::byte> Slot(uint16_t l, uint8_t p, uint32_t slot) {
+    const uint64_t seg = TestLayout().SegmentBytes(l, p);
+    return {pools_[{l, p}]->base() + slot * seg, seg};
+  }
+
+  std::map<std::pair<uint16_t, uint8_t>, std::unique_ptr<SealedMemfd>> pools_;
+  std::unique_ptr<SealedMemfd> tickets_;
+};
+
+TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  RegisterPools();
+  for (uint64_t n = 0; n < 4; ++n) PutPage(n);
+  // Page 1 only on NVMe (Flush, then evict), page 3 absent.
+  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);
+  PutPage(0);
+  PutPage(2);
+  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  const uint64_t missing = 999;
+  // Stall layer 2 until the test has seen layers 0 and 1 complete.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  engine_->TEST_SetBeforeTransferLayer([&](uint16_t layer) {
+    if (layer != 2) return;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+  });
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(0), Page(1), Page(2), Page(missing)},
+                           .slots = {5, 0, 7, 3},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 2}));
+  while (Ticket(2).layers_done.load(std::memory_order_acquire) < 2) {
+    ::syscall(SYS_futex, &Ticket(2).layers_done, FUTEX_WAIT,
+              Ticket(2).layers_done.load(), nullptr, nullptr, 0);
+  }
+  EXPECT_EQ(Ticket(2).layers_done.load(), 2u) << "layer 2 is stalled";
+  EXPECT_EQ(Ticket(2).finished.load(), 0u);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  WaitFinished(2);
+  EXPECT_EQ(Ticket(2).layers_done.load(), 4u);
+  // Bytes: pages 0, 1 (from NVMe) and 2 in their slots on every layer.
+  const std::pair<uint64_t, uint32_t> placed[] = {{0, 5}, {1, 0}, {2, 7}};
+  for (const auto& k : AllKeys(0)) {
+    for (auto [page, slot] : placed) {
+      const SegmentKey key{Page(page), k.layer, k.part};
+      auto got = Slot(k.layer, k.part, slot);
+      const auto want = Bytes(key, got.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0)
+          << key.ToString();
+    }
+  }
+  // The absent page: one NotFound per segment (6), its slot untouched.
+  ASSERT_EQ(Ticket(2).error_count.load(), 6u);
+  for (uint32_t e = 0; e < 6; ++e) {
+    EXPECT_EQ(Ticket(2).errors[e].page, 3u);
+    EXPECT_EQ(Ticket(2).errors[e].code,
+              static_cast<uint8_t>(StatusCode::kNotFound));
+  }
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.load_segments_nvme, 6u);
+  EXPECT_EQ(st.load_segments_host, 12u);
+}
+
+TEST_F(CacheEnginePoolTest, StoreSavesSlotsAndDedupsWhatIsStored) {
+  Open(/*with_nvme=*/false);
+  RegisterPools();
+  PutPage(0);  // already stored: Store copies nothing for it
+  for (const auto& k : AllKeys(1)) {
+    auto slot = Slot(k.layer, k.part, 4);
+    const auto bytes = Bytes(k, slot.size());
+    std::memcpy(slot.data(), bytes.data(), slot.size());
+  }
+  ASSERT_OK(engine_->Store(kOwner, *ns_,
+                           {.pages = {Page(0), Page(1)},
+                            .slots = {6, 4},
+                            .first_layer = 0,
+                            .num_layers = 4,
+                            .ticket = 0}));
+  WaitFinished(0);
+  EXPECT_EQ(Ticket(0).error_count.load(), 0u);
+  const PageHash pages[] = {Page(0), Page(1)};
+  auto m = engine_->Match(*ns_, pages);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 2u);
+  EngineRead read = AcquireNow(AllKeys(1));
+  for (size_t i = 0; i < read.items.size(); ++i) {
+    ASSERT_OK(read.items[i]);
+    const auto want = Bytes(AllKeys(1)[i], read.items[i]->size);
+    EXPECT_EQ(std::memcmp(ns_->host().arena().base() + read.items[i]->offset,
+                          want.data(), want.size()),
+              0);
+  }
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.store_segments, 6u);
+  EXPECT_EQ(st.store_dedup, 6u);
+}
+
+TEST_F(CacheEnginePoolTest, BadPoolsAndTransfersAreRefusedAndChangeNothing) {
+  Open(/*with_nvme=*/false);
+  const uint64_t seg = TestLayout().SegmentBytes(0, 0);
+  SealedMemfd small(seg * 3);
+  EXPECT_EQ(engine_
+                ->RegisterPool(
+                    kOwner, *ns_, small.fd(),
+                    {.layer = 0, .part = 0, .slot_bytes = seg, .slot_count = 4})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "smaller than its spec";
+  SealedMemfd unsealed(seg * 4, /*seal=*/false);
+  EXPECT_EQ(engine_
+                ->RegisterPool(
+                    kOwner, *ns_, unsealed.fd(),
+                    {.layer = 0, .part = 0, .slot_bytes = seg, .slot_count = 4})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "may shrink under the daemon";
+  SealedMemfd readonly(seg * 4);
+  ASSERT_EQ(::fcntl(readonly.fd(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+  EXPECT_EQ(engine_
+                ->RegisterPool(
+                    kOwner, *ns_, readonly.fd(),
+                    {.layer = 0, .part = 0, .slot_bytes = seg, .slot_count = 4})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "sealed read-only";
+  EXPECT_EQ(
+      engine_
+          ->RegisterPool(
+              kOwner, *ns_, small.fd(),
+              {.layer = 0, .part = 0, .slot_bytes = seg - 1, .slot_count = 1})
+          .code(),
+      StatusCode::kInvalidArgument)
+      << "slot size differs from the layout";
+  RegisterPools();
+  PutPage(0);
+  auto before =
+      std::vector<std::byte>(Slot(0, 0, 0).begin(), Slot(0, 0, 0).end());
+  EXPECT_EQ(engine_
+                ->Load(kOwner, *ns_,
+                       {.pages = {Page(0)}, .slots = {kSlots}, .num_layers = 4})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "slot out of range";
+  EXPECT_EQ(engine_
+                ->Load(kOwner + 1, *ns_,
+                       {.pages = {Page(0)}, .slots = {0}, .num_layers = 4})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "another connection has no pools";
+  EXPECT_EQ(engine_
+                ->Load(kOwner, *ns_,
+                       {.pages = {Page(0)}, .slots = {0}, .num_layers = 5})
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "layers outside the layout";
+  EXPECT_EQ(
+      engine_
+          ->Load(
+              kOwner, *ns_,
+              {.pages = {Page(0)}, .slots = {0}, .num_layers = 4, .ticket = 4})
+          .code(),
+      StatusCode::kInvalidArgument)
+      << "ticket out of range";
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(std::memcmp(Slot(0, 0, 0).data(), before.data(), before.size()), 0);
+  EXPECT_EQ(engine_->Stats(*ns_).transfers, 0u);
+  // The connection's pools end with it.
+  engine_->ReleaseOwner(kOwner);
+  EXPECT_EQ(engine_
+                ->Load(kOwner, *ns_,
+                       {.pages = {Page(0)}, .slots = {0}, .num_layers = 4})
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(CacheEngineTest, FlushWithoutNvmeIsInvalidArgument) {

@@ -1,0 +1,43 @@
+// LoadTicket: the shared-memory completion record of one per-layer Load or
+// Store (DESIGN.md §5, registered-pool mode). The client creates a memfd of
+// tickets and registers it once; each Load/Store names a ticket, and the
+// daemon publishes progress there instead of sending a message per layer:
+//
+//   layers_done  the number of layers of the request that are complete, in
+//                layer order (release-stored by the daemon, then a futex
+//                wake on it; the client acquire-loads it and futex-waits);
+//   errors       (page, layer, part, status code) of segments that could not
+//                be moved after the daemon accepted the request (an NVMe
+//                read error, a checksum failure): such a page is a miss for
+//                that layer, never stale bytes. Written before layers_done
+//                covers their layer.
+//
+// The layout is fixed (both sides compile it from this header) and 4 KiB per
+// ticket, so a ticket index names a page-aligned record.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace tierkv {
+
+struct LoadTicket {
+  static constexpr uint32_t kMaxErrors = 500;
+  struct Error {
+    uint32_t page = 0;  // index into the request's pages
+    uint16_t layer = 0;
+    uint8_t part = 0;
+    uint8_t code = 0;  // a StatusCode
+  };
+
+  std::atomic<uint32_t> layers_done{0};  // the futex word
+  std::atomic<uint32_t> error_count{0};  // may exceed kMaxErrors (overflow)
+  std::atomic<uint32_t> finished{0};     // 1 once the daemon is done with it
+  uint32_t reserved = 0;
+  Error errors[kMaxErrors];
+  uint8_t padding[4096 - 16 - kMaxErrors * sizeof(Error)];
+};
+static_assert(sizeof(LoadTicket) == 4096);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+}  // namespace tierkv
