@@ -1,13 +1,18 @@
 // libtierkv: implements tierkv/client.h over transport's UdsChannel.
 #include "tierkv/client.h"
 
+#include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
 #include <deque>
 #include <optional>
 
+#include "common/load_ticket.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "transport/protocol.h"
@@ -23,7 +28,17 @@ class Client::Impl {
       : channel_(std::move(channel)) {}
   ~Impl() {
     if (arena_) ::munmap(arena_, arena_bytes_);
+    if (tickets_) ::munmap(tickets_, ticket_count_ * sizeof(LoadTicket));
   }
+
+  // Creates and registers the ticket region on first use, then takes a
+  // free ticket. Busy when all are in flight.
+  Result<uint32_t> TakeTicket() EXCLUDES(tickets_mu_);
+  void ReturnTicket(uint32_t ticket) EXCLUDES(tickets_mu_) {
+    MutexLock lock(&tickets_mu_);
+    free_tickets_.push_back(ticket);
+  }
+  LoadTicket& Ticket(uint32_t i) const { return tickets_[i]; }
 
   // Sends a request and decodes its response. Concurrent calls share the
   // (multiplexed) channel; no lock is held here.
@@ -68,7 +83,55 @@ class Client::Impl {
   Mutex layout_mu_;
   std::optional<LayoutSpec> layout_ GUARDED_BY(layout_mu_);
   bool prefault_ = true;
+  std::chrono::milliseconds timeout_{10000};
+
+  Mutex tickets_mu_;
+  uint32_t ticket_count_ = 0;      // set before tickets_ is published
+  LoadTicket* tickets_ = nullptr;  // set once under tickets_mu_
+  std::vector<uint32_t> free_tickets_ GUARDED_BY(tickets_mu_);
+  bool tickets_ready_ GUARDED_BY(tickets_mu_) = false;
 };
+
+Result<uint32_t> Client::Impl::TakeTicket() {
+  MutexLock lock(&tickets_mu_);
+  if (!tickets_ready_) {
+    const uint64_t bytes = uint64_t{ticket_count_} * sizeof(LoadTicket);
+    const int fd =
+        ::memfd_create("tierkv-tickets", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+      return Status::IOError(std::string("memfd_create: ") +
+                             std::strerror(errno));
+    }
+    void* base = MAP_FAILED;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0) {
+      base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (base == MAP_FAILED) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return Status::IOError("ticket region: " + why);
+    }
+    StatusResponse resp;
+    Status s =
+        Call(Opcode::kRegisterTickets,
+             Encode(RegisterTicketsRequest{ticket_count_}), resp, nullptr, fd);
+    ::close(fd);  // the mappings (ours and the daemon's) keep it alive
+    if (!s.ok()) {
+      ::munmap(base, bytes);
+      return s;
+    }
+    tickets_ = static_cast<LoadTicket*>(base);
+    for (uint32_t i = ticket_count_; i-- > 0;) free_tickets_.push_back(i);
+    tickets_ready_ = true;
+  }
+  if (free_tickets_.empty()) {
+    return Status::Busy("every transfer ticket is in use; wait for one");
+  }
+  const uint32_t t = free_tickets_.back();
+  free_tickets_.pop_back();
+  return t;
+}
 
 namespace {
 
@@ -110,6 +173,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (!channel.ok()) return channel.status();
   auto impl = std::make_unique<Impl>(std::move(channel).value());
   impl->prefault_ = options.prefault_arena;
+  impl->timeout_ = options.timeout;
+  impl->ticket_count_ = std::max<uint32_t>(1, options.max_transfers_in_flight);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -416,6 +481,189 @@ Result<PinLease> Client::Pin(std::span<const SegmentKey> keys,
   pin.lease_id_ = resp.lease_id;
   pin.statuses_ = std::move(resp.items);
   return pin;
+}
+
+Status Client::RegisterPool(const PoolSpec& pool) {
+  if (pool.kind != PoolSpec::Kind::kMemfd) {
+    return Status::InvalidArgument("unsupported pool kind");
+  }
+  // Seal against shrinking: the daemon refuses a pool that could vanish
+  // under its writes. Adding a seal that is already there is fine.
+  if (::fcntl(pool.fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM) {
+    return Status::InvalidArgument(
+        std::string("cannot seal the pool memfd (create it with "
+                    "MFD_ALLOW_SEALING): ") +
+        std::strerror(errno));
+  }
+  StatusResponse resp;
+  return impl_->Call(Opcode::kRegisterPool,
+                     Encode(RegisterPoolRequest{.layer = pool.layer,
+                                                .part = pool.part,
+                                                .kind = 0,
+                                                .offset = pool.offset,
+                                                .slot_bytes = pool.slot_bytes,
+                                                .slot_count = pool.slot_count}),
+                     resp, nullptr, pool.fd);
+}
+
+Result<TransferHandle> Client::Load(std::span<const PageHash> pages,
+                                    std::span<const uint32_t> slots,
+                                    LayerRange layers) {
+  return Transfer(/*load=*/true, pages, slots, layers);
+}
+
+Result<TransferHandle> Client::Store(std::span<const PageHash> pages,
+                                     std::span<const uint32_t> slots,
+                                     LayerRange layers) {
+  return Transfer(/*load=*/false, pages, slots, layers);
+}
+
+Result<TransferHandle> Client::Transfer(bool load,
+                                        std::span<const PageHash> pages,
+                                        std::span<const uint32_t> slots,
+                                        LayerRange layers) {
+  if (pages.size() != slots.size()) {
+    return Status::InvalidArgument("one slot per page");
+  }
+  if (pages.size() > kMaxBatchItems) {
+    return Status::InvalidArgument("too many pages for one transfer");
+  }
+  const auto layout = this->layout();
+  if (!layout) return Status::InvalidArgument("register a layout first");
+  if (layers.first >= layout->num_layers()) {
+    return Status::InvalidArgument("first layer outside the layout");
+  }
+  const uint16_t count =
+      layers.count ? layers.count
+                   : static_cast<uint16_t>(layout->num_layers() - layers.first);
+  auto ticket = impl_->TakeTicket();
+  if (!ticket.ok()) return ticket.status();
+  TransferRequest req{*ticket,
+                      layers.first,
+                      count,
+                      {pages.begin(), pages.end()},
+                      {slots.begin(), slots.end()}};
+  StatusResponse resp;
+  Status s =
+      impl_->Call(load ? Opcode::kLoad : Opcode::kStore, Encode(req), resp);
+  if (!s.ok()) {
+    impl_->ReturnTicket(*ticket);  // refused: the daemon never touched it
+    return s;
+  }
+  TransferHandle h;
+  h.client_ = this;
+  h.ticket_ = *ticket;
+  h.first_ = layers.first;
+  h.count_ = count;
+  h.pages_ = static_cast<uint32_t>(pages.size());
+  return h;
+}
+
+Status Client::Prefetch(std::span<const PageHash> pages) {
+  Status failure;
+  ForEachChunk(pages.size(), [&](size_t begin, size_t end) {
+    if (!failure.ok()) return;
+    MatchRequest req;
+    req.pages.assign(pages.begin() + begin, pages.begin() + end);
+    StatusResponse resp;
+    failure = impl_->Call(Opcode::kPrefetch, Encode(req), resp);
+  });
+  return failure;
+}
+
+namespace {
+
+// Waits until `word` (in memory shared with the daemon) is >= `target`, or
+// `deadline`. Spins briefly first: a layer often lands within microseconds.
+bool WaitAtLeast(std::atomic<uint32_t>& word, uint32_t target,
+                 std::chrono::steady_clock::time_point deadline) {
+  for (int i = 0; i < 2000; ++i) {
+    if (word.load(std::memory_order_acquire) >= target) return true;
+  }
+  while (true) {
+    const uint32_t seen = word.load(std::memory_order_acquire);
+    if (seen >= target) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    timespec ts{static_cast<time_t>(left.count() / 1000000000),
+                static_cast<long>(left.count() % 1000000000)};
+    // Shared (not FUTEX_PRIVATE): the daemon wakes it from its process.
+    ::syscall(SYS_futex, &word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+  }
+}
+
+}  // namespace
+
+TransferHandle::TransferHandle(TransferHandle&& o) noexcept
+    : client_(std::exchange(o.client_, nullptr)),
+      ticket_(o.ticket_),
+      first_(o.first_),
+      count_(o.count_),
+      pages_(o.pages_) {}
+
+TransferHandle& TransferHandle::operator=(TransferHandle&& o) noexcept {
+  if (this != &o) {
+    this->~TransferHandle();
+    new (this) TransferHandle(std::move(o));
+  }
+  return *this;
+}
+
+TransferHandle::~TransferHandle() {
+  if (!client_) return;
+  Client::Impl& impl = *client_->impl_;
+  LoadTicket& t = impl.Ticket(ticket_);
+  if (WaitAtLeast(t.finished, 1,
+                  std::chrono::steady_clock::now() + impl.timeout_)) {
+    impl.ReturnTicket(ticket_);
+  }
+  // Else the daemon may still write it: leak the ticket rather than reuse.
+}
+
+Result<std::vector<Status>> TransferHandle::WaitLayer(uint16_t layer) {
+  if (!client_) return Status::InvalidArgument("empty transfer handle");
+  if (layer < first_ || layer >= first_ + count_) {
+    return Status::InvalidArgument("layer outside the transfer");
+  }
+  Client::Impl& impl = *client_->impl_;
+  LoadTicket& t = impl.Ticket(ticket_);
+  if (!WaitAtLeast(t.layers_done, layer - first_ + 1u,
+                   std::chrono::steady_clock::now() + impl.timeout_)) {
+    return Status::IOError("the daemon did not finish layer " +
+                           std::to_string(layer) + " in time");
+  }
+  std::vector<Status> out(pages_);
+  const uint32_t errors = t.error_count.load(std::memory_order_acquire);
+  if (errors > LoadTicket::kMaxErrors) {
+    out.assign(pages_, Status::IOError("too many failed segments to list"));
+    return out;
+  }
+  for (uint32_t e = 0; e < errors; ++e) {
+    const LoadTicket::Error& err = t.errors[e];
+    if (err.layer != layer || err.page >= pages_ || !out[err.page].ok()) {
+      continue;
+    }
+    const auto code = static_cast<StatusCode>(err.code);
+    out[err.page] =
+        code == StatusCode::kNotFound
+            ? Status::NotFound("segment in no tier (slot not written)")
+            : Status(code, "segment could not be moved");
+  }
+  return out;
+}
+
+Result<std::vector<Status>> TransferHandle::Wait() {
+  std::vector<Status> out(pages_);
+  for (uint16_t l = first_; l < first_ + count_; ++l) {
+    auto layer = WaitLayer(l);
+    if (!layer.ok()) return layer.status();
+    for (uint32_t i = 0; i < pages_; ++i) {
+      if (out[i].ok() && !(*layer)[i].ok()) out[i] = (*layer)[i];
+    }
+  }
+  return out;
 }
 
 Result<std::string> Client::Ping() {

@@ -75,14 +75,14 @@ HandlerReply CacheService::Error(const Status& s) {
   return HandlerReply{EncodeError(s), -1, /*is_error=*/true};
 }
 
-void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int /*fd*/,
+void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
                            Responder responder) {
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return responder.Send(Ping());
   if (op == Opcode::kOpenNamespace) {
     return responder.Send(OpenNamespace(conn, in));
   }
-  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kFlush)) {
+  if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kLastOpcode)) {
     return responder.Send(Error(
         Status::ProtocolError("unknown opcode " + std::to_string(opcode))));
   }
@@ -117,6 +117,15 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int /*fd*/,
       return responder.Send(Stats(*ns));
     case Opcode::kList:
       return responder.Send(List(*ns, in));
+    case Opcode::kRegisterPool:
+      return responder.Send(RegisterPool(conn, *ns, in, fd));
+    case Opcode::kRegisterTickets:
+      return responder.Send(RegisterTickets(conn, in, fd));
+    case Opcode::kLoad:
+    case Opcode::kStore:
+      return responder.Send(Transfer(conn, *ns, op, in));
+    case Opcode::kPrefetch:
+      return responder.Send(Prefetch(*ns, in));
     default:
       break;
   }
@@ -325,6 +334,57 @@ void CacheService::Flush(Namespace& ns, In in, Responder responder) {
                  });
 }
 
+HandlerReply CacheService::RegisterPool(uint64_t conn, Namespace& ns, In in,
+                                        int fd) {
+  RegisterPoolRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (fd < 0) {
+    return Ok(StatusResponse{
+        Status::InvalidArgument("RegisterPool needs the pool's memfd")});
+  }
+  if (req.kind != 0) {
+    return Ok(StatusResponse{Status::InvalidArgument(
+        "unsupported pool kind (this daemon maps memfd pools only)")});
+  }
+  return Ok(
+      StatusResponse{engine_->RegisterPool(conn, *ns.engine, fd,
+                                           {.layer = req.layer,
+                                            .part = req.part,
+                                            .offset = req.offset,
+                                            .slot_bytes = req.slot_bytes,
+                                            .slot_count = req.slot_count})});
+}
+
+HandlerReply CacheService::RegisterTickets(uint64_t conn, In in, int fd) {
+  RegisterTicketsRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (fd < 0) {
+    return Ok(StatusResponse{
+        Status::InvalidArgument("RegisterTickets needs the tickets' memfd")});
+  }
+  return Ok(StatusResponse{engine_->RegisterTickets(conn, fd, req.count)});
+}
+
+HandlerReply CacheService::Transfer(uint64_t conn, Namespace& ns, Opcode op,
+                                    In in) {
+  TransferRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  storage::PoolTransfer t{.pages = std::move(req.pages),
+                          .slots = std::move(req.slots),
+                          .first_layer = req.first_layer,
+                          .num_layers = req.num_layers,
+                          .ticket = req.ticket};
+  return Ok(StatusResponse{
+      op == Opcode::kLoad ? engine_->Load(conn, *ns.engine, std::move(t))
+                          : engine_->Store(conn, *ns.engine, std::move(t))});
+}
+
+HandlerReply CacheService::Prefetch(Namespace& ns, In in) {
+  MatchRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  return Ok(StatusResponse{engine_->Prefetch(*ns.engine, req.pages)});
+}
+
 HandlerReply CacheService::List(Namespace& ns, In in) {
   ListRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
@@ -368,6 +428,18 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                        {"dedup", m.put_dedup->Value()},
                        {"failed", m.put_failed->Value()}};
   j["active_leases"] = es.active_leases;
+  j["transfers"] = {
+      {"calls", es.transfers},
+      {"registered_pools", es.registered_pools},
+      {"load_segments",
+       {{"host", es.load_segments_host},
+        {"nvme", es.load_segments_nvme},
+        {"miss", es.load_misses}}},
+      {"load_bytes",
+       {{"host", es.load_bytes_host}, {"nvme", es.load_bytes_nvme}}},
+      {"store_segments", es.store_segments},
+      {"store_bytes", es.store_bytes},
+      {"store_dedup", es.store_dedup}};
   j["workers"] = {{"queue_depth", es.worker_queue_depth},
                   {"rejections", es.worker_rejections}};
   j["write_policy"] = storage::WritePolicyName(ns.engine->write_policy());

@@ -61,6 +61,10 @@ class CacheService final : public transport::FrameHandler {
   Reply Pin(uint64_t conn, Namespace& ns, In in);
   Reply Stats(Namespace& ns);
   Reply List(Namespace& ns, In in);
+  Reply RegisterPool(uint64_t conn, Namespace& ns, In in, int fd);
+  Reply RegisterTickets(uint64_t conn, In in, int fd);
+  Reply Transfer(uint64_t conn, Namespace& ns, transport::Opcode op, In in);
+  Reply Prefetch(Namespace& ns, In in);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

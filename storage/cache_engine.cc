@@ -427,6 +427,8 @@ EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   s.store_bytes = get(store_bytes_);
   s.store_dedup = get(store_dedup_);
   s.transfers = get(transfers_);
+  MutexLock lock(&owners_mu_);
+  for (const auto& [owner, o] : owners_) s.registered_pools += o.pools.size();
   return s;
 }
 

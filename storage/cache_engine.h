@@ -171,7 +171,8 @@ struct EngineStats {
   uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
   uint64_t load_misses = 0;
   uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
-  uint64_t transfers = 0;  // Load and Store calls accepted
+  uint64_t transfers = 0;         // Load and Store calls accepted
+  uint64_t registered_pools = 0;  // over every connection
 };
 
 class CacheEngine {
@@ -280,7 +281,7 @@ class CacheEngine {
 
   // Up to `limit` host segments of `ns`.
   std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
-  EngineStats Stats(EngineNamespace& ns) const;
+  EngineStats Stats(EngineNamespace& ns) const EXCLUDES(owners_mu_);
   // The shared NVMe tier and mover (null without NVMe), for metrics.
   const NvmeStore* nvme() const { return nvme_; }
   const TierMover* mover() const { return mover_.get(); }
@@ -349,7 +350,7 @@ class CacheEngine {
   std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
       load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
       store_segments_{0}, store_bytes_{0}, store_dedup_{0}, transfers_{0};
-  Mutex owners_mu_;
+  mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};

@@ -280,4 +280,59 @@ Status DecodeError(std::span<const std::byte> in) {
   return s;
 }
 
+std::vector<std::byte> Encode(const RegisterPoolRequest& m) {
+  WireWriter w;
+  w.Int(m.layer);
+  w.Int(m.part);
+  w.Int(m.kind);
+  w.Int(m.offset);
+  w.Int(m.slot_bytes);
+  w.Int(m.slot_count);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
+  WireReader r(in);
+  out.layer = r.Int<uint16_t>();
+  out.part = r.Int<uint8_t>();
+  out.kind = r.Int<uint8_t>();
+  out.offset = r.Int<uint64_t>();
+  out.slot_bytes = r.Int<uint64_t>();
+  out.slot_count = r.Int<uint32_t>();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const RegisterTicketsRequest& m) {
+  WireWriter w;
+  w.Int(m.count);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, RegisterTicketsRequest& out) {
+  WireReader r(in);
+  out.count = r.Int<uint32_t>();
+  return r.status();
+}
+
+std::vector<std::byte> Encode(const TransferRequest& m) {
+  WireWriter w;
+  w.Int(m.ticket);
+  w.Int(m.first_layer);
+  w.Int(m.num_layers);
+  w.Int(static_cast<uint32_t>(m.pages.size()));
+  for (const auto& h : m.pages) w.Hash(h);
+  w.Int(static_cast<uint32_t>(m.slots.size()));
+  for (uint32_t s : m.slots) w.Int(s);
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, TransferRequest& out) {
+  WireReader r(in);
+  out.ticket = r.Int<uint32_t>();
+  out.first_layer = r.Int<uint16_t>();
+  out.num_layers = r.Int<uint16_t>();
+  out.pages.resize(r.Count(kWireHashBytes, kMaxBatchItems));
+  for (auto& h : out.pages) h = r.Hash();
+  out.slots.resize(r.Count(sizeof(uint32_t), kMaxBatchItems));
+  for (auto& s : out.slots) s = r.Int<uint32_t>();
+  return r.status();
+}
+
 }  // namespace tierkv::transport

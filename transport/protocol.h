@@ -21,16 +21,22 @@ enum class Opcode : uint16_t {
   kPing = 1,           // daemon info (JSON); needs no namespace
   kOpenNamespace = 2,  // name + token -> arena memfd (SCM_RIGHTS)
   kRegisterLayout = 3,
-  kMatch = 4,           // page hashes -> leading fully-present pages
-  kPutReserve = 5,      // keys + sizes -> write lease + arena offsets
-  kPutCommit = 6,       // write lease + keys -> per-key status
-  kGet = 7,             // keys -> read lease + arena offsets
-  kRelease = 8,         // ends a read, pin or write lease
-  kPin = 9,             // keys + ttl -> pin lease
-  kStats = 10,          // namespace stats (JSON)
-  kList = 11,           // segments of the namespace
-  kReleaseOneWay = 12,  // like kRelease, but the daemon sends no reply
-  kFlush = 13,          // keys -> per-key status once durable on NVMe
+  kMatch = 4,             // page hashes -> leading fully-present pages
+  kPutReserve = 5,        // keys + sizes -> write lease + arena offsets
+  kPutCommit = 6,         // write lease + keys -> per-key status
+  kGet = 7,               // keys -> read lease + arena offsets
+  kRelease = 8,           // ends a read, pin or write lease
+  kPin = 9,               // keys + ttl -> pin lease
+  kStats = 10,            // namespace stats (JSON)
+  kList = 11,             // segments of the namespace
+  kReleaseOneWay = 12,    // like kRelease, but the daemon sends no reply
+  kFlush = 13,            // keys -> per-key status once durable on NVMe
+  kRegisterPool = 14,     // pool spec + memfd (SCM_RIGHTS) -> status
+  kRegisterTickets = 15,  // ticket count + memfd (SCM_RIGHTS) -> status
+  kLoad = 16,             // pages -> slots, layers, ticket -> status (queued)
+  kStore = 17,            // slots -> pages, layers, ticket -> status (queued)
+  kPrefetch = 18,         // pages -> status (NVMe -> DRAM queued)
+  kLastOpcode = kPrefetch,
 };
 
 // Largest number of items in one batched request.
@@ -117,7 +123,31 @@ struct ReleaseRequest {
   uint64_t lease_id = 0;
 };
 
-struct StatusResponse {  // kRegisterLayout, kRelease
+// kRegisterPool: the pool's memfd travels with the request.
+struct RegisterPoolRequest {
+  uint16_t layer = 0;
+  uint8_t part = 0;
+  uint8_t kind = 0;  // 0: memfd (a CUDA IPC handle later, issue 10)
+  uint64_t offset = 0;
+  uint64_t slot_bytes = 0;
+  uint32_t slot_count = 0;
+};
+
+// kRegisterTickets: the tickets' memfd travels with the request.
+struct RegisterTicketsRequest {
+  uint32_t count = 0;
+};
+
+// kLoad and kStore: page i <-> slot slots[i] of every layer's pools.
+struct TransferRequest {
+  uint32_t ticket = 0;
+  uint16_t first_layer = 0;
+  uint16_t num_layers = 0;
+  std::vector<PageHash> pages;
+  std::vector<uint32_t> slots;
+};
+
+struct StatusResponse {  // kRegisterLayout, kRelease, pools, transfers
   Status status;
 };
 
@@ -151,6 +181,9 @@ std::vector<std::byte> Encode(const ReleaseRequest& m);
 std::vector<std::byte> Encode(const StatusResponse& m);
 std::vector<std::byte> Encode(const ListRequest& m);
 std::vector<std::byte> Encode(const ListResponse& m);
+std::vector<std::byte> Encode(const RegisterPoolRequest& m);
+std::vector<std::byte> Encode(const RegisterTicketsRequest& m);
+std::vector<std::byte> Encode(const TransferRequest& m);
 
 // Decoders: `out` is valid only when OK is returned.
 Status Decode(std::span<const std::byte> in, JsonResponse& out);
@@ -168,6 +201,9 @@ Status Decode(std::span<const std::byte> in, ReleaseRequest& out);
 Status Decode(std::span<const std::byte> in, StatusResponse& out);
 Status Decode(std::span<const std::byte> in, ListRequest& out);
 Status Decode(std::span<const std::byte> in, ListResponse& out);
+Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out);
+Status Decode(std::span<const std::byte> in, RegisterTicketsRequest& out);
+Status Decode(std::span<const std::byte> in, TransferRequest& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);

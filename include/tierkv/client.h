@@ -45,6 +45,9 @@ struct ClientOptions {
   // Map the arena with every page faulted in, so Put/Get never fault.
   // Costs ~0.1-0.3 s per GiB at OpenNamespace. Default: true.
   bool prefault_arena = true;
+  // Load/Store calls that may be in flight at once (one 4 KiB completion
+  // ticket each, in shared memory). Default: 64.
+  uint32_t max_transfers_in_flight = 64;
 };
 
 // Result of Match: which of the asked pages are fully stored.
@@ -114,6 +117,63 @@ class PinLease {
   std::vector<Status> statuses_;
 };
 
+// An engine-owned KV pool registered with the daemon (registered-pool
+// mode, DESIGN.md §5): `slot_count` slots of `slot_bytes` bytes starting at
+// `offset` of a memfd, holding segments of one (layer, part). slot_bytes
+// must equal the layout's segment size. The memfd must allow sealing
+// (memfd_create with MFD_ALLOW_SEALING): RegisterPool seals it against
+// shrinking, so the daemon can never fault on a truncated pool.
+struct PoolSpec {
+  enum class Kind : uint8_t {
+    kMemfd = 0,  // host memory; a CUDA IPC handle joins with the HBM tier
+  };
+  Kind kind = Kind::kMemfd;
+  int fd = -1;  // borrowed; the daemon keeps its own duplicate
+  uint64_t offset = 0;
+  uint64_t slot_bytes = 0;
+  uint32_t slot_count = 0;
+  uint16_t layer = 0;
+  uint8_t part = 0;
+};
+
+// Layers [first, first + count) of a transfer; count 0 means through the
+// last layer of the layout.
+struct LayerRange {
+  uint16_t first = 0;
+  uint16_t count = 0;
+};
+
+// A Load or Store in flight. The daemon moves bytes layer by layer and
+// publishes progress in shared memory, so waiting costs no round trip.
+// Move-only; the destructor waits (up to the client timeout) until the
+// daemon is done with the transfer, so the pools may be reused afterwards.
+// REQUIRES: the Client that made it outlives it.
+class TransferHandle {
+ public:
+  TransferHandle() = default;
+  TransferHandle(TransferHandle&&) noexcept;
+  TransferHandle& operator=(TransferHandle&&) noexcept;
+  ~TransferHandle();
+
+  // Blocks until layer `layer` is in place (Load) or saved (Store), and
+  // returns one Status per page: OK, or NotFound (a Load page in no tier,
+  // or failing its checksum: its slot was not written), Busy (no DRAM room
+  // for a Store). IOError when the daemon does not finish the layer within
+  // the client timeout; InvalidArgument for a layer outside the transfer.
+  Result<std::vector<Status>> WaitLayer(uint16_t layer);
+  // Waits for every layer; the per-page Status is the first failure of any
+  // layer (for a Store: WaitForSave).
+  Result<std::vector<Status>> Wait();
+
+ private:
+  friend class Client;
+  class Client* client_ = nullptr;
+  uint32_t ticket_ = 0;
+  uint16_t first_ = 0;
+  uint16_t count_ = 0;
+  uint32_t pages_ = 0;
+};
+
 class Client {
  public:
   // Unavailable when no daemon listens at options.socket_path.
@@ -125,7 +185,9 @@ class Client {
 
   // Binds this client to namespace `name` and maps its arena. Returns
   // PermissionDenied for an unknown namespace or a wrong token.
-  // REQUIRES: not called before on this Client with another namespace.
+  // REQUIRES: not called before on this Client with another namespace, and
+  // complete before other threads use the Client (it sets up the arena
+  // mapping every later call reads).
   Status OpenNamespace(const std::string& name, const std::string& token);
 
   // Registers the namespace's KV layout (once per namespace; identical
@@ -164,6 +226,32 @@ class Client {
   Result<PinLease> Pin(std::span<const SegmentKey> keys,
                        std::chrono::milliseconds ttl);
 
+  // Registers an engine pool (see PoolSpec). It belongs to this connection
+  // and is unmapped by the daemon when the connection closes. Errors:
+  // InvalidArgument (no layout, unknown layer/part, slot size differs, a
+  // pool exists already for (layer, part), memfd too small, unsealable or
+  // sealed read-only).
+  Status RegisterPool(const PoolSpec& pool);
+
+  // Copies the stored segments of `pages` into slot slots[i] of every
+  // layer's pools, layer by layer in order (host DRAM or NVMe straight into
+  // the slots). Returns at once; WaitLayer(l) blocks until layer l is in
+  // place, so an engine computes layer l while l+1 loads. Errors:
+  // InvalidArgument (sizes differ, a layer without a pool, a slot out of
+  // range), Busy (daemon saturated or every transfer ticket in use).
+  Result<TransferHandle> Load(std::span<const PageHash> pages,
+                              std::span<const uint32_t> slots,
+                              LayerRange layers = {});
+  // Saves slot slots[i] of every layer's pools as the segments of pages[i]
+  // (dedup: stored segments copy nothing); the namespace's write policy
+  // then applies as for Put. Errors as for Load.
+  Result<TransferHandle> Store(std::span<const PageHash> pages,
+                               std::span<const uint32_t> slots,
+                               LayerRange layers = {});
+  // Queues promotion NVMe -> DRAM of the leading stored pages of `pages`
+  // (asynchronous; Match keeps reporting each page's tier).
+  Status Prefetch(std::span<const PageHash> pages);
+
   // Daemon information (JSON: version, pid, uptime, namespaces). Works
   // without an opened namespace.
   Result<std::string> Ping();
@@ -182,6 +270,10 @@ class Client {
  private:
   friend class ReadLease;
   friend class PinLease;
+  friend class TransferHandle;
+  Result<TransferHandle> Transfer(bool load, std::span<const PageHash> pages,
+                                  std::span<const uint32_t> slots,
+                                  LayerRange layers);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   Status ReleaseLease(uint64_t lease_id);

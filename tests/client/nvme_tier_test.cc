@@ -17,15 +17,6 @@ namespace {
 
 constexpr size_t kSeg = 64 * 1024;
 
-// NVMe files live on a disk-backed directory: O_DIRECT is refused by tmpfs.
-std::string DiskDir() {
-  static const std::string dir = [] {
-    std::string d = std::filesystem::exists("/var/tmp") ? "/var/tmp" : ".";
-    return d;
-  }();
-  return dir;
-}
-
 class NvmeTierTest : public ::testing::Test {
  protected:
   void SetUp() override {

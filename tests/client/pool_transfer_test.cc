@@ -1,0 +1,345 @@
+// Registered pools and per-layer Load/Store through a real tierkvd: bytes
+// land in the engine's own memfd slots from DRAM and from NVMe, bad pools
+// and transfers are refused cleanly, and a client that dies mid-Load leaves
+// the daemon with nothing of it.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tests/client/client_test_util.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::testing {
+namespace {
+
+// GLM-5-shaped, shrunk: 6 layers of bf16 latent KV, indexer keys on the
+// "full" layers 0 and 3 only (IndexShare).
+LayoutSpec PoolLayout() {
+  LayoutSpec l;
+  l.page_tokens = 64;
+  for (int i = 0; i < 6; ++i) {
+    LayerSpec layer;
+    layer.parts.push_back({"kv", 1152});
+    if (i % 3 == 0) layer.parts.push_back({"index_k", 132});
+    l.layers.push_back(layer);
+  }
+  return l;
+}
+
+// An engine's pool memory: one memfd per (layer, part).
+class EnginePools {
+ public:
+  EnginePools(const LayoutSpec& layout, uint32_t slots) : slots_(slots) {
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        const uint64_t seg = layout.SegmentBytes(l, p);
+        Region r;
+        r.bytes = seg * slots;
+        r.slot_bytes = seg;
+        r.fd = ::memfd_create("pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        EXPECT_EQ(::ftruncate(r.fd, static_cast<off_t>(r.bytes)), 0);
+        r.base = static_cast<std::byte*>(::mmap(
+            nullptr, r.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0));
+        std::memset(r.base, 0xee, r.bytes);
+        regions_[{l, p}] = r;
+      }
+    }
+  }
+  ~EnginePools() {
+    for (auto& [k, r] : regions_) {
+      ::munmap(r.base, r.bytes);
+      ::close(r.fd);
+    }
+  }
+  Status RegisterAll(Client& c) {
+    for (auto& [k, r] : regions_) {
+      TIERKV_RETURN_IF_ERROR(c.RegisterPool({.fd = r.fd,
+                                             .slot_bytes = r.slot_bytes,
+                                             .slot_count = slots_,
+                                             .layer = k.first,
+                                             .part = k.second}));
+    }
+    return Status::OK();
+  }
+  std::span<std::byte> Slot(uint16_t l, uint8_t p, uint32_t slot) {
+    Region& r = regions_.at({l, p});
+    return {r.base + slot * r.slot_bytes, r.slot_bytes};
+  }
+
+ private:
+  struct Region {
+    int fd = -1;
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    uint64_t slot_bytes = 0;
+  };
+  uint32_t slots_;
+  std::map<std::pair<uint16_t, uint8_t>, Region> regions_;
+};
+
+class PoolTransferTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/var/tmp/tierkv-pool-XXXXXX";
+    char* made = ::mkdtemp(tmpl);
+    ASSERT_NE(made, nullptr);
+    data_dir_ = made;
+  }
+  void TearDown() override {
+    daemon_.reset();
+    std::filesystem::remove_all(data_dir_);
+  }
+  void Start() {
+    daemon_ = std::make_unique<DaemonProcess>();
+    ASSERT_OK(daemon_->Start(
+        {.extra_args = {"--host-bytes", "8MiB", "--shards", "1", "--nvme-path",
+                        data_dir_ + "/nvme.data", "--nvme-bytes", "64MiB",
+                        "--write-policy", "none"}}));
+  }
+  std::unique_ptr<Client> Open() {
+    auto c = daemon_->Connect();
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return nullptr;
+    EXPECT_OK((*c)->RegisterLayout(PoolLayout()));
+    return std::move(c).value();
+  }
+  std::vector<SegmentKey> Keys(const PageHash& page) {
+    std::vector<SegmentKey> keys;
+    const LayoutSpec layout = PoolLayout();
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        keys.push_back({page, l, p});
+      }
+    }
+    return keys;
+  }
+  // Puts every segment of `pages` with Put (buffer mode).
+  void PutAll(Client& c, const std::vector<PageHash>& pages) {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<SegmentWrite> writes;
+    const LayoutSpec layout = PoolLayout();
+    for (const auto& page : pages) {
+      for (const auto& k : Keys(page)) {
+        data.push_back(SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
+      }
+    }
+    size_t i = 0;
+    for (const auto& page : pages) {
+      for (const auto& k : Keys(page)) writes.push_back({k, data[i++]});
+    }
+    for (const Status& s : c.Put(writes)) {
+      ASSERT_TRUE(s.ok() || s.IsAlreadyExists()) << s.ToString();
+    }
+  }
+  nlohmann::json Stats(Client& c) {
+    auto s = c.StatsJson();
+    EXPECT_TRUE(s.ok());
+    return nlohmann::json::parse(s.ok() ? *s : "{}");
+  }
+  ::testing::AssertionResult SlotHolds(EnginePools& pools, const PageHash& page,
+                                       uint32_t slot) {
+    for (const auto& k : Keys(page)) {
+      auto got = pools.Slot(k.layer, k.part, slot);
+      if (std::vector<std::byte>(got.begin(), got.end()) !=
+          SegmentBytes(k, got.size())) {
+        return ::testing::AssertionFailure() << k.ToString() << " differs";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  std::string data_dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(PoolTransferTest, LoadYieldsStoredBytesFromHostNvmeAndMixedPages) {
+  Start();
+  auto c = Open();
+  const auto pages = Pages(40);
+  PutAll(*c, pages);  // ~18 pages fit in 8 MiB: the first ones are evicted
+  std::vector<SegmentKey> first;
+  for (int i = 0; i < 4; ++i) {
+    for (const auto& k : Keys(pages[i])) first.push_back(k);
+  }
+  // Pages 0..3 must be durable before they leave DRAM: put them again
+  // (promoting nothing), flush, then evict them with 30 new pages.
+  PutAll(*c, {pages.begin(), pages.begin() + 4});
+  for (const Status& s : c->Flush(first)) ASSERT_OK(s);
+  const auto recent = Pages(30, 100000);
+  PutAll(*c, recent);  // the last ~18 of these are in DRAM
+  EnginePools pools(PoolLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*c));
+
+  // Mixed: NVMe-only pages 0, 1 and host pages 38, 39, in scrambled slots.
+  const std::vector<PageHash> want = {pages[0], recent[29], pages[1],
+                                      recent[28]};
+  const std::vector<uint32_t> slots = {6, 0, 3, 7};
+  auto load = c->Load(want, slots);
+  ASSERT_OK(load);
+  for (uint16_t l = 0; l < 6; ++l) {
+    auto statuses = load->WaitLayer(l);
+    ASSERT_OK(statuses);
+    for (size_t i = 0; i < statuses->size(); ++i) {
+      const Status& s = (*statuses)[i];
+      EXPECT_TRUE(s.ok()) << "layer " << l << " page " << i << ": "
+                          << s.ToString();
+    }
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(SlotHolds(pools, want[i], slots[i])) << i;
+  }
+  auto st = Stats(*c)["transfers"];
+  EXPECT_EQ(st["load_segments"]["nvme"], 16) << st.dump();
+  EXPECT_EQ(st["load_segments"]["host"], 16) << st.dump();
+  EXPECT_EQ(st["registered_pools"], 8);
+
+  // A page stored nowhere: NotFound per layer, its slot left as it was.
+  const PageHash absent = Pages(1, 900000)[0];
+  auto miss = c->Load(std::vector<PageHash>{absent}, std::vector<uint32_t>{1});
+  ASSERT_OK(miss);
+  auto all = miss->Wait();
+  ASSERT_OK(all);
+  EXPECT_EQ((*all)[0].code(), StatusCode::kNotFound);
+  EXPECT_EQ(pools.Slot(2, 0, 1)[100], std::byte{0xee});
+}
+
+TEST_F(PoolTransferTest, StoreThenLoadRoundTripsAndDedups) {
+  Start();
+  auto c = Open();
+  EnginePools pools(PoolLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(*c));
+  const auto pages = Pages(2, 5000);
+  for (uint32_t i = 0; i < 2; ++i) {
+    for (const auto& k : Keys(pages[i])) {
+      auto slot = pools.Slot(k.layer, k.part, i);
+      const auto bytes = SegmentBytes(k, slot.size());
+      std::memcpy(slot.data(), bytes.data(), slot.size());
+    }
+  }
+  const std::vector<uint32_t> slots = {0, 1};
+  auto store = c->Store(pages, slots);
+  ASSERT_OK(store);
+  auto saved = store->Wait();
+  ASSERT_OK(saved);
+  for (const Status& s : *saved) EXPECT_OK(s);
+  auto again = c->Store(pages, slots);
+  ASSERT_OK(again);
+  ASSERT_OK(again->Wait());
+  auto match = c->Match(pages);
+  ASSERT_OK(match);
+  EXPECT_EQ(match->leading_pages, 2u);
+  auto st = Stats(*c)["transfers"];
+  EXPECT_EQ(st["store_segments"], 16);
+  EXPECT_EQ(st["store_dedup"], 16);
+  // Back into other slots.
+  auto load = c->Load(pages, std::vector<uint32_t>{3, 2});
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  EXPECT_TRUE(SlotHolds(pools, pages[0], 3));
+  EXPECT_TRUE(SlotHolds(pools, pages[1], 2));
+}
+
+TEST_F(PoolTransferTest, BadPoolsAndTransfersGetClearErrorsAndChangeNothing) {
+  Start();
+  auto c = Open();
+  const uint64_t seg = PoolLayout().SegmentBytes(0, 0);
+  auto memfd = [](uint64_t bytes) {
+    int fd = ::memfd_create("bad", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    return fd;
+  };
+  const int small = memfd(seg * 2);
+  Status s = c->RegisterPool(
+      {.fd = small, .slot_bytes = seg, .slot_count = 4, .layer = 0});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec needs"), std::string_view::npos)
+      << s.ToString();
+  const int readonly = memfd(seg * 4);
+  ASSERT_EQ(::fcntl(readonly, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+  s = c->RegisterPool(
+      {.fd = readonly, .slot_bytes = seg, .slot_count = 4, .layer = 0});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("read-only"), std::string_view::npos)
+      << s.ToString();
+  EXPECT_EQ(
+      c->RegisterPool(
+           {.fd = small, .slot_bytes = seg - 1, .slot_count = 1, .layer = 0})
+          .code(),
+      StatusCode::kInvalidArgument);
+  ::close(small);
+  ::close(readonly);
+  EXPECT_EQ(Stats(*c)["transfers"]["registered_pools"], 0);
+
+  EnginePools pools(PoolLayout(), 4);
+  const auto pages = Pages(1);
+  PutAll(*c, pages);
+  // Before any pool: the Load names unregistered pools.
+  s = c->Load(pages, std::vector<uint32_t>{0}).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no registered pool"), std::string_view::npos)
+      << s.ToString();
+  ASSERT_OK(pools.RegisterAll(*c));
+  s = c->Load(pages, std::vector<uint32_t>{4}).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "slot out of range";
+  EXPECT_EQ(pools.Slot(0, 0, 0)[0], std::byte{0xee});
+  EXPECT_EQ(Stats(*c)["transfers"]["calls"], 0);
+  // The connection still works.
+  auto ok = c->Load(pages, std::vector<uint32_t>{0});
+  ASSERT_OK(ok);
+  ASSERT_OK(ok->Wait());
+  EXPECT_TRUE(SlotHolds(pools, pages[0], 0));
+}
+
+TEST_F(PoolTransferTest, ClientKilledMidLoadLeavesNoPoolsOrLeases) {
+  Start();
+  {
+    auto c = Open();
+    PutAll(*c, Pages(16));
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto c = daemon_->Connect();
+    if (!c.ok() || !(*c)->RegisterLayout(PoolLayout()).ok()) ::_exit(2);
+    EnginePools pools(PoolLayout(), 16);
+    if (!pools.RegisterAll(**c).ok()) ::_exit(3);
+    const auto pages = Pages(16);
+    std::vector<uint32_t> slots(16);
+    for (uint32_t i = 0; i < 16; ++i) slots[i] = i;
+    for (int round = 0; round < 8; ++round) {
+      auto load = (*c)->Load(pages, slots);
+      if (!load.ok()) ::_exit(4);
+      if (round == 7) ::_exit(0);  // mid-Load, handles never waited for
+      (void)load->Wait();
+    }
+    ::_exit(5);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  auto c = Open();
+  // The daemon notices the closed socket on its own schedule: ask until the
+  // dead client's pools are gone (each question is a round trip).
+  nlohmann::json st;
+  for (int i = 0; i < 20000; ++i) {
+    st = Stats(*c);
+    if (st["transfers"]["registered_pools"] == 0) break;
+  }
+  EXPECT_EQ(st["transfers"]["registered_pools"], 0) << st.dump();
+  EXPECT_EQ(st["active_leases"], 0);
+  EXPECT_OK(c->Ping().status());
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << "the daemon exits cleanly";
+}
+
+}  // namespace
+}  // namespace tierkv::testing
