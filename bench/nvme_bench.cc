@@ -49,6 +49,7 @@
 #define XXH_INLINE_ALL  // the diagnosis recomputes NvmeStore's XXH3-64
 #include <xxhash.h>
 
+#include "bench/fio_runner.h"
 #include "bench/registry.h"
 #include "storage/io_buffer.h"
 #include "storage/nvme_store.h"
@@ -86,12 +87,6 @@ struct NvmeBenchOptions {
 };
 
 // One measured phase.
-struct Figure {
-  double gbps = 0;
-  double iops = 0;
-  double cpu = 0;  // CPU seconds per wall second
-  uint64_t bytes = 0;
-};
 
 Result<uint64_t> ParseSize(const std::string& s) {
   static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
@@ -134,58 +129,6 @@ double CpuSeconds() {
   ::getrusage(RUSAGE_SELF, &ru);
   auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
   return sec(ru.ru_utime) + sec(ru.ru_stime);
-}
-
-// Runs fio with `args` (a shell-quoted-safe list: paths are ours) and
-// returns the job's figures for `direction` ("read" or "write").
-Result<Figure> RunFio(const NvmeBenchOptions& o, const std::string& workdir,
-                      const std::string& args, const std::string& direction) {
-  const std::string out = workdir + "/fio.json";
-  const std::string log = workdir + "/fio.log";
-  const std::string cmd = fmt::format(
-      "{} --output-format=json --output={} {} >{} 2>&1", o.fio, out, args, log);
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    std::ifstream in(log);
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    return Status::IOError(
-        fmt::format("fio failed (status {}): {}\n{}", rc, cmd, text));
-  }
-  std::ifstream in(out);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  // fio may print notes before the JSON document.
-  const size_t start = text.find('{');
-  if (start == std::string::npos)
-    return Status::IOError("fio wrote no JSON: " + cmd);
-  nlohmann::json doc = nlohmann::json::parse(text.substr(start), nullptr,
-                                             /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
-    return Status::IOError("cannot parse fio JSON output of: " + cmd);
-  }
-  const nlohmann::json& job = doc["jobs"][0];
-  if (job.value("error", 0) != 0) {
-    return Status::IOError(
-        fmt::format("fio job error {}: {}", job.value("error", 0), cmd));
-  }
-  const nlohmann::json& dir = job[direction];
-  Figure f;
-  f.bytes = dir.value("io_bytes", uint64_t{0});
-  f.gbps = dir.value("bw_bytes", 0.0) / 1e9;
-  f.iops = dir.value("iops", 0.0);
-  f.cpu = (job.value("usr_cpu", 0.0) + job.value("sys_cpu", 0.0)) / 100.0;
-  if (f.bytes == 0) return Status::IOError("fio transferred nothing: " + cmd);
-  return f;
-}
-
-std::string FioArgs(const std::string& file, uint64_t region, uint64_t seg,
-                    uint32_t qd, uint64_t bytes, double runtime_s,
-                    const std::string& rw, const std::string& extra = "") {
-  return fmt::format(
-      "--name=tierkv-nvme-bench --filename={} --size={} --bs={} --iodepth={} "
-      "--ioengine=io_uring --direct=1 --rw={} --io_size={} --runtime={} "
-      "--numjobs=1 --norandommap --randrepeat=0 {}",
-      file, region, seg, qd, rw, bytes,
-      std::max(1, static_cast<int>(runtime_s)), extra);
 }
 
 // Buffers with distinct random content, block-aligned (an engine's host
@@ -562,7 +505,7 @@ int Run(const NvmeBenchOptions& o) {
   // (no unwritten-extent conversion, no file growth) for fio and tierkv alike.
   const auto t_start = Clock::now();
   {
-    auto pre = RunFio(o, workdir,
+    auto pre = RunFio(o.fio, workdir,
                       FioArgs(file, capacity, 1 << 20, o.queue_depth, capacity,
                               /*runtime_s=*/600, "write"),
                       "write");
@@ -616,7 +559,7 @@ int Run(const NvmeBenchOptions& o) {
       Status s = pair(
           [&] {
             return record(kFioWrite,
-                          RunFio(o, workdir,
+                          RunFio(o.fio, workdir,
                                  FioArgs(file, capacity, seg, o.queue_depth,
                                          count * seg, o.runtime_s, "write"),
                                  "write"));
@@ -638,7 +581,7 @@ int Run(const NvmeBenchOptions& o) {
             [&] {
               return record(
                   kFioWriteSync,
-                  RunFio(o, workdir,
+                  RunFio(o.fio, workdir,
                          FioArgs(file, capacity, seg, o.queue_depth,
                                  count * seg, o.runtime_s, "write",
                                  fmt::format("--fdatasync={}", batch)),
@@ -665,7 +608,7 @@ int Run(const NvmeBenchOptions& o) {
         const uint64_t region = stored * seg;
         s = pair(
             [&] {
-              return record(kFioRead, RunFio(o, workdir,
+              return record(kFioRead, RunFio(o.fio, workdir,
                                              FioArgs(file, region, seg,
                                                      o.queue_depth, count * seg,
                                                      o.runtime_s, "randread"),

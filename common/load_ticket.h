@@ -32,7 +32,8 @@ struct LoadTicket {
 
   std::atomic<uint32_t> layers_done{0};  // the futex word
   std::atomic<uint32_t> error_count{0};  // may exceed kMaxErrors (overflow)
-  std::atomic<uint32_t> finished{0};     // 1 once the daemon is done with it
+  // 1 once the daemon is done with the ticket (a futex word too).
+  std::atomic<uint32_t> finished{0};
   uint32_t reserved = 0;
   Error errors[kMaxErrors];
   uint8_t padding[4096 - 16 - kMaxErrors * sizeof(Error)];

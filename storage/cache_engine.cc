@@ -451,6 +451,14 @@ void PublishLayers(LoadTicket& ticket, uint32_t layers) {
             nullptr, 0);
 }
 
+// The daemon is done with the ticket (the client may reuse it): a futex word
+// of its own, so a waiter for it cannot miss the wake-up.
+void PublishFinished(LoadTicket& ticket) {
+  ticket.finished.store(1, std::memory_order_release);
+  ::syscall(SYS_futex, &ticket.finished, FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
 void RecordError(LoadTicket& ticket, uint32_t page, uint16_t layer,
                  uint8_t part, StatusCode code) {
   const uint32_t at =
@@ -639,8 +647,7 @@ void CacheEngine::RunLoad(TransferJob& job) {
     }
     PublishLayers(ticket, k + 1u);
   }
-  ticket.finished.store(1, std::memory_order_release);
-  PublishLayers(ticket, t.num_layers);
+  PublishFinished(ticket);
 }
 
 void CacheEngine::RunStore(TransferJob& job) {
@@ -678,8 +685,7 @@ void CacheEngine::RunStore(TransferJob& job) {
     if (dirty && mover_) mover_->Kick();
     PublishLayers(ticket, k + 1u);
   }
-  ticket.finished.store(1, std::memory_order_release);
-  PublishLayers(ticket, t.num_layers);
+  PublishFinished(ticket);
 }
 
 Status CacheEngine::Prefetch(EngineNamespace& ns,

@@ -48,6 +48,7 @@ struct HostTier::Shard {
     if (it == entries.end() || !it->second.persisting) return false;
     Entry& e = it->second;
     e.persisting = false;
+    persisting_bytes -= e.extent.length;
     if (persisted || !retry) {
       e.dirty = false;
       dirty_segments--;
@@ -60,9 +61,11 @@ struct HostTier::Shard {
     return true;
   }
 
-  // Free plus clean (evictable) bytes: what new Puts can use at once.
+  // Free plus clean (evictable) bytes, plus those being written back (they
+  // will be clean soon): what write-back need not clean any more.
   uint64_t ReadyBytesLocked(uint64_t shard_bytes) const REQUIRES(mu) {
-    return shard_bytes - used_bytes - reserved_bytes + clean_bytes;
+    return shard_bytes - used_bytes - reserved_bytes + clean_bytes +
+           persisting_bytes;
   }
 
   const uint32_t index;
@@ -75,7 +78,8 @@ struct HostTier::Shard {
   // Unreferenced committed segments; front = most recent.
   std::list<SegmentKey> clean_lru GUARDED_BY(mu);
   std::list<SegmentKey> dirty_lru GUARDED_BY(mu);
-  uint64_t clean_bytes GUARDED_BY(mu) = 0;  // extent bytes on clean_lru
+  uint64_t clean_bytes GUARDED_BY(mu) = 0;       // extent bytes on clean_lru
+  uint64_t persisting_bytes GUARDED_BY(mu) = 0;  // extent bytes taken
   uint64_t used_bytes GUARDED_BY(mu) = 0;
   uint64_t reserved_bytes GUARDED_BY(mu) = 0;
   uint64_t segments GUARDED_BY(mu) = 0;
@@ -289,20 +293,23 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
   for (size_t i = 0; i < shards_.size() && out.size() < max_items; ++i) {
     Shard& shard = *shards_[(start + i) % shards_.size()];
     MutexLock lock(&shard.mu);
-    // Oldest first, until the batch is full or (write_back) the shard will
-    // have its reserve of ready bytes once this batch is clean.
-    uint64_t taken_here = 0;
+    // write_back: a shard below its reserve of ready bytes is cleaned up to
+    // twice the reserve (hysteresis: large batches, not one per Put).
+    if (only_needed && shard.ReadyBytesLocked(shard_bytes_) >= reserve_bytes) {
+      continue;
+    }
+    // Oldest first, until the batch is full or the shard is clean enough.
     while (!shard.dirty_lru.empty() && out.size() < max_items &&
            (out.empty() || bytes < max_bytes) &&
-           (!only_needed || shard.ReadyBytesLocked(shard_bytes_) + taken_here <
-                                reserve_bytes)) {
+           (!only_needed ||
+            shard.ReadyBytesLocked(shard_bytes_) < 2 * reserve_bytes)) {
       const SegmentKey key = shard.dirty_lru.back();
       Entry& e = shard.entries.find(key)->second;
       shard.UnlinkLocked(e);
       e.persisting = true;
+      shard.persisting_bytes += e.extent.length;
       out.push_back({key, {ArenaOffset(shard, e.extent), e.size}});
       bytes += e.size;
-      taken_here += e.extent.length;
     }
   }
   return out;

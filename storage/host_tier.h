@@ -55,11 +55,12 @@ struct HostTierOptions {
   uint64_t alignment = 64;
   bool try_hugepages = true;  // Default: true (falls back to 4 KiB pages)
   bool prefault = true;       // Default: true (commit the arena at start)
-  // Write-back: TakeDirty() with `only_needed` returns dirty segments of a
-  // shard only while its free plus clean (evictable) bytes are below this
-  // fraction of the shard, so the mover keeps room ahead of new Puts
-  // without writing what may never be evicted. Default: 0.125.
-  double clean_reserve_fraction = 0.125;
+  // Write-back: TakeDirty() with `only_needed` starts on a shard whose free
+  // plus clean (evictable) bytes fall below this fraction of the shard and
+  // cleans it up to twice the fraction, so the mover keeps room ahead of
+  // new Puts, in large batches, without writing what may never be evicted.
+  // Default: 0.25.
+  double clean_reserve_fraction = 0.25;
 
   // InvalidArgument unless capacity >= shards * 1 MiB, 1 <= shards <= 256
   // alignment is a power of two in [8, 4096] and clean_reserve_fraction is

@@ -39,6 +39,14 @@ enum class Opcode : uint16_t {
   kLastOpcode = kPrefetch,
 };
 
+// Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
+// their payload: the client sends the header and the payload separately,
+// and the server reads such a payload with recvmsg.
+constexpr bool OpcodeCarriesDescriptor(uint16_t opcode) {
+  return opcode == static_cast<uint16_t>(Opcode::kRegisterPool) ||
+         opcode == static_cast<uint16_t>(Opcode::kRegisterTickets);
+}
+
 // Largest number of items in one batched request.
 inline constexpr uint32_t kMaxBatchItems = 1u << 16;
 

@@ -114,10 +114,13 @@ Result<uint64_t> UdsChannel::Send(uint16_t opcode,
   HeaderBytes header = EncodeFrameHeader(opcode, id, payload);
   Status s;
   if (fd_to_send >= 0) {
-    // Rare (pool registration): one copy so the descriptor rides the frame.
-    std::vector<std::byte> frame(header.begin(), header.end());
-    frame.insert(frame.end(), payload.begin(), payload.end());
-    s = SendAllWithFd(fd_, frame, fd_to_send);
+    // The descriptor rides on the payload's first byte, sent apart from the
+    // header (see OpcodeCarriesDescriptor).
+    if (payload.empty()) {
+      return Status::InvalidArgument("a descriptor needs a payload to ride");
+    }
+    s = SendAll(header, {});
+    if (s.ok()) s = SendAllWithFd(fd_, payload, fd_to_send);
   } else {
     s = SendAll(header, payload);
   }

@@ -115,7 +115,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
   void Start() {
     server_.handler->OnConnect(id_);
     boost::system::error_code ignored;
-    socket_.native_non_blocking(true, ignored);  // for recvmsg below
+    socket_.native_non_blocking(true, ignored);  // for RecvSomeWithFd
     ReadHeader();
   }
 
@@ -149,29 +149,16 @@ class Connection : public std::enable_shared_from_this<Connection>,
     bool close_after = false;
   };
 
-  // The header is read with recvmsg, not Asio, to receive a descriptor the
-  // client may attach to the frame's first byte (Asio drops SCM_RIGHTS).
   void ReadHeader() {
     if (closed_ || reading_) return;
     reading_ = true;
-    header_got_ = 0;
-    WaitForHeaderBytes();
+    asio::async_read(
+        socket_, asio::buffer(header_),
+        [self = shared_from_this()](auto ec, size_t) { self->OnHeader(ec); });
   }
-  void WaitForHeaderBytes() {
-    socket_.async_wait(
-        asio::socket_base::wait_read,
-        [self = shared_from_this()](const boost::system::error_code& ec) {
-          self->OnHeaderReadable(ec);
-        });
-  }
-  void OnHeaderReadable(const boost::system::error_code& ec) {
+
+  void OnHeader(const boost::system::error_code& ec) {
     if (ec || closed_) return Close();
-    auto n =
-        RecvSomeWithFd(socket_.native_handle(),
-                       std::span(header_).subspan(header_got_), &frame_fd_);
-    if (!n.ok()) return Close();
-    header_got_ += *n;
-    if (header_got_ < header_.size()) return WaitForHeaderBytes();
     auto decoded =
         DecodeFrameHeader(header_, server_.options.max_payload_bytes);
     if (!decoded.ok()) {
@@ -183,9 +170,32 @@ class Connection : public std::enable_shared_from_this<Connection>,
     }
     frame_ = *decoded;
     payload_.resize(frame_.payload_len);
+    payload_got_ = 0;
+    if (OpcodeCarriesDescriptor(frame_.opcode) && !payload_.empty()) {
+      // The descriptor rides on the payload's first byte, which Asio's
+      // reads would drop (no SCM_RIGHTS support): recvmsg it ourselves.
+      return OnPayloadReadable({});
+    }
     asio::async_read(
         socket_, asio::buffer(payload_),
         [self = shared_from_this()](auto ec, size_t) { self->OnPayload(ec); });
+  }
+
+  void OnPayloadReadable(const boost::system::error_code& ec) {
+    if (ec || closed_) return Close();
+    auto n =
+        RecvSomeWithFd(socket_.native_handle(),
+                       std::span(payload_).subspan(payload_got_), &frame_fd_);
+    if (!n.ok()) return Close();
+    payload_got_ += *n;
+    if (payload_got_ < payload_.size()) {
+      return socket_.async_wait(
+          asio::socket_base::wait_read,
+          [self = shared_from_this()](const boost::system::error_code& ec) {
+            self->OnPayloadReadable(ec);
+          });
+    }
+    OnPayload({});
   }
 
   void OnPayload(const boost::system::error_code& ec) {
@@ -310,7 +320,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
   const uint64_t id_;
   // The frame being read.
   HeaderBytes header_{};
-  size_t header_got_ = 0;
+  size_t payload_got_ = 0;
   int frame_fd_ = -1;  // owned until OnFrame returns
   FrameHeader frame_;
   std::vector<std::byte> payload_;

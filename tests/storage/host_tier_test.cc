@@ -134,12 +134,14 @@ TEST(HostTierTest, WriteBackTakesDirtySegmentsOnlyWhenCleanSpaceRunsShort) {
   for (uint64_t i = 8; i < 14; ++i) {
     PutSegment(**tier, Key(i), 65536, 'd', /*dirty=*/true);
   }
-  // 2 of 16 slots free; the reserve is 4: take just enough (2) to restore
-  // it, oldest first.
+  // 2 of 16 slots free, below the reserve of 4: clean up to twice the
+  // reserve (8 ready slots), taking 6, oldest first.
   auto taken = (*tier)->TakeDirty(64, 1 << 20, /*only_needed=*/true);
-  ASSERT_EQ(taken.size(), 2u);
+  ASSERT_EQ(taken.size(), 6u);
   EXPECT_EQ(taken[0].key, Key(0));
-  EXPECT_EQ(taken[1].key, Key(1));
+  EXPECT_EQ(taken[5].key, Key(5));
+  // Taken segments count as ready now: nothing more is needed.
+  EXPECT_TRUE((*tier)->TakeDirty(64, 1 << 20, /*only_needed=*/true).empty());
 }
 
 TEST(HostTierTest, FailedWriteBackRetriesOrGivesUpWithoutLosingTheSegment) {
