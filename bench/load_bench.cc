@@ -241,22 +241,32 @@ LoadTiming TimeTransfer(Client& c, bool load,
   return t;
 }
 
+// Starts `daemon` with `config` (one namespace "bench", token
+// "bench-token") and returns a client bound to it with `layout` registered.
+Result<std::unique_ptr<Client>> StartAndConnect(testing::DaemonProcess& daemon,
+                                                const LayoutSpec& layout,
+                                                const std::string& config) {
+  TIERKV_RETURN_IF_ERROR(daemon.Start(
+      {.config_toml = config, .extra_args = {"--io-threads", "2"}}));
+  auto client = daemon.Connect("bench", "bench-token");
+  if (!client.ok()) return client.status();
+  TIERKV_RETURN_IF_ERROR((*client)->RegisterLayout(layout));
+  return client;
+}
+
 int RunHost(const LoadBenchOptions& o, const LayoutSpec& layout,
             std::vector<std::byte>& src, nlohmann::json& out) {
   const uint64_t data = PageBytes(layout) * o.pages;
   testing::DaemonProcess daemon;
-  Status s = daemon.Start(
-      {.config_toml = fmt::format(
-           "[[namespace]]\nname = \"bench\"\ntoken = \"bench-token\"\n"
-           "host_bytes = {}\nshards = 8\n",
-           2 * data + (256ull << 20)),
-       .extra_args = {"--io-threads", "2"}});
-  if (!s.ok()) {
-    fmt::print(stderr, "tierkvd: {}\n", s.ToString());
+  auto client = StartAndConnect(
+      daemon, layout,
+      fmt::format("[[namespace]]\nname = \"bench\"\ntoken = \"bench-token\"\n"
+                  "host_bytes = {}\nshards = 8\n",
+                  2 * data + (256ull << 20)));
+  if (!client.ok()) {
+    fmt::print(stderr, "tierkvd: {}\n", client.status().ToString());
     return 1;
   }
-  auto client = daemon.Connect("bench", "bench-token");
-  if (!client.ok() || !(*client)->RegisterLayout(layout).ok()) return 1;
   Client& c = **client;
   const auto pages = PageSet(o.pages, 0);
   if (Status p = PutPages(c, layout, pages, src, false); !p.ok()) {
@@ -344,19 +354,16 @@ int RunNvme(const LoadBenchOptions& o, const LayoutSpec& layout,
   const uint64_t nvme_bytes = ((data * 5 / 4) / (1u << 20) + 64) << 20;
   const uint64_t host_bytes = 256ull << 20;
   testing::DaemonProcess daemon;
-  Status s = daemon.Start(
-      {.config_toml = fmt::format(
-           "[[namespace]]\nname = \"bench\"\ntoken = \"bench-token\"\n"
-           "host_bytes = {}\nshards = 4\nwrite_policy = \"write_back\"\n"
-           "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = {}\n",
-           host_bytes, dir, nvme_bytes),
-       .extra_args = {"--io-threads", "2"}});
-  if (!s.ok()) {
-    fmt::print(stderr, "tierkvd: {}\n", s.ToString());
+  auto client = StartAndConnect(
+      daemon, layout,
+      fmt::format("[[namespace]]\nname = \"bench\"\ntoken = \"bench-token\"\n"
+                  "host_bytes = {}\nshards = 4\nwrite_policy = \"write_back\"\n"
+                  "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = {}\n",
+                  host_bytes, dir, nvme_bytes));
+  if (!client.ok()) {
+    fmt::print(stderr, "tierkvd: {}\n", client.status().ToString());
     return 1;
   }
-  auto client = daemon.Connect("bench", "bench-token");
-  if (!client.ok() || !(*client)->RegisterLayout(layout).ok()) return 1;
   Client& c = **client;
   const auto pages = PageSet(o.pages, 0);
   // The flood: every page as fast as the client can Put; DRAM holds
