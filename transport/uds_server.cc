@@ -52,8 +52,24 @@ class Connection;
 
 class UdsServer::Impl {
  public:
+  // One io_context per IO thread, each run by that thread alone: a
+  // connection lives on one of them, so its reads, handler calls and
+  // writes never hand off between threads (on a 2-core VM each hand-off
+  // cost ~10 us of a ~20 us round trip). Connections are spread round-robin.
   Impl(const UdsServerOptions& o, FrameHandler* handler)
-      : options(o), handler(handler), acceptor(io) {}
+      : options(o),
+        handler(handler),
+        ios(MakeContexts(o.io_threads)),
+        acceptor(*ios[0]) {}
+
+  static std::vector<std::unique_ptr<asio::io_context>> MakeContexts(
+      uint32_t n) {
+    std::vector<std::unique_ptr<asio::io_context>> out;
+    for (uint32_t i = 0; i < n; ++i) {
+      out.push_back(std::make_unique<asio::io_context>(/*concurrency_hint=*/1));
+    }
+    return out;
+  }
 
   Status Listen();
   void Accept();
@@ -65,8 +81,11 @@ class UdsServer::Impl {
 
   const UdsServerOptions options;
   FrameHandler* const handler;  // borrowed
-  asio::io_context io;
-  asio::local::stream_protocol::acceptor acceptor;
+  const std::vector<std::unique_ptr<asio::io_context>> ios;
+  asio::local::stream_protocol::acceptor acceptor;  // on ios[0]
+  size_t next_context = 0;                          // accept loop only
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>>
+      keep_running;
   std::vector<std::thread> threads;
   std::mutex mu;
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> connections;
@@ -111,6 +130,8 @@ class Connection : public std::enable_shared_from_this<Connection>,
   ~Connection() override {
     if (frame_fd_ >= 0) ::close(frame_fd_);
   }
+
+  LocalSocket::executor_type executor() { return socket_.get_executor(); }
 
   void Start() {
     server_.handler->OnConnect(id_);
@@ -377,7 +398,9 @@ Status UdsServer::Impl::Listen() {
 }
 
 void UdsServer::Impl::Accept() {
-  // Each connection's socket gets its own strand (see Connection).
+  // Each connection's socket gets its own strand (see Connection) on the
+  // next context in turn.
+  asio::io_context& io = *ios[next_context++ % ios.size()];
   acceptor.async_accept(
       asio::make_strand(io),
       [this](boost::system::error_code ec, LocalSocket socket) {
@@ -397,7 +420,10 @@ void UdsServer::Impl::Accept() {
             connections.emplace(id, conn);
           }
         }
-        if (conn) conn->Start();
+        if (conn) {
+          // Start on the connection's own thread, like all its handlers.
+          asio::post(conn->executor(), [conn] { conn->Start(); });
+        }
         Accept();
       });
 }
@@ -410,11 +436,11 @@ void UdsServer::Impl::Stop() {
   }
   // Connections are not closed one by one: stopping the io_context and
   // destroying it (with Impl) destroys their pending handlers and sockets.
-  asio::post(io, [this] {
+  asio::post(*ios[0], [this] {
     boost::system::error_code ignored;
     acceptor.close(ignored);
   });
-  io.stop();
+  for (auto& io : ios) io->stop();
   for (auto& t : threads) t.join();
   threads.clear();
   ::unlink(options.path.c_str());
@@ -428,8 +454,10 @@ Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,
   auto impl = std::make_unique<Impl>(o, handler);
   TIERKV_RETURN_IF_ERROR(impl->Listen());
   impl->Accept();
-  for (uint32_t i = 0; i < o.io_threads; ++i) {
-    impl->threads.emplace_back([io = &impl->io] { io->run(); });
+  for (auto& io : impl->ios) {
+    // Until Stop, a context without connections still keeps its thread.
+    impl->keep_running.push_back(asio::make_work_guard(*io));
+    impl->threads.emplace_back([io = io.get()] { io->run(); });
   }
   return std::unique_ptr<UdsServer>(new UdsServer(std::move(impl)));
 }
