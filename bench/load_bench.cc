@@ -366,6 +366,27 @@ int RunNvme(const LoadBenchOptions& o, const LayoutSpec& layout,
   }
   Client& c = **client;
   const auto pages = PageSet(o.pages, 0);
+  // The virtual disks this runs on change speed by several times within
+  // minutes, so each fio peer runs right before and right after what it is
+  // compared with, and the ratio is to their mean.
+  const std::string fio_file = dir + "/fio.data";
+  auto fio_write = [&]() {
+    return RunFio(o.fio, dir,
+                  FioArgs(fio_file, data, layout.SegmentBytes(0, 0), 64, data,
+                          30, "write"),
+                  "write");
+  };
+  auto fio_read = [&]() {
+    return RunFio(o.fio, dir,
+                  FioArgs(fio_file, data, layout.SegmentBytes(0, 0), 64,
+                          data / 2, 30, "randread"),
+                  "read");
+  };
+  auto write_before = fio_write();
+  if (!write_before.ok()) {
+    fmt::print(stderr, "{}\n", write_before.status().ToString());
+    return 1;
+  }
   // The flood: every page as fast as the client can Put; DRAM holds
   // ~host_bytes of it, so nearly everything is written back on the way.
   const auto t0 = Clock::now();
@@ -380,22 +401,22 @@ int RunNvme(const LoadBenchOptions& o, const LayoutSpec& layout,
   const uint64_t failed = stats["nvme"]["demotions_failed"].get<uint64_t>();
   const uint64_t busy = stats["host"]["backpressure_busy"].get<uint64_t>();
   const uint64_t waits = stats["host"]["backpressure_waits"].get<uint64_t>();
+  const uint64_t syncs = stats["nvme"]["demotion_syncs"].get<uint64_t>();
   // fio sequential write of 72 KiB blocks on a file of its own, same disk.
-  const std::string fio_file = dir + "/fio.data";
-  auto fio_write = RunFio(
-      o.fio, dir,
-      FioArgs(fio_file, data, layout.SegmentBytes(0, 0), 64, data, 30, "write"),
-      "write");
-  if (!fio_write.ok()) {
-    fmt::print(stderr, "{}\n", fio_write.status().ToString());
+  auto write_after = fio_write();
+  if (!write_after.ok()) {
+    fmt::print(stderr, "{}\n", write_after.status().ToString());
     return 1;
   }
+  const double fio_write_gbps = (write_before->gbps + write_after->gbps) / 2;
   fmt::print(
       "nvme   write_back flood of {:.2f} GB through {} MiB of DRAM: {:.2f} s\n"
-      "       demoted {:.2f} GB/s  fio write 72KiB {:.2f} GB/s  ratio {:.2f}; "
-      "{} demotions failed, {} Put waits, {} items Busy after waiting\n",
-      data / 1e9, host_bytes >> 20, flood_s, demote_gbps, fio_write->gbps,
-      demote_gbps / fio_write->gbps, failed, waits, busy);
+      "       demoted {:.2f} GB/s  fio write 72KiB {:.2f} GB/s (before {:.2f}, "
+      "after {:.2f})  ratio {:.2f}; {} demotions failed, {} Put waits, {} "
+      "items Busy after waiting, {} group syncs\n",
+      data / 1e9, host_bytes >> 20, flood_s, demote_gbps, fio_write_gbps,
+      write_before->gbps, write_after->gbps, demote_gbps / fio_write_gbps,
+      failed, waits, busy, syncs);
   // Load pages long evicted from DRAM (the first half): NVMe-only.
   const uint32_t cold = std::min<uint32_t>(
       o.pages / 2,
@@ -406,6 +427,11 @@ int RunNvme(const LoadBenchOptions& o, const LayoutSpec& layout,
   if (made.ok()) made = RegisterPools(c, pools);
   if (!made.ok()) {
     fmt::print(stderr, "pools: {}\n", made.ToString());
+    return 1;
+  }
+  auto read_before = fio_read();
+  if (!read_before.ok()) {
+    fmt::print(stderr, "{}\n", read_before.status().ToString());
     return 1;
   }
   std::vector<double> load_s;
@@ -419,34 +445,39 @@ int RunNvme(const LoadBenchOptions& o, const LayoutSpec& layout,
                   before["load_bytes"]["nvme"].get<uint64_t>();
     load_s.push_back(t.total_s);
   }
-  auto fio_read = RunFio(o.fio, dir,
-                         FioArgs(fio_file, data, layout.SegmentBytes(0, 0), 64,
-                                 data / 2, 30, "randread"),
-                         "read");
-  if (!fio_read.ok()) {
-    fmt::print(stderr, "{}\n", fio_read.status().ToString());
+  auto read_after = fio_read();
+  if (!read_after.ok()) {
+    fmt::print(stderr, "{}\n", read_after.status().ToString());
     return 1;
   }
+  const double fio_read_gbps = (read_before->gbps + read_after->gbps) / 2;
   const double cold_gb = page_bytes * cold / 1e9;
   const double load_gbps = cold_gb / Median(load_s);
   fmt::print(
       "       Load of {} NVMe-only pages ({:.2f} GB, {:.0f}% read from NVMe): "
-      "{:.2f} GB/s  fio randread 72KiB {:.2f} GB/s  ratio {:.2f}\n",
+      "{:.2f} GB/s  fio randread 72KiB {:.2f} GB/s (before {:.2f}, after "
+      "{:.2f})  ratio {:.2f}\n",
       cold, cold_gb, 100.0 * nvme_loaded / (cold_gb * 1e9), load_gbps,
-      fio_read->gbps, load_gbps / fio_read->gbps);
+      fio_read_gbps, read_before->gbps, read_after->gbps,
+      load_gbps / fio_read_gbps);
   out["nvme"] = {{"flood_bytes", data},
                  {"flood_s", flood_s},
                  {"demote_gbps", demote_gbps},
-                 {"fio_write_gbps", fio_write->gbps},
-                 {"demote_vs_fio_write", demote_gbps / fio_write->gbps},
+                 {"fio_write_gbps", fio_write_gbps},
+                 {"fio_write_before_gbps", write_before->gbps},
+                 {"fio_write_after_gbps", write_after->gbps},
+                 {"demote_vs_fio_write", demote_gbps / fio_write_gbps},
+                 {"demotion_syncs", syncs},
                  {"demotions_failed", failed},
                  {"backpressure_waits", waits},
                  {"backpressure_busy", busy},
                  {"load_pages", cold},
                  {"load_gbps", load_gbps},
                  {"load_nvme_bytes", nvme_loaded},
-                 {"fio_randread_gbps", fio_read->gbps},
-                 {"load_vs_fio_randread", load_gbps / fio_read->gbps}};
+                 {"fio_randread_gbps", fio_read_gbps},
+                 {"fio_randread_before_gbps", read_before->gbps},
+                 {"fio_randread_after_gbps", read_after->gbps},
+                 {"load_vs_fio_randread", load_gbps / fio_read_gbps}};
   daemon.Stop();
   fs::remove_all(dir);
   return 0;

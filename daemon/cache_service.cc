@@ -472,6 +472,8 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"demotions_retried", mv.demotions_retried},
                  {"demotions_failed", mv.demotions_failed},
                  {"demotion_batches", mv.demotion_batches},
+                 {"demotion_syncs", mv.syncs},
+                 {"demotion_sync_failures", mv.sync_failures},
                  {"promotions_done", mv.promotions_done},
                  {"promotions_failed", mv.promotions_failed},
                  {"prefetch_batches", mv.prefetch_batches},

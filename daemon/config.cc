@@ -205,6 +205,9 @@ Status DaemonConfig::Validate() const {
     if (nvme.mover_workers == 0 || nvme.mover_workers > 64) {
       return Bad("nvme.mover_workers", "must be in [1, 64]");
     }
+    if (nvme.sync_interval_ms == 0 || nvme.sync_interval_ms > 3600000) {
+      return Bad("nvme.sync_interval_ms", "must be in [1, 3600000]");
+    }
     if (nvme.prefetch_queue == 0) {
       return Bad("nvme.prefetch_queue", "must be > 0");
     }
@@ -264,7 +267,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         CheckKeys(*nvme, "nvme",
                   {"path", "catalog_path", "capacity_bytes", "queue_depth",
                    "direct_io", "sync", "recreate_damaged_catalog",
-                   "mover_workers", "prefetch_queue"}));
+                   "mover_workers", "prefetch_queue", "sync_interval_ms"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
@@ -276,6 +279,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*nvme, "nvme", "prefetch_queue", c.nvme.prefetch_queue));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*nvme, "nvme", "sync_interval_ms", c.nvme.sync_interval_ms));
     TIERKV_RETURN_IF_ERROR(
         ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
     TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "sync", c.nvme.sync));

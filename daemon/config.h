@@ -11,7 +11,7 @@
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
-//               prefetch_queue
+//               prefetch_queue, sync_interval_ms
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
 //               shards, hugepages, prefault, write_policy
 #pragma once
@@ -47,6 +47,10 @@ struct NvmeConfig {
   // Prefetch batches (one per Match) waiting for a mover worker; more are
   // dropped (a hint: the Get promotes on demand). Default: 256.
   uint32_t prefetch_queue = 256;
+  // Background demotions are synced as a group when the mover runs out of
+  // work and at least this often (bounds what a power loss can take; a
+  // process crash takes nothing). 1..3600000. Default: 5000 ms.
+  uint32_t sync_interval_ms = 5000;
   bool enabled() const { return !path.empty(); }
 };
 

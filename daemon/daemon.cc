@@ -70,6 +70,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   eo.worker_queue = config.worker_queue;
   eo.mover.workers = config.nvme.mover_workers;
   eo.mover.prefetch_queue = config.nvme.prefetch_queue;
+  eo.mover.sync_interval =
+      std::chrono::milliseconds(config.nvme.sync_interval_ms);
   auto engine =
       storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
   if (!engine.ok()) return engine.status();

@@ -22,6 +22,9 @@ Status CacheEngineOptions::Validate() const {
   if (workers == 0 || workers > 256) {
     return Status::InvalidArgument("engine workers must be in [1, 256]");
   }
+  if (transfer_lanes == 0 || transfer_lanes > 64) {
+    return Status::InvalidArgument("engine transfer_lanes must be in [1, 64]");
+  }
   if (worker_queue == 0) {
     return Status::InvalidArgument("engine worker_queue must be > 0");
   }
@@ -29,7 +32,7 @@ Status CacheEngineOptions::Validate() const {
   return mover.Validate();
 }
 
-std::optional<LayoutSpec> EngineNamespace::layout() const {
+std::shared_ptr<const LayoutSpec> EngineNamespace::layout() const {
   MutexLock lock(&layout_mu_);
   return layout_;
 }
@@ -94,7 +97,7 @@ Status CacheEngine::RegisterLayout(EngineNamespace& ns,
   TIERKV_RETURN_IF_ERROR(layout.Validate());
   MutexLock lock(&ns.layout_mu_);
   if (!ns.layout_) {
-    ns.layout_ = layout;
+    ns.layout_ = std::make_shared<const LayoutSpec>(layout);
     ns.fingerprint_.store(layout.Fingerprint(), std::memory_order_release);
     return Status::OK();
   }
@@ -138,7 +141,7 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   std::vector<SegmentKey> promote;  // NVMe-only segments of leading pages
   // Prefetching more than half the host tier would evict what it brought
   // in before the Get that follows.
-  const uint64_t prefetch_budget = ns.host_->Stats().capacity_bytes / 2;
+  const uint64_t prefetch_budget = ns.host_->capacity_bytes() / 2;
   uint64_t prefetch_bytes = 0;
   for (const PageHash& page : pages) {
     Tier tier = Tier::kHost;
@@ -459,17 +462,6 @@ void PublishFinished(LoadTicket& ticket) {
             0);
 }
 
-void RecordError(LoadTicket& ticket, uint32_t page, uint16_t layer,
-                 uint8_t part, StatusCode code) {
-  const uint32_t at =
-      ticket.error_count.load(std::memory_order_relaxed);  // one writer
-  if (at < LoadTicket::kMaxErrors) {
-    ticket.errors[at] = {page, layer, part, static_cast<uint8_t>(code)};
-  }
-  // Release: the entry is written before the count that covers it.
-  ticket.error_count.store(at + 1, std::memory_order_release);
-}
-
 }  // namespace
 
 Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
@@ -569,123 +561,170 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   ticket.error_count.store(0, std::memory_order_relaxed);
   ticket.finished.store(0, std::memory_order_relaxed);
   ticket.layers_done.store(0, std::memory_order_release);
-  job->layout = std::move(*layout);
+  job->layout = std::move(layout);
   job->t = std::move(t);
+  {
+    MutexLock lock(&job->mu);
+    job->layer_done.assign(job->t.num_layers, false);
+  }
   return job;
 }
 
 Status CacheEngine::Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
-  auto job = PrepareTransfer(owner, ns, std::move(t));
-  if (!job.ok()) return job.status();
-  transfers_.fetch_add(1, std::memory_order_relaxed);
-  if (!Submit([this, job = *job] { RunLoad(*job); })) {
-    return Status::Busy("daemon workers are saturated; retry");
-  }
-  return Status::OK();
+  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), true);
 }
 
 Status CacheEngine::Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
-  auto job = PrepareTransfer(owner, ns, std::move(t));
+  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), false);
+}
+
+Status CacheEngine::StartTransfer(Result<std::shared_ptr<TransferJob>> job,
+                                  bool load) {
   if (!job.ok()) return job.status();
+  (*job)->load = load;
   transfers_.fetch_add(1, std::memory_order_relaxed);
-  if (!Submit([this, job = *job] { RunStore(*job); })) {
+  if (!Submit([this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
   return Status::OK();
 }
 
-void CacheEngine::RunLoad(TransferJob& job) {
-  const PoolTransfer& t = job.t;
-  EngineNamespace& ns = *job.ns;
-  LoadTicket& ticket = TicketAt(*job.tickets, t.ticket);
-  const uint64_t fingerprint = ns.fingerprint();
-  std::vector<NvmeReadItem> reads;
-  std::vector<uint32_t> read_page;
-  for (uint16_t k = 0; k < t.num_layers; ++k) {
-    const uint16_t l = t.first_layer + k;
-    if (before_transfer_layer_) before_transfer_layer_(l);
-    for (const Pool& pool : job.pools[k]) {
-      const uint8_t p = pool.layout.part;
-      reads.clear();
-      read_page.clear();
-      for (uint32_t i = 0; i < t.pages.size(); ++i) {
-        const SegmentKey key{t.pages[i], l, p};
-        std::byte* slot = pool.Slot(t.slots[i]);
-        // A reference keeps the segment from eviction during the copy.
-        auto loc = ns.host_->Acquire(key);
-        if (loc.ok() && loc->size == pool.layout.slot_bytes) {
-          std::memcpy(slot, ns.host_->arena().base() + loc->offset, loc->size);
-          ns.host_->Release(key);
-          load_segments_host_.fetch_add(1, std::memory_order_relaxed);
-          load_bytes_host_.fetch_add(loc->size, std::memory_order_relaxed);
-          continue;
-        }
-        if (loc.ok()) ns.host_->Release(key);
-        if (nvme_) {
-          reads.push_back({key, {slot, pool.layout.slot_bytes}});
-          read_page.push_back(i);
-        } else {
-          RecordError(ticket, i, l, p, StatusCode::kNotFound);
-          load_misses_.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
-      if (reads.empty()) continue;
-      // Straight into the slots where aligned, else through a bounce
-      // buffer; either way the checksum is verified before a hit counts.
-      auto got = nvme_->ReadBatch(ns.name(), fingerprint, reads);
-      for (size_t r = 0; r < reads.size(); ++r) {
-        if (got[r].ok() && *got[r] == pool.layout.slot_bytes) {
-          load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
-          load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
-        } else {
-          RecordError(
-              ticket, read_page[r], l, p,
-              got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
-          load_misses_.fetch_add(1, std::memory_order_relaxed);
-        }
+void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
+  if (first) {
+    // More lanes only where workers are idle now: a rejected lane is not a
+    // rejected request, so it is not counted as one.
+    const uint32_t lanes =
+        std::min<uint32_t>(options_.transfer_lanes, job->t.num_layers);
+    for (uint32_t i = 1; i < lanes; ++i) {
+      job->lanes.fetch_add(1, std::memory_order_relaxed);
+      if (!workers_->TrySubmit([this, job] { RunLane(job, false); })) {
+        job->lanes.fetch_sub(1, std::memory_order_relaxed);
+        break;
       }
     }
-    PublishLayers(ticket, k + 1u);
   }
-  PublishFinished(ticket);
+  while (true) {
+    const uint32_t k = job->next_layer.fetch_add(1, std::memory_order_relaxed);
+    if (k >= job->t.num_layers) break;
+    if (before_transfer_layer_) before_transfer_layer_(job->t.first_layer + k);
+    if (job->load) {
+      LoadLayer(*job, k);
+    } else {
+      StoreLayer(*job, k);
+    }
+    FinishLayer(*job, k);
+  }
+  // acq_rel: the last lane out sees every other lane's writes to the pools.
+  if (job->lanes.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    PublishFinished(TicketAt(*job->tickets, job->t.ticket));
+  }
 }
 
-void CacheEngine::RunStore(TransferJob& job) {
+void CacheEngine::FinishLayer(TransferJob& job, uint32_t k) {
+  MutexLock lock(&job.mu);
+  job.layer_done[k] = true;
+  const uint32_t before = job.published;
+  while (job.published < job.t.num_layers && job.layer_done[job.published]) {
+    ++job.published;
+  }
+  // Under mu, so the published count only grows.
+  if (job.published != before) {
+    PublishLayers(TicketAt(*job.tickets, job.t.ticket), job.published);
+  }
+}
+
+void CacheEngine::RecordError(TransferJob& job, uint32_t page, uint16_t layer,
+                              uint8_t part, StatusCode code) {
+  LoadTicket& ticket = TicketAt(*job.tickets, job.t.ticket);
+  MutexLock lock(&job.mu);  // lanes of one job record errors concurrently
+  const uint32_t at = ticket.error_count.load(std::memory_order_relaxed);
+  if (at < LoadTicket::kMaxErrors) {
+    ticket.errors[at] = {page, layer, part, static_cast<uint8_t>(code)};
+  }
+  // Release: the entry is written before the count that covers it.
+  ticket.error_count.store(at + 1, std::memory_order_release);
+}
+
+void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
-  LoadTicket& ticket = TicketAt(*job.tickets, t.ticket);
-  const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
-  for (uint16_t k = 0; k < t.num_layers; ++k) {
-    const uint16_t l = t.first_layer + k;
-    if (before_transfer_layer_) before_transfer_layer_(l);
-    for (const Pool& pool : job.pools[k]) {
-      const uint8_t p = pool.layout.part;
-      for (uint32_t i = 0; i < t.pages.size(); ++i) {
-        const SegmentKey key{t.pages[i], l, p};
-        auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
-        if (!r.ok()) {
-          RecordError(ticket, i, l, p, r.status().code());
-          continue;
-        }
-        if (r->already_stored) {
-          store_dedup_.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        std::memcpy(ns.host_->arena().base() + r->location.offset,
-                    pool.Slot(t.slots[i]), pool.layout.slot_bytes);
-        if (Status s = ns.host_->Commit(key, dirty); !s.ok()) {
-          RecordError(ticket, i, l, p, s.code());
-          continue;
-        }
-        store_segments_.fetch_add(1, std::memory_order_relaxed);
-        store_bytes_.fetch_add(pool.layout.slot_bytes,
-                               std::memory_order_relaxed);
+  const uint16_t l = t.first_layer + k;
+  std::vector<NvmeReadItem> reads;
+  std::vector<uint32_t> read_page;
+  for (const Pool& pool : job.pools[k]) {
+    const uint8_t p = pool.layout.part;
+    reads.clear();
+    read_page.clear();
+    for (uint32_t i = 0; i < t.pages.size(); ++i) {
+      const SegmentKey key{t.pages[i], l, p};
+      std::byte* slot = pool.Slot(t.slots[i]);
+      // A reference keeps the segment from eviction during the copy.
+      auto loc = ns.host_->Acquire(key);
+      if (loc.ok() && loc->size == pool.layout.slot_bytes) {
+        std::memcpy(slot, ns.host_->arena().base() + loc->offset, loc->size);
+        ns.host_->Release(key);
+        load_segments_host_.fetch_add(1, std::memory_order_relaxed);
+        load_bytes_host_.fetch_add(loc->size, std::memory_order_relaxed);
+        continue;
+      }
+      if (loc.ok()) ns.host_->Release(key);
+      if (nvme_) {
+        reads.push_back({key, {slot, pool.layout.slot_bytes}});
+        read_page.push_back(i);
+      } else {
+        RecordError(job, i, l, p, StatusCode::kNotFound);
+        load_misses_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    if (dirty && mover_) mover_->Kick();
-    PublishLayers(ticket, k + 1u);
+    if (reads.empty()) continue;
+    // Straight into the slots where aligned, else through a bounce buffer;
+    // either way the checksum is verified before a hit counts. While this
+    // batch drains, the other lane's batch (the next layer) keeps the
+    // device's queue full.
+    auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
+    for (size_t r = 0; r < reads.size(); ++r) {
+      if (got[r].ok() && *got[r] == pool.layout.slot_bytes) {
+        load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
+        load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
+      } else {
+        RecordError(
+            job, read_page[r], l, p,
+            got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
+        load_misses_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
   }
-  PublishFinished(ticket);
+}
+
+void CacheEngine::StoreLayer(TransferJob& job, uint32_t k) {
+  const PoolTransfer& t = job.t;
+  EngineNamespace& ns = *job.ns;
+  const uint16_t l = t.first_layer + k;
+  const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  for (const Pool& pool : job.pools[k]) {
+    const uint8_t p = pool.layout.part;
+    for (uint32_t i = 0; i < t.pages.size(); ++i) {
+      const SegmentKey key{t.pages[i], l, p};
+      auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
+      if (!r.ok()) {
+        RecordError(job, i, l, p, r.status().code());
+        continue;
+      }
+      if (r->already_stored) {
+        store_dedup_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      std::memcpy(ns.host_->arena().base() + r->location.offset,
+                  pool.Slot(t.slots[i]), pool.layout.slot_bytes);
+      if (Status s = ns.host_->Commit(key, dirty); !s.ok()) {
+        RecordError(job, i, l, p, s.code());
+        continue;
+      }
+      store_segments_.fetch_add(1, std::memory_order_relaxed);
+      store_bytes_.fetch_add(pool.layout.slot_bytes, std::memory_order_relaxed);
+    }
+  }
+  if (dirty && mover_) mover_->Kick();
 }
 
 Status CacheEngine::Prefetch(EngineNamespace& ns,

@@ -62,6 +62,12 @@ struct CacheEngineOptions {
   // How long a Put may wait for the write-back to free host space before
   // its segments are answered Busy. Default: 2 s.
   std::chrono::milliseconds write_back_wait{2000};
+  // Workers that move the layers of one Load or Store concurrently (each
+  // claims the next layer in order; completion is still published in layer
+  // order). Two keep an NVMe queue full across layer boundaries and let a
+  // host-tier copy of layer l+1 run while layer l's finishes. 1..64.
+  // Default: 2.
+  uint32_t transfer_lanes = 2;
   // Background demotion and prefetch (used only with an NVMe tier).
   TierMoverOptions mover;
   // Source of time for lease expiry; borrowed. Default: the steady clock.
@@ -83,8 +89,9 @@ class EngineNamespace {
   const std::string& name() const { return tiers_.ns; }
   WritePolicy write_policy() const { return tiers_.policy; }
   HostTier& host() const { return *host_; }
-  // The registered layout, if any.
-  std::optional<LayoutSpec> layout() const EXCLUDES(layout_mu_);
+  // The registered layout, if any (immutable once registered; sharing it
+  // keeps the per-call cost of Match and Reserve to one reference count).
+  std::shared_ptr<const LayoutSpec> layout() const EXCLUDES(layout_mu_);
   // The registered layout's fingerprint (stored with NVMe data), 0 before.
   uint64_t fingerprint() const {
     return fingerprint_.load(std::memory_order_acquire);
@@ -95,7 +102,7 @@ class EngineNamespace {
   std::unique_ptr<HostTier> host_;
   TierPair tiers_;
   mutable Mutex layout_mu_;
-  std::optional<LayoutSpec> layout_ GUARDED_BY(layout_mu_);
+  std::shared_ptr<const LayoutSpec> layout_ GUARDED_BY(layout_mu_);
   // Release-published after layout_ is set; read lock-free by the data path.
   std::atomic<uint64_t> fingerprint_{0};
 };
@@ -320,13 +327,21 @@ class CacheEngine {
       return region->bytes().data() + layout.offset + slot * layout.slot_bytes;
     }
   };
-  // What a transfer job needs, resolved under owners_mu_ at submission.
+  // What a transfer job needs, resolved under owners_mu_ at submission,
+  // and its progress. Layers are claimed in order by up to transfer_lanes
+  // workers; they complete in any order and are published in order.
   struct TransferJob {
     EngineNamespace* ns;
+    bool load = true;  // else Store
     PoolTransfer t;
-    LayoutSpec layout;
+    std::shared_ptr<const LayoutSpec> layout;
     std::vector<std::vector<Pool>> pools;  // [layer - first][part]
     std::shared_ptr<MappedRegion> tickets;
+    std::atomic<uint32_t> next_layer{0};  // the next layer to claim
+    std::atomic<uint32_t> lanes{1};       // workers still on the job
+    Mutex mu;                             // the ticket's errors and count
+    std::vector<bool> layer_done GUARDED_BY(mu);
+    uint32_t published GUARDED_BY(mu) = 0;
   };
   struct OwnerPools {
     std::unordered_map<uint32_t, Pool> pools;  // by layer << 8 | part
@@ -336,8 +351,21 @@ class CacheEngine {
   Result<std::shared_ptr<TransferJob>> PrepareTransfer(uint64_t owner,
                                                        EngineNamespace& ns,
                                                        PoolTransfer t);
-  void RunLoad(TransferJob& job);
-  void RunStore(TransferJob& job);
+  // Accepts a prepared Load or Store: queues its first lane (Busy when the
+  // queue is full).
+  Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load);
+  // One worker's share of a job: claims layers until none is left; the last
+  // lane out marks the ticket finished. The first lane also starts the
+  // others, where workers are free.
+  void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
+  void LoadLayer(TransferJob& job, uint32_t k);
+  void StoreLayer(TransferJob& job, uint32_t k);
+  // Layer k of the job is complete: publishes every completed leading layer.
+  static void FinishLayer(TransferJob& job, uint32_t k);
+  // A segment of the job that could not be moved (written to the ticket
+  // before its layer is published).
+  static void RecordError(TransferJob& job, uint32_t page, uint16_t layer,
+                          uint8_t part, StatusCode code);
 
   const CacheEngineOptions options_;
   NvmeStore* const nvme_;  // borrowed; null without NVMe

@@ -183,6 +183,7 @@ class HostTier {
   HostTierStats Stats() const;
   const HostArena& arena() const { return *arena_; }
   uint64_t shard_bytes() const { return shard_bytes_; }
+  uint64_t capacity_bytes() const { return shard_bytes_ * shards_.size(); }
   const std::string& name() const { return options_.name; }
 
  private:

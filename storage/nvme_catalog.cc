@@ -293,10 +293,19 @@ std::map<std::string, uint32_t, std::less<>> NvmeCatalog::Namespaces() const {
   return namespaces_;
 }
 
-Status NvmeCatalog::Write(Batch& batch) {
+Status NvmeCatalog::SyncWal() {
+  if (!options_.sync_writes) return Status::OK();
+  Status s = FromRocks(db_->SyncWAL(), "sync WAL");
+  if (!s.ok() && s.code() != StatusCode::kIOError) {
+    return Status::IOError(s.message());
+  }
+  return s;
+}
+
+Status NvmeCatalog::Write(Batch& batch, bool sync) {
   if (batch.empty()) return Status::OK();
   rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_writes;
+  wo.sync = options_.sync_writes && sync;
   MutexLock write_lock(&write_mu_);
   Status s = FromRocks(db_->Write(wo, batch.batch_.get()), "write");
   // A failed write applied nothing; report every failure as IOError so the

@@ -121,9 +121,14 @@ class NvmeCatalog {
   // Every known namespace: name -> id.
   std::map<std::string, uint32_t, std::less<>> Namespaces() const;
 
-  // Applies `batch` atomically (WAL, synced when options.sync_writes).
+  // Applies `batch` atomically (WAL, synced when options.sync_writes and
+  // `sync`). Unsynced, it survives a process crash (the WAL is written to
+  // the file system before return) but not a power loss until SyncWal().
   // IOError on failure, in which case nothing of the batch is applied.
-  Status Write(Batch& batch) EXCLUDES(write_mu_);
+  Status Write(Batch& batch, bool sync = true) EXCLUDES(write_mu_);
+  // Makes every Write so far durable (fsyncs the WAL), when
+  // options.sync_writes; else a no-op.
+  Status SyncWal();
 
   // NotFound when absent; Corruption when the stored value is malformed.
   Result<CatalogEntry> Get(uint32_t ns_id, const SegmentKey& key) const;

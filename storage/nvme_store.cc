@@ -144,6 +144,7 @@ NvmeStore::~NvmeStore() {
   // Best effort: make queued deletes durable so a restart does not see
   // entries whose extents may already have been reused (their checksums
   // would catch it, but as corruption).
+  Sync().PermitUncheckedError();  // deferred writes, e.g. demotions
   FlushPendingDeletes(UINT64_MAX).PermitUncheckedError();
 }
 
@@ -255,7 +256,29 @@ void NvmeStore::ReleaseReaderLocked(const std::shared_ptr<Segment>& segment) {
     allocator_.Free(segment->extent);
 }
 
-Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
+Status NvmeStore::Sync() {
+  MutexLock sync_lock(&sync_mu_);
+  uint64_t upto = 0;
+  {
+    MutexLock lock(&mu_);
+    if (synced_seq_ >= deferred_seq_) return Status::OK();
+    upto = deferred_seq_;  // published before this flush starts: covered
+  }
+  Status s = options_.sync_data ? AsIoError(device_->Flush()) : Status::OK();
+  if (s.ok()) s = catalog_->SyncWal();
+  if (s.ok()) {
+    MutexLock lock(&mu_);
+    synced_seq_ = std::max(synced_seq_, upto);
+  }
+  return s;
+}
+
+bool NvmeStore::HasUnsyncedWrites() const {
+  MutexLock lock(&mu_);
+  return synced_seq_ < deferred_seq_;
+}
+
+Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq, bool sync) {
   MutexLock flush_lock(&flush_mu_);
   std::vector<FullKey> keys;
   uint64_t seq = 0;
@@ -268,7 +291,7 @@ Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
   }
   NvmeCatalog::Batch batch;
   for (const FullKey& k : keys) batch.Delete(k.ns_id, k.key);
-  Status s = catalog_->Write(batch);
+  Status s = catalog_->Write(batch, sync);
   MutexLock lock(&mu_);
   if (s.ok()) {
     durable_delete_seq_ = seq;
@@ -280,7 +303,9 @@ Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq) {
 
 std::vector<Status> NvmeStore::Write(std::string_view ns,
                                      uint64_t layout_fingerprint,
-                                     std::span<const NvmeWriteItem> items) {
+                                     std::span<const NvmeWriteItem> items,
+                                     Durability durability) {
+  const bool durable = durability == Durability::kDurable;
   std::vector<Status> results(items.size());
   auto ns_id = catalog_->GetOrCreateNamespace(ns);
   if (!ns_id.ok()) {
@@ -345,7 +370,9 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   // Extents may have come from segments whose catalog deletes are still
   // queued: make those durable before overwriting the bytes.
   Status common =
-      planned.empty() ? Status::OK() : FlushPendingDeletes(needs_seq);
+      planned.empty() ? Status::OK() : FlushPendingDeletes(needs_seq, durable);
+
+  uint64_t covers_deferred = 0;  // deferred_seq_ before a durable flush
 
   // Data first.
   std::vector<IoRequest> requests;
@@ -395,7 +422,15 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         any_written = true;
       }
     }
-    if (any_written && options_.sync_data) common = AsIoError(device_->Flush());
+    if (any_written && durable) {
+      // A durable write's flush also covers the deferred writes published
+      // before it: Sync has nothing to do for them afterwards.
+      {
+        MutexLock lock(&mu_);
+        covers_deferred = deferred_seq_;
+      }
+      if (options_.sync_data) common = AsIoError(device_->Flush());
+    }
   }
 
   // Then the catalog, in one batch.
@@ -405,11 +440,15 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
       if (results[plan.item].ok())
         batch.Put(plan.key.ns_id, plan.key.key, plan.entry);
     }
-    common = AsIoError(catalog_->Write(batch));
+    common = AsIoError(catalog_->Write(batch, durable));
   }
 
   // Then publish (or roll back).
   MutexLock lock(&mu_);
+  if (durable && common.ok()) {
+    synced_seq_ = std::max(synced_seq_, covers_deferred);
+  }
+  bool published_deferred = false;
   for (Planned& plan : planned) {
     writing_.erase(plan.key);
     Status& result = results[plan.item];
@@ -436,7 +475,9 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     segment->lru_pos = lru_.begin();
     bytes_used_ += plan.entry.length;
     index_.emplace(plan.key, std::move(segment));
+    published_deferred |= !durable;
   }
+  if (published_deferred) ++deferred_seq_;  // not durable until a Sync
   for (const Status& s : results) {
     if (s.ok()) {
       ++counters_.writes;

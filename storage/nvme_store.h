@@ -14,6 +14,12 @@
 // Crash safety (DESIGN.md §6): a write goes (1) data to the device (flushed
 // when sync_data), then (2) its catalog entry (WAL, synced when
 // sync_catalog), and only then (3) is it acknowledged and visible to reads.
+// A Durability::kDeferred write skips both syncs: it survives a process
+// crash (O_DIRECT data is on the device, the WAL record in the file system)
+// but may be lost to a power loss until the next Sync() or durable Write,
+// after which a lost one is a miss (absent or failing its checksum), never
+// wrong bytes. Background demotion uses it and syncs on a timer (group
+// commit); an explicit Flush is durable on return.
 // Extents of evicted or removed segments may be reused only after their
 // catalog deletes are durable, so the catalog never points at bytes of a
 // different segment; every read still verifies the XXH3-64 checksum, and a
@@ -93,6 +99,10 @@ struct NvmeStoreOptions {
   // InvalidArgument naming the first bad field.
   Status Validate() const;
 };
+
+// Whether a Write is durable (power-loss safe) when it returns, or only
+// crash safe until the next Sync().
+enum class Durability { kDurable, kDeferred };
 
 // One segment to store: `data` is borrowed for the duration of Write().
 struct NvmeWriteItem {
@@ -174,8 +184,17 @@ class NvmeStore {
   // A key stored with a different layout or size is replaced. Items whose
   // data is block-aligned in address and length are written to the device
   // straight from `data`; the others are staged in a bounce buffer.
+  // kDeferred: see crash safety above; OK then means stored and readable.
   std::vector<Status> Write(std::string_view ns, uint64_t layout_fingerprint,
-                            std::span<const NvmeWriteItem> items);
+                            std::span<const NvmeWriteItem> items,
+                            Durability durability = Durability::kDurable);
+
+  // Makes every write acknowledged so far durable: one device flush and one
+  // WAL sync, or nothing when no deferred write is pending. IOError when
+  // the device or catalog fails (the writes stay readable, not durable).
+  Status Sync() EXCLUDES(sync_mu_, mu_);
+  // Deferred writes acknowledged and not yet covered by a sync.
+  bool HasUnsyncedWrites() const EXCLUDES(mu_);
 
   // Reads a batch of segments of namespace `ns` stored with layout
   // `layout_fingerprint`, keeping up to queue_depth device IOs in flight
@@ -263,8 +282,10 @@ class NvmeStore {
       REQUIRES(mu_);
   void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment)
       REQUIRES(mu_);
-  // Makes every catalog delete queued up to `upto_seq` durable.
-  Status FlushPendingDeletes(uint64_t upto_seq) EXCLUDES(flush_mu_, mu_);
+  // Writes every catalog delete queued up to `upto_seq` to the catalog
+  // (synced unless `sync` is false: deferred writes need only WAL order).
+  Status FlushPendingDeletes(uint64_t upto_seq, bool sync = true)
+      EXCLUDES(flush_mu_, mu_);
   bool IsBlockAligned(const void* address) const;
   // Cold path of a checksum mismatch: re-reads the extent (which the caller
   // keeps pinned) and says whether the device holds the right bytes
@@ -281,7 +302,13 @@ class NvmeStore {
   // Taken before mu_.
   Mutex flush_mu_ ACQUIRED_BEFORE(mu_);
 
+  // Serializes Sync calls (one device flush at a time). Taken before mu_.
+  Mutex sync_mu_ ACQUIRED_BEFORE(mu_);
+
   mutable Mutex mu_;  // guards everything below
+  // Deferred writes published so far / covered by a completed sync.
+  uint64_t deferred_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t synced_seq_ GUARDED_BY(mu_) = 0;
   ExtentAllocator allocator_ GUARDED_BY(mu_);
   std::unordered_map<FullKey, std::shared_ptr<Segment>, FullKeyHash> index_
       GUARDED_BY(mu_);

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace tierkv::storage {
 
 Status TierMoverOptions::Validate() const {
@@ -15,6 +17,9 @@ Status TierMoverOptions::Validate() const {
   }
   if (prefetch_queue == 0) {
     return Status::InvalidArgument("tier mover prefetch_queue must be > 0");
+  }
+  if (sync_interval.count() <= 0) {
+    return Status::InvalidArgument("tier mover sync_interval must be > 0");
   }
   return Status::OK();
 }
@@ -62,8 +67,21 @@ void TierMover::Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys) {
 void TierMover::WorkerLoop() {
   MutexLock lock(&mu_);
   while (true) {
-    while (!stopping_ && !kicked_ && prefetches_.empty()) work_cv_.Wait(&mu_);
+    while (!stopping_ && !kicked_ && prefetches_.empty()) {
+      if (!unsynced_since_) {
+        work_cv_.Wait(&mu_);
+      } else if (!work_cv_.WaitUntil(
+                     &mu_, *unsynced_since_ + options_.sync_interval)) {
+        break;  // a group sync is due
+      }
+    }
     if (stopping_) return;
+    if (!kicked_ && prefetches_.empty()) {
+      lock.Unlock();
+      SyncIfDue();
+      lock.Lock();
+      continue;
+    }
     running_++;
     if (!prefetches_.empty()) {
       // Prefetches first: an engine is about to read them.
@@ -76,6 +94,7 @@ void TierMover::WorkerLoop() {
       kicked_ = false;
       lock.Unlock();
       const bool wrote = DemoteOnce();
+      SyncIfDue();
       lock.Lock();
       // There may be more: look again (another worker may help).
       if (wrote && !kicked_) {
@@ -90,13 +109,50 @@ void TierMover::WorkerLoop() {
   }
 }
 
+void TierMover::SyncIfDue() {
+  {
+    MutexLock lock(&mu_);
+    if (!unsynced_since_ || std::chrono::steady_clock::now() <
+                                *unsynced_since_ + options_.sync_interval) {
+      return;
+    }
+    unsynced_since_.reset();  // what is written from now on waits again
+  }
+  std::vector<NvmeStore*> done;
+  for (const TierPair* tiers : namespaces_) {
+    NvmeStore* nvme = tiers->nvme;
+    if (!nvme || std::find(done.begin(), done.end(), nvme) != done.end() ||
+        !nvme->HasUnsyncedWrites()) {
+      continue;
+    }
+    done.push_back(nvme);
+    if (Status s = nvme->Sync(); s.ok()) {
+      syncs_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // The demoted segments stay readable; try again an interval later.
+      sync_failures_.fetch_add(1, std::memory_order_relaxed);
+      {
+        MutexLock lock(&mu_);
+        if (!unsynced_since_)
+          unsynced_since_ = std::chrono::steady_clock::now();
+      }
+      spdlog::warn("tier mover: syncing demoted segments failed: {}",
+                   s.ToString());
+    }
+  }
+}
+
 std::vector<Status> TierMover::WriteAndAnnounce(
-    const TierPair& tiers, std::span<const NvmeWriteItem> items) {
+    const TierPair& tiers, std::span<const NvmeWriteItem> items,
+    Durability durability) {
   std::vector<Status> statuses =
-      tiers.nvme->Write(tiers.ns, tiers.Fingerprint(), items);
+      tiers.nvme->Write(tiers.ns, tiers.Fingerprint(), items, durability);
   {
     MutexLock lock(&mu_);
     write_generation_++;
+    if (durability == Durability::kDeferred && !unsynced_since_) {
+      unsynced_since_ = std::chrono::steady_clock::now();
+    }
   }
   persisted_cv_.SignalAll();
   return statuses;
@@ -122,7 +178,8 @@ bool TierMover::DemoteOnce() {
           {d.key,
            {tiers.host->arena().base() + d.location.offset, d.location.size}});
     }
-    const std::vector<Status> statuses = WriteAndAnnounce(tiers, items);
+    const std::vector<Status> statuses =
+        WriteAndAnnounce(tiers, items, Durability::kDeferred);
     // Newest first, so that the clean list keeps the batch's age order.
     for (size_t k = batch.size(); k-- > 0;) {
       const Status& s = statuses[k];
@@ -255,7 +312,9 @@ std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
       generation = write_generation_;
     }
     std::vector<Status> statuses;
-    if (!items.empty()) statuses = WriteAndAnnounce(tiers, items);
+    if (!items.empty()) {
+      statuses = WriteAndAnnounce(tiers, items, Durability::kDurable);
+    }
     for (const NvmeWriteItem& item : items) tiers.host->Release(item.key);
     pending.clear();
     for (size_t k = 0; k < items.size(); ++k) {
@@ -281,6 +340,17 @@ std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
       break;
     }
   }
+  // Segments found already on NVMe may have come from deferred demotions:
+  // one sync makes them durable too (a no-op when the durable Write above
+  // already covered them).
+  if (std::any_of(results.begin(), results.end(),
+                  [](const Status& r) { return r.ok(); })) {
+    if (Status s = tiers.nvme->Sync(); !s.ok()) {
+      for (Status& r : results) {
+        if (r.ok()) r = s;
+      }
+    }
+  }
   return results;
 }
 
@@ -296,6 +366,8 @@ TierMoverStats TierMover::Stats() const {
   s.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
   MutexLock lock(&mu_);
   s.prefetch_queue_depth = prefetches_.size();
+  s.syncs = syncs_.load(std::memory_order_relaxed);
+  s.sync_failures = sync_failures_.load(std::memory_order_relaxed);
   return s;
 }
 

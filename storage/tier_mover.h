@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -53,6 +54,11 @@ struct TierMoverOptions {
   // ReadBatch (never more than a quarter of a host shard, so a round cannot
   // evict itself). Default: 16 MiB.
   uint64_t promotion_batch_bytes = uint64_t{16} << 20;
+  // Demotions are written without syncs (Durability::kDeferred: crash safe
+  // at once, power-loss safe after a sync) and synced as a group at most
+  // this long after the first unsynced one (ext4's default journal commit
+  // interval). An explicit Flush is always durable on return. Default: 5 s.
+  std::chrono::milliseconds sync_interval{5000};
   // How long a Flush waits for a concurrent writer of the same segment
   // (another promoter or a client's Put) before reporting it missing.
   // Default: 200 ms.
@@ -66,6 +72,8 @@ struct TierMoverStats {
   uint64_t demotions_retried = 0;  // a concurrent write held the key
   uint64_t demotions_failed = 0;   // NVMe refused them (IOError, full)
   uint64_t demotion_batches = 0;
+  uint64_t syncs = 0;              // group syncs of deferred demotions
+  uint64_t sync_failures = 0;      // such syncs the device or catalog failed
   uint64_t promotions_done = 0;    // segments read into host
   uint64_t promotions_failed = 0;  // missing, corrupt or no host space
   uint64_t prefetch_batches = 0;   // queued
@@ -140,7 +148,11 @@ class TierMover {
   // Writes `items` of `tiers` with one NvmeStore::Write and wakes
   // PersistBatch calls waiting for a concurrent write to finish.
   std::vector<Status> WriteAndAnnounce(const TierPair& tiers,
-                                       std::span<const NvmeWriteItem> items);
+                                       std::span<const NvmeWriteItem> items,
+                                       Durability durability);
+  // Syncs each NVMe store with deferred writes once the oldest unsynced
+  // demotion is sync_interval old.
+  void SyncIfDue() EXCLUDES(mu_);
 
   const TierMoverOptions options_;
   const std::vector<const TierPair*> namespaces_;
@@ -162,6 +174,10 @@ class TierMover {
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> next_namespace_{0};
 
+  // When the oldest demotion not yet synced was written, if any.
+  std::optional<std::chrono::steady_clock::time_point> unsynced_since_
+      GUARDED_BY(mu_);
+  std::atomic<uint64_t> syncs_{0}, sync_failures_{0};
   std::atomic<uint64_t> demotions_done_{0}, demotions_retried_{0},
       demotions_failed_{0}, demotion_batches_{0};
   std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},

@@ -45,6 +45,7 @@ PageHash Page(uint64_t n) { return PageHash{n, n * 977 + 1}; }
 
 class CacheEngineTest : public ::testing::Test {
  protected:
+  CacheEngineOptions engine_options_{.workers = 2};  // set before Open
   void Open(bool with_nvme, WritePolicy policy = WritePolicy::kNone,
             uint64_t host_bytes = 1 << 20) {
     if (with_nvme) {
@@ -62,7 +63,7 @@ class CacheEngineTest : public ::testing::Test {
         {.host = {.name = "ns", .capacity_bytes = host_bytes, .shards = 1},
          .write_policy = policy});
     auto engine =
-        CacheEngine::Open({.workers = 2}, std::move(spaces), nvme_.get());
+        CacheEngine::Open(engine_options_, std::move(spaces), nvme_.get());
     ASSERT_OK(engine);
     engine_ = std::move(engine).value();
     ns_ = engine_->Find("ns");
@@ -286,13 +287,35 @@ TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
   EXPECT_GE(s.mover.demotions_done, s.host.evictions);
 }
 
+TEST_F(CacheEngineTest, DemotionsAreGroupSyncedAndFlushMakesThemDurable) {
+  engine_options_.mover.sync_interval = std::chrono::hours(1);
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  const uint64_t flushes = device_->Stats().flush_ops;
+  for (uint64_t n = 0; n < 400; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  const EngineStats s = engine_->Stats(*ns_);
+  EXPECT_GT(s.mover.demotion_batches, 1u);
+  // Demotions are crash safe when written and synced as a group later.
+  EXPECT_EQ(device_->Stats().flush_ops, flushes);
+  EXPECT_TRUE(nvme_->HasUnsyncedWrites());
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 10; ++n) {  // the oldest: written back
+    for (const auto& k : AllKeys(n)) keys.push_back(k);
+  }
+  for (const Status& st : FlushNow(keys)) EXPECT_OK(st);
+  EXPECT_EQ(device_->Stats().flush_ops, flushes + 1);
+  EXPECT_FALSE(nvme_->HasUnsyncedWrites());
+}
+
 // A memfd as an engine would register it: sealed against shrinking.
 class SealedMemfd {
  public:
   explicit SealedMemfd(uint64_t bytes, bool seal = true) : bytes_(bytes) {
     fd_ = ::memfd_create("pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_EQ(::ftruncate(fd_, static_cast<off_t>(bytes)), 0);
-    if (seal) EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    if (seal) {
+      EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
     base_ = static_cast<std::byte*>(
         ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
   }

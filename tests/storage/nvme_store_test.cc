@@ -624,6 +624,50 @@ TEST_F(NvmeStoreTest, ReadBatchSubmitsTheBatchToTheDeviceAtOnce) {
   }
 }
 
+TEST_F(NvmeStoreTest, DeferredWritesAreReadableAtOnceAndDurableAfterOneSync) {
+  auto device = std::make_shared<MemoryDevice>(8 << 20);
+  const NvmeStoreOptions o = DeviceOptions(device, 8 << 20);
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  auto write = [&](uint64_t first, uint64_t n, Durability d) {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<NvmeWriteItem> items;
+    for (uint64_t i = first; i < first + n; ++i)
+      data.push_back(Content(i, kOddSize));
+    for (uint64_t i = 0; i < n; ++i) items.push_back({Key(first + i), data[i]});
+    for (const Status& s : store->Write(kNs, kLayout, items, d)) {
+      EXPECT_OK(s);
+    }
+  };
+  const uint64_t flushes = device->Stats().flush_ops;
+  EXPECT_FALSE(store->HasUnsyncedWrites());
+  for (uint64_t b = 0; b < 3; ++b) write(b * 10, 10, Durability::kDeferred);
+  EXPECT_EQ(device->Stats().flush_ops, flushes);  // no sync per batch
+  EXPECT_TRUE(store->HasUnsyncedWrites());
+  for (uint64_t i = 0; i < 30; ++i) ASSERT_OK(Check(*store, i));
+
+  // One group sync covers all three batches; a second has nothing to do.
+  ASSERT_OK(store->Sync());
+  EXPECT_EQ(device->Stats().flush_ops, flushes + 1);
+  EXPECT_FALSE(store->HasUnsyncedWrites());
+  ASSERT_OK(store->Sync());
+  EXPECT_EQ(device->Stats().flush_ops, flushes + 1);
+
+  // A durable write's own flush covers the deferred writes before it.
+  write(30, 5, Durability::kDeferred);
+  write(35, 5, Durability::kDurable);
+  EXPECT_EQ(device->Stats().flush_ops, flushes + 2);
+  EXPECT_FALSE(store->HasUnsyncedWrites());
+  ASSERT_OK(store->Sync());
+  EXPECT_EQ(device->Stats().flush_ops, flushes + 2);
+
+  // Everything is in the catalog after a restart.
+  store.reset();
+  store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  for (uint64_t i = 0; i < 40; ++i) ASSERT_OK(Check(*store, i));
+}
+
 TEST_F(NvmeStoreTest, ReadBatchBoundsBounceMemoryByReadingInRounds) {
   constexpr int kSegments = 10;
   auto device = std::make_shared<BatchRecordingDevice>(8 << 20);
