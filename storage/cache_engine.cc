@@ -403,8 +403,13 @@ std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,
 }
 
 EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
-  EngineStats s;
+  EngineStats s = SharedStats();
   s.host = ns.host_->Stats();
+  return s;
+}
+
+EngineStats CacheEngine::SharedStats() const {
+  EngineStats s;
   if (nvme_) {
     s.has_nvme = true;
     s.nvme = nvme_->Stats();
@@ -426,7 +431,14 @@ EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   s.store_segments = get(store_segments_);
   s.store_bytes = get(store_bytes_);
   s.store_dedup = get(store_dedup_);
-  s.transfers = get(transfers_);
+  s.loads = get(loads_);
+  s.stores = get(stores_);
+  s.transfers = s.loads + s.stores;
+  s.prefetches = get(prefetches_);
+  s.load_latency = load_latency_.Snapshot();
+  s.load_latency_nanos = load_latency_.total_nanos();
+  s.store_latency = store_latency_.Snapshot();
+  s.store_latency_nanos = store_latency_.total_nanos();
   MutexLock lock(&owners_mu_);
   for (const auto& [owner, o] : owners_) s.registered_pools += o.pools.size();
   return s;
@@ -575,22 +587,26 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
 }
 
 Status CacheEngine::Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
+  const auto accepted = std::chrono::steady_clock::now();
   auto job = PrepareTransfer(owner, ns, std::move(t));
   if (!job.ok()) return job.status();
-  transfers_.fetch_add(1, std::memory_order_relaxed);
+  (*job)->accepted = accepted;
   if (!Submit([this, job = *job] { RunLoad(*job); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
+  loads_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
 }
 
 Status CacheEngine::Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
+  const auto accepted = std::chrono::steady_clock::now();
   auto job = PrepareTransfer(owner, ns, std::move(t));
   if (!job.ok()) return job.status();
-  transfers_.fetch_add(1, std::memory_order_relaxed);
+  (*job)->accepted = accepted;
   if (!Submit([this, job = *job] { RunStore(*job); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
+  stores_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
 }
 
@@ -645,6 +661,11 @@ void CacheEngine::RunLoad(TransferJob& job) {
         }
       }
     }
+    // Recorded before the last layer is published, so a client whose Wait
+    // returned sees this transfer in the stats.
+    if (k + 1u == t.num_layers) {
+      load_latency_.Record(std::chrono::steady_clock::now() - job.accepted);
+    }
     PublishLayers(ticket, k + 1u);
   }
   PublishFinished(ticket);
@@ -683,6 +704,9 @@ void CacheEngine::RunStore(TransferJob& job) {
       }
     }
     if (dirty && mover_) mover_->Kick();
+    if (k + 1u == t.num_layers) {
+      store_latency_.Record(std::chrono::steady_clock::now() - job.accepted);
+    }
     PublishLayers(ticket, k + 1u);
   }
   PublishFinished(ticket);
@@ -691,7 +715,9 @@ void CacheEngine::RunStore(TransferJob& job) {
 Status CacheEngine::Prefetch(EngineNamespace& ns,
                              std::span<const PageHash> pages) {
   auto m = Match(ns, pages);  // queues the NVMe-only segments it finds
-  return m.ok() ? Status::OK() : m.status();
+  if (!m.ok()) return m.status();
+  prefetches_.fetch_add(1, std::memory_order_relaxed);
+  return Status::OK();
 }
 
 void CacheEngine::TEST_DrainBackground() {
