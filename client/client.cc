@@ -12,6 +12,7 @@
 #include <deque>
 #include <optional>
 
+#include "common/latency_histogram.h"
 #include "common/load_ticket.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
@@ -39,6 +40,17 @@ class Client::Impl {
     free_tickets_.push_back(ticket);
   }
   LoadTicket& Ticket(uint32_t i) const { return tickets_[i]; }
+
+  // One WaitLayer / Wait call: `waited` is zero when it returned at once.
+  void RecordWait(std::chrono::nanoseconds waited) { waits_.Record(waited); }
+  // The waits recorded since the last call, for the next transfer request
+  // (nullopt when none). Each wait is taken by exactly one request.
+  std::optional<WaitReport> TakeWaits() {
+    WaitReport report;
+    report.counts = waits_.Drain(report.total_nanos);
+    if (report.empty()) return std::nullopt;
+    return report;
+  }
 
   // Sends a request and decodes its response. Concurrent calls share the
   // (multiplexed) channel; no lock is held here.
@@ -90,7 +102,14 @@ class Client::Impl {
   LoadTicket* tickets_ = nullptr;  // set once under tickets_mu_
   std::vector<uint32_t> free_tickets_ GUARDED_BY(tickets_mu_);
   bool tickets_ready_ GUARDED_BY(tickets_mu_) = false;
+
+  // Time engine threads spent blocked in WaitLayer / Wait, shipped to the
+  // daemon piggybacked on transfer requests (lock-free: relaxed atomics).
+  LatencyHistogram waits_;
 };
+
+static_assert(LatencyHistogram::kBuckets == kWaitReportBuckets,
+              "the wire's wait buckets are LatencyHistogram's");
 
 Result<uint32_t> Client::Impl::TakeTicket() {
   MutexLock lock(&tickets_mu_);
@@ -542,7 +561,8 @@ Result<TransferHandle> Client::Transfer(bool load,
                       layers.first,
                       count,
                       {pages.begin(), pages.end()},
-                      {slots.begin(), slots.end()}};
+                      {slots.begin(), slots.end()},
+                      impl_->TakeWaits()};
   StatusResponse resp;
   Status s =
       impl_->Call(load ? Opcode::kLoad : Opcode::kStore, Encode(req), resp);
@@ -565,6 +585,7 @@ Status Client::Prefetch(std::span<const PageHash> pages) {
     if (!failure.ok()) return;
     MatchRequest req;
     req.pages.assign(pages.begin() + begin, pages.begin() + end);
+    req.waits = impl_->TakeWaits();
     StatusResponse resp;
     failure = impl_->Call(Opcode::kPrefetch, Encode(req), resp);
   });
@@ -622,11 +643,25 @@ TransferHandle::~TransferHandle() {
   // Else the daemon may still write it: leak the ticket rather than reuse.
 }
 
+bool TransferHandle::LayerReady(uint16_t layer) const {
+  const LoadTicket& t = client_->impl_->Ticket(ticket_);
+  return t.layers_done.load(std::memory_order_acquire) >= layer - first_ + 1u;
+}
+
 Result<std::vector<Status>> TransferHandle::WaitLayer(uint16_t layer) {
   if (!client_) return Status::InvalidArgument("empty transfer handle");
   if (layer < first_ || layer >= first_ + count_) {
     return Status::InvalidArgument("layer outside the transfer");
   }
+  const bool ready = LayerReady(layer);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = AwaitLayer(layer);
+  client_->impl_->RecordWait(ready ? std::chrono::nanoseconds(0)
+                                   : std::chrono::steady_clock::now() - start);
+  return out;
+}
+
+Result<std::vector<Status>> TransferHandle::AwaitLayer(uint16_t layer) {
   Client::Impl& impl = *client_->impl_;
   LoadTicket& t = impl.Ticket(ticket_);
   if (!WaitAtLeast(t.layers_done, layer - first_ + 1u,
@@ -655,9 +690,20 @@ Result<std::vector<Status>> TransferHandle::WaitLayer(uint16_t layer) {
 }
 
 Result<std::vector<Status>> TransferHandle::Wait() {
+  if (!client_) return Status::InvalidArgument("empty transfer handle");
+  const uint16_t last = first_ + count_ - 1;
+  const bool ready = LayerReady(last);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = AwaitAll();
+  client_->impl_->RecordWait(ready ? std::chrono::nanoseconds(0)
+                                   : std::chrono::steady_clock::now() - start);
+  return out;
+}
+
+Result<std::vector<Status>> TransferHandle::AwaitAll() {
   std::vector<Status> out(pages_);
   for (uint16_t l = first_; l < first_ + count_; ++l) {
-    auto layer = WaitLayer(l);
+    auto layer = AwaitLayer(l);
     if (!layer.ok()) return layer.status();
     for (uint32_t i = 0; i < pages_; ++i) {
       if (out[i].ok() && !(*layer)[i].ok()) out[i] = (*layer)[i];

@@ -3,6 +3,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -22,6 +23,12 @@ bool TokensEqual(std::string_view a, std::string_view b) {
     diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   }
   return diff == 0;
+}
+
+uint64_t LatencyCount(const LatencyHistogram::Counts& counts) {
+  uint64_t n = 0;
+  for (uint64_t c : counts) n += c;
+  return n;
 }
 
 template <typename Message>
@@ -192,9 +199,17 @@ HandlerReply CacheService::RegisterLayout(Namespace& ns, In in) {
   return Ok(StatusResponse{engine_->RegisterLayout(*ns.engine, req.layout)});
 }
 
+void CacheService::RecordWaits(Namespace& ns,
+                               const std::optional<WaitReport>& waits) {
+  static_assert(kWaitReportBuckets == LatencyHistogram::kBuckets);
+  if (!waits) return;
+  metrics_->RecordLayerWaits(*ns.metrics, waits->counts, waits->total_nanos);
+}
+
 HandlerReply CacheService::Match(Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  RecordWaits(ns, req.waits);
   auto match = engine_->Match(*ns.engine, req.pages);
   if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
   const double page_tokens = ns.engine->layout()->page_tokens;
@@ -369,6 +384,7 @@ HandlerReply CacheService::Transfer(uint64_t conn, Namespace& ns, Opcode op,
                                     In in) {
   TransferRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  RecordWaits(ns, req.waits);
   storage::PoolTransfer t{.pages = std::move(req.pages),
                           .slots = std::move(req.slots),
                           .first_layer = req.first_layer,
@@ -382,6 +398,7 @@ HandlerReply CacheService::Transfer(uint64_t conn, Namespace& ns, Opcode op,
 HandlerReply CacheService::Prefetch(Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  RecordWaits(ns, req.waits);
   return Ok(StatusResponse{engine_->Prefetch(*ns.engine, req.pages)});
 }
 
@@ -428,8 +445,29 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                        {"dedup", m.put_dedup->Value()},
                        {"failed", m.put_failed->Value()}};
   j["active_leases"] = es.active_leases;
+  // Daemon-wide: the workers and the mover serve every namespace.
+  const prometheus::ClientMetric waits = m.layer_wait->Collect();
   j["transfers"] = {
       {"calls", es.transfers},
+      {"loads", es.loads},
+      {"stores", es.stores},
+      {"prefetches", es.prefetches},
+      {"load_seconds",
+       {{"count", LatencyCount(es.load_latency)},
+        {"sum", static_cast<double>(es.load_latency_nanos) * 1e-9}}},
+      {"store_seconds",
+       {{"count", LatencyCount(es.store_latency)},
+        {"sum", static_cast<double>(es.store_latency_nanos) * 1e-9}}},
+      // This namespace's engines, as their clients reported; "blocked":
+      // calls that waited 1 us or more.
+      {"layer_waits",
+       {{"count", waits.histogram.sample_count},
+        {"blocked",
+         waits.histogram.sample_count -
+             (waits.histogram.bucket.empty()
+                  ? 0
+                  : waits.histogram.bucket.front().cumulative_count)},
+        {"seconds", waits.histogram.sample_sum}}},
       {"registered_pools", es.registered_pools},
       {"load_segments",
        {{"host", es.load_segments_host},
@@ -448,6 +486,10 @@ HandlerReply CacheService::Stats(Namespace& ns) {
   if (es.has_nvme) {
     const storage::NvmeStoreStats& n = es.nvme;
     const storage::TierMoverStats& mv = es.mover;
+    j["transfers"]["promoted"] = {{"segments", mv.promotions_done},
+                                  {"bytes", mv.promoted_bytes}};
+    j["transfers"]["written_to_nvme"] = {{"segments", mv.written_segments},
+                                         {"bytes", mv.written_bytes}};
     j["nvme"] = {{"capacity_bytes", n.capacity_bytes},
                  {"used_bytes", n.bytes_used},
                  {"allocated_bytes", n.bytes_allocated},

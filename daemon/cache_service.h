@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -72,6 +73,10 @@ class CacheService final : public transport::FrameHandler {
   void Flush(Namespace& ns, In in, transport::Responder responder);
   Reply Error(const Status& s);
   void UpdateLeaseGauge();
+  // Merges a client's piggybacked WaitLayer report (if any) into the
+  // namespace's tierkv_layer_wait_seconds.
+  void RecordWaits(Namespace& ns,
+                   const std::optional<transport::WaitReport>& waits);
 
   const CacheServiceOptions options_;
   storage::CacheEngine* const engine_;

@@ -96,6 +96,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   if (d->nvme_) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
+  d->metrics_.AddEngine(d->engine_.get());
   if (!config.metrics_listen.empty()) {
     TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
     spdlog::info("metrics on http://{}/metrics (port {})",

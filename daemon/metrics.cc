@@ -3,16 +3,21 @@
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <exception>
 
+#include "common/latency_histogram.h"
+#include "daemon/metric_families.h"
 #include "daemon/nvme_metrics.h"
+#include "daemon/transfer_metrics.h"
 
 namespace tierkv::daemon {
 
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
 
 DaemonMetrics::DaemonMetrics()
     : registry_(std::make_shared<prometheus::Registry>()) {
@@ -48,7 +53,13 @@ Status DaemonMetrics::Serve(const std::string& listen) {
   }
   exposer_->RegisterCollectable(registry_);
   if (nvme_) exposer_->RegisterCollectable(nvme_);
+  if (engine_) exposer_->RegisterCollectable(engine_);
   return Status::OK();
+}
+
+void DaemonMetrics::AddEngine(const storage::CacheEngine* engine) {
+  engine_ = std::make_shared<TransferMetrics>(engine);
+  if (exposer_) exposer_->RegisterCollectable(engine_);
 }
 
 void DaemonMetrics::AddNvmeTier(const storage::NvmeStore* store,
@@ -104,6 +115,16 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
                        .Name("tierkv_tier_segments")
                        .Help("Committed segments per tier")
                        .Register(*registry_);
+  auto& layer_wait =
+      BuildHistogram()
+          .Name("tierkv_layer_wait_seconds")
+          .Help(
+              "Time engines spent blocked in WaitLayer/Wait (0 when the "
+              "layer was there), reported by clients with their next "
+              "transfer request")
+          .Register(*registry_);
+  m->layer_wait =
+      &layer_wait.Add({{"namespace", ns}}, LatencyBucketBoundaries());
   m->lookups = &lookups.Add({{"namespace", ns}});
   m->lookup_tokens_host = &tokens.Add({{"namespace", ns}, {"tier", "host"}});
   m->lookup_tokens_nvme = &tokens.Add({{"namespace", ns}, {"tier", "nvme"}});
@@ -143,6 +164,21 @@ void DaemonMetrics::Refresh(NamespaceMetrics& m,
   bump(m.evictions, m.last_evictions, s.evictions);
   bump(m.evicted_bytes, m.last_evicted_bytes, s.evicted_bytes);
   bump(m.dedup_hits, m.last_dedup, s.dedup_hits);
+}
+
+}  // namespace tierkv::daemon
+
+namespace tierkv::daemon {
+
+void DaemonMetrics::RecordLayerWaits(NamespaceMetrics& m,
+                                     std::span<const uint64_t> counts,
+                                     uint64_t total_nanos) {
+  if (counts.size() != LatencyHistogram::kBuckets) return;
+  // One increment per bucket: LatencyBucketBoundaries() has the finite
+  // bounds, so the last count lands in +Inf.
+  std::vector<double> increments(counts.begin(), counts.end());
+  m.layer_wait->ObserveMultiple(increments,
+                                static_cast<double>(total_nanos) * 1e-9);
 }
 
 }  // namespace tierkv::daemon

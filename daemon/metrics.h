@@ -1,18 +1,23 @@
 // DaemonMetrics: tierkvd's Prometheus metrics (DESIGN.md §9), served by
 // prometheus-cpp on a loopback address by default.
 //
-// Event counters (lookups, gets, puts, dedup hits, auth failures) are bumped
-// where the event happens; occupancy gauges and eviction counters are
-// refreshed from storage stats by Refresh(), called periodically.
+// Event counters (lookups, gets, puts, dedup hits, auth failures, client
+// layer waits) are bumped where the event happens; occupancy gauges and
+// eviction counters are refreshed from storage stats by Refresh(), called
+// periodically; the NVMe tier and the engine's transfers are read from
+// storage at scrape time (nvme_metrics.h, transfer_metrics.h).
 //
 // Thread safety: prometheus-cpp metrics are thread-safe; Refresh() must not
 // run concurrently with itself.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "storage/cache_engine.h"
 #include "storage/host_tier.h"
 #include "storage/nvme_store.h"
 #include "storage/tier_mover.h"
@@ -22,6 +27,7 @@ namespace prometheus {
 class Collectable;
 class Counter;
 class Gauge;
+class Histogram;
 class Registry;
 class Exposer;
 }  // namespace prometheus
@@ -47,6 +53,9 @@ struct NamespaceMetrics {
   prometheus::Gauge* bytes_reserved;
   prometheus::Gauge* bytes_capacity;
   prometheus::Gauge* segments;
+  // Time the namespace's engines spent blocked in WaitLayer / Wait, as
+  // reported by their clients (see RecordLayerWaits).
+  prometheus::Histogram* layer_wait;
   double last_evictions = 0;
   double last_evicted_bytes = 0;
   double last_dedup = 0;
@@ -68,8 +77,18 @@ class DaemonMetrics {
   // call StopServing() before destroying them.
   void AddNvmeTier(const storage::NvmeStore* store,
                    const storage::TierMover* mover);
+  // Exports the engine's transfers and work queues (see
+  // transfer_metrics.h). Borrowed; call StopServing() before destroying it.
+  void AddEngine(const storage::CacheEngine* engine);
   // Closes the HTTP listener (no scrape runs afterwards).
   void StopServing();
+  // Merges a client's report of its WaitLayer / Wait calls into
+  // tierkv_layer_wait_seconds of `m`: `counts` holds LatencyHistogram
+  // buckets (LatencyHistogram::kBuckets of them, else ignored), `total_nanos`
+  // their summed time. Clients report with their next transfer request, so
+  // a client's last waits before it disconnects are not counted.
+  void RecordLayerWaits(NamespaceMetrics& m, std::span<const uint64_t> counts,
+                        uint64_t total_nanos);
   void Refresh(NamespaceMetrics& m, const storage::HostTierStats& stats);
 
   prometheus::Counter& auth_failures() { return *auth_failures_; }
@@ -81,6 +100,7 @@ class DaemonMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Collectable> nvme_;
+  std::shared_ptr<prometheus::Collectable> engine_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
   prometheus::Counter* auth_failures_;
   prometheus::Counter* protocol_errors_;

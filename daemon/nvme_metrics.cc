@@ -2,54 +2,12 @@
 
 #include <prometheus/metric_family.h>
 
-namespace tierkv::daemon {
-namespace {
+#include "daemon/metric_families.h"
 
-using prometheus::ClientMetric;
+namespace tierkv::daemon {
+
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-
-MetricFamily Family(std::string name, std::string help, MetricType type) {
-  return MetricFamily{std::move(name), std::move(help), type, {}};
-}
-
-void AddValue(MetricFamily& f, std::vector<ClientMetric::Label> labels,
-              double v) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (f.type == MetricType::Counter) {
-    m.counter.value = v;
-  } else {
-    m.gauge.value = v;
-  }
-  f.metric.push_back(std::move(m));
-}
-
-void AddHistogram(MetricFamily& f, std::string op,
-                  const storage::LatencyHistogram::Counts& counts) {
-  ClientMetric m;
-  m.label = {{"op", std::move(op)}};
-  uint64_t cumulative = 0;
-  double sum_estimate = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    cumulative += counts[i];
-    const uint64_t upper = storage::LatencyHistogram::BucketUpperBoundMicros(i);
-    // Storage keeps no exact sum per op: estimate with bucket midpoints.
-    const double mid =
-        i == 0 ? 0.5e-6 : 1.5e-6 * static_cast<double>(uint64_t{1} << (i - 1));
-    sum_estimate += static_cast<double>(counts[i]) * mid;
-    if (upper == UINT64_MAX) break;  // +Inf is implied by sample_count
-    m.histogram.bucket.push_back(
-        {cumulative, static_cast<double>(upper) * 1e-6});
-  }
-  m.histogram.bucket.push_back(
-      {cumulative, std::numeric_limits<double>::infinity()});
-  m.histogram.sample_count = cumulative;
-  m.histogram.sample_sum = sum_estimate;
-  f.metric.push_back(std::move(m));
-}
-
-}  // namespace
 
 std::vector<MetricFamily> NvmeMetrics::Collect() const {
   const auto s = store_->Stats();
@@ -125,8 +83,9 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
 
   auto latency = Family("tierkv_nvme_io_latency_seconds",
                         "NVMe device IO latency", MetricType::Histogram);
-  AddHistogram(latency, "read", s.device.read_latency);
-  AddHistogram(latency, "write", s.device.write_latency);
+  // The device keeps no exact sum per op: estimated from the buckets.
+  AddHistogram(latency, {{"op", "read"}}, s.device.read_latency);
+  AddHistogram(latency, {{"op", "write"}}, s.device.write_latency);
   out.push_back(std::move(latency));
 
   auto depth = Family("tierkv_mover_queue_depth",
@@ -160,7 +119,7 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
            static_cast<double>(mv.prefetch_batches));
   AddValue(batches, {{"kind", "prefetch_dropped"}},
            static_cast<double>(mv.prefetch_dropped));
-  out.push_back(std::move(jobs));
+  out.push_back(std::move(batches));
   return out;
 }
 

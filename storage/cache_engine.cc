@@ -406,8 +406,13 @@ std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,
 }
 
 EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
-  EngineStats s;
+  EngineStats s = SharedStats();
   s.host = ns.host_->Stats();
+  return s;
+}
+
+EngineStats CacheEngine::SharedStats() const {
+  EngineStats s;
   if (nvme_) {
     s.has_nvme = true;
     s.nvme = nvme_->Stats();
@@ -429,7 +434,14 @@ EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   s.store_segments = get(store_segments_);
   s.store_bytes = get(store_bytes_);
   s.store_dedup = get(store_dedup_);
-  s.transfers = get(transfers_);
+  s.loads = get(loads_);
+  s.stores = get(stores_);
+  s.transfers = s.loads + s.stores;
+  s.prefetches = get(prefetches_);
+  s.load_latency = load_latency_.Snapshot();
+  s.load_latency_nanos = load_latency_.total_nanos();
+  s.store_latency = store_latency_.Snapshot();
+  s.store_latency_nanos = store_latency_.total_nanos();
   MutexLock lock(&owners_mu_);
   for (const auto& [owner, o] : owners_) s.registered_pools += o.pools.size();
   return s;
@@ -571,21 +583,27 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
 }
 
 Status CacheEngine::Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
-  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), true);
+  const auto accepted = std::chrono::steady_clock::now();
+  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), true,
+                       accepted);
 }
 
 Status CacheEngine::Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
-  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), false);
+  const auto accepted = std::chrono::steady_clock::now();
+  return StartTransfer(PrepareTransfer(owner, ns, std::move(t)), false,
+                       accepted);
 }
 
-Status CacheEngine::StartTransfer(Result<std::shared_ptr<TransferJob>> job,
-                                  bool load) {
+Status CacheEngine::StartTransfer(
+    Result<std::shared_ptr<TransferJob>> job, bool load,
+    std::chrono::steady_clock::time_point accepted) {
   if (!job.ok()) return job.status();
   (*job)->load = load;
-  transfers_.fetch_add(1, std::memory_order_relaxed);
+  (*job)->accepted = accepted;
   if (!Submit([this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
+  (load ? loads_ : stores_).fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
 }
 
@@ -626,6 +644,12 @@ void CacheEngine::FinishLayer(TransferJob& job, uint32_t k) {
   const uint32_t before = job.published;
   while (job.published < job.t.num_layers && job.layer_done[job.published]) {
     ++job.published;
+  }
+  // Recorded before the last layer is published, so a client whose Wait
+  // returned sees this transfer in the stats.
+  if (before < job.t.num_layers && job.published == job.t.num_layers) {
+    (job.load ? load_latency_ : store_latency_)
+        .Record(std::chrono::steady_clock::now() - job.accepted);
   }
   // Under mu, so the published count only grows.
   if (job.published != before) {
@@ -730,7 +754,9 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k) {
 Status CacheEngine::Prefetch(EngineNamespace& ns,
                              std::span<const PageHash> pages) {
   auto m = Match(ns, pages);  // queues the NVMe-only segments it finds
-  return m.ok() ? Status::OK() : m.status();
+  if (!m.ok()) return m.status();
+  prefetches_.fetch_add(1, std::memory_order_relaxed);
+  return Status::OK();
 }
 
 void CacheEngine::TEST_DrainBackground() {

@@ -37,6 +37,7 @@
 #include "common/mutex.h"
 #include "storage/clock.h"
 #include "storage/host_tier.h"
+#include "storage/latency_histogram.h"
 #include "storage/lease_table.h"
 #include "storage/mapped_region.h"
 #include "storage/nvme_store.h"
@@ -163,8 +164,11 @@ struct PoolTransfer {
   uint32_t ticket = 0;
 };
 
+// One namespace's host tier plus the daemon-wide rest: the NVMe tier, the
+// mover, the workers and the registered-pool transfers are shared by every
+// namespace, so their counters cover all of them.
 struct EngineStats {
-  HostTierStats host;
+  HostTierStats host;  // the namespace's; empty from SharedStats()
   bool has_nvme = false;
   NvmeStoreStats nvme;
   TierMoverStats mover;
@@ -178,8 +182,15 @@ struct EngineStats {
   uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
   uint64_t load_misses = 0;
   uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
-  uint64_t transfers = 0;         // Load and Store calls accepted
+  uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
+  uint64_t loads = 0, stores = 0;
+  uint64_t prefetches = 0;        // Prefetch calls accepted
   uint64_t registered_pools = 0;  // over every connection
+  // Time from a Load / Store being accepted until its last layer was
+  // published (the client's WaitLayer for it can return), and the summed
+  // nanoseconds of those samples.
+  LatencyHistogram::Counts load_latency{}, store_latency{};
+  uint64_t load_latency_nanos = 0, store_latency_nanos = 0;
 };
 
 class CacheEngine {
@@ -289,6 +300,8 @@ class CacheEngine {
   // Up to `limit` host segments of `ns`.
   std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
   EngineStats Stats(EngineNamespace& ns) const EXCLUDES(owners_mu_);
+  // The daemon-wide part of Stats() (no namespace: `host` is empty).
+  EngineStats SharedStats() const EXCLUDES(owners_mu_);
   // The shared NVMe tier and mover (null without NVMe), for metrics.
   const NvmeStore* nvme() const { return nvme_; }
   const TierMover* mover() const { return mover_.get(); }
@@ -332,7 +345,8 @@ class CacheEngine {
   // workers; they complete in any order and are published in order.
   struct TransferJob {
     EngineNamespace* ns;
-    bool load = true;  // else Store
+    bool load = true;                                // else Store
+    std::chrono::steady_clock::time_point accepted;  // for *_latency_
     PoolTransfer t;
     std::shared_ptr<const LayoutSpec> layout;
     std::vector<std::vector<Pool>> pools;  // [layer - first][part]
@@ -353,7 +367,8 @@ class CacheEngine {
                                                        PoolTransfer t);
   // Accepts a prepared Load or Store: queues its first lane (Busy when the
   // queue is full).
-  Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load);
+  Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load,
+                       std::chrono::steady_clock::time_point accepted);
   // One worker's share of a job: claims layers until none is left; the last
   // lane out marks the ticket finished. The first lane also starts the
   // others, where workers are free.
@@ -361,7 +376,7 @@ class CacheEngine {
   void LoadLayer(TransferJob& job, uint32_t k);
   void StoreLayer(TransferJob& job, uint32_t k);
   // Layer k of the job is complete: publishes every completed leading layer.
-  static void FinishLayer(TransferJob& job, uint32_t k);
+  void FinishLayer(TransferJob& job, uint32_t k);
   // A segment of the job that could not be moved (written to the ticket
   // before its layer is published).
   static void RecordError(TransferJob& job, uint32_t page, uint16_t layer,
@@ -377,7 +392,9 @@ class CacheEngine {
   std::atomic<uint64_t> backpressure_waits_{0};
   std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
       load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
-      store_segments_{0}, store_bytes_{0}, store_dedup_{0}, transfers_{0};
+      store_segments_{0}, store_bytes_{0}, store_dedup_{0}, loads_{0},
+      stores_{0}, prefetches_{0};
+  LatencyHistogram load_latency_, store_latency_;
   mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::function<void(uint16_t)> before_transfer_layer_;

@@ -147,6 +147,11 @@ std::vector<Status> TierMover::WriteAndAnnounce(
     Durability durability) {
   std::vector<Status> statuses =
       tiers.nvme->Write(tiers.ns, tiers.Fingerprint(), items, durability);
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!statuses[k].ok()) continue;  // AlreadyExists: nothing was written
+    written_segments_.fetch_add(1, std::memory_order_relaxed);
+    written_bytes_.fetch_add(items[k].data.size(), std::memory_order_relaxed);
+  }
   {
     MutexLock lock(&mu_);
     write_generation_++;
@@ -263,6 +268,10 @@ std::vector<Status> TierMover::PromoteBatch(
         }
         (results[i].ok() ? promotions_done_ : promotions_failed_)
             .fetch_add(1, std::memory_order_relaxed);
+        if (results[i].ok()) {
+          promoted_bytes_.fetch_add(reads[r].dst.size(),
+                                    std::memory_order_relaxed);
+        }
       }
     }
     if (!busy.empty() && next_round.empty()) {
@@ -362,6 +371,9 @@ TierMoverStats TierMover::Stats() const {
   s.demotion_batches = demotion_batches_.load(std::memory_order_relaxed);
   s.promotions_done = promotions_done_.load(std::memory_order_relaxed);
   s.promotions_failed = promotions_failed_.load(std::memory_order_relaxed);
+  s.promoted_bytes = promoted_bytes_.load(std::memory_order_relaxed);
+  s.written_segments = written_segments_.load(std::memory_order_relaxed);
+  s.written_bytes = written_bytes_.load(std::memory_order_relaxed);
   s.prefetch_batches = prefetch_batches_.load(std::memory_order_relaxed);
   s.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
   MutexLock lock(&mu_);

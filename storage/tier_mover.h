@@ -76,8 +76,13 @@ struct TierMoverStats {
   uint64_t sync_failures = 0;      // such syncs the device or catalog failed
   uint64_t promotions_done = 0;    // segments read into host
   uint64_t promotions_failed = 0;  // missing, corrupt or no host space
-  uint64_t prefetch_batches = 0;   // queued
-  uint64_t prefetch_dropped = 0;   // batches dropped: queue full
+  uint64_t promoted_bytes = 0;     // of promotions_done (NVMe -> host)
+  // Segments and bytes written to NVMe (host -> NVMe) by demotion and
+  // Flush; unlike demotions_done, never counts segments already on NVMe.
+  uint64_t written_segments = 0;
+  uint64_t written_bytes = 0;
+  uint64_t prefetch_batches = 0;  // queued
+  uint64_t prefetch_dropped = 0;  // batches dropped: queue full
   uint64_t prefetch_queue_depth = 0;
 };
 
@@ -182,6 +187,8 @@ class TierMover {
       demotions_failed_{0}, demotion_batches_{0};
   std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
       prefetch_batches_{0}, prefetch_dropped_{0};
+  std::atomic<uint64_t> promoted_bytes_{0}, written_segments_{0},
+      written_bytes_{0};
 };
 
 }  // namespace tierkv::storage

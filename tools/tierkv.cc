@@ -144,6 +144,59 @@ int PrintStats(const std::string& json_text, bool raw) {
         n["promotions_done"].get<uint64_t>(),
         j["write_policy"].get<std::string>());
   }
+  if (j.contains("transfers")) {
+    // Registered-pool transfers (daemon-wide) and this namespace's waits.
+    const auto& t = j["transfers"];
+    auto u = [&](const char* a, const char* b) {
+      return t.contains(a) && t[a].contains(b) ? t[a][b].get<double>() : 0.0;
+    };
+    auto mean_ms = [](const nlohmann::json& h) {
+      const double n = h.value("count", 0.0);
+      return n > 0 ? 1e3 * h.value("sum", 0.0) / n : 0.0;
+    };
+    fmt::print(
+        "  transfers   {} loads, {} stores, {} prefetches, {} pools "
+        "registered\n",
+        t.value("loads", uint64_t{0}), t.value("stores", uint64_t{0}),
+        t.value("prefetches", uint64_t{0}),
+        t.value("registered_pools", uint64_t{0}));
+    fmt::print(
+        "    loaded    {:.0f} segments / {} from host, {:.0f} / {} from nvme, "
+        "{:.0f} missed; mean {:.3f} ms per Load\n",
+        u("load_segments", "host"), Human(u("load_bytes", "host")),
+        u("load_segments", "nvme"), Human(u("load_bytes", "nvme")),
+        u("load_segments", "miss"),
+        mean_ms(t.value("load_seconds", nlohmann::json::object())));
+    fmt::print(
+        "    stored    {} segments / {}, {} deduplicated; mean {:.3f} ms per "
+        "Store\n",
+        t.value("store_segments", uint64_t{0}),
+        Human(t.value("store_bytes", 0.0)), t.value("store_dedup", uint64_t{0}),
+        mean_ms(t.value("store_seconds", nlohmann::json::object())));
+    if (t.contains("promoted")) {
+      fmt::print(
+          "    tiers     {:.0f} segments / {} nvme -> host, {:.0f} / {} host "
+          "-> nvme\n",
+          u("promoted", "segments"), Human(u("promoted", "bytes")),
+          u("written_to_nvme", "segments"),
+          Human(u("written_to_nvme", "bytes")));
+    }
+    const auto w = t.value("layer_waits", nlohmann::json::object());
+    const double waits = w.value("count", 0.0);
+    fmt::print(
+        "    waits     {:.0f} WaitLayer/Wait calls, {:.0f} blocked >= 1 us, "
+        "{:.3f} s blocked in all\n",
+        waits, w.value("blocked", 0.0), w.value("seconds", 0.0));
+  }
+  if (j.contains("workers")) {
+    fmt::print(
+        "  workers     {} queued, {} rejected (Busy); {} Reserves "
+        "waited for write-back, {} still Busy\n",
+        j["workers"].value("queue_depth", uint64_t{0}),
+        j["workers"].value("rejections", uint64_t{0}),
+        h.value("backpressure_waits", uint64_t{0}),
+        h.value("backpressure_busy", uint64_t{0}));
+  }
   fmt::print("  leases      {} active, {} segments referenced\n",
              j["active_leases"].get<uint64_t>(),
              h["referenced_segments"].get<uint64_t>());

@@ -31,6 +31,29 @@ Status DecodeResponse(std::span<const std::byte> in, Status& status, Fn body) {
   return r.status();
 }
 
+// A WaitReport trailer: u8 bucket count (must be kWaitReportBuckets), that
+// many u64 counts, u64 summed nanoseconds. Absent when nothing was waited.
+void WriteWaits(WireWriter& w, const std::optional<WaitReport>& waits) {
+  if (!waits || waits->empty()) return;
+  w.Int(kWaitReportBuckets);
+  for (uint64_t c : waits->counts) w.Int(c);
+  w.Int(waits->total_nanos);
+}
+
+// Reads the trailer when bytes remain; the caller then expects the end.
+void ReadWaits(WireReader& r, std::optional<WaitReport>& waits) {
+  waits.reset();
+  if (r.remaining() == 0) return;
+  if (r.Int<uint8_t>() != kWaitReportBuckets) {
+    r.Fail();
+    return;
+  }
+  WaitReport report;
+  for (uint64_t& c : report.counts) c = r.Int<uint64_t>();
+  report.total_nanos = r.Int<uint64_t>();
+  if (!r.failed()) waits = report;
+}
+
 }  // namespace
 
 std::vector<std::byte> Encode(const JsonResponse& m) {
@@ -88,12 +111,14 @@ std::vector<std::byte> Encode(const MatchRequest& m) {
   WireWriter w;
   w.Int(static_cast<uint32_t>(m.pages.size()));
   for (const auto& h : m.pages) w.Hash(h);
+  WriteWaits(w, m.waits);
   return w.Take();
 }
 Status Decode(std::span<const std::byte> in, MatchRequest& out) {
   WireReader r(in);
   out.pages.resize(r.Count(kWireHashBytes, kMaxBatchItems));
   for (auto& h : out.pages) h = r.Hash();
+  ReadWaits(r, out.waits);
   return r.status();
 }
 
@@ -321,6 +346,7 @@ std::vector<std::byte> Encode(const TransferRequest& m) {
   for (const auto& h : m.pages) w.Hash(h);
   w.Int(static_cast<uint32_t>(m.slots.size()));
   for (uint32_t s : m.slots) w.Int(s);
+  WriteWaits(w, m.waits);
   return w.Take();
 }
 Status Decode(std::span<const std::byte> in, TransferRequest& out) {
@@ -332,6 +358,7 @@ Status Decode(std::span<const std::byte> in, TransferRequest& out) {
   for (auto& h : out.pages) h = r.Hash();
   out.slots.resize(r.Count(sizeof(uint32_t), kMaxBatchItems));
   for (auto& s : out.slots) s = r.Int<uint32_t>();
+  ReadWaits(r, out.waits);
   return r.status();
 }
 

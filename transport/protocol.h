@@ -7,7 +7,9 @@
 // Every response begins with an overall Status; per-item Statuses follow.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,8 +73,34 @@ struct RegisterLayoutRequest {
   LayoutSpec layout;
 };
 
-struct MatchRequest {
+// Buckets of a WaitReport: the log2-microsecond buckets of
+// common/latency_histogram.h (bucket 0: < 1 us, bucket i: [2^(i-1), 2^i) us,
+// the last one open-ended). Fixed: a report with another count is malformed.
+inline constexpr uint8_t kWaitReportBuckets = 21;
+
+// How long the client's engine threads were blocked in
+// TransferHandle::WaitLayer / Wait since its previous report: one sample per
+// call (0 when the layer was already there), as bucket counts plus the
+// summed nanoseconds. Piggybacked on the client's next kLoad, kStore or
+// kPrefetch (never a message of its own), so the waits after a client's last
+// transfer request are never reported.
+struct WaitReport {
+  std::array<uint64_t, kWaitReportBuckets> counts{};
+  uint64_t total_nanos = 0;
+
+  bool empty() const {
+    for (uint64_t c : counts) {
+      if (c != 0) return false;
+    }
+    return true;
+  }
+};
+
+struct MatchRequest {  // kMatch, kPrefetch
   std::vector<PageHash> pages;
+  // Optional trailer (sent with kPrefetch): encoded only when set and
+  // non-empty.
+  std::optional<WaitReport> waits;
 };
 struct MatchResponse {
   Status status;
@@ -153,6 +181,8 @@ struct TransferRequest {
   uint16_t num_layers = 0;
   std::vector<PageHash> pages;
   std::vector<uint32_t> slots;
+  // Optional trailer: encoded only when set and non-empty.
+  std::optional<WaitReport> waits;
 };
 
 struct StatusResponse {  // kRegisterLayout, kRelease, pools, transfers

@@ -164,9 +164,16 @@ class TransferHandle {
   // Waits for every layer; the per-page Status is the first failure of any
   // layer (for a Store: WaitForSave).
   Result<std::vector<Status>> Wait();
+  // Both record how long they blocked (0 when the layers were already
+  // there) in the Client, which reports it to the daemon with its next
+  // Load, Store or Prefetch (tierkv_layer_wait_seconds): the waits after a
+  // client's last transfer request are not counted.
 
  private:
   friend class Client;
+  bool LayerReady(uint16_t layer) const;
+  Result<std::vector<Status>> AwaitLayer(uint16_t layer);  // not recorded
+  Result<std::vector<Status>> AwaitAll();
   class Client* client_ = nullptr;
   uint32_t ticket_ = 0;
   uint16_t first_ = 0;

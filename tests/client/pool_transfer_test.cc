@@ -248,6 +248,122 @@ TEST_F(PoolTransferTest, StoreThenLoadRoundTripsAndDedups) {
   EXPECT_TRUE(SlotHolds(pools, pages[1], 2));
 }
 
+// The /metrics series of one scrape, read by their full names.
+class Scrape {
+ public:
+  explicit Scrape(const DaemonProcess& d) {
+    auto text = HttpGet(d.metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    if (text.ok()) text_ = *text;
+  }
+  double operator[](const std::string& series) const {
+    const double v = MetricValue(text_, series);
+    EXPECT_GE(v, 0) << series << " missing from\n" << text_;
+    return v;
+  }
+
+ private:
+  std::string text_;
+};
+
+constexpr const char* kPoolToHost =
+    R"(tierkv_transfer_bytes_total{src="pool",dst="host"})";
+constexpr const char* kHostToPool =
+    R"(tierkv_transfer_bytes_total{src="host",dst="pool"})";
+constexpr const char* kHostToNvme =
+    R"(tierkv_transfer_bytes_total{src="host",dst="nvme"})";
+constexpr const char* kLoadSeconds =
+    R"(tierkv_transfer_seconds_count{op="load"})";
+constexpr const char* kStoreSeconds =
+    R"(tierkv_transfer_seconds_count{op="store"})";
+constexpr const char* kLayerWaits =
+    R"(tierkv_layer_wait_seconds_count{namespace="default"})";
+
+TEST_F(PoolTransferTest, TransfersAreCountedInMetricsByRouteAndTime) {
+  Start();
+  auto c = Open();
+  EnginePools pools(PoolLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(*c));
+  const LayoutSpec layout = PoolLayout();
+  const auto pages = Pages(2, 7000);
+  uint64_t page_bytes = 0;
+  for (const auto& k : Keys(pages[0])) {
+    page_bytes += layout.SegmentBytes(k.layer, k.part);
+  }
+  for (uint32_t i = 0; i < 2; ++i) {
+    for (const auto& k : Keys(pages[i])) {
+      auto slot = pools.Slot(k.layer, k.part, i);
+      const auto bytes = SegmentBytes(k, slot.size());
+      std::memcpy(slot.data(), bytes.data(), slot.size());
+    }
+  }
+  const Scrape before(*daemon_);
+  EXPECT_EQ(before[kLayerWaits], 0);
+  EXPECT_EQ(before["tierkv_worker_queue_depth"], 0);
+  EXPECT_EQ(before["tierkv_worker_rejections_total"], 0);
+
+  auto store = c->Store(pages, std::vector<uint32_t>{0, 1});
+  ASSERT_OK(store);
+  ASSERT_OK(store->Wait());  // one wait, reported with the next request
+  std::vector<SegmentKey> keys = Keys(pages[0]);
+  for (const auto& k : Keys(pages[1])) keys.push_back(k);
+  for (const Status& s : c->Flush(keys)) ASSERT_OK(s);
+  const Scrape stored(*daemon_);
+  EXPECT_EQ(stored[kPoolToHost] - before[kPoolToHost], 2 * page_bytes);
+  EXPECT_EQ(
+      stored[R"(tierkv_transfer_segments_total{src="pool",dst="host"})"] -
+          before[R"(tierkv_transfer_segments_total{src="pool",dst="host"})"],
+      16);
+  EXPECT_EQ(stored[kHostToNvme] - before[kHostToNvme], 2 * page_bytes);
+  EXPECT_EQ(stored[kStoreSeconds] - before[kStoreSeconds], 1);
+  EXPECT_EQ(stored[R"(tierkv_transfers_total{op="store"})"] -
+                before[R"(tierkv_transfers_total{op="store"})"],
+            1);
+  EXPECT_EQ(stored[kLayerWaits], 0);  // not reported yet
+
+  auto load = c->Load(pages, std::vector<uint32_t>{3, 2});
+  ASSERT_OK(load);
+  for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+    ASSERT_OK(load->WaitLayer(l));
+  }
+  const Scrape loaded(*daemon_);
+  EXPECT_EQ(loaded[kHostToPool] - stored[kHostToPool], 2 * page_bytes);
+  EXPECT_EQ(
+      loaded[R"(tierkv_transfer_segments_total{src="host",dst="pool"})"] -
+          stored[R"(tierkv_transfer_segments_total{src="host",dst="pool"})"],
+      16);
+  EXPECT_EQ(loaded[kLoadSeconds] - stored[kLoadSeconds], 1);
+  EXPECT_EQ(loaded[kPoolToHost], stored[kPoolToHost]);
+  EXPECT_EQ(loaded[kLayerWaits], 1);  // the Store's Wait came with the Load
+  EXPECT_TRUE(SlotHolds(pools, pages[0], 3));
+
+  // The six WaitLayer calls travel with the next Load, its Wait with the
+  // Prefetch after it.
+  auto again = c->Load(pages, std::vector<uint32_t>{1, 0});
+  ASSERT_OK(again);
+  const Scrape reported(*daemon_);
+  EXPECT_EQ(reported[kLayerWaits], 1 + layout.num_layers());
+  ASSERT_OK(again->Wait());
+  ASSERT_OK(c->Prefetch(pages));
+  const Scrape prefetched(*daemon_);
+  EXPECT_EQ(prefetched[kLayerWaits], 2 + layout.num_layers());
+  EXPECT_EQ(prefetched[R"(tierkv_transfers_total{op="prefetch"})"] -
+                before[R"(tierkv_transfers_total{op="prefetch"})"],
+            1);
+  EXPECT_EQ(prefetched[kLoadSeconds] - before[kLoadSeconds], 2);
+  EXPECT_GT(prefetched[R"(tierkv_transfer_seconds_sum{op="load"})"], 0);
+
+  // `tierkv stats` reads the same counters.
+  auto st = Stats(*c)["transfers"];
+  EXPECT_EQ(st["loads"], 2) << st.dump();
+  EXPECT_EQ(st["stores"], 1);
+  EXPECT_EQ(st["prefetches"], 1);
+  EXPECT_EQ(st["load_bytes"]["host"], 4 * page_bytes);
+  EXPECT_EQ(st["written_to_nvme"]["bytes"], 2 * page_bytes);
+  EXPECT_EQ(st["load_seconds"]["count"], 2);
+  EXPECT_EQ(st["layer_waits"]["count"], 2 + layout.num_layers());
+}
+
 TEST_F(PoolTransferTest, BadPoolsAndTransfersGetClearErrorsAndChangeNothing) {
   Start();
   auto c = Open();

@@ -428,6 +428,21 @@ TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
   const EngineStats st = engine_->Stats(*ns_);
   EXPECT_EQ(st.load_segments_nvme, 6u);
   EXPECT_EQ(st.load_segments_host, 12u);
+  EXPECT_EQ(st.load_misses, 6u);
+  EXPECT_EQ(st.loads, 1u);
+  EXPECT_EQ(st.stores, 0u);
+  // One Load timed, at least as long as the stall the test held it in.
+  uint64_t timed = 0;
+  for (uint64_t c : st.load_latency) timed += c;
+  EXPECT_EQ(timed, 1u);
+  EXPECT_GT(st.load_latency_nanos, 0u);
+  // Only the Flush of page 1 wrote NVMe (write policy none).
+  uint64_t page_bytes = 0;
+  for (const auto& k : AllKeys(1)) {
+    page_bytes += TestLayout().SegmentBytes(k.layer, k.part);
+  }
+  EXPECT_EQ(st.mover.written_segments, 6u);
+  EXPECT_EQ(st.mover.written_bytes, page_bytes);
 }
 
 TEST_F(CacheEnginePoolTest, StoreSavesSlotsAndDedupsWhatIsStored) {
@@ -462,6 +477,10 @@ TEST_F(CacheEnginePoolTest, StoreSavesSlotsAndDedupsWhatIsStored) {
   const EngineStats st = engine_->Stats(*ns_);
   EXPECT_EQ(st.store_segments, 6u);
   EXPECT_EQ(st.store_dedup, 6u);
+  EXPECT_EQ(st.stores, 1u);
+  uint64_t timed = 0;
+  for (uint64_t c : st.store_latency) timed += c;
+  EXPECT_EQ(timed, 1u);
 }
 
 TEST_F(CacheEnginePoolTest, BadPoolsAndTransfersAreRefusedAndChangeNothing) {

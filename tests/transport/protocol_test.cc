@@ -69,6 +69,80 @@ TEST(ProtocolTest, UnknownStatusCodesAndTiersAreRejected) {
   EXPECT_EQ(Decode(bad_tier, out).code(), StatusCode::kProtocolError);
 }
 
+TransferRequest SampleTransfer() {
+  TransferRequest t;
+  t.ticket = 3;
+  t.first_layer = 1;
+  t.num_layers = 4;
+  t.pages = {PageHash{1, 2}, PageHash{3, 4}};
+  t.slots = {7, 9};
+  return t;
+}
+
+TEST(ProtocolTest, TransferRequestCarriesAnOptionalWaitReport) {
+  TransferRequest t = SampleTransfer();
+  TransferRequest out;
+  ASSERT_OK(Decode(Encode(t), out));
+  EXPECT_FALSE(out.waits.has_value());
+  EXPECT_EQ(out.slots, t.slots);
+
+  WaitReport report;
+  report.counts[0] = 5;  // returned at once
+  report.counts[12] = 2;
+  report.counts[kWaitReportBuckets - 1] = 1;
+  report.total_nanos = 123456789;
+  t.waits = report;
+  ASSERT_OK(Decode(Encode(t), out));
+  ASSERT_TRUE(out.waits.has_value());
+  EXPECT_EQ(out.waits->counts, report.counts);
+  EXPECT_EQ(out.waits->total_nanos, report.total_nanos);
+  EXPECT_EQ(out.pages, t.pages);
+  EXPECT_EQ(out.num_layers, 4);
+
+  // An empty report is not sent: the encoding is the one without it.
+  TransferRequest empty = SampleTransfer();
+  empty.waits = WaitReport{};
+  EXPECT_EQ(Encode(empty), Encode(SampleTransfer()));
+}
+
+TEST(ProtocolTest, PrefetchRequestCarriesAnOptionalWaitReport) {
+  MatchRequest m{{PageHash{1, 1}}, WaitReport{}};
+  m.waits->counts[3] = 4;
+  m.waits->total_nanos = 20000;
+  MatchRequest out;
+  ASSERT_OK(Decode(Encode(m), out));
+  ASSERT_TRUE(out.waits.has_value());
+  EXPECT_EQ(out.waits->counts[3], 4u);
+  EXPECT_EQ(out.waits->total_nanos, 20000u);
+}
+
+TEST(ProtocolTest, MalformedWaitReportsAreRejected) {
+  TransferRequest t = SampleTransfer();
+  t.waits = WaitReport{};
+  t.waits->counts[1] = 1;
+  const auto bytes = Encode(t);
+  const size_t report_at = Encode(SampleTransfer()).size();
+  ASSERT_EQ(bytes.size(), report_at + 1 + (kWaitReportBuckets + 1) * 8);
+  TransferRequest out;
+  // A bucket count other than the fixed one (fewer, more, hostile).
+  for (uint8_t buckets : {0, 1, 20, 22, 255}) {
+    auto bad = bytes;
+    bad[report_at] = std::byte{buckets};
+    EXPECT_EQ(Decode(bad, out).code(), StatusCode::kProtocolError)
+        << int{buckets};
+  }
+  // An oversized report: more buckets' worth of bytes than declared.
+  auto longer = bytes;
+  longer.insert(longer.end(), 8, std::byte{0});
+  EXPECT_EQ(Decode(longer, out).code(), StatusCode::kProtocolError);
+  // Truncated anywhere inside the report.
+  for (size_t cut = report_at + 1; cut < bytes.size(); ++cut) {
+    EXPECT_EQ(Decode(std::span(bytes).first(cut), out).code(),
+              StatusCode::kProtocolError)
+        << cut;
+  }
+}
+
 // A cheap, always-on fuzz pass: random and mutated inputs to every decoder
 // must fail cleanly (the sanitizer builds turn any overflow into a failure).
 TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
@@ -80,6 +154,12 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
       Encode(RegisterLayoutRequest{LayoutSpec::Uniform(64, 2, {{"kv", 8}})}),
       Encode(OpenNamespaceRequest{"ns", "token"}),
       Encode(GetResponse{Status::OK(), 1, {{Status::OK(), Tier::kHost, 1, 2}}}),
+      Encode([] {
+        TransferRequest t = SampleTransfer();
+        t.waits = WaitReport{};
+        t.waits->counts[2] = 1;
+        return t;
+      }()),
   };
   for (int i = 0; i < 20000; ++i) {
     std::vector<std::byte> in = seeds[rng() % seeds.size()];
@@ -95,6 +175,8 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
     GetResponse f;
     ListResponse g;
     MatchResponse h;
+    TransferRequest t;
+    (void)Decode(in, t);
     (void)Decode(in, a);
     (void)Decode(in, b);
     (void)Decode(in, c);
