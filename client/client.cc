@@ -654,6 +654,13 @@ Result<std::vector<Status>> TransferHandle::WaitLayer(uint16_t layer) {
   return out;
 }
 
+uint16_t TransferHandle::LayersDone() const {
+  if (!client_) return 0;
+  const uint32_t done = client_->impl_->Ticket(ticket_).layers_done.load(
+      std::memory_order_acquire);
+  return static_cast<uint16_t>(std::min<uint32_t>(done, count_));
+}
+
 Result<std::vector<Status>> TransferHandle::Wait() {
   std::vector<Status> out(pages_);
   for (uint16_t l = first_; l < first_ + count_; ++l) {

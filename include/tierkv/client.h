@@ -164,6 +164,12 @@ class TransferHandle {
   // Waits for every layer; the per-page Status is the first failure of any
   // layer (for a Store: WaitForSave).
   Result<std::vector<Status>> Wait();
+  // How many layers of the transfer are complete right now: layers
+  // [first, first + LayersDone()) are in place (Load) or saved (Store).
+  // Never blocks and makes no round trip (it reads the shared ticket); the
+  // value only grows, up to the transfer's layer count. 0 for an empty
+  // handle.
+  uint16_t LayersDone() const;
 
  private:
   friend class Client;
