@@ -462,6 +462,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"write_errors", n.write_errors},
                  {"read_bytes", n.device.read_bytes},
                  {"written_bytes", n.device.write_bytes},
+                 {"device_syncs", n.device.flush_ops},
                  {"recovered_segments", n.recovery.recovered_segments},
                  {"recovered_bytes", n.recovery.recovered_bytes},
                  {"dropped_segments", n.recovery.dropped_segments},
