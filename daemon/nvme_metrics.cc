@@ -168,7 +168,7 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
            static_cast<double>(mv.prefetch_batches));
   AddValue(batches, {{"kind", "prefetch_dropped"}},
            static_cast<double>(mv.prefetch_dropped));
-  out.push_back(std::move(jobs));
+  out.push_back(std::move(batches));
   return out;
 }
 

@@ -10,7 +10,7 @@
 // tierkv_nvme_recovered_segments,
 // tierkv_nvme_recovered_bytes, tierkv_nvme_io_latency_seconds{op}
 // (histogram), tierkv_mover_queue_depth{queue},
-// tierkv_mover_jobs_total{queue,result}.
+// tierkv_mover_segments_total{queue,result}, tierkv_mover_batches_total{kind}.
 //
 // Thread safety: Collect() may run concurrently with storage operations.
 #pragma once
