@@ -229,8 +229,7 @@ void CacheService::PutReserve(uint64_t conn, Namespace& ns, In in,
             placement.status = item.status();
             ns.metrics->put_failed->Increment();
           } else if (item->already_stored) {
-            // The wire still reports dedup as AlreadyExists (protocol v1).
-            placement.status = Status::AlreadyExists("segment already stored");
+            placement.already_stored = true;  // a success: nothing to write
             ns.metrics->put_dedup->Increment();
           } else {
             placement.offset = item->location.offset;

@@ -79,7 +79,7 @@ TEST_F(NvmeTierTest, SegmentsSurviveACleanRestartWithTheSameHashes) {
   const auto pages = Pages(40);
   {
     auto c = Open();
-    for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+    for (const PutResult& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
     for (const Status& s : c->Flush(Keys(pages))) ASSERT_OK(s);
   }
   EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
@@ -103,7 +103,7 @@ TEST_F(NvmeTierTest, WriteBackDemotesEvictedSegmentsAndGetPromotesThem) {
   ASSERT_OK(Start());  // write_back is the default with an NVMe tier
   auto c = Open();
   const auto pages = Pages(400);  // 25 MiB through an 8 MiB host tier
-  for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
   // Write-back persists a segment before DRAM may evict it, so every
   // evicted page is on NVMe the moment the Puts return: nothing to wait for.
   auto stats = Stats(*c);
@@ -127,7 +127,7 @@ TEST_F(NvmeTierTest, FlushOfAThousandKeysIssuesOneDataSync) {
   constexpr size_t kSmallSeg = 4096;  // 1,000 of them fit the 8 MiB tier
   ASSERT_OK(c.RegisterLayout(OnePartLayout(kSmallSeg / 64)));
   const auto pages = Pages(1000);
-  for (const Status& s : PutPages(c, pages, kSmallSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(c, pages, kSmallSeg)) ASSERT_OK(s);
   auto before = Stats(c);
   ASSERT_EQ(before["host"]["segments"], 1000) << before.dump();
   ASSERT_EQ(before["nvme"]["segments"], 0) << before.dump();
@@ -226,7 +226,7 @@ TEST_F(NvmeTierTest, MissingDataFileRecoversCleanly) {
   const auto pages = Pages(4);
   {
     auto c = Open();
-    for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+    for (const PutResult& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
     for (const Status& s : c->Flush(Keys(pages))) ASSERT_OK(s);
   }
   daemon_->Stop(SIGTERM);
@@ -240,7 +240,7 @@ TEST_F(NvmeTierTest, MissingDataFileRecoversCleanly) {
         << "a lost data file is a miss, never zeros";
   }
   // And the tier keeps working.
-  for (const Status& s : PutPages(*c, Pages(4, 900), kSeg)) EXPECT_OK(s);
+  for (const PutResult& s : PutPages(*c, Pages(4, 900), kSeg)) EXPECT_OK(s);
   for (const Status& s : c->Flush(Keys(Pages(4, 900)))) EXPECT_OK(s);
 }
 

@@ -173,9 +173,7 @@ class PoolTransferTest : public ::testing::Test {
     for (const auto& page : pages) {
       for (const auto& k : Keys(page)) writes.push_back({k, data[i++]});
     }
-    for (const Status& s : c.Put(writes)) {
-      ASSERT_TRUE(s.ok() || s.IsAlreadyExists()) << s.ToString();
-    }
+    for (const PutResult& r : c.Put(writes)) ASSERT_OK(r);
   }
   nlohmann::json Stats(Client& c) {
     auto s = c.StatsJson();
