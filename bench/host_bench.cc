@@ -214,9 +214,9 @@ shards = 1
         for (size_t i = b; i < std::min(count, b + per_batch); ++i) {
           writes.push_back({keys[i], src.span().subspan(i * seg, seg)});
         }
-        for (const Status& s : c.Put(writes)) {
-          if (!s.ok()) {
-            fmt::print(stderr, "put failed: {}\n", s.ToString());
+        for (const PutResult& r : c.Put(writes)) {
+          if (!r.ok()) {
+            fmt::print(stderr, "put failed: {}\n", r.status.ToString());
             return 1;
           }
         }

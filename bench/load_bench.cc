@@ -137,15 +137,15 @@ Status PutPages(Client& c, const LayoutSpec& layout,
   uint64_t bytes = 0;
   auto flush = [&]() -> Status {
     for (int attempt = 0; attempt < 100 && !writes.empty(); ++attempt) {
-      std::vector<Status> st = c.Put(writes);
+      std::vector<PutResult> st = c.Put(writes);
       std::vector<SegmentWrite> again;
       for (size_t i = 0; i < st.size(); ++i) {
-        if (st[i].ok() || st[i].IsAlreadyExists()) continue;
-        if (allow_busy_retry && st[i].code() == StatusCode::kBusy) {
+        if (st[i].ok()) continue;  // stored now or before
+        if (allow_busy_retry && st[i].status.code() == StatusCode::kBusy) {
           again.push_back(writes[i]);
           continue;
         }
-        return st[i];
+        return st[i].status;
       }
       writes = std::move(again);
     }

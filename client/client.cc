@@ -269,12 +269,12 @@ Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
   return result;
 }
 
-std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
+std::vector<PutResult> Client::Put(std::span<const SegmentWrite> writes) {
   // Pipelined like Get: the reservation of sub-batch k+1 and the commit of
   // k-1 are in flight while sub-batch k is copied into the arena. Sub-batches
   // are also bounded in bytes so that one call never needs more reserved
   // (unevictable) space at once than a fraction of the arena.
-  std::vector<Status> out(writes.size());
+  std::vector<PutResult> out(writes.size());
   const uint64_t chunk_bytes = std::max<uint64_t>(
       1, std::min<uint64_t>(kPipelineChunkBytes, impl_->arena_bytes_ / 16));
   const auto chunks = SplitByBytes(writes.size(), chunk_bytes, [&](size_t i) {
@@ -291,7 +291,9 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
 
   UdsChannel& channel = *impl_->channel_;
   auto fail_chunk = [&](size_t k, const Status& s) {
-    for (size_t i = chunks[k].first; i < chunks[k].second; ++i) out[i] = s;
+    for (size_t i = chunks[k].first; i < chunks[k].second; ++i) {
+      out[i] = {.status = s};
+    }
   };
   auto send = [&](Opcode op, size_t k, std::vector<std::byte> payload) {
     auto id = channel.Send(static_cast<uint16_t>(op), payload);
@@ -331,7 +333,7 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
           s = Status::ProtocolError("commit reply has the wrong item count");
         }
         for (size_t j = 0; j < idx.size(); ++j)
-          out[idx[j]] = s.ok() ? done.items[j] : s;
+          out[idx[j]].status = s.ok() ? done.items[j] : s;
       }
       if (r.op == op && r.chunk == k) return;
     }
@@ -348,11 +350,11 @@ std::vector<Status> Client::Put(std::span<const SegmentWrite> writes) {
     commit.lease_id = r.lease_id;
     for (size_t i = begin; i < end; ++i) {
       const Placement& p = r.items[i - begin];
-      out[i] = p.status;
-      if (!p.status.ok()) continue;
+      out[i] = {.status = p.status, .already_stored = p.already_stored};
+      if (!p.status.ok() || p.already_stored) continue;
       auto dst = impl_->ArenaRange(p.offset, writes[i].data.size());
       if (dst.empty()) {
-        out[i] =
+        out[i].status =
             Status::ProtocolError("daemon placed a segment outside the arena");
         continue;  // the reservation expires with the lease
       }
@@ -687,6 +689,13 @@ Result<std::vector<Status>> TransferHandle::AwaitLayer(uint16_t layer) {
             : Status(code, "segment could not be moved");
   }
   return out;
+}
+
+uint16_t TransferHandle::LayersDone() const {
+  if (!client_) return 0;
+  const uint32_t done = client_->impl_->Ticket(ticket_).layers_done.load(
+      std::memory_order_acquire);
+  return static_cast<uint16_t>(std::min<uint32_t>(done, count_));
 }
 
 Result<std::vector<Status>> TransferHandle::Wait() {

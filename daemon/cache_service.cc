@@ -244,8 +244,7 @@ void CacheService::PutReserve(uint64_t conn, Namespace& ns, In in,
             placement.status = item.status();
             ns.metrics->put_failed->Increment();
           } else if (item->already_stored) {
-            // The wire still reports dedup as AlreadyExists (protocol v1).
-            placement.status = Status::AlreadyExists("segment already stored");
+            placement.already_stored = true;  // a success: nothing to write
             ns.metrics->put_dedup->Increment();
           } else {
             placement.offset = item->location.offset;
@@ -504,6 +503,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"write_errors", n.write_errors},
                  {"read_bytes", n.device.read_bytes},
                  {"written_bytes", n.device.write_bytes},
+                 {"device_syncs", n.device.flush_ops},
                  {"recovered_segments", n.recovery.recovered_segments},
                  {"recovered_bytes", n.recovery.recovered_bytes},
                  {"dropped_segments", n.recovery.dropped_segments},

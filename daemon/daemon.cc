@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "daemon/layer_stall.h"
+
 namespace tierkv::daemon {
 
 Daemon::Daemon(const DaemonConfig& config) : config_(config) {}
@@ -50,6 +52,8 @@ Status Daemon::OpenNvmeTier() {
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   TIERKV_RETURN_IF_ERROR(config.Validate());
+  auto stall = LayerStallFromEnvironment();
+  if (!stall.ok()) return stall.status();
   std::unique_ptr<Daemon> d(new Daemon(config));
   if (config.nvme.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenNvmeTier());
   std::vector<storage::NamespaceOptions> spaces;
@@ -76,6 +80,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
   if (!engine.ok()) return engine.status();
   d->engine_ = std::move(engine).value();
+  // Test-only fault injection, installed before any transfer can start.
+  if (*stall) {
+    spdlog::warn(
+        "{} is set: TEST-ONLY FAULT INJECTION, the first transfer reaching "
+        "layer {} will wait for FIFO {}. Never set this in production.",
+        kLayerStallEnv, (*stall)->layer, (*stall)->fifo_path);
+    d->engine_->TEST_SetBeforeTransferLayer(MakeLayerStallHook(**stall));
+  }
   for (size_t i = 0; i < config.namespaces.size(); ++i) {
     const NamespaceConfig& nc = config.namespaces[i];
     auto ns = std::make_unique<Namespace>();

@@ -48,6 +48,14 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   AddValue(io, {{"op", "write"}}, static_cast<double>(s.device.write_bytes));
   out.push_back(std::move(io));
 
+  // One per fdatasync of the data file: a Flush of many keys, or one
+  // write-back batch, costs one, whatever its size.
+  auto syncs = Family("tierkv_nvme_device_syncs_total",
+                      "Data syncs (fdatasync) issued to the NVMe device",
+                      MetricType::Counter);
+  AddValue(syncs, {}, static_cast<double>(s.device.flush_ops));
+  out.push_back(std::move(syncs));
+
   auto evictions = Family("tierkv_nvme_evictions_total",
                           "Segments evicted from NVMe", MetricType::Counter);
   AddValue(evictions, {}, static_cast<double>(s.evictions));

@@ -95,13 +95,13 @@ void Store(Client& client, const LayoutSpec& layout,
   }
   for (size_t i = 0; i < buffers.size(); ++i)
     writes.push_back({write_keys[i], buffers[i]});
-  for (const Status& s : client.Put(writes)) {
-    if (s.ok())
-      report.stored++;
-    else if (s.IsAlreadyExists())
+  for (const PutResult& r : client.Put(writes)) {
+    if (!r.ok())
+      report.failed++;
+    else if (r.already_stored)
       report.deduped++;
     else
-      report.failed++;
+      report.stored++;
   }
 }
 

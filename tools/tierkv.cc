@@ -300,13 +300,13 @@ int main(int argc, char** argv) {
     std::string data((std::istreambuf_iterator<char>(in)),
                      std::istreambuf_iterator<char>());
     tierkv::SegmentWrite w{key, std::as_bytes(std::span(data))};
-    Status s = c.Put(std::span(&w, 1))[0];
-    if (s.IsAlreadyExists()) {
+    const tierkv::PutResult r = c.Put(std::span(&w, 1))[0];
+    if (!r.ok()) return Fail(r.status);
+    if (r.already_stored) {
       fmt::print("{} already stored (deduplicated, nothing copied)\n",
                  key.ToString());
       return 0;
     }
-    if (!s.ok()) return Fail(s);
     fmt::print("stored {} ({} bytes)\n", key.ToString(), data.size());
     return 0;
   }

@@ -28,7 +28,9 @@
 namespace tierkv::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x31564B54;  // "TKV1"
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: a PutReserve placement carries an already_stored flag (dedup is OK,
+// no longer the AlreadyExists code), so a v1 peer would misparse it.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 32;
 inline constexpr uint16_t kResponseBit = 0x8000;
 inline constexpr uint16_t kErrorOpcode = 0xFFFF;

@@ -165,16 +165,24 @@ std::vector<std::byte> Encode(const PutReserveResponse& m) {
   for (const auto& it : m.items) {
     w.StatusValue(it.status);
     w.Int(it.offset);
+    w.Int<uint8_t>(it.already_stored ? 1 : 0);
   }
   return w.Take();
 }
 Status Decode(std::span<const std::byte> in, PutReserveResponse& out) {
   return DecodeResponse(in, out.status, [&](WireReader& r) {
     out.lease_id = r.Int<uint64_t>();
-    out.items.resize(r.Count(kMinStatusBytes + 8, kMaxBatchItems));
+    out.items.resize(r.Count(kMinStatusBytes + 8 + 1, kMaxBatchItems));
     for (auto& it : out.items) {
       it.status = r.StatusValue();
       it.offset = r.Int<uint64_t>();
+      const uint8_t already_stored = r.Int<uint8_t>();
+      // A flag is 0 or 1, and dedup is a success: never with an error.
+      if (already_stored > 1 || (already_stored && !it.status.ok())) {
+        r.Fail();
+        return;
+      }
+      it.already_stored = already_stored == 1;
     }
   });
 }

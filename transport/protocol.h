@@ -119,8 +119,12 @@ struct PutReserveRequest {
   std::vector<PutItem> items;
 };
 struct Placement {
-  Status status;  // OK: write `size` bytes at `offset`, then commit
-  uint64_t offset = 0;
+  // OK and !already_stored: write `size` bytes at `offset`, then commit.
+  // OK and already_stored: deduplicated, nothing to write or commit.
+  // Not OK: the item failed. Dedup is never an error status.
+  Status status;
+  uint64_t offset = 0;          // 0 unless the item is to be written
+  bool already_stored = false;  // only with an OK status (decoder checks)
 };
 struct PutReserveResponse {
   Status status;

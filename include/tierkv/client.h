@@ -9,7 +9,7 @@
 //   "/run/tierkv/tierkv.sock"}); ASSERT_OK(client->OpenNamespace("glm-5@bf16",
 //   token)); ASSERT_OK(client->RegisterLayout(layout)); auto hit =
 //   client->Match(page_hashes);        // leading pages present auto put =
-//   client->Put(writes);               // one Status per segment auto got =
+//   client->Put(writes);               // one PutResult per segment auto got =
 //   client->Get(reads);                // one Status per segment
 //
 // Thread safety: all methods are thread-safe. One Client's connection is
@@ -62,6 +62,21 @@ struct MatchResult {
 struct SegmentWrite {
   SegmentKey key;
   std::span<const std::byte> data;
+};
+
+// What Put did with one segment. Dedup is success: a segment that was
+// stored before is OK with already_stored set (nothing was copied), so
+// callers test status.ok() alone and count already_stored if they care.
+struct PutResult {
+  // OK: the segment is stored (now, or before the call). Otherwise why it
+  // is not: InvalidArgument (size does not fit the layout), Busy (another
+  // client is writing it; retry), ResourceExhausted (no evictable space),
+  // or a transport error (IOError, Unavailable, ProtocolError).
+  Status status;
+  // True only with an OK status: deduplicated, stored before this call.
+  bool already_stored = false;
+
+  bool ok() const { return status.ok(); }
 };
 
 // One segment to fetch into `dst`, whose size must equal the segment's.
@@ -169,6 +184,13 @@ class TransferHandle {
   // Load, Store or Prefetch (tierkv_layer_wait_seconds): the waits after a
   // client's last transfer request are not counted.
 
+  // How many layers of the transfer are complete right now: layers
+  // [first, first + LayersDone()) are in place (Load) or saved (Store).
+  // Never blocks and makes no round trip (it reads the shared ticket); the
+  // value only grows, up to the transfer's layer count. 0 for an empty
+  // handle.
+  uint16_t LayersDone() const;
+
  private:
   friend class Client;
   bool LayerReady(uint16_t layer) const;
@@ -209,11 +231,10 @@ class Client {
   // REQUIRES: a registered layout.
   Result<MatchResult> Match(std::span<const PageHash> pages);
 
-  // Stores segments: one Status per item. OK = stored now; AlreadyExists =
-  // deduplicated (stored before, nothing copied); InvalidArgument = size
-  // does not fit the layout; Busy = another client is writing it;
-  // ResourceExhausted = no evictable space.
-  std::vector<Status> Put(std::span<const SegmentWrite> writes);
+  // Stores segments: one PutResult per item, in order (see PutResult; a
+  // deduplicated segment is OK with already_stored). Never fails as a
+  // whole: a transport failure is reported in every affected item.
+  std::vector<PutResult> Put(std::span<const SegmentWrite> writes);
 
   // Copies segments into caller buffers: one Status per item. NotFound =
   // miss; InvalidArgument = dst size differs from the segment's size.

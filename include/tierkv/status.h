@@ -21,8 +21,11 @@ namespace tierkv {
 // new codes at the end and never renumber.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kNotFound = 1,       // The key (or namespace) does not exist. Retry: no.
-  kAlreadyExists = 2,  // Dedup: the segment is stored already; nothing copied.
+  kNotFound = 1,  // The key (or namespace) does not exist. Retry: no.
+  // Stored already (storage-internal, e.g. the NVMe store's dedup). No
+  // public call returns it: Client::Put reports dedup as OK with
+  // PutResult::already_stored.
+  kAlreadyExists = 2,
   kInvalidArgument = 3,    // The request is malformed. Fix the caller.
   kPermissionDenied = 4,   // Wrong namespace token, or not opened.
   kResourceExhausted = 5,  // No space even after eviction (e.g. all pinned).

@@ -63,7 +63,7 @@ TEST_F(ClientIntegrationTest, PagePutByOneProcessIsMatchedAndReadByAnother) {
     // Writer process: its own connection, its own mapping of the arena.
     auto c = daemon_.Connect();
     if (!c.ok() || !(*c)->RegisterLayout(OnePartLayout()).ok()) ::_exit(2);
-    for (const Status& s : PutPages(**c, pages, kSeg)) {
+    for (const PutResult& s : PutPages(**c, pages, kSeg)) {
       if (!s.ok()) ::_exit(3);
     }
     ::_exit(0);
@@ -92,10 +92,11 @@ TEST_F(ClientIntegrationTest, SamePrefixPutTwiceIsStoredOnce) {
   auto a = Open();
   auto b = Open();
   const auto pages = Pages(32);
-  for (const Status& s : PutPages(*a, pages, kSeg)) EXPECT_OK(s);
+  for (const PutResult& s : PutPages(*a, pages, kSeg)) EXPECT_OK(s);
   const auto before = Stats(*a);
-  for (const Status& s : PutPages(*b, pages, kSeg)) {
-    EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  for (const PutResult& r : PutPages(*b, pages, kSeg)) {
+    EXPECT_OK(r);  // dedup is a success
+    EXPECT_TRUE(r.already_stored);
   }
   const auto after = Stats(*a);
   EXPECT_EQ(after["host"]["used_bytes"], before["host"]["used_bytes"]);
@@ -117,7 +118,7 @@ TEST_F(ClientIntegrationTest, FillingPastCapacityEvictsLruAndNeverPinned) {
   auto c = Open();
   const auto pages = Pages(100);
   std::vector<PageHash> first(pages.begin(), pages.begin() + 64);
-  for (const Status& s : PutPages(*c, first, kSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(*c, first, kSeg)) ASSERT_OK(s);
 
   std::vector<SegmentKey> pinned_keys;
   for (int i = 0; i < 4; ++i) pinned_keys.push_back({pages[i], 0, 0});
@@ -127,7 +128,7 @@ TEST_F(ClientIntegrationTest, FillingPastCapacityEvictsLruAndNeverPinned) {
   for (int i = 4; i < 8; ++i) EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg));
 
   std::vector<PageHash> more(pages.begin() + 64, pages.end());
-  for (const Status& s : PutPages(*c, more, kSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(*c, more, kSeg)) ASSERT_OK(s);
 
   EXPECT_EQ(Stats(*c)["host"]["evictions"], 36);
   auto present = [&](int i) {
@@ -141,9 +142,9 @@ TEST_F(ClientIntegrationTest, FillingPastCapacityEvictsLruAndNeverPinned) {
   for (int i = 44; i < 100; ++i) EXPECT_TRUE(present(i)) << "newer page " << i;
 
   // With everything but the pins gone, pinned pages still refuse eviction.
-  for (const Status& s : PutPages(*c, Pages(100, 50000), kSeg)) {
-    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kResourceExhausted)
-        << s.ToString();
+  for (const PutResult& r : PutPages(*c, Pages(100, 50000), kSeg)) {
+    EXPECT_TRUE(r.ok() || r.status.code() == StatusCode::kResourceExhausted)
+        << r.status.ToString();
   }
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(ReadsBackExact(*c, pages[i], kSeg));
 }
@@ -152,7 +153,7 @@ TEST_F(ClientIntegrationTest, KilledClientsLeasesAndReservationsAreReclaimed) {
   StartDaemon();
   auto c = Open();
   const auto pages = Pages(4);
-  for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
 
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
@@ -200,7 +201,7 @@ TEST_F(ClientIntegrationTest, KilledClientsLeasesAndReservationsAreReclaimed) {
            s["host"]["reserved_bytes"] == 0 && s["active_leases"] == 0;
   })) << Stats(*c).dump();
   // Reclaimed space is usable again, and the committed data is intact.
-  for (const Status& s : PutPages(*c, Pages(8, 777), kSeg)) EXPECT_OK(s);
+  for (const PutResult& s : PutPages(*c, Pages(8, 777), kSeg)) EXPECT_OK(s);
   for (const auto& p : pages) EXPECT_TRUE(ReadsBackExact(*c, p, kSeg));
   ::close(ready[0]);
   ::close(ready[1]);
@@ -210,7 +211,7 @@ TEST_F(ClientIntegrationTest, LeasesOfAHungClientExpire) {
   StartDaemon({"--lease-ttl-ms", "300"});
   auto c = Open();
   const auto pages = Pages(2);
-  for (const Status& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
+  for (const PutResult& s : PutPages(*c, pages, kSeg)) ASSERT_OK(s);
   auto hung = Open();  // stays connected but never releases
   auto lease = hung->Acquire(std::vector<SegmentKey>{{pages[0], 0, 0}});
   ASSERT_OK(lease);
@@ -238,7 +239,8 @@ TEST_F(ClientIntegrationTest, GetChecksDestinationSizeAndReportsMisses) {
   // Sizes must match the registered layout.
   std::vector<std::byte> wrong(kSeg + 1);
   SegmentWrite w{{pages[1], 0, 0}, wrong};
-  EXPECT_EQ(c->Put(std::span(&w, 1))[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Put(std::span(&w, 1))[0].status.code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(c->RegisterLayout(OnePartLayout(512)).code(),
             StatusCode::kInvalidArgument);
 }

@@ -36,10 +36,11 @@ inline std::vector<std::byte> SegmentBytes(const SegmentKey& key, size_t size) {
   return out;
 }
 
-// Puts segment (page, 0, 0) of `size` bytes for every page; returns statuses.
-inline std::vector<Status> PutPages(Client& c,
-                                    const std::vector<PageHash>& pages,
-                                    size_t size) {
+// Puts segment (page, 0, 0) of `size` bytes for every page; returns Put's
+// per-item results.
+inline std::vector<PutResult> PutPages(Client& c,
+                                       const std::vector<PageHash>& pages,
+                                       size_t size) {
   std::vector<std::vector<std::byte>> data;
   std::vector<SegmentWrite> writes;
   for (const auto& p : pages) data.push_back(SegmentBytes({p, 0, 0}, size));

@@ -38,10 +38,8 @@ TEST(ConcurrencyTest, EightThreadsTenThousandMixedOpsEach) {
         const PageHash& page = pages[rng() % pages.size()];
         switch (rng() % 4) {
           case 0: {  // put (stored or deduplicated are both fine)
-            Status s = PutPages(**c, {page}, kSeg)[0];
-            if (!s.ok() && !s.IsAlreadyExists() &&
-                s.code() != StatusCode::kBusy)
-              errors++;
+            const PutResult r = PutPages(**c, {page}, kSeg)[0];
+            if (!r.ok() && r.status.code() != StatusCode::kBusy) errors++;
             break;
           }
           case 1: {  // get: a miss is fine, wrong bytes are not

@@ -1,14 +1,18 @@
 // Registered pools and per-layer Load/Store through a real tierkvd: bytes
 // land in the engine's own memfd slots from DRAM and from NVMe, bad pools
-// and transfers are refused cleanly, and a client that dies mid-Load leaves
-// the daemon with nothing of it.
+// and transfers are refused cleanly, WaitLayer(l) returns while a later
+// layer is held (TIERKV_TEST_STALL_LAYER), and a client that dies mid-Load
+// leaves the daemon with nothing of it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -86,6 +90,35 @@ class EnginePools {
   std::map<std::pair<uint16_t, uint8_t>, Region> regions_;
 };
 
+// The test's end of a TIERKV_TEST_STALL_LAYER FIFO. Opened O_RDWR, which
+// never blocks on Linux and keeps a writer present, so the daemon's
+// open(O_RDONLY) returns at once and its read() waits for Release(). A
+// failing test closes the descriptor on the way out: the daemon reads EOF
+// and the stalled worker goes on, so no failure can hang the test.
+class StallFifo {
+ public:
+  explicit StallFifo(std::string path) : path_(std::move(path)) {
+    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0) << std::strerror(errno);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+  }
+  ~StallFifo() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  StallFifo(const StallFifo&) = delete;
+  StallFifo& operator=(const StallFifo&) = delete;
+
+  const std::string& path() const { return path_; }
+  void Release() {
+    const char byte = 1;
+    EXPECT_EQ(::write(fd_, &byte, 1), 1) << std::strerror(errno);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 class PoolTransferTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -98,12 +131,16 @@ class PoolTransferTest : public ::testing::Test {
     daemon_.reset();
     std::filesystem::remove_all(data_dir_);
   }
-  void Start() {
+  DaemonSpec Spec() const {
+    return {.extra_args = {"--host-bytes", "8MiB", "--shards", "1",
+                           "--nvme-path", data_dir_ + "/nvme.data",
+                           "--nvme-bytes", "64MiB", "--write-policy", "none"}};
+  }
+  void Start(std::vector<std::pair<std::string, std::string>> env = {}) {
     daemon_ = std::make_unique<DaemonProcess>();
-    ASSERT_OK(daemon_->Start(
-        {.extra_args = {"--host-bytes", "8MiB", "--shards", "1", "--nvme-path",
-                        data_dir_ + "/nvme.data", "--nvme-bytes", "64MiB",
-                        "--write-policy", "none"}}));
+    DaemonSpec spec = Spec();
+    spec.env = std::move(env);
+    ASSERT_OK(daemon_->Start(spec));
   }
   std::unique_ptr<Client> Open() {
     auto c = daemon_->Connect();
@@ -136,9 +173,7 @@ class PoolTransferTest : public ::testing::Test {
     for (const auto& page : pages) {
       for (const auto& k : Keys(page)) writes.push_back({k, data[i++]});
     }
-    for (const Status& s : c.Put(writes)) {
-      ASSERT_TRUE(s.ok() || s.IsAlreadyExists()) << s.ToString();
-    }
+    for (const PutResult& r : c.Put(writes)) ASSERT_OK(r);
   }
   nlohmann::json Stats(Client& c) {
     auto s = c.StatsJson();
@@ -210,6 +245,84 @@ TEST_F(PoolTransferTest, LoadYieldsStoredBytesFromHostNvmeAndMixedPages) {
   ASSERT_OK(all);
   EXPECT_EQ((*all)[0].code(), StatusCode::kNotFound);
   EXPECT_EQ(pools.Slot(2, 0, 1)[100], std::byte{0xee});
+}
+
+TEST_F(PoolTransferTest, WaitLayerReturnsWhileALaterLayerIsStalled) {
+  constexpr uint16_t kStalled = 3;  // of 6 layers
+  StallFifo fifo(data_dir_ + "/stall.fifo");
+  Start({{"TIERKV_TEST_STALL_LAYER",
+          std::to_string(kStalled) + ":" + fifo.path()}});
+  EXPECT_NE(daemon_->log().find("TEST-ONLY FAULT INJECTION"), std::string::npos)
+      << daemon_->log();
+  auto c = Open();
+  const auto pages = Pages(8, 7000);
+  PutAll(*c, pages);
+  EnginePools pools(PoolLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*c));
+  const std::vector<uint32_t> slots = {7, 6, 5, 4, 3, 2, 1, 0};
+  auto load = c->Load(pages, slots);
+  ASSERT_OK(load);
+
+  // Layers 0..2 are in place while the worker is held before layer 3.
+  auto early = load->WaitLayer(kStalled - 1);
+  ASSERT_OK(early);
+  for (const Status& s : *early) EXPECT_OK(s);
+  EXPECT_EQ(load->LayersDone(), kStalled);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    for (const auto& k : Keys(pages[i])) {
+      auto got = pools.Slot(k.layer, k.part, slots[i]);
+      const std::vector<std::byte> bytes(got.begin(), got.end());
+      if (k.layer < kStalled) {
+        EXPECT_EQ(bytes, SegmentBytes(k, got.size())) << k.ToString();
+      } else if (k.layer == kStalled) {
+        EXPECT_EQ(bytes, std::vector<std::byte>(got.size(), std::byte{0xee}))
+            << k.ToString() << " was written before its layer was released";
+      }
+      // Later layers may already have been moved by the daemon's second
+      // transfer lane, but they are not reported done before layer 3.
+    }
+  }
+  // The daemon still serves while one of its workers is held.
+  ASSERT_OK(c->Ping().status());
+  auto match = c->Match(pages);
+  ASSERT_OK(match);
+  EXPECT_EQ(match->leading_pages, pages.size());
+  EXPECT_EQ(load->LayersDone(), kStalled);
+
+  fifo.Release();
+  auto last = load->WaitLayer(5);
+  ASSERT_OK(last);
+  for (const Status& s : *last) EXPECT_OK(s);
+  EXPECT_EQ(load->LayersDone(), 6);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_TRUE(SlotHolds(pools, pages[i], slots[i])) << i;
+  }
+  EXPECT_NE(daemon_->log().find("released layer 3"), std::string::npos)
+      << daemon_->log();
+  // The stall is one-shot: the next Load runs straight through.
+  auto again =
+      c->Load(pages, std::vector<uint32_t>(slots.rbegin(), slots.rend()));
+  ASSERT_OK(again);
+  ASSERT_OK(again->Wait());
+  EXPECT_EQ(again->LayersDone(), 6);
+  EXPECT_TRUE(SlotHolds(pools, pages[0], 0));
+}
+
+TEST_F(PoolTransferTest, InvalidStallSettingIsAStartupError) {
+  const std::string not_fifo = data_dir_ + "/plain";
+  std::ofstream(not_fifo) << "x";
+  for (const std::string& value : std::vector<std::string>{
+           "three:" + not_fifo, "3", "3:", "70000:" + not_fifo, "3:" + not_fifo,
+           "3:" + data_dir_ + "/missing"}) {
+    DaemonProcess d;
+    DaemonSpec spec = Spec();
+    spec.env = {{"TIERKV_TEST_STALL_LAYER", value}};
+    const Status s = d.Start(spec);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << value;
+    EXPECT_NE(s.message().find("TIERKV_TEST_STALL_LAYER='" + value + "'"),
+              std::string_view::npos)
+        << s.ToString();
+  }
 }
 
 TEST_F(PoolTransferTest, StoreThenLoadRoundTripsAndDedups) {

@@ -59,7 +59,7 @@ class ProtocolRobustnessTest : public ::testing::Test {
     victim_ = std::move(b).value();
     ASSERT_OK(victim_->RegisterLayout(OnePartLayout()));
     victim_pages_ = Pages(8, 0, "b");
-    for (const Status& s : PutPages(*victim_, victim_pages_, kSeg))
+    for (const PutResult& s : PutPages(*victim_, victim_pages_, kSeg))
       ASSERT_OK(s);
   }
 

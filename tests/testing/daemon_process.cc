@@ -76,6 +76,20 @@ Status DaemonProcess::Start(const DaemonSpec& spec) {
   }
   args.insert(args.end(), spec.extra_args.begin(), spec.extra_args.end());
   const std::string log_path = dir_.File("tierkvd.log");
+  // Built before fork: the child may only make async-signal-safe calls.
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const bool overridden =
+        std::any_of(spec.env.begin(), spec.env.end(), [&](const auto& kv) {
+          return entry.substr(0, entry.find('=')) == kv.first;
+        });
+    if (!overridden) env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : spec.env) env.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) return Status::IOError("fork failed");
   if (pid_ == 0) {
@@ -87,8 +101,8 @@ Status DaemonProcess::Start(const DaemonSpec& spec) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    std::perror("execv tierkvd");
+    ::execve(argv[0], argv.data(), envp.data());
+    std::perror("execve tierkvd");
     ::_exit(127);
   }
   const auto deadline =

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/testing/temp_dir.h"
@@ -26,6 +27,9 @@ struct DaemonSpec {
   // (tests need not commit the 1 GiB default), unless extra_args has its
   // own --host-bytes.
   std::string default_host_bytes = "64MiB";
+  // Set in the daemon's environment on top of the test's own, e.g.
+  // {"TIERKV_TEST_STALL_LAYER", "3:/tmp/x/stall.fifo"}.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 class DaemonProcess {

@@ -1,13 +1,17 @@
-// ASSERT_OK / EXPECT_OK for Status and Result<T>, printing the error text.
+// ASSERT_OK / EXPECT_OK for Status, Result<T> and PutResult, printing the
+// error text.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include "tierkv/client.h"
 #include "tierkv/status.h"
 
 namespace tierkv::testing {
 
 inline Status ToStatus(const Status& s) { return s; }
+// A deduplicated Put item is OK too (PutResult::already_stored).
+inline Status ToStatus(const PutResult& r) { return r.status; }
 template <typename T>
 Status ToStatus(const Result<T>& r) {
   return r.status();

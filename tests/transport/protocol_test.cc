@@ -32,6 +32,48 @@ TEST(ProtocolTest, BatchedMessagesRoundTrip) {
   EXPECT_EQ(get2.items[1].tier, Tier::kMiss);
 }
 
+TEST(ProtocolTest, PlacementsCarryDedupAsASuccessFlag) {
+  PutReserveResponse resp;
+  resp.lease_id = 3;
+  resp.items = {{Status::OK(), 8192, /*already_stored=*/false},
+                {Status::OK(), 0, /*already_stored=*/true},
+                {Status::Busy("being written"), 0, /*already_stored=*/false}};
+  PutReserveResponse out;
+  ASSERT_OK(Decode(Encode(resp), out));
+  ASSERT_EQ(out.items.size(), 3u);
+  EXPECT_OK(out.items[0].status);
+  EXPECT_EQ(out.items[0].offset, 8192u);
+  EXPECT_FALSE(out.items[0].already_stored);
+  EXPECT_OK(out.items[1].status);
+  EXPECT_TRUE(out.items[1].already_stored);
+  EXPECT_EQ(out.items[2].status.code(), StatusCode::kBusy);
+  EXPECT_FALSE(out.items[2].already_stored);
+}
+
+TEST(ProtocolTest, PlacementFlagIsStrict) {
+  // Layout: status(1+4) lease(8) count(4), then per item status(1+4+msg)
+  // offset(8) flag(1); an OK status has an empty message.
+  PutReserveResponse resp;
+  resp.items = {{Status::OK(), 0, /*already_stored=*/true}};
+  auto bytes = Encode(resp);
+  const size_t flag = 5 + 8 + 4 + 5 + 8;
+  ASSERT_EQ(bytes.size(), flag + 1);
+  ASSERT_EQ(bytes[flag], std::byte{1});
+  PutReserveResponse out;
+  auto bad_flag = bytes;
+  bad_flag[flag] = std::byte{2};
+  EXPECT_EQ(Decode(bad_flag, out).code(), StatusCode::kProtocolError);
+  // Dedup never comes with an error status.
+  resp.items = {{Status::Busy(""), 0, /*already_stored=*/true}};
+  EXPECT_EQ(Decode(Encode(resp), out).code(), StatusCode::kProtocolError);
+  // Truncated anywhere: refused.
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_EQ(Decode(std::span(bytes).first(cut), out).code(),
+              StatusCode::kProtocolError)
+        << cut;
+  }
+}
+
 TEST(ProtocolTest, LayoutWithPerLayerPartsRoundTrips) {
   LayoutSpec layout = LayoutSpec::Uniform(64, 78, {{"kv", 1152}});
   for (uint32_t l : {0u, 1u, 2u, 6u, 10u})
@@ -160,6 +202,8 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
         t.waits->counts[2] = 1;
         return t;
       }()),
+      Encode(PutReserveResponse{
+          Status::OK(), 1, {{Status::OK(), 0, /*already_stored=*/true}}}),
   };
   for (int i = 0; i < 20000; ++i) {
     std::vector<std::byte> in = seeds[rng() % seeds.size()];
@@ -177,6 +221,7 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
     MatchResponse h;
     TransferRequest t;
     (void)Decode(in, t);
+    PutReserveResponse k;
     (void)Decode(in, a);
     (void)Decode(in, b);
     (void)Decode(in, c);
@@ -185,6 +230,7 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
     (void)Decode(in, f);
     (void)Decode(in, g);
     (void)Decode(in, h);
+    (void)Decode(in, k);
     // Whatever decoded must be bounded by the input size.
     EXPECT_LE(b.items.size() * kWireKeyBytes, in.size() + kWireKeyBytes);
   }

@@ -1,0 +1,78 @@
+// LayerStall: parsing TIERKV_TEST_STALL_LAYER and the FIFO wait (see
+// layer_stall.h).
+#include "daemon/layer_stall.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace tierkv::daemon {
+
+Result<LayerStall> ParseLayerStall(const std::string& value) {
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument(std::string(kLayerStallEnv) + "='" + value +
+                                   "': " + why +
+                                   " (expected <layer>:<fifo path>)");
+  };
+  const size_t colon = value.find(':');
+  if (colon == std::string::npos) return bad("no ':'");
+  LayerStall stall;
+  const char* first = value.data();
+  const char* last = value.data() + colon;
+  auto [end, ec] = std::from_chars(first, last, stall.layer);
+  if (first == last || ec != std::errc() || end != last) {
+    return bad("the layer is not a number in [0, 65535]");
+  }
+  stall.fifo_path = value.substr(colon + 1);
+  if (stall.fifo_path.empty()) return bad("empty FIFO path");
+  struct stat st {};
+  if (::stat(stall.fifo_path.c_str(), &st) != 0) {
+    return bad(std::string("cannot stat the FIFO: ") + std::strerror(errno));
+  }
+  if (!S_ISFIFO(st.st_mode)) return bad("not a FIFO (create it with mkfifo)");
+  return stall;
+}
+
+Result<std::optional<LayerStall>> LayerStallFromEnvironment() {
+  const char* value = std::getenv(kLayerStallEnv);
+  if (value == nullptr) return std::optional<LayerStall>();
+  auto stall = ParseLayerStall(value);
+  if (!stall.ok()) return stall.status();
+  return std::optional<LayerStall>(std::move(stall).value());
+}
+
+std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall) {
+  auto fired = std::make_shared<std::atomic<bool>>(false);
+  return [stall, fired](uint16_t layer) {
+    if (layer != stall.layer) return;
+    if (fired->exchange(true, std::memory_order_acq_rel)) return;
+    spdlog::warn("{}: holding a transfer before layer {} until {} is written",
+                 kLayerStallEnv, layer, stall.fifo_path);
+    int fd;
+    do {
+      fd = ::open(stall.fifo_path.c_str(), O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      spdlog::error("{}: cannot open {}: {}; not stalling", kLayerStallEnv,
+                    stall.fifo_path, std::strerror(errno));
+      return;
+    }
+    char byte;
+    ssize_t n;
+    do {
+      n = ::read(fd, &byte, 1);  // a byte, or 0 once every writer closed
+    } while (n < 0 && errno == EINTR);
+    ::close(fd);
+    spdlog::warn("{}: released layer {}", kLayerStallEnv, layer);
+  };
+}
+
+}  // namespace tierkv::daemon
