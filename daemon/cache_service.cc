@@ -280,7 +280,7 @@ void CacheService::Get(uint64_t conn, Namespace& ns, In in,
       conn, *ns.engine, std::move(req.keys),
       // std::function needs a copyable callable: share the move-only
       // Responder.
-      [this, &ns, r = std::make_shared<Responder>(std::move(responder))](
+      [&ns, r = std::make_shared<Responder>(std::move(responder))](
           storage::EngineRead read) {
         GetResponse resp;
         resp.lease_id = read.lease_id;
