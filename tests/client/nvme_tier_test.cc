@@ -11,6 +11,7 @@
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tierkv::testing {
 namespace {
@@ -19,16 +20,7 @@ constexpr size_t kSeg = 64 * 1024;
 
 class NvmeTierTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/var/tmp/tierkv-nvme-XXXXXX";
-    char* made = ::mkdtemp(tmpl);
-    ASSERT_NE(made, nullptr);
-    data_dir_ = made;
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::filesystem::remove_all(data_dir_);
-  }
+  void SetUp() override { ASSERT_FALSE(data_dir_.empty()); }
 
   Status Start(std::vector<std::string> extra = {}) {
     daemon_ = std::make_unique<DaemonProcess>();
@@ -69,7 +61,10 @@ class NvmeTierTest : public ::testing::Test {
     return keys;
   }
 
-  std::string data_dir_;
+  // Disk-backed: the NVMe tier's data file needs O_DIRECT. Declared before
+  // daemon_, so the daemon stops before the directory is removed.
+  TempDir dir_{"/var/tmp"};
+  const std::string data_dir_ = dir_.path().string();
   std::string token_;
   std::unique_ptr<DaemonProcess> daemon_;
 };

@@ -21,6 +21,7 @@
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tierkv::testing {
 namespace {
@@ -121,16 +122,7 @@ class StallFifo {
 
 class PoolTransferTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/var/tmp/tierkv-pool-XXXXXX";
-    char* made = ::mkdtemp(tmpl);
-    ASSERT_NE(made, nullptr);
-    data_dir_ = made;
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::filesystem::remove_all(data_dir_);
-  }
+  void SetUp() override { ASSERT_FALSE(data_dir_.empty()); }
   DaemonSpec Spec() const {
     return {.extra_args = {"--host-bytes", "8MiB", "--shards", "1",
                            "--nvme-path", data_dir_ + "/nvme.data",
@@ -192,7 +184,10 @@ class PoolTransferTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  std::string data_dir_;
+  // Disk-backed: the NVMe tier's data file needs O_DIRECT. Declared before
+  // daemon_, so the daemon stops before the directory is removed.
+  TempDir dir_{"/var/tmp"};
+  const std::string data_dir_ = dir_.path().string();
   std::unique_ptr<DaemonProcess> daemon_;
 };
 

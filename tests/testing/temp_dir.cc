@@ -6,9 +6,10 @@
 
 namespace tierkv::testing {
 
-TempDir::TempDir() {
-  std::string pattern =
-      (std::filesystem::temp_directory_path() / "tierkv-test-XXXXXX").string();
+TempDir::TempDir() : TempDir(std::filesystem::temp_directory_path()) {}
+
+TempDir::TempDir(const std::filesystem::path& parent) {
+  std::string pattern = (parent / "tierkv-test-XXXXXX").string();
   char* made = ::mkdtemp(pattern.data());
   path_ = made ? std::filesystem::path(made) : std::filesystem::path();
 }

@@ -1,5 +1,6 @@
-// TempDir: a fresh directory under $TMPDIR, removed with its contents on
-// destruction. Not thread-safe; one per test.
+// TempDir: a fresh directory under $TMPDIR (or under `parent`), removed
+// with its contents on destruction; path() is empty when it could not be
+// made. Not thread-safe; one per test.
 #pragma once
 
 #include <filesystem>
@@ -10,6 +11,8 @@ namespace tierkv::testing {
 class TempDir {
  public:
   TempDir();
+  // E.g. "/var/tmp" for files that need O_DIRECT (tmpfs refuses it).
+  explicit TempDir(const std::filesystem::path& parent);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
