@@ -31,6 +31,13 @@ class LatencyHistogram {
     return i + 1 >= kBuckets ? UINT64_MAX : (uint64_t{1} << i);
   }
 
+  // Samples in a snapshot: the sum of its bucket counts.
+  static constexpr uint64_t SampleCount(const Counts& counts) {
+    uint64_t n = 0;
+    for (uint64_t c : counts) n += c;
+    return n;
+  }
+
   void Record(std::chrono::nanoseconds latency) {
     const uint64_t micros = latency.count() <= 0
                                 ? 0

@@ -25,12 +25,6 @@ bool TokensEqual(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-uint64_t LatencyCount(const LatencyHistogram::Counts& counts) {
-  uint64_t n = 0;
-  for (uint64_t c : counts) n += c;
-  return n;
-}
-
 template <typename Message>
 HandlerReply Ok(const Message& m) {
   return HandlerReply{Encode(m), -1, false};
@@ -452,10 +446,10 @@ HandlerReply CacheService::Stats(Namespace& ns) {
       {"stores", es.stores},
       {"prefetches", es.prefetches},
       {"load_seconds",
-       {{"count", LatencyCount(es.load_latency)},
+       {{"count", LatencyHistogram::SampleCount(es.load_latency)},
         {"sum", static_cast<double>(es.load_latency_nanos) * 1e-9}}},
       {"store_seconds",
-       {{"count", LatencyCount(es.store_latency)},
+       {{"count", LatencyHistogram::SampleCount(es.store_latency)},
         {"sum", static_cast<double>(es.store_latency_nanos) * 1e-9}}},
       // This namespace's engines, as their clients reported; "blocked":
       // calls that waited 1 us or more.
