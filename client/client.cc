@@ -53,13 +53,14 @@ class Client::Impl {
   }
 
   // Sends a request and decodes its response. Concurrent calls share the
-  // (multiplexed) channel; no lock is held here.
+  // (multiplexed) channel; no lock is held here. `spin`: see
+  // UdsChannel::Receive.
   template <typename Response>
   Status Call(Opcode op, const std::vector<std::byte>& payload, Response& out,
-              int* fd = nullptr, int fd_to_send = -1) {
+              int* fd = nullptr, int fd_to_send = -1, bool spin = false) {
     auto id = channel_->Send(static_cast<uint16_t>(op), payload, fd_to_send);
     if (!id.ok()) return id.status();
-    return Receive(op, *id, out, fd);
+    return Receive(op, *id, out, fd, spin);
   }
 
   // Waits for the reply to request `id` (sent with `op`) and decodes it.
@@ -254,7 +255,11 @@ Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
     MatchRequest req;
     req.pages.assign(pages.begin() + begin, pages.begin() + end);
     MatchResponse resp;
-    failure = impl_->Call(Opcode::kMatch, Encode(req), resp);
+    // Spin for the reply: a Match is answered from the daemon's index in
+    // microseconds, and sleeping for it doubled its latency on a 2-core VM
+    // (p50 29-33 us blocking, 18-22 us spinning; bench/RESULTS.md).
+    failure = impl_->Call(Opcode::kMatch, Encode(req), resp, /*fd=*/nullptr,
+                          /*fd_to_send=*/-1, /*spin=*/true);
     if (!failure.ok()) return;
     if (resp.tiers.size() != req.pages.size()) {
       failure = Status::ProtocolError("match reply has the wrong item count");

@@ -57,8 +57,8 @@ class UdsChannel {
   Result<uint64_t> Send(uint16_t opcode, std::span<const std::byte> payload,
                         int fd_to_send = -1) EXCLUDES(send_mu_);
   // With `spin`, polls for up to kSpinBeforeBlocking before sleeping: for
-  // pipelined callers whose reply is due any moment (a sleep/wake-up cycle
-  // costs tens of microseconds on a VM). Plain calls never spin.
+  // callers whose reply is due any moment (pipelined sub-batches, Match),
+  // since a sleep/wake-up cycle costs ~10 us on a VM. Call() never spins.
   Result<ChannelReply> Receive(uint64_t request_id, uint16_t opcode,
                                bool spin = false) EXCLUDES(mu_);
 
