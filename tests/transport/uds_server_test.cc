@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -158,6 +160,46 @@ TEST(UdsServerTest, OneConnectionCarriesConcurrentRequestsAnsweredOutOfOrder) {
   EXPECT_EQ(echoed->payload.size(), 10u);
   ASSERT_OK((*ch)->Call(7, {}));
   ASSERT_OK((*ch)->Receive(*first, 6));
+}
+
+TEST(UdsServerTest, ABurstOfPipelinedFramesIsAnsweredInFullUnderTheBound) {
+  // 2,000 frames in one write: the server reads them in one loop (no
+  // recursion per frame), stops at the in-flight bound while some replies
+  // come from other threads, and resumes as they complete.
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start(
+      {.path = dir.File("s.sock"), .max_requests_in_flight = 3}, &handler);
+  ASSERT_OK(server);
+  auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(10));
+  ASSERT_OK(ch);
+  constexpr int kFrames = 2000;
+  std::vector<std::byte> burst;
+  for (int i = 0; i < kFrames; ++i) {
+    const uint16_t opcode = i % 100 == 0 ? 4 : 1;  // 4: answered later
+    std::vector<std::byte> body(sizeof(i));
+    std::memcpy(body.data(), &i, sizeof(i));
+    HeaderBytes h = EncodeFrameHeader(opcode, i + 1, body);
+    burst.insert(burst.end(), h.begin(), h.end());
+    burst.insert(burst.end(), body.begin(), body.end());
+  }
+  ASSERT_OK((*ch)->TEST_SendRaw(burst));
+  std::vector<bool> seen(kFrames, false);
+  for (int n = 0; n < kFrames; ++n) {
+    uint16_t opcode = 0;
+    auto reply = (*ch)->TEST_ReadReply(&opcode);
+    ASSERT_OK(reply);
+    ASSERT_EQ(reply->payload.size(), sizeof(int));
+    int i;
+    std::memcpy(&i, reply->payload.data(), sizeof(i));
+    ASSERT_GE(i, 0);
+    ASSERT_LT(i, kFrames);
+    EXPECT_FALSE(seen[i]) << "frame " << i << " answered twice";
+    seen[i] = true;
+    EXPECT_EQ(opcode, (i % 100 == 0 ? 4 : 1) | kResponseBit);
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), true), kFrames);
+  EXPECT_EQ(handler.frames.load(), kFrames);
 }
 
 TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
