@@ -58,6 +58,15 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
                     "namespace '" + o.host.name +
                         "': " + std::string(host.status().message()));
     }
+    if (nvme) {
+      // Not lazily on the first demotion: that catalog sync would stall a
+      // data path already under pressure.
+      if (Status s = nvme->OpenNamespace(o.host.name); !s.ok()) {
+        return Status(s.code(), "namespace '" + o.host.name +
+                                    "': cannot register it on NVMe: " +
+                                    std::string(s.message()));
+      }
+    }
     auto ns = std::make_unique<EngineNamespace>();
     ns->host_ = std::move(host).value();
     ns->tiers_ = TierPair{

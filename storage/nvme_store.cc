@@ -301,6 +301,10 @@ Status NvmeStore::FlushPendingDeletes(uint64_t upto_seq, bool sync) {
   return s;
 }
 
+Status NvmeStore::OpenNamespace(std::string_view ns) {
+  return AsIoError(catalog_->GetOrCreateNamespace(ns).status());
+}
+
 std::vector<Status> NvmeStore::Write(std::string_view ns,
                                      uint64_t layout_fingerprint,
                                      std::span<const NvmeWriteItem> items,
@@ -708,6 +712,7 @@ NvmeStoreStats NvmeStore::Stats() const {
     s.fragmentation = alloc.fragmentation();
     s.pending_catalog_deletes = pending_deletes_.size();
   }
+  s.namespaces = catalog_->Namespaces().size();
   s.recovery = recovery_;
   s.device = device_->Stats();
   auto* uring = dynamic_cast<UringDevice*>(device_.get());

@@ -267,6 +267,15 @@ TEST_F(CacheEngineTest, FlushOfAThousandKeysSyncsTheDeviceOnce) {
   EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
 }
 
+TEST_F(CacheEngineTest, OpenRegistersTheNamespaceOnNvmeBeforeAnyWrite) {
+  // The catalog's synced namespace record is written at Open, not by the
+  // first demotion (where it stalled a flood for 1.5 s on a virtual disk).
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/8 << 20);
+  const NvmeStoreStats stats = nvme_->Stats();
+  EXPECT_EQ(stats.namespaces, 1u);
+  EXPECT_EQ(stats.writes, 0u);
+}
+
 TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
   // 1 MiB of DRAM (~58 pages) and 400 pages put as fast as possible: every
   // Put succeeds (waiting for write-back when DRAM is all dirty) and every
