@@ -178,6 +178,7 @@ Status DaemonConfig::Validate() const {
   }
   if (io_threads == 0 || io_threads > 64)
     return Bad("server.io_threads", "must be in [1, 64]");
+  if (poll_us > 10000) return Bad("server.poll_us", "must be <= 10000");
   if (workers == 0 || workers > 256)
     return Bad("server.workers", "must be in [1, 256]");
   if (worker_queue == 0) return Bad("server.worker_queue", "must be > 0");
@@ -291,7 +292,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         CheckKeys(*server, "server",
                   {"socket", "socket_mode", "socket_group", "io_threads",
-                   "workers", "worker_queue", "max_frame_bytes"}));
+                   "poll_us", "workers", "worker_queue", "max_frame_bytes"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -299,6 +300,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadString(*server, "server", "socket_group", c.socket_group));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "io_threads", c.io_threads));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "poll_us", c.poll_us));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "workers", c.workers));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "worker_queue", c.worker_queue));

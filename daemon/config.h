@@ -5,6 +5,7 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
+//   poll_us,
 //               workers, worker_queue, max_frame_bytes
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
@@ -73,6 +74,9 @@ struct DaemonConfig {
   uint32_t socket_mode = 0660;
   std::string socket_group;  // Default: the daemon's own group
   uint32_t io_threads = 2;   // socket IO threads. Default: 2
+  // How long an IO thread polls for the next request before sleeping
+  // (transport::UdsServerOptions::poll_after_work); 0 never polls.
+  uint32_t poll_us = 50;  // Default: 50 us
   // Engine threads for requests that wait for NVMe (Get promotions, Flush),
   // and how many such requests may wait for one (more get Busy).
   uint32_t workers = 4;                           // Default: 4

@@ -114,13 +114,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     spdlog::info("metrics on http://{}/metrics (port {})",
                  config.metrics_listen, d->metrics_.port());
   }
-  auto server =
-      transport::UdsServer::Start({.path = config.socket_path,
-                                   .mode = config.socket_mode,
-                                   .group = config.socket_group,
-                                   .max_payload_bytes = config.max_frame_bytes,
-                                   .io_threads = config.io_threads},
-                                  d->service_.get());
+  auto server = transport::UdsServer::Start(
+      {.path = config.socket_path,
+       .mode = config.socket_mode,
+       .group = config.socket_group,
+       .max_payload_bytes = config.max_frame_bytes,
+       .io_threads = config.io_threads,
+       .poll_after_work = std::chrono::microseconds(config.poll_us)},
+      d->service_.get());
   if (!server.ok()) return server.status();
   d->server_ = std::move(server).value();
   d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });

@@ -46,6 +46,22 @@ bool SocketIsLive(const std::string& path) {
   return live;
 }
 
+// Runs `io` until it is stopped, polling for `poll` after each burst of
+// work before blocking again (see UdsServerOptions::poll_after_work).
+void RunPolling(asio::io_context& io, std::chrono::microseconds poll) {
+  if (poll.count() == 0) {
+    io.run();
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  while (io.run_one() > 0) {  // 0: stopped
+    auto until = Clock::now() + poll;
+    while (!io.stopped() && Clock::now() < until) {
+      if (io.poll() > 0) until = Clock::now() + poll;
+    }
+  }
+}
+
 }  // namespace
 
 class Connection;
@@ -487,7 +503,8 @@ Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,
   for (auto& io : impl->ios) {
     // Until Stop, a context without connections still keeps its thread.
     impl->keep_running.push_back(asio::make_work_guard(*io));
-    impl->threads.emplace_back([io = io.get()] { io->run(); });
+    impl->threads.emplace_back(
+        [io = io.get(), poll = o.poll_after_work] { RunPolling(*io, poll); });
   }
   return std::unique_ptr<UdsServer>(new UdsServer(std::move(impl)));
 }

@@ -34,6 +34,7 @@ TEST(ConfigTest, ParsesAFullFile) {
 socket = "/tmp/x.sock"
 socket_mode = "0600"
 io_threads = 4
+poll_us = 0
 [metrics]
 listen = ""
 [leases]
@@ -49,6 +50,7 @@ hugepages = false
   EXPECT_OK(c->Validate());
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->io_threads, 4u);
+  EXPECT_EQ(c->poll_us, 0u);
   EXPECT_EQ(c->metrics_listen, "");
   EXPECT_EQ(c->lease_ttl_ms, 5000u);
   ASSERT_EQ(c->namespaces.size(), 1u);
@@ -67,6 +69,10 @@ TEST(ConfigTest, MistakesAreNamed) {
   auto type = Load(dir, "[server]\nio_threads = \"four\"\n");
   ASSERT_FALSE(type.ok());
   EXPECT_NE(type.status().message().find("io_threads"), std::string_view::npos);
+  auto poll = Load(dir, "[server]\npoll_us = 20000\n");
+  ASSERT_OK(poll);
+  EXPECT_NE(poll->Validate().message().find("server.poll_us"),
+            std::string_view::npos);
   auto size = Load(dir,
                    "[[namespace]]\nname = \"a\"\ntoken = "
                    "\"12345678\"\nhost_bytes = \"1 furlong\"\n");
