@@ -5,8 +5,7 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
-//   poll_us,
-//               workers, worker_queue, max_frame_bytes
+//               poll_us, workers, worker_queue, max_frame_bytes
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
 //   [log]       level ("trace".."off")
