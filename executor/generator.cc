@@ -14,8 +14,21 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
   if (options.max_new_tokens <= 0) return r;
   Sampler sampler(options.sampler);
   auto t0 = Clock::now();
-  auto logits = model.Forward(prompt, cache);
-  if (!logits.ok()) return logits.status();
+  auto start = cache->AttachPrefix(prompt);
+  if (!start.ok()) return start.status();
+  const int64_t attached = *start;
+  auto logits =
+      model.Forward(prompt.subspan(static_cast<size_t>(*start)), cache);
+  if (!logits.ok()) {
+    start = cache->RecoverPrefix(logits.status());
+    if (!start.ok()) return start.status();
+    logits = model.Forward(prompt.subspan(static_cast<size_t>(*start)), cache);
+    if (!logits.ok()) return logits.status();
+  }
+  r.prefix_tokens = *start;
+  r.prefix_tokens_recomputed = attached - *start;
+  std::vector<int32_t> sequence(prompt.begin(), prompt.end());
+  TIERKV_RETURN_IF_ERROR(cache->CommitTokens(sequence));
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<float> current = std::move(logits).value();
   auto t1 = Clock::now();
@@ -29,6 +42,11 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
     auto next = model.Forward(std::span<const int32_t>(&token, 1), cache);
     if (!next.ok()) return next.status();
     current = std::move(next).value();
+    sequence.push_back(token);
+    if (sequence.size() % static_cast<size_t>(cache->geometry().page_tokens) ==
+        0) {
+      TIERKV_RETURN_IF_ERROR(cache->CommitTokens(sequence));
+    }
     ++r.decode_steps;
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();

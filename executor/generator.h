@@ -26,13 +26,19 @@ struct GenerateResult {
   // prompt position, row i = logits after feeding generated token i - 1.
   std::vector<float> logits;
   int64_t prompt_tokens = 0;
+  // Prompt tokens whose rows came from the cache's store (not prefilled),
+  // and attached ones that did not arrive and were recomputed.
+  int64_t prefix_tokens = 0;
+  int64_t prefix_tokens_recomputed = 0;
   int64_t decode_steps = 0;  // Forward calls after the prefill
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };
 
 // REQUIRES: !prompt.empty(), `cache` empty and sized for prompt +
-// max_new_tokens. Returns Model::Forward's errors.
+// max_new_tokens. A stored prefix of the prompt is reused through the
+// cache's AttachPrefix / RecoverPrefix / CommitTokens (see KvCache).
+// Returns Model::Forward's errors and the cache's.
 Result<GenerateResult> Generate(Model& model, KvCache* cache,
                                 std::span<const int32_t> prompt,
                                 const GenerateOptions& options);

@@ -75,6 +75,35 @@ class KvCache {
     return Status::OK();
   }
 
+  // Prefix reuse, for caches backed by a store (TierKvCache); the
+  // defaults are those of a cache without one. The caller (Generate):
+  //   start = AttachPrefix(prompt); Forward(prompt[start:]);
+  //   on failure: start = RecoverPrefix(error), then Forward(prompt[start:]);
+  //   CommitTokens(every token whose rows are written) after each Forward.
+  //
+  // Called on an empty cache before a prompt's prefill: makes the stored
+  // leading pages of `prompt` the cache's first rows and returns their
+  // token count, a multiple of page_tokens below prompt.size() (the last
+  // token is always computed: its logits are the output). Their rows may
+  // arrive later: WaitForLayer covers them. Default: 0.
+  virtual Result<int64_t> AttachPrefix(std::span<const int32_t> prompt) {
+    (void)prompt;
+    return int64_t{0};
+  }
+  // After a Forward failed: when the failure was an attached page that did
+  // not arrive, keeps the leading pages that arrived in every layer and
+  // returns their token count (the caller computes the rest); any other
+  // error is returned as is. Default: the error.
+  virtual Result<int64_t> RecoverPrefix(const Status& forward_error) {
+    return forward_error;
+  }
+  // `tokens` are the ids of rows [0, tokens.size()): full pages among them
+  // may be saved. Default: nothing to do.
+  virtual Status CommitTokens(std::span<const int32_t> tokens) {
+    (void)tokens;
+    return Status::OK();
+  }
+
   // Stores rows for tokens [first_token, first_token + n), n =
   // rows.size() / RowDim(part). REQUIRES: first_token <= num_tokens(layer,
   // part) (no holes). Returns InvalidArgument for a bad layer/part/size,

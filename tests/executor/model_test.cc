@@ -170,6 +170,36 @@ TEST(ModelTest, PrefillThenDecodeMatchesLongerPrefill) {
   }
 }
 
+// A cache served prefix is only as good as this: with one attention form,
+// a token's logits do not depend on how the tokens before it were chunked
+// (prefill all at once, prefix then suffix, or token by token).
+TEST(ModelTest, ChunkingIsBitIdenticalInAbsorbedMqaForm) {
+  for (int64_t topk : {8, 64}) {
+    auto m =
+        MakeModel(Tiny(topk), {.attention_mode = AttentionMode::kAbsorbedMqa});
+    const auto tokens = Tokens(150);
+    auto run = [&](std::vector<int64_t> cuts) {
+      auto cache = m->NewCache(160);
+      EXPECT_TRUE(cache.ok());
+      std::vector<float> last;
+      int64_t at = 0;
+      cuts.push_back(static_cast<int64_t>(tokens.size()));
+      for (int64_t cut : cuts) {
+        auto r =
+            m->Forward(std::span<const int32_t>(tokens.data() + at, cut - at),
+                       cache->get());
+        EXPECT_TRUE(r.ok());
+        last = std::move(r).value();
+        at = cut;
+      }
+      return last;
+    };
+    const std::vector<float> whole = run({});
+    EXPECT_EQ(run({128}), whole) << "index_topk " << topk;
+    EXPECT_EQ(run({64, 128, 149}), whole) << "index_topk " << topk;
+  }
+}
+
 TEST(ModelTest, TokenByTokenDecodeMatchesOneChunk) {
   auto m = MakeModel(Tiny(8));
   const auto tokens = Tokens(20);

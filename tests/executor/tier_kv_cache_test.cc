@@ -1,0 +1,248 @@
+// TierKvCache against real tierkvd processes: the executor's logits with a
+// prefix loaded from the daemon are bit-identical (exact float equality) to
+// those of the in-process cache, whichever tier the prefix comes from.
+#include "executor/tier_kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "executor/generator.h"
+#include "executor/model.h"
+#include "executor/presets.h"
+#include "executor/weights.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::executor {
+namespace {
+
+constexpr char kDramOnly[] = R"(
+[[namespace]]
+name = "exec"
+token = "exec-token"
+host_bytes = "8MiB"
+shards = 1
+)";
+
+// A host tier of 1 MiB (about 21 tiny pages) in front of NVMe.
+std::string WithNvme(const std::string& policy) {
+  return R"(
+[nvme]
+path = "{DIR}/nvme.data"
+capacity_bytes = "64MiB"
+[[namespace]]
+name = "exec"
+token = "exec-token"
+host_bytes = "1MiB"
+shards = 1
+write_policy = ")" +
+         policy + "\"\n";
+}
+
+std::vector<int32_t> Tokens(int64_t n, uint32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (auto& v : t) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<int32_t>((s >> 8) % 128);
+  }
+  return t;
+}
+
+class TierKvCacheTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kNewTokens = 70;  // decode crosses a page
+
+  void SetUp() override {
+    ModelConfig c = PresetConfig("tiny").value();
+    // One attention form for every chunking: a prefix served from the
+    // daemon is then bit-identical to one prefilled here (model_test.cc,
+    // ChunkingIsBitIdenticalInAbsorbedMqaForm).
+    auto m = Model::Create(c, RandomWeights(c, /*seed=*/3),
+                           {.attention_mode = AttentionMode::kAbsorbedMqa});
+    ASSERT_OK(m);
+    model_ = std::move(m).value();
+  }
+
+  void StartDaemon(const std::string& toml) {
+    spec_.config_toml = toml;
+    ASSERT_OK(daemon_.Start(spec_));
+  }
+
+  TierKvCacheOptions Options() const {
+    TierKvCacheOptions o;
+    o.client.socket_path = daemon_.socket_path();
+    o.client.timeout = std::chrono::seconds(10);
+    o.namespace_name = "exec";
+    o.token = "exec-token";
+    o.salt = ModelIdentity(*model_);
+    o.required = true;
+    return o;
+  }
+
+  std::unique_ptr<TierKvCache> TierCache(const std::vector<int32_t>& prompt) {
+    auto cache = TierKvCache::Create(
+        GeometryFor(model_->config(),
+                    static_cast<int64_t>(prompt.size()) + kNewTokens),
+        Options());
+    EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+    return cache.ok() ? std::move(cache).value() : nullptr;
+  }
+
+  GenerateResult Run(KvCache* cache, const std::vector<int32_t>& prompt) {
+    GenerateOptions o;
+    o.max_new_tokens = kNewTokens;
+    o.keep_logits = true;
+    auto r = Generate(*model_, cache, prompt, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(r).value() : GenerateResult{};
+  }
+
+  // Logits of the prompt run on the in-process cache.
+  std::vector<float> Reference(const std::vector<int32_t>& prompt) {
+    auto cache =
+        model_->NewCache(static_cast<int64_t>(prompt.size()) + kNewTokens);
+    EXPECT_TRUE(cache.ok());
+    return Run(cache->get(), prompt).logits;
+  }
+
+  nlohmann::json DaemonStats() {
+    auto c = daemon_.Connect("exec", "exec-token");
+    EXPECT_TRUE(c.ok());
+    auto stats = (*c)->StatsJson();
+    EXPECT_TRUE(stats.ok());
+    return nlohmann::json::parse(*stats);
+  }
+
+  std::unique_ptr<Model> model_;
+  testing::DaemonSpec spec_;
+  testing::DaemonProcess daemon_;
+};
+
+TEST_F(TierKvCacheTest, PrefixFromDramGivesIdenticalLogitsAndStoresPagesOnce) {
+  StartDaemon(kDramOnly);
+  const auto prompt = Tokens(200, 1);  // 3 full pages, then 8 tokens
+  const std::vector<float> reference = Reference(prompt);
+  ASSERT_FALSE(reference.empty());
+
+  // First request: nothing stored, everything prefilled, pages saved.
+  auto first = TierCache(prompt);
+  ASSERT_NE(first, nullptr);
+  const GenerateResult cold = Run(first.get(), prompt);
+  EXPECT_EQ(cold.prefix_tokens, 0);
+  EXPECT_EQ(cold.logits, reference);
+  // 200 prompt + 69 fed generated tokens = 4 full pages.
+  EXPECT_EQ(first->stats().pages_stored, 4);
+  first.reset();  // waits for its stores
+
+  // Second request: the 3 full prompt pages come from the daemon.
+  auto second = TierCache(prompt);
+  ASSERT_NE(second, nullptr);
+  const GenerateResult warm = Run(second.get(), prompt);
+  EXPECT_EQ(warm.prefix_tokens, 192);
+  EXPECT_EQ(warm.prefix_tokens_recomputed, 0);
+  EXPECT_EQ(second->stats().pages_from_host, 3);
+  EXPECT_EQ(warm.logits, reference);
+  second.reset();
+
+  // Every page once: a page is one "kv" segment per layer and one
+  // "index_k" segment per full layer.
+  const ModelConfig& config = model_->config();
+  const int64_t full =
+      std::count(config.indexer_full.begin(), config.indexer_full.end(), true);
+  const nlohmann::json stats = DaemonStats();
+  EXPECT_EQ(stats["host"]["segments"].get<int64_t>(),
+            4 * (config.num_hidden_layers + full));
+  EXPECT_EQ(stats["transfers"]["store_dedup"].get<int64_t>(),
+            config.num_hidden_layers + full);  // page 3, stored again
+}
+
+TEST_F(TierKvCacheTest, SharedLayersStoreNoIndexKeys) {
+  StartDaemon(kDramOnly);
+  const auto prompt = Tokens(130, 2);  // 2 full pages
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  Run(cache.get(), prompt);
+  cache.reset();
+  auto c = daemon_.Connect("exec", "exec-token");
+  ASSERT_OK(c);
+  auto listed = (*c)->List(1000);
+  ASSERT_OK(listed);
+  const ModelConfig& config = model_->config();
+  std::map<std::pair<uint16_t, uint8_t>, int> per_layer_part;
+  for (const auto& s : *listed) per_layer_part[{s.key.layer, s.key.part}]++;
+  const int pages = 3;  // 130 + 69 = 199 tokens: 3 full pages
+  for (uint16_t l = 0; l < config.num_hidden_layers; ++l) {
+    EXPECT_EQ((per_layer_part[{l, 0}]), pages) << "layer " << l;
+    EXPECT_EQ((per_layer_part[{l, 1}]), config.indexer_full[l] ? pages : 0)
+        << "layer " << l;
+  }
+}
+
+// Pages evicted from a 1 MiB host tier to NVMe come back bit-exact.
+class TierKvCacheNvmeTest : public TierKvCacheTest,
+                            public ::testing::WithParamInterface<const char*> {
+};
+
+TEST_P(TierKvCacheNvmeTest, PrefixEvictedToNvmeGivesIdenticalLogits) {
+  StartDaemon(WithNvme(GetParam()));
+  const auto prompt = Tokens(1000, 3);  // 15 full pages
+  const std::vector<float> reference = Reference(prompt);
+  {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    EXPECT_EQ(Run(cache.get(), prompt).logits, reference);
+  }
+  // Other sequences push the first one's pages out of DRAM.
+  for (uint32_t seed = 10; seed < 14; ++seed) {
+    const auto other = Tokens(1000, seed);
+    auto cache = TierCache(other);
+    ASSERT_NE(cache, nullptr);
+    Run(cache.get(), other);
+  }
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  const GenerateResult again = Run(cache.get(), prompt);
+  EXPECT_EQ(again.prefix_tokens, 960);
+  EXPECT_GT(cache->stats().pages_from_nvme, 0);
+  EXPECT_EQ(again.logits, reference);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, TierKvCacheNvmeTest,
+                         ::testing::Values("write_back", "write_through"));
+
+TEST_F(TierKvCacheTest, UnreachableDaemonDegradesOrFailsAsAsked) {
+  StartDaemon(kDramOnly);
+  const auto prompt = Tokens(100, 4);
+  const std::vector<float> reference = Reference(prompt);
+  daemon_.Stop();
+  TierKvCacheOptions o = Options();
+  auto required = TierKvCache::Create(GeometryFor(model_->config(), 200), o);
+  EXPECT_EQ(required.status().code(), StatusCode::kUnavailable);
+
+  o.required = false;
+  std::vector<Status> told;
+  o.on_degraded = [&](const Status& s) { told.push_back(s); };
+  auto fallback = TierKvCache::Create(GeometryFor(model_->config(), 200), o);
+  ASSERT_OK(fallback);
+  EXPECT_TRUE((*fallback)->stats().degraded);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Run(fallback->get(), prompt).logits, reference);
+  EXPECT_EQ(told.size(), 1u);  // said once
+}
+
+TEST_F(TierKvCacheTest, WrongTokenIsAnErrorEvenWhenNotRequired) {
+  StartDaemon(kDramOnly);
+  TierKvCacheOptions o = Options();
+  o.required = false;
+  o.token = "not-the-token";
+  auto cache = TierKvCache::Create(GeometryFor(model_->config(), 200), o);
+  EXPECT_EQ(cache.status().code(), StatusCode::kPermissionDenied);
+}
+
+}  // namespace
+}  // namespace tierkv::executor
