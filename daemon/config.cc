@@ -209,6 +209,9 @@ Status DaemonConfig::Validate() const {
     if (nvme.sync_interval_ms == 0 || nvme.sync_interval_ms > 3600000) {
       return Bad("nvme.sync_interval_ms", "must be in [1, 3600000]");
     }
+    if (nvme.shutdown_persist_ms > 3600000) {
+      return Bad("nvme.shutdown_persist_ms", "must be in [0, 3600000]");
+    }
     if (nvme.prefetch_queue == 0) {
       return Bad("nvme.prefetch_queue", "must be > 0");
     }
@@ -264,11 +267,11 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       CheckKeys(root, "top level",
                 {"server", "metrics", "leases", "log", "nvme", "namespace"}));
   if (auto* nvme = root["nvme"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(
-        CheckKeys(*nvme, "nvme",
-                  {"path", "catalog_path", "capacity_bytes", "queue_depth",
-                   "direct_io", "sync", "recreate_damaged_catalog",
-                   "mover_workers", "prefetch_queue", "sync_interval_ms"}));
+    TIERKV_RETURN_IF_ERROR(CheckKeys(
+        *nvme, "nvme",
+        {"path", "catalog_path", "capacity_bytes", "queue_depth", "direct_io",
+         "sync", "recreate_damaged_catalog", "mover_workers", "prefetch_queue",
+         "sync_interval_ms", "shutdown_persist_ms"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
@@ -282,6 +285,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadInt(*nvme, "nvme", "prefetch_queue", c.nvme.prefetch_queue));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*nvme, "nvme", "sync_interval_ms", c.nvme.sync_interval_ms));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "shutdown_persist_ms",
+                                   c.nvme.shutdown_persist_ms));
     TIERKV_RETURN_IF_ERROR(
         ReadBool(*nvme, "nvme", "direct_io", c.nvme.direct_io));
     TIERKV_RETURN_IF_ERROR(ReadBool(*nvme, "nvme", "sync", c.nvme.sync));

@@ -11,7 +11,7 @@
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
-//               prefetch_queue, sync_interval_ms
+//               prefetch_queue, sync_interval_ms, shutdown_persist_ms
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
 //               shards, hugepages, prefault, write_policy
 #pragma once
@@ -51,6 +51,11 @@ struct NvmeConfig {
   // work and at least this often (bounds what a power loss can take; a
   // process crash takes nothing). 1..3600000. Default: 5000 ms.
   uint32_t sync_interval_ms = 5000;
+  // On a graceful stop (SIGTERM), every dirty DRAM segment of namespaces
+  // with a write policy is written to NVMe first, for up to this long, so
+  // a restarted daemon serves it; 0 skips that. 0..3600000. Default:
+  // 30000 ms.
+  uint32_t shutdown_persist_ms = 30000;
   bool enabled() const { return !path.empty(); }
 };
 

@@ -88,6 +88,11 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   return engine;
 }
 
+uint64_t CacheEngine::PersistDirty(
+    std::chrono::steady_clock::time_point deadline) {
+  return mover_ ? mover_->PersistDirty(deadline) : 0;
+}
+
 CacheEngine::~CacheEngine() {
   workers_.reset();  // queued calls complete while everything still exists
   mover_.reset();

@@ -306,6 +306,12 @@ class CacheEngine {
   const NvmeStore* nvme() const { return nvme_; }
   const TierMover* mover() const { return mover_.get(); }
 
+  // Writes the dirty DRAM segments of every namespace with a write policy
+  // to NVMe until done or `deadline` (see TierMover::PersistDirty): for a
+  // graceful shutdown, after the server stopped. Returns the segments
+  // written (0 without NVMe).
+  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
   // Called by the worker before it moves each layer of a Load or Store

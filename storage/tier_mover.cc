@@ -170,42 +170,84 @@ bool TierMover::DemoteOnce() {
   for (size_t i = 0; i < n; ++i) {
     const TierPair& tiers = *namespaces_[(start + i) % n];
     if (tiers.policy == WritePolicy::kNone || !tiers.nvme) continue;
-    std::vector<DirtySegment> batch = tiers.host->TakeDirty(
-        options_.demotion_batch_segments, options_.demotion_batch_bytes,
-        /*only_needed=*/tiers.policy == WritePolicy::kWriteBack);
-    if (batch.empty()) continue;
-    // Taken segments are immutable and cannot be evicted until
-    // FinishPersist, so the device reads them straight from the arena.
-    std::vector<NvmeWriteItem> items;
-    items.reserve(batch.size());
-    for (const DirtySegment& d : batch) {
-      items.push_back(
-          {d.key,
-           {tiers.host->arena().base() + d.location.offset, d.location.size}});
+    if (DemoteBatch(tiers, /*only_needed=*/tiers.policy ==
+                               WritePolicy::kWriteBack) > 0) {
+      return true;
     }
-    const std::vector<Status> statuses =
-        WriteAndAnnounce(tiers, items, Durability::kDeferred);
-    // Newest first, so that the clean list keeps the batch's age order.
-    for (size_t k = batch.size(); k-- > 0;) {
-      const Status& s = statuses[k];
-      const bool persisted = s.ok() || s.IsAlreadyExists();
-      const bool busy = s.code() == StatusCode::kBusy;
-      tiers.host->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
-      (persisted ? demotions_done_
-       : busy    ? demotions_retried_
-                 : demotions_failed_)
-          .fetch_add(1, std::memory_order_relaxed);
-      if (!persisted && !busy) {
-        spdlog::warn(
-            "namespace '{}': write-back of a segment failed ({}); it stays "
-            "in host DRAM as a cache entry only",
-            tiers.ns, s.ToString());
-      }
-    }
-    demotion_batches_.fetch_add(1, std::memory_order_relaxed);
-    return true;
   }
   return false;
+}
+
+size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
+  std::vector<DirtySegment> batch =
+      tiers.host->TakeDirty(options_.demotion_batch_segments,
+                            options_.demotion_batch_bytes, only_needed);
+  if (batch.empty()) return 0;
+  // Taken segments are immutable and cannot be evicted until
+  // FinishPersist, so the device reads them straight from the arena.
+  std::vector<NvmeWriteItem> items;
+  items.reserve(batch.size());
+  for (const DirtySegment& d : batch) {
+    items.push_back(
+        {d.key,
+         {tiers.host->arena().base() + d.location.offset, d.location.size}});
+  }
+  const std::vector<Status> statuses =
+      WriteAndAnnounce(tiers, items, Durability::kDeferred);
+  // Newest first, so that the clean list keeps the batch's age order.
+  for (size_t k = batch.size(); k-- > 0;) {
+    const Status& s = statuses[k];
+    const bool persisted = s.ok() || s.IsAlreadyExists();
+    const bool busy = s.code() == StatusCode::kBusy;
+    tiers.host->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
+    (persisted ? demotions_done_
+     : busy    ? demotions_retried_
+               : demotions_failed_)
+        .fetch_add(1, std::memory_order_relaxed);
+    if (!persisted && !busy) {
+      spdlog::warn(
+          "namespace '{}': write-back of a segment failed ({}); it stays "
+          "in host DRAM as a cache entry only",
+          tiers.ns, s.ToString());
+    }
+  }
+  demotion_batches_.fetch_add(1, std::memory_order_relaxed);
+  return batch.size();
+}
+
+uint64_t TierMover::PersistDirty(
+    std::chrono::steady_clock::time_point deadline) {
+  uint64_t written = 0;
+  std::vector<NvmeStore*> stores;
+  for (const TierPair* tiers : namespaces_) {
+    if (tiers->policy == WritePolicy::kNone || !tiers->nvme) continue;
+    if (std::find(stores.begin(), stores.end(), tiers->nvme) == stores.end()) {
+      stores.push_back(tiers->nvme);
+    }
+    // A segment that failed to write goes back to the dirty list and would
+    // be taken again: stop at the first batch that writes nothing new.
+    const uint64_t failed_before =
+        demotions_failed_.load(std::memory_order_relaxed);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const size_t n = DemoteBatch(*tiers, /*only_needed=*/false);
+      if (n == 0) break;
+      written += n;
+      if (demotions_failed_.load(std::memory_order_relaxed) != failed_before) {
+        break;
+      }
+    }
+  }
+  for (NvmeStore* nvme : stores) {
+    if (!nvme->HasUnsyncedWrites()) continue;
+    if (Status s = nvme->Sync(); s.ok()) {
+      syncs_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      sync_failures_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("tier mover: syncing persisted segments failed: {}",
+                   s.ToString());
+    }
+  }
+  return written;
 }
 
 std::vector<Status> TierMover::PromoteBatch(

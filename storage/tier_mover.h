@@ -140,6 +140,13 @@ class TierMover {
   std::vector<Status> PersistBatch(const TierPair& tiers,
                                    std::span<const SegmentKey> keys);
 
+  // Writes every dirty segment of every namespace with a write policy to
+  // NVMe (batches as in demotion, the workers helping), then syncs once:
+  // for a graceful shutdown, so a restarted daemon serves what DRAM held.
+  // Stops starting batches at `deadline`. Returns the segments written;
+  // those still dirty at the deadline stay in DRAM only.
+  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+
   TierMoverStats Stats() const;
 
   // Blocks until no dirty segment the policies would persist is left and
@@ -149,6 +156,9 @@ class TierMover {
  private:
   // Takes and writes one demotion batch; false when there was nothing.
   bool DemoteOnce();
+  // Takes one batch of `tiers`' dirty segments (`only_needed`: see
+  // HostTier::TakeDirty) and writes it; the segments written, 0 if none.
+  size_t DemoteBatch(const TierPair& tiers, bool only_needed);
   void WorkerLoop();
   // Writes `items` of `tiers` with one NvmeStore::Write and wakes
   // PersistBatch calls waiting for a concurrent write to finish.

@@ -3,9 +3,14 @@
 // those of the in-process cache, whichever tier the prefix comes from.
 #include "executor/tier_kv_cache.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -213,6 +218,134 @@ TEST_P(TierKvCacheNvmeTest, PrefixEvictedToNvmeGivesIdenticalLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, TierKvCacheNvmeTest,
                          ::testing::Values("write_back", "write_through"));
+
+TEST_F(TierKvCacheTest, PrefixSurvivesADaemonRestartOnNvme) {
+  StartDaemon(WithNvme("write_back"));
+  const auto prompt = Tokens(1000, 5);
+  const std::vector<float> reference = Reference(prompt);
+  {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    Run(cache.get(), prompt);
+  }
+  // SIGTERM: the daemon writes its dirty DRAM segments to NVMe first.
+  EXPECT_EQ(daemon_.Stop(), 0);
+  EXPECT_NE(daemon_.log().find("shutdown: wrote"), std::string::npos);
+  ASSERT_OK(daemon_.Start(spec_));
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  const GenerateResult again = Run(cache.get(), prompt);
+  EXPECT_EQ(again.prefix_tokens, 960);
+  EXPECT_EQ(cache->stats().pages_from_nvme, 15);
+  EXPECT_EQ(again.logits, reference);
+}
+
+TEST_F(TierKvCacheTest, AFlippedByteOnDiskIsRecomputedNotUsed) {
+  StartDaemon(WithNvme("write_back"));
+  const auto prompt = Tokens(1000, 6);
+  const std::vector<float> reference = Reference(prompt);
+  {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    Run(cache.get(), prompt);
+  }
+  ASSERT_EQ(daemon_.Stop(), 0);  // everything on NVMe, nothing in DRAM
+  // Flip one byte inside the first segment written (the data file holds
+  // only what was persisted, from the start).
+  const std::string data = daemon_.dir().File("nvme.data");
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    std::vector<char> block(4096);
+    int64_t at = -1;
+    for (int64_t off = 0; at < 0 && f.read(block.data(), block.size());
+         off += 4096) {
+      for (size_t i = 0; i < block.size(); ++i) {
+        if (block[i] != 0) {
+          at = off + static_cast<int64_t>(i);
+          break;
+        }
+      }
+    }
+    ASSERT_GE(at, 0);
+    f.clear();
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  ASSERT_OK(daemon_.Start(spec_));
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  const GenerateResult again = Run(cache.get(), prompt);
+  EXPECT_GT(again.prefix_tokens_recomputed, 0);
+  EXPECT_LT(again.prefix_tokens, 960);
+  EXPECT_EQ(cache->stats().pages_recomputed * 64,
+            again.prefix_tokens_recomputed);
+  EXPECT_EQ(again.logits, reference);
+  EXPECT_GE(DaemonStats()["nvme"]["checksum_failures"].get<int64_t>(), 1);
+}
+
+// The daemon dies while a prefix Load is held before layer 2: the wait
+// ends by the client timeout, the cache degrades and recomputes, and the
+// logits are those of a run without tierkv.
+TEST_F(TierKvCacheTest, DaemonKilledMidLoadFallsBackWithoutWrongLogits) {
+  StartDaemon(WithNvme("write_back"));
+  const auto prompt = Tokens(1000, 7);
+  const std::vector<float> reference = Reference(prompt);
+  {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    Run(cache.get(), prompt);
+  }
+  ASSERT_EQ(daemon_.Stop(), 0);
+  const std::string fifo = daemon_.dir().File("stall.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int hold = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);  // never blocks
+  ASSERT_GE(hold, 0);
+  spec_.env = {{"TIERKV_TEST_STALL_LAYER", "2:" + fifo}};
+
+  for (bool required : {false, true}) {
+    SCOPED_TRACE(required ? "required" : "fallback");
+    ASSERT_OK(daemon_.Start(spec_));  // each start stalls its first Load
+    TierKvCacheOptions o = Options();
+    o.client.timeout = std::chrono::seconds(1);  // bounds each wait
+    o.required = required;
+    int told = 0;
+    o.on_degraded = [&](const Status&) { told++; };
+    auto cache = TierKvCache::Create(
+        GeometryFor(model_->config(), static_cast<int64_t>(prompt.size())), o);
+    ASSERT_OK(cache);
+    // Generate's steps, by hand, to kill the daemon mid-Load.
+    auto start = (*cache)->AttachPrefix(prompt);
+    ASSERT_OK(start);
+    ASSERT_EQ(*start, 960);
+    ASSERT_OK((*cache)->WaitForLayer(0, 960));
+    ASSERT_OK((*cache)->WaitForLayer(1, 960));
+    daemon_.Stop(SIGKILL);  // while it holds the Load before layer 2
+    auto logits = model_->Forward(std::span(prompt).subspan(960), cache->get());
+    ASSERT_FALSE(logits.ok());
+    start = (*cache)->RecoverPrefix(logits.status());
+    if (required) {
+      EXPECT_FALSE(start.ok());
+      EXPECT_EQ(start.status().code(), StatusCode::kIOError)
+          << start.status().ToString();
+      continue;
+    }
+    ASSERT_OK(start);
+    EXPECT_EQ(*start, 0);
+    EXPECT_TRUE((*cache)->stats().degraded);
+    EXPECT_EQ(told, 1);
+    logits = model_->Forward(prompt, cache->get());
+    ASSERT_OK(logits);
+    const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+    EXPECT_TRUE(std::equal(logits->begin(), logits->end(), reference.begin(),
+                           reference.begin() + vocab));
+  }
+  ::close(hold);
+}
 
 TEST_F(TierKvCacheTest, UnreachableDaemonDegradesOrFailsAsAsked) {
   StartDaemon(kDramOnly);

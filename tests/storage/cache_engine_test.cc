@@ -276,6 +276,30 @@ TEST_F(CacheEngineTest, OpenRegistersTheNamespaceOnNvmeBeforeAnyWrite) {
   EXPECT_EQ(stats.writes, 0u);
 }
 
+TEST_F(CacheEngineTest, PersistDirtyWritesWhatWriteBackHeldAndSyncsOnce) {
+  // Write-back with room to spare demotes nothing; a graceful shutdown
+  // then writes every dirty segment, with one device sync.
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/8 << 20);
+  for (uint64_t n = 0; n < 20; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(nvme_->Stats().segments, 0u);
+  const uint64_t dirty = ns_->host().Stats().dirty_segments;
+  EXPECT_EQ(dirty, 20u * AllKeys(0).size());
+  const uint64_t flushes = device_->Stats().flush_ops;
+  EXPECT_EQ(engine_->PersistDirty(std::chrono::steady_clock::now() +
+                                  std::chrono::seconds(30)),
+            dirty);
+  EXPECT_EQ(nvme_->Stats().segments, dirty);
+  EXPECT_EQ(ns_->host().Stats().dirty_segments, 0u);
+  EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
+  EXPECT_FALSE(nvme_->HasUnsyncedWrites());
+  // Nothing left: a second call writes and syncs nothing.
+  EXPECT_EQ(engine_->PersistDirty(std::chrono::steady_clock::now() +
+                                  std::chrono::seconds(30)),
+            0u);
+  EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
+}
+
 TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
   // 1 MiB of DRAM (~58 pages) and 400 pages put as fast as possible: every
   // Put succeeds (waiting for write-back when DRAM is all dirty) and every

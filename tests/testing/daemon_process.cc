@@ -51,6 +51,8 @@ DaemonProcess::~DaemonProcess() {
 Status DaemonProcess::Start(const DaemonSpec& spec) {
   socket_ = dir_.File("tierkv.sock");
   const std::string ready = dir_.File("ready.json");
+  // A restart: the previous daemon's ready file must not pass for this one.
+  std::filesystem::remove(ready);
   std::vector<std::string> args = {BinDir() + "/tierkvd",
                                    "--socket",
                                    socket_,
