@@ -5,13 +5,25 @@
 //   tierkv-run --model DIR --prompt-ids 1,2,3 --temperature 0.8 --seed 7
 //              --logits-out logits.npy
 //   tierkv-run --write-random-model DIR --preset tiny|glm5-small|glm5-shape
+//   tierkv-run --model DIR --prompt-ids ... --tierkv [SOCKET]
+//              [--namespace N --token-file F] [--tierkv-required]
+//
+// With --tierkv the KV cache is a TierKvCache: the prompt's stored prefix
+// is loaded from tierkvd instead of prefilled, and every full page is
+// stored for later requests. Without a reachable daemon the run goes on
+// without it (and says so), unless --tierkv-required. Prefix reuse needs
+// one attention form for every chunking, so --tierkv runs the absorbed
+// MQA form (FlashMLA's); compare against --attention mqa runs.
 //
 // Exit status: 0 success, 1 a model/IO error (message on stderr), 2 usage.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,6 +33,7 @@
 #include "executor/model.h"
 #include "executor/npy.h"
 #include "executor/presets.h"
+#include "executor/tier_kv_cache.h"
 #include "executor/weights.h"
 
 namespace tierkv::executor {
@@ -86,20 +99,96 @@ int WriteModel(const std::string& dir, const std::string& preset,
   return 0;
 }
 
+struct TierkvFlags {
+  bool enabled = false;
+  std::string socket;
+  std::string namespace_name;
+  std::string token_file;
+  bool required = false;
+};
+
+Result<std::string> ReadToken(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) {
+    return Status::PermissionDenied(
+        fmt::format("cannot read the namespace token file {}: {}", path,
+                    std::strerror(errno)));
+  }
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf), f);
+  std::fclose(f);
+  std::string token(buf, n);
+  while (!token.empty() &&
+         std::isspace(static_cast<unsigned char>(token.back())))
+    token.pop_back();
+  return token;
+}
+
+// The cache for one run: in process, or a TierKvCache.
+Result<std::unique_ptr<KvCache>> MakeCache(const Model& model,
+                                           int64_t max_tokens,
+                                           const TierkvFlags& tierkv) {
+  if (!tierkv.enabled) return model.NewCache(max_tokens);
+  TierKvCacheOptions o;
+  if (!tierkv.socket.empty()) o.client.socket_path = tierkv.socket;
+  o.namespace_name = tierkv.namespace_name;
+  auto token = ReadToken(tierkv.token_file);
+  if (!token.ok()) return token.status();
+  o.token = *token;
+  o.salt = ModelIdentity(model);
+  o.required = tierkv.required;
+  o.on_degraded = [](const Status& why) {
+    std::fprintf(stderr,
+                 "tierkv-run: tierkv unavailable (%s); running without it\n",
+                 why.ToString().c_str());
+  };
+  auto cache = TierKvCache::Create(GeometryFor(model.config(), max_tokens), o);
+  if (!cache.ok()) return cache.status();
+  return std::unique_ptr<KvCache>(std::move(cache).value());
+}
+
+void PrintTierkvLine(const KvCache& cache, const GenerateResult& r) {
+  const auto* tier = dynamic_cast<const TierKvCache*>(&cache);
+  if (tier == nullptr) return;
+  const TierKvCacheStats& s = tier->stats();
+  std::printf(
+      "tierkv: %lld of %lld prompt tokens loaded (pages: hbm %lld, host %lld, "
+      "nvme %lld), %lld recomputed after a failed load, %lld pages stored, "
+      "%.2f MB loaded, %.2f MB stored%s\n",
+      static_cast<long long>(r.prefix_tokens),
+      static_cast<long long>(r.prompt_tokens),
+      static_cast<long long>(s.pages_from_hbm),
+      static_cast<long long>(s.pages_from_host),
+      static_cast<long long>(s.pages_from_nvme),
+      static_cast<long long>(r.prefix_tokens_recomputed),
+      static_cast<long long>(s.pages_stored), s.bytes_loaded / 1e6,
+      s.bytes_stored / 1e6, s.degraded ? " (degraded: daemon not used)" : "");
+}
+
 int RunModel(const std::string& dir, const std::string& prompt_text,
              const GenerateOptions& gen, const std::string& logits_out,
-             int threads, const std::string& attention) {
+             int threads, const std::string& attention,
+             const TierkvFlags& tierkv) {
   auto prompt = ParseIds(prompt_text);
   if (!prompt.ok()) return Fail(prompt.status());
   ModelOptions mo;
   mo.num_threads = threads;
   if (attention == "mqa") mo.attention_mode = AttentionMode::kAbsorbedMqa;
   if (attention == "mha") mo.attention_mode = AttentionMode::kMha;
+  if (tierkv.enabled && attention != "mqa") {
+    if (attention == "mha") {
+      std::fprintf(stderr,
+                   "tierkv-run: error: --tierkv needs --attention mqa or "
+                   "auto\n");
+      return 2;
+    }
+    mo.attention_mode = AttentionMode::kAbsorbedMqa;  // see the file comment
+  }
   auto model = Model::Load(dir, mo);
   if (!model.ok()) return Fail(model.status());
   const int64_t max_tokens =
       static_cast<int64_t>(prompt->size()) + gen.max_new_tokens;
-  auto cache = (*model)->NewCache(max_tokens);
+  auto cache = MakeCache(**model, max_tokens, tierkv);
   if (!cache.ok()) return Fail(cache.status());
   GenerateOptions opts = gen;
   opts.keep_logits = !logits_out.empty();
@@ -117,6 +206,7 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   std::printf("decode: %lld tokens in %.3f s = %.1f tokens/s (threads %d)\n",
               static_cast<long long>(r->decode_steps), r->decode_seconds,
               decode_tps, (*model)->num_threads());
+  PrintTierkvLine(**cache, *r);
   if (!logits_out.empty()) {
     const int64_t vocab = (*model)->config().vocab_size;
     const int64_t rows = static_cast<int64_t>(r->tokens.size());
@@ -172,11 +262,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--config-only", config_only,
                "write config.json only (always on for glm5-shape)");
+  TierkvFlags tierkv;
+  tierkv.namespace_name = "default";
+  tierkv.token_file = "/run/tierkv/default.token";
+  auto* tierkv_opt =
+      app.add_option("--tierkv", tierkv.socket,
+                     "use tierkvd at SOCKET (default /run/tierkv/tierkv.sock) "
+                     "for the KV cache")
+          ->expected(0, 1);
+  app.add_option("--namespace", tierkv.namespace_name, "tierkv namespace")
+      ->capture_default_str();
+  app.add_option("--token-file", tierkv.token_file,
+                 "file holding the namespace's token")
+      ->capture_default_str();
+  app.add_flag("--tierkv-required", tierkv.required,
+               "fail instead of running without an unreachable tierkvd");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  tierkv.enabled = tierkv_opt->count() > 0 || tierkv.required;
   if (!write_dir.empty()) {
     return WriteModel(write_dir, preset, dtype, seed, config_only);
   }
@@ -203,5 +309,6 @@ int main(int argc, char** argv) {
   gen.sampler.greedy = !(temperature > 0);
   gen.sampler.temperature = temperature > 0 ? temperature : 1.0;
   gen.sampler.seed = seed;
-  return RunModel(model_dir, prompt, gen, logits_out, threads, attention);
+  return RunModel(model_dir, prompt, gen, logits_out, threads, attention,
+                  tierkv);
 }

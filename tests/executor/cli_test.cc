@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/testing/daemon_process.h"
 #include "tests/testing/temp_dir.h"
 
 namespace {
@@ -114,6 +115,85 @@ TEST_F(TierkvRunTest, MissingModelDirAndBadPromptAreErrors) {
   r = RunTool("--model " + model_.string() + " --prompt-ids 1,x");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("'x'"), std::string::npos) << r.output;
+}
+
+std::string Ids(int first, int count) {
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    if (i) out += ",";
+    out += std::to_string((first + i * 7) % 128);
+  }
+  return out;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Two tierkv-run processes whose prompts share a 192-token system prompt:
+// the second loads those three pages from tierkvd and prefills only its
+// own tokens, the daemon holds the shared pages once, and each process's
+// logits equal its run without tierkv, byte for byte.
+TEST_F(TierkvRunTest, TwoProcessesShareASystemPromptThroughTierkvd) {
+  tierkv::testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon
+                  .Start({.config_toml = "[[namespace]]\nname = \"exec\"\n"
+                                         "token = \"exec-token\"\n"
+                                         "host_bytes = \"8MiB\"\nshards = 1\n"})
+                  .ok());
+  const std::string token_file = (dir_.path() / "token").string();
+  std::ofstream(token_file) << "exec-token\n";
+  const std::string system = Ids(5, 192);
+  const std::string tierkv = " --tierkv " + daemon.socket_path() +
+                             " --namespace exec --token-file " + token_file +
+                             " --tierkv-required";
+  auto run = [&](const std::string& user, bool with_tierkv,
+                 const std::string& npy) {
+    return RunTool("--model " + model_.string() + " --prompt-ids " + system +
+                   "," + user + " --max-new-tokens 3 --attention mqa" +
+                   " --logits-out " + npy + (with_tierkv ? tierkv : ""));
+  };
+  const std::string user_a = Ids(1, 20), user_b = Ids(2, 30);
+  const std::string dir = dir_.path().string();
+  RunResult a = run(user_a, true, dir + "/a.npy");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("tierkv: 0 of 212 prompt tokens loaded"),
+            std::string::npos)
+      << a.output;
+  RunResult b = run(user_b, true, dir + "/b.npy");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("tierkv: 192 of 222 prompt tokens loaded (pages: "
+                          "hbm 0, host 3, nvme 0)"),
+            std::string::npos)
+      << b.output;
+  ASSERT_EQ(run(user_a, false, dir + "/a0.npy").exit_code, 0);
+  ASSERT_EQ(run(user_b, false, dir + "/b0.npy").exit_code, 0);
+  EXPECT_EQ(ReadAll(dir + "/a.npy"), ReadAll(dir + "/a0.npy"));
+  EXPECT_EQ(ReadAll(dir + "/b.npy"), ReadAll(dir + "/b0.npy"));
+
+  // The three system pages are stored once: 7 segments each (tiny: 4
+  // layers, 3 of them with indexer keys), and neither process has a
+  // fourth full page (212 + 2 and 222 + 2 fed tokens).
+  auto c = daemon.Connect("exec", "exec-token");
+  ASSERT_TRUE(c.ok());
+  auto stats = nlohmann::json::parse(*(*c)->StatsJson());
+  EXPECT_EQ(stats["host"]["segments"].get<int>(), 3 * 7) << stats.dump();
+}
+
+TEST_F(TierkvRunTest, UnreachableTierkvdFailsWhenRequiredElseRunsWithout) {
+  const std::string base = "--model " + model_.string() +
+                           " --prompt-ids 1,2,3 --max-new-tokens 2 --tierkv " +
+                           (dir_.path() / "no.sock").string() +
+                           " --token-file /dev/null";
+  RunResult r = RunTool(base + " --tierkv-required");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot connect to tierkvd"), std::string::npos)
+      << r.output;
+  r = RunTool(base);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tierkv unavailable"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("degraded"), std::string::npos) << r.output;
 }
 
 }  // namespace
