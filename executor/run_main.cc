@@ -7,6 +7,8 @@
 //   tierkv-run --write-random-model DIR --preset tiny|glm5-small|glm5-shape
 //   tierkv-run --model DIR --prompt-ids ... --tierkv [SOCKET]
 //              [--namespace N --token-file F] [--tierkv-required]
+//   tierkv-run serve-sessions --model DIR --tierkv [SOCKET] --sessions 3
+//              --turns 3 [--no-check]
 //
 // With --tierkv the KV cache is a TierKvCache: the prompt's stored prefix
 // is loaded from tierkvd instead of prefilled, and every full page is
@@ -24,6 +26,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +37,7 @@
 #include "executor/model.h"
 #include "executor/npy.h"
 #include "executor/presets.h"
+#include "executor/sessions.h"
 #include "executor/tier_kv_cache.h"
 #include "executor/weights.h"
 
@@ -124,25 +129,58 @@ Result<std::string> ReadToken(const std::string& path) {
   return token;
 }
 
+void AddTierkvFlags(CLI::App* app, TierkvFlags* tierkv, CLI::Option** socket) {
+  tierkv->namespace_name = "default";
+  *socket = app->add_option("--tierkv", tierkv->socket,
+                            "use tierkvd at SOCKET (default "
+                            "/run/tierkv/tierkv.sock) for the KV cache")
+                ->expected(0, 1);
+  app->add_option("--namespace", tierkv->namespace_name, "tierkv namespace")
+      ->capture_default_str();
+  app->add_option("--token-file", tierkv->token_file,
+                  "file holding the namespace's token (default: "
+                  "<socket dir>/<namespace>.token, as tierkvd writes it)");
+  app->add_flag("--tierkv-required", tierkv->required,
+                "fail instead of running without an unreachable tierkvd");
+}
+
+// How the run's TierKvCaches reach the daemon; an unreachable daemon is
+// reported once per run.
+Result<TierKvCacheOptions> CacheOptions(const Model& model,
+                                        const TierkvFlags& tierkv) {
+  TierKvCacheOptions o;
+  if (!tierkv.socket.empty()) o.client.socket_path = tierkv.socket;
+  o.namespace_name = tierkv.namespace_name;
+  const std::string token_file =
+      !tierkv.token_file.empty()
+          ? tierkv.token_file
+          : (std::filesystem::path(o.client.socket_path).parent_path() /
+             (o.namespace_name + ".token"))
+                .string();
+  auto token = ReadToken(token_file);
+  if (!token.ok()) return token.status();
+  o.token = *token;
+  o.salt = ModelIdentity(model);
+  o.required = tierkv.required;
+  auto told = std::make_shared<bool>(false);
+  o.on_degraded = [told](const Status& why) {
+    if (*told) return;
+    *told = true;
+    std::fprintf(stderr,
+                 "tierkv-run: tierkv unavailable (%s); running without it\n",
+                 why.ToString().c_str());
+  };
+  return o;
+}
+
 // The cache for one run: in process, or a TierKvCache.
 Result<std::unique_ptr<KvCache>> MakeCache(const Model& model,
                                            int64_t max_tokens,
                                            const TierkvFlags& tierkv) {
   if (!tierkv.enabled) return model.NewCache(max_tokens);
-  TierKvCacheOptions o;
-  if (!tierkv.socket.empty()) o.client.socket_path = tierkv.socket;
-  o.namespace_name = tierkv.namespace_name;
-  auto token = ReadToken(tierkv.token_file);
-  if (!token.ok()) return token.status();
-  o.token = *token;
-  o.salt = ModelIdentity(model);
-  o.required = tierkv.required;
-  o.on_degraded = [](const Status& why) {
-    std::fprintf(stderr,
-                 "tierkv-run: tierkv unavailable (%s); running without it\n",
-                 why.ToString().c_str());
-  };
-  auto cache = TierKvCache::Create(GeometryFor(model.config(), max_tokens), o);
+  auto o = CacheOptions(model, tierkv);
+  if (!o.ok()) return o.status();
+  auto cache = TierKvCache::Create(GeometryFor(model.config(), max_tokens), *o);
   if (!cache.ok()) return cache.status();
   return std::unique_ptr<KvCache>(std::move(cache).value());
 }
@@ -219,6 +257,69 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   return 0;
 }
 
+int ServeSessions(const std::string& dir, const SessionsOptions& options,
+                  int threads, const TierkvFlags& tierkv) {
+  ModelOptions mo;
+  mo.num_threads = threads;
+  mo.attention_mode = AttentionMode::kAbsorbedMqa;  // see the file comment
+  auto model = Model::Load(dir, mo);
+  if (!model.ok()) return Fail(model.status());
+  auto cache_options = CacheOptions(**model, tierkv);
+  if (!cache_options.ok()) return Fail(cache_options.status());
+  std::printf(
+      "serve-sessions: %d sessions x %d turns, system prompt %lld tokens, "
+      "%lld user + %lld reply tokens per turn, threads %d\n\n",
+      options.sessions, options.turns,
+      static_cast<long long>(options.system_tokens),
+      static_cast<long long>(options.user_tokens),
+      static_cast<long long>(options.reply_tokens), (*model)->num_threads());
+  std::printf(
+      "session turn  prompt  loaded  prefilled  pages hbm/host/nvme  "
+      "recomputed  TTFT ms  decode tok/s   MB in  MB out  logits\n");
+  int64_t prompt_total = 0, loaded_total = 0, host_pages = 0, nvme_pages = 0;
+  int checked = 0, identical = 0;
+  auto reports =
+      RunSessions(**model, *cache_options, options, [&](const TurnReport& t) {
+        std::printf(
+            "%7d %4d %7lld %7lld %10lld  %6lld/%4lld/%4lld  %10lld %8.1f "
+            "%13.1f %7.2f %7.2f  %s\n",
+            t.session, t.turn, static_cast<long long>(t.prompt_tokens),
+            static_cast<long long>(t.loaded_tokens),
+            static_cast<long long>(t.prefilled_tokens),
+            static_cast<long long>(t.pages_hbm),
+            static_cast<long long>(t.pages_host),
+            static_cast<long long>(t.pages_nvme),
+            static_cast<long long>(t.recomputed_tokens), t.ttft_seconds * 1e3,
+            t.decode_tokens_per_second, t.bytes_loaded / 1e6,
+            t.bytes_stored / 1e6,
+            !t.checked           ? "-"
+            : t.logits_identical ? "identical"
+                                 : "MISMATCH");
+        std::fflush(stdout);
+        prompt_total += t.prompt_tokens;
+        loaded_total += t.loaded_tokens;
+        host_pages += t.pages_host;
+        nvme_pages += t.pages_nvme;
+        checked += t.checked;
+        identical += t.checked && t.logits_identical;
+      });
+  if (!reports.ok()) return Fail(reports.status());
+  std::printf(
+      "\nprompt tokens: %lld, served by tierkv: %lld (%.0f%%; pages from "
+      "host %lld, from nvme %lld), prefilled: %lld\n",
+      static_cast<long long>(prompt_total),
+      static_cast<long long>(loaded_total),
+      prompt_total ? 100.0 * loaded_total / prompt_total : 0.0,
+      static_cast<long long>(host_pages), static_cast<long long>(nvme_pages),
+      static_cast<long long>(prompt_total - loaded_total));
+  if (checked > 0) {
+    std::printf("logits identical to a run without tierkv: %d of %d turns%s\n",
+                identical, checked,
+                identical == checked ? "" : "  <-- MISMATCH");
+  }
+  return identical == checked ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace tierkv::executor
 
@@ -263,26 +364,46 @@ int main(int argc, char** argv) {
   app.add_flag("--config-only", config_only,
                "write config.json only (always on for glm5-shape)");
   TierkvFlags tierkv;
-  tierkv.namespace_name = "default";
-  tierkv.token_file = "/run/tierkv/default.token";
-  auto* tierkv_opt =
-      app.add_option("--tierkv", tierkv.socket,
-                     "use tierkvd at SOCKET (default /run/tierkv/tierkv.sock) "
-                     "for the KV cache")
-          ->expected(0, 1);
-  app.add_option("--namespace", tierkv.namespace_name, "tierkv namespace")
+  CLI::Option* tierkv_opt = nullptr;
+  AddTierkvFlags(&app, &tierkv, &tierkv_opt);
+
+  auto* serve = app.add_subcommand(
+      "serve-sessions",
+      "multi-turn sessions sharing a system prompt, through tierkvd");
+  std::string serve_model;
+  SessionsOptions sessions;
+  bool no_check = false;
+  int serve_threads = 0;
+  TierkvFlags serve_tierkv;
+  CLI::Option* serve_tierkv_opt = nullptr;
+  serve->add_option("--model", serve_model, "checkpoint directory")->required();
+  serve->add_option("--sessions", sessions.sessions)->capture_default_str();
+  serve->add_option("--turns", sessions.turns)->capture_default_str();
+  serve->add_option("--system-tokens", sessions.system_tokens)
       ->capture_default_str();
-  app.add_option("--token-file", tierkv.token_file,
-                 "file holding the namespace's token")
+  serve->add_option("--user-tokens", sessions.user_tokens)
       ->capture_default_str();
-  app.add_flag("--tierkv-required", tierkv.required,
-               "fail instead of running without an unreachable tierkvd");
+  serve->add_option("--reply-tokens", sessions.reply_tokens)
+      ->capture_default_str();
+  serve->add_option("--seed", sessions.seed, "seed of the token ids")
+      ->capture_default_str();
+  serve->add_flag("--no-check", no_check,
+                  "skip the comparison with runs without tierkv");
+  serve->add_option("--threads", serve_threads, "kernel threads (0 = all)")
+      ->capture_default_str();
+  AddTierkvFlags(serve, &serve_tierkv, &serve_tierkv_opt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   tierkv.enabled = tierkv_opt->count() > 0 || tierkv.required;
+  if (serve->parsed()) {
+    // The point of serve-sessions: --tierkv is implied.
+    sessions.check = !no_check;
+    serve_tierkv.enabled = true;
+    return ServeSessions(serve_model, sessions, serve_threads, serve_tierkv);
+  }
   if (!write_dir.empty()) {
     return WriteModel(write_dir, preset, dtype, seed, config_only);
   }

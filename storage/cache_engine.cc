@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <unordered_set>
 
 #include "common/load_ticket.h"
@@ -739,11 +740,32 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k) {
   EngineNamespace& ns = *job.ns;
   const uint16_t l = t.first_layer + k;
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  // Under write-back pressure a Store waits for the mover as a Put does (it
+  // runs on a worker, never on an IO thread), up to write_back_wait.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   for (const Pool& pool : job.pools[k]) {
     const uint8_t p = pool.layout.part;
     for (uint32_t i = 0; i < t.pages.size(); ++i) {
       const SegmentKey key{t.pages[i], l, p};
       auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
+      if (r.status().code() == StatusCode::kBusy && mover_) {
+        if (!deadline) {
+          deadline =
+              std::chrono::steady_clock::now() + options_.write_back_wait;
+          backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
+        }
+        // Each retry needs a reason: a change in the key's shard.
+        while (r.status().code() == StatusCode::kBusy) {
+          const uint64_t seen = ns.host_->ShardGeneration(key);
+          r = ns.host_->Reserve(key, pool.layout.slot_bytes);
+          if (r.status().code() != StatusCode::kBusy) break;
+          mover_->Kick();
+          if (!ns.host_->WaitShardChange(key, seen, *deadline)) break;
+        }
+        if (r.status().code() == StatusCode::kBusy) {
+          backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
       if (!r.ok()) {
         RecordError(job, i, l, p, r.status().code());
         continue;

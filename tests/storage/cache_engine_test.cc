@@ -512,6 +512,44 @@ TEST_F(CacheEnginePoolTest, StoreSavesSlotsAndDedupsWhatIsStored) {
   EXPECT_EQ(LatencyHistogram::SampleCount(st.store_latency), 1u);
 }
 
+TEST_F(CacheEnginePoolTest, StoreFloodUnderWriteBackWaitsForTheMover) {
+  // 200 pages (3.4 MiB) stored through a 1 MiB write-back host tier, 8 at a
+  // time: a Store that finds only dirty segments waits for the mover, as a
+  // Put does, instead of failing its pages with Busy.
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  RegisterPools();
+  std::vector<PageHash> all;
+  for (uint64_t batch = 0; batch < 25; ++batch) {
+    std::vector<PageHash> pages;
+    std::vector<uint32_t> slots;
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      const uint64_t n = 1000 + batch * kSlots + s;
+      for (const auto& k : AllKeys(n)) {
+        auto slot = Slot(k.layer, k.part, s);
+        const auto bytes = Bytes(k, slot.size());
+        std::memcpy(slot.data(), bytes.data(), slot.size());
+      }
+      pages.push_back(Page(n));
+      slots.push_back(s);
+    }
+    all.insert(all.end(), pages.begin(), pages.end());
+    ASSERT_OK(engine_->Store(kOwner, *ns_,
+                             {.pages = pages,
+                              .slots = slots,
+                              .first_layer = 0,
+                              .num_layers = 4,
+                              .ticket = 0}));
+    WaitFinished(0);
+    ASSERT_EQ(Ticket(0).error_count.load(), 0u) << "batch " << batch;
+  }
+  auto m = engine_->Match(*ns_, all);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, all.size());
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.backpressure_busy, 0u);
+  EXPECT_EQ(st.mover.demotions_failed, 0u);
+}
+
 TEST_F(CacheEnginePoolTest, BadPoolsAndTransfersAreRefusedAndChangeNothing) {
   Open(/*with_nvme=*/false);
   const uint64_t seg = TestLayout().SegmentBytes(0, 0);
