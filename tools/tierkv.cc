@@ -1,5 +1,5 @@
 // tierkv: command-line client for tierkvd (status, stats, put/get/ls for
-// debugging a namespace, and the quick-start demo). See README "CLI".
+// debugging a namespace, and a synthetic demo workload). See README "CLI".
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
   ls->add_option("--limit", limit, "at most this many")->capture_default_str();
 
   tierkv::tools::DemoOptions demo_options;
-  auto* demo = app.add_subcommand("demo", "Run the quick-start workload");
+  auto* demo = app.add_subcommand(
+      "demo", "Run a synthetic byte workload (chat sessions sharing a prefix)");
   demo->add_option("--sessions", demo_options.sessions)->capture_default_str();
   demo->add_option("--prefix-tokens", demo_options.shared_prefix_tokens)
       ->capture_default_str();
