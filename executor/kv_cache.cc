@@ -57,29 +57,40 @@ Result<std::unique_ptr<InProcessKvCache>> InProcessKvCache::Create(
       new InProcessKvCache(std::move(geometry)));
 }
 
-Status InProcessKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
-                               std::span<const float> rows) {
+Result<int64_t> KvCache::CheckWrite(int64_t layer, KvPart part,
+                                    int64_t first_token, size_t floats,
+                                    int64_t num_tokens) const {
   TIERKV_RETURN_IF_ERROR(CheckPart(layer, part));
-  const KvCacheGeometry& g = geometry();
-  const int64_t dim = g.RowDim(part);
-  if (rows.size() % static_cast<size_t>(dim) != 0) {
+  const int64_t dim = geometry_.RowDim(part);
+  if (floats % static_cast<size_t>(dim) != 0) {
     return Status::InvalidArgument(fmt::format(
         "KvCache::Write: {} floats is not a multiple of the row size {}",
-        rows.size(), dim));
+        floats, dim));
   }
-  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
-  PartStore& s = store(layer, part);
-  if (first_token < 0 || first_token > s.num_tokens) {
+  const int64_t n = static_cast<int64_t>(floats) / dim;
+  if (first_token < 0 || first_token > num_tokens) {
     return Status::InvalidArgument(fmt::format(
         "KvCache::Write: first token {} would leave a hole (layer {} has {} "
         "tokens)",
-        first_token, layer, s.num_tokens));
+        first_token, layer, num_tokens));
   }
-  if (first_token + n > g.max_tokens) {
+  if (first_token + n > geometry_.max_tokens) {
     return Status::ResourceExhausted(fmt::format(
         "KvCache::Write: tokens up to {} exceed the capacity of {} tokens",
-        first_token + n, g.max_tokens));
+        first_token + n, geometry_.max_tokens));
   }
+  return n;
+}
+
+Status InProcessKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
+                               std::span<const float> rows) {
+  TIERKV_RETURN_IF_ERROR(CheckPart(layer, part));
+  PartStore& s = store(layer, part);
+  auto rows_n = CheckWrite(layer, part, first_token, rows.size(), s.num_tokens);
+  if (!rows_n.ok()) return rows_n.status();
+  const int64_t n = *rows_n;
+  const KvCacheGeometry& g = geometry();
+  const int64_t dim = g.RowDim(part);
   const size_t page_floats = static_cast<size_t>(g.page_tokens * dim);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = first_token + i;

@@ -127,6 +127,10 @@ class KvCache {
  protected:
   // Checks layer/part arguments against the geometry.
   Status CheckPart(int64_t layer, KvPart part) const;
+  // Checks a Write of `floats` values at `first_token` to a part holding
+  // `num_tokens` rows (the errors Write documents); the number of rows.
+  Result<int64_t> CheckWrite(int64_t layer, KvPart part, int64_t first_token,
+                             size_t floats, int64_t num_tokens) const;
 
  private:
   KvCacheGeometry geometry_;

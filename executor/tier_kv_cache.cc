@@ -187,26 +187,12 @@ TierKvCache::Region* TierKvCache::FindRegion(int64_t layer, KvPart part) {
 Status TierKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
                           std::span<const float> rows) {
   TIERKV_RETURN_IF_ERROR(CheckPart(layer, part));
+  Region& r = *FindRegion(layer, part);
+  auto rows_n = CheckWrite(layer, part, first_token, rows.size(), r.num_tokens);
+  if (!rows_n.ok()) return rows_n.status();
+  const int64_t n = *rows_n;
   const KvCacheGeometry& g = geometry();
   const int64_t dim = g.RowDim(part);
-  if (rows.size() % static_cast<size_t>(dim) != 0) {
-    return Status::InvalidArgument(fmt::format(
-        "KvCache::Write: {} floats is not a multiple of the row size {}",
-        rows.size(), dim));
-  }
-  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
-  Region& r = *FindRegion(layer, part);
-  if (first_token < 0 || first_token > r.num_tokens) {
-    return Status::InvalidArgument(fmt::format(
-        "KvCache::Write: first token {} would leave a hole (layer {} has {} "
-        "tokens)",
-        first_token, layer, r.num_tokens));
-  }
-  if (first_token + n > g.max_tokens) {
-    return Status::ResourceExhausted(fmt::format(
-        "KvCache::Write: tokens up to {} exceed the capacity of {} tokens",
-        first_token + n, g.max_tokens));
-  }
   if (first_token < stored_pages_ * g.page_tokens) {
     // Rewriting a stored page (a recompute): its Store must be done.
     WaitForStores();

@@ -12,6 +12,7 @@
 
 #include "executor/generator.h"
 #include "executor/presets.h"
+#include "tests/executor/test_tokens.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::executor {
@@ -31,13 +32,7 @@ std::unique_ptr<Model> MakeModel(const ModelConfig& c, ModelOptions o = {},
 }
 
 std::vector<int32_t> Tokens(int64_t n, uint32_t seed = 7) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (auto& v : t) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((s >> 8) % 128);
-  }
-  return t;
+  return TestTokens(n, seed);
 }
 
 // Logits of every position of `tokens` run as one chunk.

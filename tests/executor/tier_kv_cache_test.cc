@@ -18,6 +18,7 @@
 #include "executor/model.h"
 #include "executor/presets.h"
 #include "executor/weights.h"
+#include "tests/executor/test_tokens.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -48,13 +49,7 @@ write_policy = ")" +
 }
 
 std::vector<int32_t> Tokens(int64_t n, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (auto& v : t) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((s >> 8) % 128);
-  }
-  return t;
+  return TestTokens(n, seed);
 }
 
 class TierKvCacheTest : public ::testing::Test {
@@ -112,6 +107,13 @@ class TierKvCacheTest : public ::testing::Test {
         model_->NewCache(static_cast<int64_t>(prompt.size()) + kNewTokens);
     EXPECT_TRUE(cache.ok());
     return Run(cache->get(), prompt).logits;
+  }
+
+  // One request that prefills `prompt` and stores its pages.
+  void StoreOnce(const std::vector<int32_t>& prompt) {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    Run(cache.get(), prompt);
   }
 
   nlohmann::json DaemonStats() {
@@ -202,12 +204,7 @@ TEST_P(TierKvCacheNvmeTest, PrefixEvictedToNvmeGivesIdenticalLogits) {
     EXPECT_EQ(Run(cache.get(), prompt).logits, reference);
   }
   // Other sequences push the first one's pages out of DRAM.
-  for (uint32_t seed = 10; seed < 14; ++seed) {
-    const auto other = Tokens(1000, seed);
-    auto cache = TierCache(other);
-    ASSERT_NE(cache, nullptr);
-    Run(cache.get(), other);
-  }
+  for (uint32_t seed = 10; seed < 14; ++seed) StoreOnce(Tokens(1000, seed));
   auto cache = TierCache(prompt);
   ASSERT_NE(cache, nullptr);
   const GenerateResult again = Run(cache.get(), prompt);
@@ -223,11 +220,7 @@ TEST_F(TierKvCacheTest, PrefixSurvivesADaemonRestartOnNvme) {
   StartDaemon(WithNvme("write_back"));
   const auto prompt = Tokens(1000, 5);
   const std::vector<float> reference = Reference(prompt);
-  {
-    auto cache = TierCache(prompt);
-    ASSERT_NE(cache, nullptr);
-    Run(cache.get(), prompt);
-  }
+  StoreOnce(prompt);
   // SIGTERM: the daemon writes its dirty DRAM segments to NVMe first.
   EXPECT_EQ(daemon_.Stop(), 0);
   EXPECT_NE(daemon_.log().find("shutdown: wrote"), std::string::npos);
@@ -244,11 +237,7 @@ TEST_F(TierKvCacheTest, AFlippedByteOnDiskIsRecomputedNotUsed) {
   StartDaemon(WithNvme("write_back"));
   const auto prompt = Tokens(1000, 6);
   const std::vector<float> reference = Reference(prompt);
-  {
-    auto cache = TierCache(prompt);
-    ASSERT_NE(cache, nullptr);
-    Run(cache.get(), prompt);
-  }
+  StoreOnce(prompt);
   ASSERT_EQ(daemon_.Stop(), 0);  // everything on NVMe, nothing in DRAM
   // Flip one byte inside the first segment written (the data file holds
   // only what was persisted, from the start).
@@ -295,11 +284,7 @@ TEST_F(TierKvCacheTest, DaemonKilledMidLoadFallsBackWithoutWrongLogits) {
   StartDaemon(WithNvme("write_back"));
   const auto prompt = Tokens(1000, 7);
   const std::vector<float> reference = Reference(prompt);
-  {
-    auto cache = TierCache(prompt);
-    ASSERT_NE(cache, nullptr);
-    Run(cache.get(), prompt);
-  }
+  StoreOnce(prompt);
   ASSERT_EQ(daemon_.Stop(), 0);
   const std::string fifo = daemon_.dir().File("stall.fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
