@@ -192,7 +192,7 @@ void PrintTierkvLine(const KvCache& cache, const GenerateResult& r) {
   std::printf(
       "tierkv: %lld of %lld prompt tokens loaded (pages: hbm %lld, host %lld, "
       "nvme %lld), %lld recomputed after a failed load, %lld pages stored, "
-      "%.2f MB loaded, %.2f MB stored%s\n",
+      "%.2f MB loaded, %.2f MB stored%s%s\n",
       static_cast<long long>(r.prefix_tokens),
       static_cast<long long>(r.prompt_tokens),
       static_cast<long long>(s.pages_from_hbm),
@@ -200,7 +200,11 @@ void PrintTierkvLine(const KvCache& cache, const GenerateResult& r) {
       static_cast<long long>(s.pages_from_nvme),
       static_cast<long long>(r.prefix_tokens_recomputed),
       static_cast<long long>(s.pages_stored), s.bytes_loaded / 1e6,
-      s.bytes_stored / 1e6, s.degraded ? " (degraded: daemon not used)" : "");
+      s.bytes_stored / 1e6,
+      s.pages_store_failed > 0
+          ? fmt::format(" ({} pages not stored)", s.pages_store_failed).c_str()
+          : "",
+      s.degraded ? " (degraded: daemon not used)" : "");
 }
 
 int RunModel(const std::string& dir, const std::string& prompt_text,

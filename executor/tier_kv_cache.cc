@@ -252,13 +252,16 @@ Status TierKvCache::Truncate(int64_t num_tokens) {
   if (num_tokens < 0) {
     return Status::InvalidArgument("KvCache::Truncate: negative length");
   }
-  const int64_t keep_pages = num_tokens / geometry().page_tokens;
-  if (keep_pages < load_pages_) {
-    // Slots of the attached prefix are given up: the Load must be done
-    // with them before they are written again.
-    load_ = TransferHandle();
-    load_pages_ = std::min(load_pages_, keep_pages);
+  if (load_pages_ > 0 && next_wait_layer_ < geometry().num_layers) {
+    // A Load still in flight must be done with the slots before they are
+    // written again, and its pages checked before anyone reads them: the
+    // ones that did not arrive go too.
+    TIERKV_RETURN_IF_ERROR(FinishLoad().status());
+    load_failed_ = false;
+    load_error_ = Status::OK();
   }
+  const int64_t keep_pages = num_tokens / geometry().page_tokens;
+  load_pages_ = std::min(load_pages_, keep_pages);
   if (keep_pages < stored_pages_) {
     WaitForStores();
     stored_pages_ = keep_pages;
@@ -382,6 +385,14 @@ Status TierKvCache::WaitForLayer(int64_t layer, int64_t num_tokens) {
 
 Result<int64_t> TierKvCache::RecoverPrefix(const Status& forward_error) {
   if (!load_failed_) return forward_error;
+  auto tokens = FinishLoad();
+  if (!tokens.ok()) return tokens.status();
+  load_failed_ = false;
+  load_error_ = Status::OK();
+  return tokens;
+}
+
+Result<int64_t> TierKvCache::FinishLoad() {
   // The pages that arrived in every layer: the first failure of each page
   // over the whole transfer.
   int64_t intact = 0;
@@ -398,13 +409,15 @@ Result<int64_t> TierKvCache::RecoverPrefix(const Status& forward_error) {
   if (!transport.ok() && IsTransportFailure(transport)) {
     TIERKV_RETURN_IF_ERROR(Degrade(transport));
   }
+  if (intact == load_pages_) {
+    next_wait_layer_ = geometry().num_layers;  // every page is in place
+    return load_pages_ * geometry().page_tokens;
+  }
   stats_.pages_recomputed += load_pages_ - intact;
   stats_.prefix_tokens_loaded -=
       (load_pages_ - intact) * geometry().page_tokens;
   stats_.pages_loaded -= load_pages_ - intact;
   load_pages_ = intact;
-  load_failed_ = false;
-  load_error_ = Status::OK();
   next_wait_layer_ = geometry().num_layers;  // what is left is in place
   const int64_t tokens = intact * geometry().page_tokens;
   stored_pages_ = std::min(stored_pages_, intact);
@@ -425,8 +438,10 @@ Status TierKvCache::CommitTokens(std::span<const int32_t> tokens) {
   }
   // Reap finished stores (their errors are not fatal: a page that did not
   // store is just recomputed by the next request that wants it).
-  std::erase_if(stores_, [&](const TransferHandle& h) {
-    return h.LayersDone() == geometry().num_layers;
+  std::erase_if(stores_, [&](TransferHandle& h) {
+    if (h.LayersDone() != geometry().num_layers) return false;
+    CountStoreFailures(h);  // done: does not block
+    return true;
   });
   std::vector<PageHash> pages(hashes_.begin() + stored_pages_,
                               hashes_.begin() + full);
@@ -451,14 +466,25 @@ Status TierKvCache::CommitTokens(std::span<const int32_t> tokens) {
 
 void TierKvCache::WaitForStores() {
   for (TransferHandle& h : stores_) {
-    auto done = h.Wait();
-    if (!done.ok() && IsTransportFailure(done.status())) {
+    if (!CountStoreFailures(h)) {
       // Nothing to return to: the next call that needs the daemon fails.
-      (void)Degrade(done.status());
       break;
     }
   }
   stores_.clear();
+}
+
+bool TierKvCache::CountStoreFailures(TransferHandle& store) {
+  auto done = store.Wait();
+  if (!done.ok()) {
+    if (IsTransportFailure(done.status())) {
+      (void)Degrade(done.status());
+      return false;
+    }
+    return true;
+  }
+  for (const Status& page : *done) stats_.pages_store_failed += !page.ok();
+  return true;
 }
 
 std::string ModelIdentity(const Model& model) {

@@ -69,6 +69,9 @@ struct TierKvCacheStats {
   int64_t pages_from_nvme = 0;
   int64_t pages_recomputed = 0;  // matched but not arrived: recomputed
   int64_t pages_stored = 0;      // sent with Store (dedup included)
+  // Of those, pages the daemon could not store (e.g. Busy: no DRAM even
+  // after waiting for write-back); a later request recomputes them.
+  int64_t pages_store_failed = 0;
   uint64_t bytes_loaded = 0;
   uint64_t bytes_stored = 0;
   bool degraded = false;  // the daemon is no longer used
@@ -111,6 +114,12 @@ class TierKvCache final : public KvCache {
   Status Degrade(const Status& why);
   // Waits for every Store in flight (their slots are about to change).
   void WaitForStores();
+  // Waits for `store` and counts its pages that were not stored; false
+  // when the daemon is gone (the cache has degraded).
+  bool CountStoreFailures(TransferHandle& store);
+  // Waits for the attached prefix's whole Load and keeps its leading
+  // pages that arrived in every layer; their token count.
+  Result<int64_t> FinishLoad();
   const Region* FindRegion(int64_t layer, KvPart part) const;
   Region* FindRegion(int64_t layer, KvPart part);
   std::vector<PageHash> HashPages(std::span<const int32_t> tokens) const;

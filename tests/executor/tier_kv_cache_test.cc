@@ -167,6 +167,26 @@ TEST_F(TierKvCacheTest, PrefixFromDramGivesIdenticalLogitsAndStoresPagesOnce) {
             config.num_hidden_layers + full);  // page 3, stored again
 }
 
+TEST_F(TierKvCacheTest, TruncateDuringALoadWaitsForItAndKeepsWhatArrived) {
+  StartDaemon(kDramOnly);
+  const auto prompt = Tokens(200, 8);
+  const std::vector<float> reference = Reference(prompt);
+  StoreOnce(prompt);
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  auto start = cache->AttachPrefix(prompt);
+  ASSERT_OK(start);
+  ASSERT_EQ(*start, 192);
+  // No layer waited for: Truncate must finish the Load first.
+  ASSERT_OK(cache->Truncate(64));
+  EXPECT_EQ(cache->num_tokens(0, KvPart::kLatent), 64);
+  auto logits = model_->Forward(std::span(prompt).subspan(64), cache.get());
+  ASSERT_OK(logits);
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  EXPECT_TRUE(std::equal(logits->begin(), logits->end(), reference.begin(),
+                         reference.begin() + vocab));
+}
+
 TEST_F(TierKvCacheTest, SharedLayersStoreNoIndexKeys) {
   StartDaemon(kDramOnly);
   const auto prompt = Tokens(130, 2);  // 2 full pages
