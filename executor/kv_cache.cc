@@ -15,6 +15,12 @@ Status KvCacheGeometry::Validate() const {
         "KvCacheGeometry: num_layers, latent_dim, index_dim, page_tokens and "
         "max_tokens must be > 0");
   }
+  if (latent_nope_dim < 0 || latent_nope_dim > latent_dim ||
+      (dtype == KvDtype::kFP8 && latent_nope_dim == 0)) {
+    return Status::InvalidArgument(
+        "KvCacheGeometry: latent_nope_dim must be in [0, latent_dim], and "
+        "> 0 for fp8");
+  }
   if (static_cast<int64_t>(has_index_keys.size()) != num_layers) {
     return Status::InvalidArgument(
         "KvCacheGeometry: has_index_keys needs one entry per layer");
@@ -22,8 +28,11 @@ Status KvCacheGeometry::Validate() const {
   return Status::OK();
 }
 
-KvCacheGeometry GeometryFor(const ModelConfig& config, int64_t max_tokens) {
+KvCacheGeometry GeometryFor(const ModelConfig& config, int64_t max_tokens,
+                            KvDtype dtype) {
   KvCacheGeometry g;
+  g.dtype = dtype;
+  g.latent_nope_dim = config.kv_lora_rank;
   g.num_layers = config.num_hidden_layers;
   g.latent_dim = config.latent_dim();
   g.index_dim = config.index_head_dim;
@@ -92,13 +101,15 @@ Status InProcessKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
   const KvCacheGeometry& g = geometry();
   const int64_t dim = g.RowDim(part);
   const size_t page_floats = static_cast<size_t>(g.page_tokens * dim);
+  const KvRowFormat format = g.Format(part);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = first_token + i;
     const size_t page = static_cast<size_t>(t / g.page_tokens);
     if (page >= s.pages.size()) s.pages.resize(page + 1);
     if (!s.pages[page]) s.pages[page] = std::make_unique<float[]>(page_floats);
-    std::memcpy(s.pages[page].get() + (t % g.page_tokens) * dim,
-                rows.data() + i * dim, static_cast<size_t>(dim) * 4);
+    float* row = s.pages[page].get() + (t % g.page_tokens) * dim;
+    std::memcpy(row, rows.data() + i * dim, static_cast<size_t>(dim) * 4);
+    format.RoundTrip({row, static_cast<size_t>(dim)});  // stored as `dtype`
   }
   s.num_tokens = std::max(s.num_tokens, first_token + n);
   return Status::OK();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "executor/config.h"
+#include "executor/kv_format.h"
 #include "tierkv/status.h"
 
 namespace tierkv::executor {
@@ -42,15 +43,27 @@ struct KvCacheGeometry {
   int64_t page_tokens = 64;
   // Capacity in tokens; writes past it return ResourceExhausted.
   int64_t max_tokens = 0;
+  // How rows are stored (kv_format.h); reads return the dequantized
+  // values. Default: fp32 (exact).
+  KvDtype dtype = KvDtype::kF32;
+  // The leading latent values fp8 quantizes (kv_lora_rank; the RoPE part
+  // after them stays bf16).
+  int64_t latent_nope_dim = 0;
 
   int64_t RowDim(KvPart part) const {
     return part == KvPart::kLatent ? latent_dim : index_dim;
+  }
+  KvRowFormat Format(KvPart part) const {
+    return part == KvPart::kLatent
+               ? KvRowFormat::Latent(dtype, latent_dim, latent_nope_dim)
+               : KvRowFormat::IndexKey(dtype, index_dim);
   }
   Status Validate() const;
 };
 
 // The geometry a model config implies.
-KvCacheGeometry GeometryFor(const ModelConfig& config, int64_t max_tokens);
+KvCacheGeometry GeometryFor(const ModelConfig& config, int64_t max_tokens,
+                            KvDtype dtype = KvDtype::kF32);
 
 class KvCache {
  public:

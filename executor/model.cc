@@ -59,8 +59,10 @@ Result<std::unique_ptr<Model>> Model::Load(const std::filesystem::path& dir,
   return Create(std::move(config).value(), std::move(weights).value(), options);
 }
 
-Result<std::unique_ptr<KvCache>> Model::NewCache(int64_t max_tokens) const {
-  auto cache = InProcessKvCache::Create(GeometryFor(config_, max_tokens));
+Result<std::unique_ptr<KvCache>> Model::NewCache(int64_t max_tokens,
+                                                 KvDtype dtype) const {
+  auto cache =
+      InProcessKvCache::Create(GeometryFor(config_, max_tokens, dtype));
   if (!cache.ok()) return cache.status();
   return std::unique_ptr<KvCache>(std::move(cache).value());
 }

@@ -81,8 +81,10 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   int num_threads() const { return pool_.num_threads(); }
 
-  // A fresh in-process cache for up to `max_tokens` tokens.
-  Result<std::unique_ptr<KvCache>> NewCache(int64_t max_tokens) const;
+  // A fresh in-process cache for up to `max_tokens` tokens, rows stored as
+  // `dtype`.
+  Result<std::unique_ptr<KvCache>> NewCache(
+      int64_t max_tokens, KvDtype dtype = KvDtype::kF32) const;
 
   // Runs `tokens` at positions [p, p + n) where p = the number of tokens in
   // `cache` (layer 0), writing their KV rows. Returns the logits

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,6 +107,7 @@ int WriteModel(const std::string& dir, const std::string& preset,
 
 struct TierkvFlags {
   bool enabled = false;
+  KvDtype kv_dtype = KvDtype::kF32;
   std::string socket;
   std::string namespace_name;
   std::string token_file;
@@ -142,6 +144,15 @@ void AddTierkvFlags(CLI::App* app, TierkvFlags* tierkv, CLI::Option** socket) {
                   "<socket dir>/<namespace>.token, as tierkvd writes it)");
   app->add_flag("--tierkv-required", tierkv->required,
                 "fail instead of running without an unreachable tierkvd");
+  app->add_option("--kv-dtype", tierkv->kv_dtype,
+                  "KV cache row format: fp32 (exact, the default), bf16, or "
+                  "fp8 (DeepSeek-V3.2 / FlashMLA: 656 B latent, 132 B "
+                  "indexer key per token for GLM-5)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, KvDtype>{{"fp32", KvDtype::kF32},
+                                         {"bf16", KvDtype::kBF16},
+                                         {"fp8", KvDtype::kFP8}},
+          CLI::ignore_case));
 }
 
 // How the run's TierKvCaches reach the daemon; an unreachable daemon is
@@ -177,10 +188,11 @@ Result<TierKvCacheOptions> CacheOptions(const Model& model,
 Result<std::unique_ptr<KvCache>> MakeCache(const Model& model,
                                            int64_t max_tokens,
                                            const TierkvFlags& tierkv) {
-  if (!tierkv.enabled) return model.NewCache(max_tokens);
+  if (!tierkv.enabled) return model.NewCache(max_tokens, tierkv.kv_dtype);
   auto o = CacheOptions(model, tierkv);
   if (!o.ok()) return o.status();
-  auto cache = TierKvCache::Create(GeometryFor(model.config(), max_tokens), *o);
+  auto cache = TierKvCache::Create(
+      GeometryFor(model.config(), max_tokens, tierkv.kv_dtype), *o);
   if (!cache.ok()) return cache.status();
   return std::unique_ptr<KvCache>(std::move(cache).value());
 }
@@ -272,11 +284,13 @@ int ServeSessions(const std::string& dir, const SessionsOptions& options,
   if (!cache_options.ok()) return Fail(cache_options.status());
   std::printf(
       "serve-sessions: %d sessions x %d turns, system prompt %lld tokens, "
-      "%lld user + %lld reply tokens per turn, threads %d\n\n",
+      "%lld user + %lld reply tokens per turn, KV %s, threads %d\n\n",
       options.sessions, options.turns,
       static_cast<long long>(options.system_tokens),
       static_cast<long long>(options.user_tokens),
-      static_cast<long long>(options.reply_tokens), (*model)->num_threads());
+      static_cast<long long>(options.reply_tokens),
+      std::string(KvDtypeName(options.kv_dtype)).c_str(),
+      (*model)->num_threads());
   std::printf(
       "session turn  prompt  loaded  prefilled  pages hbm/host/nvme  "
       "recomputed  TTFT ms  decode tok/s   MB in  MB out  logits\n");
@@ -405,6 +419,7 @@ int main(int argc, char** argv) {
   if (serve->parsed()) {
     // The point of serve-sessions: --tierkv is implied.
     sessions.check = !no_check;
+    sessions.kv_dtype = serve_tierkv.kv_dtype;
     serve_tierkv.enabled = true;
     return ServeSessions(serve_model, sessions, serve_threads, serve_tierkv);
   }

@@ -52,8 +52,9 @@ Result<std::vector<TurnReport>> RunSessions(
       const int64_t max_tokens =
           static_cast<int64_t>(prompt.size()) + options.reply_tokens;
 
-      auto cache = TierKvCache::Create(GeometryFor(model.config(), max_tokens),
-                                       cache_options);
+      auto cache = TierKvCache::Create(
+          GeometryFor(model.config(), max_tokens, options.kv_dtype),
+          cache_options);
       if (!cache.ok()) return cache.status();
       auto r = Generate(model, cache->get(), prompt, gen);
       if (!r.ok()) return r.status();
@@ -77,7 +78,7 @@ Result<std::vector<TurnReport>> RunSessions(
       report.bytes_stored = st.bytes_stored;
 
       if (options.check) {
-        auto local = model.NewCache(max_tokens);
+        auto local = model.NewCache(max_tokens, options.kv_dtype);
         if (!local.ok()) return local.status();
         auto reference = Generate(model, local->get(), prompt, gen);
         if (!reference.ok()) return reference.status();

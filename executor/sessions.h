@@ -27,13 +27,14 @@
 namespace tierkv::executor {
 
 struct SessionsOptions {
-  int sessions = 3;             // Default: 3
-  int turns = 3;                // Default: 3
-  int64_t system_tokens = 256;  // shared by every session. Default: 256
-  int64_t user_tokens = 64;     // per turn. Default: 64
-  int64_t reply_tokens = 16;    // generated per turn (greedy). Default: 16
-  uint64_t seed = 1;            // of the token ids. Default: 1
-  bool check = true;            // compare with the in-process cache
+  int sessions = 3;                  // Default: 3
+  int turns = 3;                     // Default: 3
+  int64_t system_tokens = 256;       // shared by every session. Default: 256
+  int64_t user_tokens = 64;          // per turn. Default: 64
+  int64_t reply_tokens = 16;         // generated per turn (greedy). Default: 16
+  uint64_t seed = 1;                 // of the token ids. Default: 1
+  bool check = true;                 // compare with the in-process cache
+  KvDtype kv_dtype = KvDtype::kF32;  // both caches' row format
 };
 
 struct TurnReport {

@@ -42,14 +42,19 @@ void HashTensor(XXH3_state_t* state, const Tensor& t) {
 
 }  // namespace
 
-// Pool of (layer, part): max_pages slots of slot_bytes at `offset`.
+// Pool of (layer, part): max_pages slots of slot_bytes at `offset`, rows
+// stored in `format`. Attention reads fp32 rows: the pool itself for fp32,
+// else `decoded`, kept in step with the pool (Write decodes what it
+// encodes; a Load's pages are decoded once their layer arrives).
 struct TierKvCache::Region {
   int64_t layer = 0;
   KvPart part = KvPart::kLatent;
   uint8_t part_index = 0;  // in the layout's part list of the layer
+  KvRowFormat format;
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;
   int64_t num_tokens = 0;
+  std::vector<float> decoded;  // [max tokens, dim]; empty for fp32
 };
 
 LayoutSpec TierKvCache::LayoutFor(const KvCacheGeometry& g) {
@@ -58,10 +63,11 @@ LayoutSpec TierKvCache::LayoutFor(const KvCacheGeometry& g) {
   for (int64_t l = 0; l < g.num_layers; ++l) {
     LayerSpec spec;
     spec.parts.push_back(
-        {"kv", static_cast<uint32_t>(g.RowDim(KvPart::kLatent) * 4)});
+        {"kv", static_cast<uint32_t>(g.Format(KvPart::kLatent).RowBytes())});
     if (g.has_index_keys[l]) {
       spec.parts.push_back(
-          {"index_k", static_cast<uint32_t>(g.RowDim(KvPart::kIndexKey) * 4)});
+          {"index_k",
+           static_cast<uint32_t>(g.Format(KvPart::kIndexKey).RowBytes())});
     }
     layout.layers.push_back(std::move(spec));
   }
@@ -99,7 +105,12 @@ Status TierKvCache::Init() {
       r.layer = l;
       r.part = part;
       r.part_index = index++;
-      r.slot_bytes = static_cast<uint64_t>(g.page_tokens * g.RowDim(part)) * 4;
+      r.format = g.Format(part);
+      r.slot_bytes = static_cast<uint64_t>(g.page_tokens) * r.format.RowBytes();
+      if (g.dtype != KvDtype::kF32) {
+        r.decoded.resize(
+            static_cast<size_t>(max_pages_ * g.page_tokens * g.RowDim(part)));
+      }
       r.offset = bytes;
       bytes = AlignUp(bytes + r.slot_bytes * max_pages_, kPageAlign);
       regions_.push_back(r);
@@ -184,6 +195,24 @@ TierKvCache::Region* TierKvCache::FindRegion(int64_t layer, KvPart part) {
   return const_cast<Region*>(std::as_const(*this).FindRegion(layer, part));
 }
 
+const float* TierKvCache::Rows(const Region& r) const {
+  return r.decoded.empty() ? reinterpret_cast<const float*>(base_ + r.offset)
+                           : r.decoded.data();
+}
+
+void TierKvCache::DecodeLoaded(int64_t layer, int64_t pages) {
+  const int64_t tokens = pages * geometry().page_tokens;
+  for (Region& r : regions_) {
+    if (r.layer != layer || r.decoded.empty()) continue;
+    const size_t row_bytes = r.format.RowBytes();
+    const int64_t dim = r.format.dim;
+    for (int64_t t = 0; t < tokens; ++t) {
+      r.format.Decode({base_ + r.offset + t * row_bytes, row_bytes},
+                      {r.decoded.data() + t * dim, static_cast<size_t>(dim)});
+    }
+  }
+}
+
 Status TierKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
                           std::span<const float> rows) {
   TIERKV_RETURN_IF_ERROR(CheckPart(layer, part));
@@ -198,8 +227,20 @@ Status TierKvCache::Write(int64_t layer, KvPart part, int64_t first_token,
     WaitForStores();
   }
   // Slots are consecutive within a region, so rows are contiguous.
-  std::memcpy(base_ + r.offset + static_cast<uint64_t>(first_token * dim) * 4,
-              rows.data(), rows.size() * 4);
+  const size_t row_bytes = r.format.RowBytes();
+  std::byte* stored = base_ + r.offset + first_token * row_bytes;
+  if (r.decoded.empty()) {
+    std::memcpy(stored, rows.data(), rows.size() * 4);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const auto row =
+          rows.subspan(static_cast<size_t>(i * dim), static_cast<size_t>(dim));
+      const std::span<std::byte> bytes(stored + i * row_bytes, row_bytes);
+      r.format.Encode(row, bytes);
+      r.format.Decode(bytes, {r.decoded.data() + (first_token + i) * dim,
+                              static_cast<size_t>(dim)});
+    }
+  }
   r.num_tokens = std::max(r.num_tokens, first_token + n);
   return Status::OK();
 }
@@ -213,8 +254,7 @@ Status TierKvCache::Gather(int64_t layer, KvPart part,
     return Status::InvalidArgument("KvCache::Gather: output size mismatch");
   }
   const Region& r = *FindRegion(layer, part);
-  const auto* rows =
-      reinterpret_cast<const float*>(base_ + r.offset);  // [max_tokens, dim]
+  const float* rows = Rows(r);  // [max_tokens, dim]
   for (size_t i = 0; i < token_ids.size(); ++i) {
     const int64_t t = token_ids[i];
     if (t < 0 || t >= r.num_tokens) {
@@ -238,9 +278,9 @@ Result<std::span<const float>> TierKvCache::PageView(int64_t layer, KvPart part,
         fmt::format("KvCache::PageView: page {} of layer {} was never written",
                     page, layer));
   }
-  return std::span<const float>(
-      reinterpret_cast<const float*>(base_ + r.offset + page * r.slot_bytes),
-      static_cast<size_t>(g.page_tokens * g.RowDim(part)));
+  const size_t page_floats =
+      static_cast<size_t>(g.page_tokens * g.RowDim(part));
+  return std::span<const float>(Rows(r) + page * page_floats, page_floats);
 }
 
 int64_t TierKvCache::num_tokens(int64_t layer, KvPart part) const {
@@ -276,7 +316,11 @@ std::vector<PageHash> TierKvCache::HashPages(
   static_assert(sizeof(int32_t) == sizeof(uint32_t));
   const std::span<const uint32_t> ids(
       reinterpret_cast<const uint32_t*>(tokens.data()), tokens.size());
-  const auto salt = std::as_bytes(std::span(options_.salt));
+  // The format is part of a page's name: rows of another --kv-dtype are
+  // other bytes (and another layout, which the daemon refuses anyway).
+  const std::string salted =
+      options_.salt + "/kv:" + std::string(KvDtypeName(geometry().dtype));
+  const auto salt = std::as_bytes(std::span(salted));
   return PageHashChain(RootPageHash(options_.namespace_name), ids,
                        static_cast<uint32_t>(geometry().page_tokens), salt);
 }
@@ -376,6 +420,7 @@ Status TierKvCache::WaitForLayer(int64_t layer, int64_t num_tokens) {
       load_error_ = failed;
       return failed;
     }
+    DecodeLoaded(next_wait_layer_, load_pages_);
   }
   if (next_wait_layer_ == geometry().num_layers) {
     load_ = TransferHandle();  // every layer is in place
@@ -408,6 +453,10 @@ Result<int64_t> TierKvCache::FinishLoad() {
   load_ = TransferHandle();
   if (!transport.ok() && IsTransportFailure(transport)) {
     TIERKV_RETURN_IF_ERROR(Degrade(transport));
+  }
+  // Layers not waited for yet arrived meanwhile (for the intact pages).
+  for (int64_t l = next_wait_layer_; l < geometry().num_layers; ++l) {
+    DecodeLoaded(l, intact);
   }
   if (intact == load_pages_) {
     next_wait_layer_ = geometry().num_layers;  // every page is in place

@@ -4,10 +4,12 @@
 // is stored for the next request.
 //
 // It is a client of libtierkv like any engine (no storage/ or daemon/ code):
-//   * Rows are fp32 in one memfd, mapped here and registered with the
-//     daemon as one pool per (layer, part): slot p holds page p of the
-//     sequence, so loads land where attention reads and stores copy from
-//     there (no staging buffer on either side).
+//   * Rows are stored in the geometry's KV format (fp32, bf16 or fp8:
+//     kv_format.h) in one memfd, mapped here and registered with the daemon
+//     as one pool per (layer, part): slot p holds page p of the sequence,
+//     so loads land in place and stores copy from there (no staging buffer
+//     on either side). fp32 rows are read in place; bf16 and fp8 rows are
+//     decoded once, on Write or when their layer's Load arrives.
 //   * Pages are named by the prefix-hash chain of their token ids
 //     (tierkv/page_hash.h), salted with the model's identity: two sequences
 //     sharing a prompt prefix share its pages, two models never do.
@@ -103,7 +105,8 @@ class TierKvCache final : public KvCache {
   Status CommitTokens(std::span<const int32_t> tokens) override;
 
   const TierKvCacheStats& stats() const { return stats_; }
-  // The layout this cache registers for `geometry` (fp32 rows).
+  // The layout this cache registers for `geometry` (its format's row
+  // sizes: e.g. 656 B "kv" and 132 B "index_k" per token for GLM-5 fp8).
   static LayoutSpec LayoutFor(const KvCacheGeometry& geometry);
 
  private:
@@ -121,6 +124,11 @@ class TierKvCache final : public KvCache {
   // pages that arrived in every layer; their token count.
   Result<int64_t> FinishLoad();
   const Region* FindRegion(int64_t layer, KvPart part) const;
+  // The fp32 rows attention reads: [max tokens, dim].
+  const float* Rows(const Region& r) const;
+  // Decodes tokens of the first `pages` pages of `layer` from the pool into
+  // the fp32 rows (nothing to do for fp32).
+  void DecodeLoaded(int64_t layer, int64_t pages);
   Region* FindRegion(int64_t layer, KvPart part);
   std::vector<PageHash> HashPages(std::span<const int32_t> tokens) const;
 

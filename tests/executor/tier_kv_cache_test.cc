@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "executor/generator.h"
 #include "executor/model.h"
@@ -86,7 +87,7 @@ class TierKvCacheTest : public ::testing::Test {
   std::unique_ptr<TierKvCache> TierCache(const std::vector<int32_t>& prompt) {
     auto cache = TierKvCache::Create(
         GeometryFor(model_->config(),
-                    static_cast<int64_t>(prompt.size()) + kNewTokens),
+                    static_cast<int64_t>(prompt.size()) + kNewTokens, dtype_),
         Options());
     EXPECT_TRUE(cache.ok()) << cache.status().ToString();
     return cache.ok() ? std::move(cache).value() : nullptr;
@@ -103,8 +104,8 @@ class TierKvCacheTest : public ::testing::Test {
 
   // Logits of the prompt run on the in-process cache.
   std::vector<float> Reference(const std::vector<int32_t>& prompt) {
-    auto cache =
-        model_->NewCache(static_cast<int64_t>(prompt.size()) + kNewTokens);
+    auto cache = model_->NewCache(
+        static_cast<int64_t>(prompt.size()) + kNewTokens, dtype_);
     EXPECT_TRUE(cache.ok());
     return Run(cache->get(), prompt).logits;
   }
@@ -125,6 +126,7 @@ class TierKvCacheTest : public ::testing::Test {
   }
 
   std::unique_ptr<Model> model_;
+  KvDtype dtype_ = KvDtype::kF32;  // of both caches
   testing::DaemonSpec spec_;
   testing::DaemonProcess daemon_;
 };
@@ -235,6 +237,57 @@ TEST_P(TierKvCacheNvmeTest, PrefixEvictedToNvmeGivesIdenticalLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, TierKvCacheNvmeTest,
                          ::testing::Values("write_back", "write_through"));
+
+// Every KV format: what a prefix loaded from DRAM or from NVMe gives is
+// bit-identical to the in-process cache of the same format, and the daemon
+// holds the format's bytes (656 + 132 B per token for GLM-5 fp8; tiny:
+// 52 + 20).
+class TierKvCacheFormatTest : public TierKvCacheTest,
+                              public ::testing::WithParamInterface<KvDtype> {};
+
+TEST_P(TierKvCacheFormatTest, PrefixFromDramAndNvmeGivesIdenticalLogits) {
+  dtype_ = GetParam();
+  StartDaemon(WithNvme("write_back"));
+  const auto prompt = Tokens(1000, 9);
+  const std::vector<float> reference = Reference(prompt);
+  if (dtype_ != KvDtype::kF32) {  // the format does change the rows
+    const KvDtype format = std::exchange(dtype_, KvDtype::kF32);
+    EXPECT_NE(Reference(prompt), reference);
+    dtype_ = format;
+  }
+  StoreOnce(prompt);
+  {
+    auto cache = TierCache(prompt);
+    ASSERT_NE(cache, nullptr);
+    const GenerateResult warm = Run(cache.get(), prompt);
+    EXPECT_EQ(warm.prefix_tokens, 960);
+    EXPECT_EQ(warm.logits, reference);
+  }
+  for (uint32_t seed = 20; seed < 24; ++seed) StoreOnce(Tokens(1000, seed));
+  auto cache = TierCache(prompt);
+  ASSERT_NE(cache, nullptr);
+  const GenerateResult cold = Run(cache.get(), prompt);
+  EXPECT_EQ(cold.prefix_tokens, 960);
+  EXPECT_GT(cache->stats().pages_from_nvme, 0);
+  EXPECT_EQ(cold.logits, reference);
+
+  const KvCacheGeometry g = GeometryFor(model_->config(), 1, dtype_);
+  auto c = daemon_.Connect("exec", "exec-token");
+  ASSERT_OK(c);
+  const LayoutSpec layout = *(*c)->layout();
+  EXPECT_EQ(layout, TierKvCache::LayoutFor(g));
+  const uint32_t kv = layout.layers[0].parts[0].bytes_per_token;
+  EXPECT_EQ(kv, dtype_ == KvDtype::kF32    ? 40u * 4
+                : dtype_ == KvDtype::kBF16 ? 40u * 2
+                                           : 32u + 4 + 8 * 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, TierKvCacheFormatTest,
+                         ::testing::Values(KvDtype::kF32, KvDtype::kBF16,
+                                           KvDtype::kFP8),
+                         [](const auto& info) {
+                           return std::string(KvDtypeName(info.param));
+                         });
 
 TEST_F(TierKvCacheTest, PrefixSurvivesADaemonRestartOnNvme) {
   StartDaemon(WithNvme("write_back"));
