@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/temp_dir.h"
@@ -131,54 +132,65 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Two tierkv-run processes whose prompts share a 192-token system prompt:
+// Two tierkv-run processes whose prompts share a 192-token system prompt,
+// in every KV format (one namespace each: a namespace holds one layout):
 // the second loads those three pages from tierkvd and prefills only its
 // own tokens, the daemon holds the shared pages once, and each process's
 // logits equal its run without tierkv, byte for byte.
 TEST_F(TierkvRunTest, TwoProcessesShareASystemPromptThroughTierkvd) {
+  const std::vector<std::string> formats = {"fp32", "bf16", "fp8"};
+  std::string config;
+  for (const auto& f : formats) {
+    config += "[[namespace]]\nname = \"" + f + "\"\ntoken = \"token-" + f +
+              "\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
+  }
   tierkv::testing::DaemonProcess daemon;
-  ASSERT_TRUE(daemon
-                  .Start({.config_toml = "[[namespace]]\nname = \"exec\"\n"
-                                         "token = \"exec-token\"\n"
-                                         "host_bytes = \"8MiB\"\nshards = 1\n"})
-                  .ok());
-  const std::string token_file = (dir_.path() / "token").string();
-  std::ofstream(token_file) << "exec-token\n";
+  ASSERT_TRUE(daemon.Start({.config_toml = config}).ok());
   const std::string system = Ids(5, 192);
-  const std::string tierkv = " --tierkv " + daemon.socket_path() +
-                             " --namespace exec --token-file " + token_file +
-                             " --tierkv-required";
-  auto run = [&](const std::string& user, bool with_tierkv,
-                 const std::string& npy) {
-    return RunTool("--model " + model_.string() + " --prompt-ids " + system +
-                   "," + user + " --max-new-tokens 3 --attention mqa" +
-                   " --logits-out " + npy + (with_tierkv ? tierkv : ""));
-  };
   const std::string user_a = Ids(1, 20), user_b = Ids(2, 30);
   const std::string dir = dir_.path().string();
-  RunResult a = run(user_a, true, dir + "/a.npy");
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  EXPECT_NE(a.output.find("tierkv: 0 of 212 prompt tokens loaded"),
-            std::string::npos)
-      << a.output;
-  RunResult b = run(user_b, true, dir + "/b.npy");
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_NE(b.output.find("tierkv: 192 of 222 prompt tokens loaded (pages: "
-                          "hbm 0, host 3, nvme 0)"),
-            std::string::npos)
-      << b.output;
-  ASSERT_EQ(run(user_a, false, dir + "/a0.npy").exit_code, 0);
-  ASSERT_EQ(run(user_b, false, dir + "/b0.npy").exit_code, 0);
-  EXPECT_EQ(ReadAll(dir + "/a.npy"), ReadAll(dir + "/a0.npy"));
-  EXPECT_EQ(ReadAll(dir + "/b.npy"), ReadAll(dir + "/b0.npy"));
+  for (const auto& format : formats) {
+    SCOPED_TRACE(format);
+    const std::string token_file = dir + "/" + format + ".token";
+    std::ofstream(token_file) << "token-" << format << "\n";
+    const std::string tierkv = " --tierkv " + daemon.socket_path() +
+                               " --namespace " + format + " --token-file " +
+                               token_file + " --tierkv-required";
+    auto run = [&](const std::string& user, bool with_tierkv,
+                   const std::string& npy) {
+      return RunTool("--model " + model_.string() + " --prompt-ids " + system +
+                     "," + user + " --max-new-tokens 3 --attention mqa" +
+                     " --kv-dtype " + format + " --logits-out " + npy +
+                     (with_tierkv ? tierkv : ""));
+    };
+    const std::string out = dir + "/" + format;
+    RunResult a = run(user_a, true, out + "-a.npy");
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    EXPECT_NE(a.output.find("tierkv: 0 of 212 prompt tokens loaded"),
+              std::string::npos)
+        << a.output;
+    RunResult b = run(user_b, true, out + "-b.npy");
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_NE(b.output.find("tierkv: 192 of 222 prompt tokens loaded (pages: "
+                            "hbm 0, host 3, nvme 0)"),
+              std::string::npos)
+        << b.output;
+    ASSERT_EQ(run(user_a, false, out + "-a0.npy").exit_code, 0);
+    ASSERT_EQ(run(user_b, false, out + "-b0.npy").exit_code, 0);
+    EXPECT_EQ(ReadAll(out + "-a.npy"), ReadAll(out + "-a0.npy"));
+    EXPECT_EQ(ReadAll(out + "-b.npy"), ReadAll(out + "-b0.npy"));
 
-  // The three system pages are stored once: 7 segments each (tiny: 4
-  // layers, 3 of them with indexer keys), and neither process has a
-  // fourth full page (212 + 2 and 222 + 2 fed tokens).
-  auto c = daemon.Connect("exec", "exec-token");
-  ASSERT_TRUE(c.ok());
-  auto stats = nlohmann::json::parse(*(*c)->StatsJson());
-  EXPECT_EQ(stats["host"]["segments"].get<int>(), 3 * 7) << stats.dump();
+    // The three system pages are stored once: 7 segments each (tiny: 4
+    // layers, 3 of them with indexer keys), and neither process has a
+    // fourth full page (212 + 2 and 222 + 2 fed tokens).
+    auto c = daemon.Connect(format, "token-" + format);
+    ASSERT_TRUE(c.ok());
+    auto stats = nlohmann::json::parse(*(*c)->StatsJson());
+    EXPECT_EQ(stats["host"]["segments"].get<int>(), 3 * 7) << stats.dump();
+  }
+  // The formats really differ: bf16 and fp8 logits are not fp32's.
+  EXPECT_NE(ReadAll(dir + "/fp32-b.npy"), ReadAll(dir + "/bf16-b.npy"));
+  EXPECT_NE(ReadAll(dir + "/fp32-b.npy"), ReadAll(dir + "/fp8-b.npy"));
 }
 
 TEST_F(TierkvRunTest, UnreachableTierkvdFailsWhenRequiredElseRunsWithout) {

@@ -282,14 +282,8 @@ TEST_P(TierKvCacheFormatTest, PrefixFromDramAndNvmeGivesIdenticalLogits) {
                                            : 32u + 4 + 8 * 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, TierKvCacheFormatTest,
-                         ::testing::Values(KvDtype::kF32, KvDtype::kBF16,
-                                           KvDtype::kFP8),
-                         [](const auto& info) {
-                           return std::string(KvDtypeName(info.param));
-                         });
-
-TEST_F(TierKvCacheTest, PrefixSurvivesADaemonRestartOnNvme) {
+TEST_P(TierKvCacheFormatTest, PrefixSurvivesADaemonRestartOnNvme) {
+  dtype_ = GetParam();
   StartDaemon(WithNvme("write_back"));
   const auto prompt = Tokens(1000, 5);
   const std::vector<float> reference = Reference(prompt);
@@ -305,6 +299,13 @@ TEST_F(TierKvCacheTest, PrefixSurvivesADaemonRestartOnNvme) {
   EXPECT_EQ(cache->stats().pages_from_nvme, 15);
   EXPECT_EQ(again.logits, reference);
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, TierKvCacheFormatTest,
+                         ::testing::Values(KvDtype::kF32, KvDtype::kBF16,
+                                           KvDtype::kFP8),
+                         [](const auto& info) {
+                           return std::string(KvDtypeName(info.param));
+                         });
 
 TEST_F(TierKvCacheTest, AFlippedByteOnDiskIsRecomputedNotUsed) {
   StartDaemon(WithNvme("write_back"));
