@@ -8,7 +8,7 @@
 #      io_uring);
 #   3. ThreadSanitizer build of the storage, transport and test-double tests;
 #   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
-#      is instrumented too).
+#      is instrumented too; the benchmarks are not built there).
 # Set TIERKV_SKIP_SANITIZERS=1 for a quick local run: the format check and
 # step 2 only.
 set -euo pipefail
@@ -43,7 +43,10 @@ if ((!quick)); then
   done
 
   echo "== [4/4] AddressSanitizer + UBSan: every test ($(( $(date +%s) - start )) s so far)"
-  scripts/build.sh build-asan -DTIERKV_SANITIZE=address,undefined
+  # Every test and the binaries they start; not the benchmarks (CI time).
+  scripts/build.sh build-asan -DTIERKV_SANITIZE=address,undefined -- \
+    common_tests storage_tests testing_tests transport_tests client_tests \
+    daemon_tests executor_tests tierkvd tierkv tierkv-run
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan -j2 --output-on-failure --timeout 900
 fi
