@@ -107,6 +107,11 @@ class UdsServer::Impl {
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> connections;
   uint64_t next_id = 1;
   bool stopped = false;
+  // The socket file this server created (device, inode), so that Stop
+  // removes it only if it is still ours: after a restart on the same path
+  // it is the new daemon's.
+  dev_t socket_dev = 0;
+  ino_t socket_ino = 0;
 };
 
 Responder& Responder::operator=(Responder&& other) noexcept {
@@ -440,6 +445,10 @@ Status UdsServer::Impl::Listen() {
   if (::chmod(path.c_str(), options.mode) != 0) {
     return Status::IOError("chmod " + path + ": " + std::strerror(errno));
   }
+  if (::lstat(path.c_str(), &st) == 0) {
+    socket_dev = st.st_dev;
+    socket_ino = st.st_ino;
+  }
   return Status::OK();
 }
 
@@ -489,7 +498,11 @@ void UdsServer::Impl::Stop() {
   for (auto& io : ios) io->stop();
   for (auto& t : threads) t.join();
   threads.clear();
-  ::unlink(options.path.c_str());
+  struct stat st {};
+  if (::lstat(options.path.c_str(), &st) == 0 && st.st_dev == socket_dev &&
+      st.st_ino == socket_ino) {
+    ::unlink(options.path.c_str());
+  }
 }
 
 Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,

@@ -217,6 +217,27 @@ TEST(UdsServerTest, RefusesToStealALiveSocketButReplacesAStaleOne) {
             StatusCode::kInvalidArgument);
 }
 
+TEST(UdsServerTest, StoppingLeavesASocketFileThatIsNoLongerItsOwn) {
+  // A daemon replaced at the same path (its file removed, a new one bound)
+  // must not take the new daemon's socket file with it when it stops.
+  testing::TempDir dir;
+  EchoHandler a_handler, b_handler;
+  const std::string path = dir.File("s.sock");
+  auto a = UdsServer::Start({.path = path}, &a_handler);
+  ASSERT_OK(a);
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  auto b = UdsServer::Start({.path = path}, &b_handler);
+  ASSERT_OK(b);
+  (*a)->Stop();
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << "b's socket file is gone";
+  auto ch = UdsChannel::Connect(path, std::chrono::seconds(5));
+  ASSERT_OK(ch);
+  EXPECT_OK((*ch)->Call(1, {}));
+  (*b)->Stop();
+  EXPECT_NE(::stat(path.c_str(), &st), 0) << "b removes its own file";
+}
+
 TEST(UdsServerTest, OversizedFramesCloseOnlyTheirConnection) {
   testing::TempDir dir;
   EchoHandler handler;
