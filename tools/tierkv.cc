@@ -135,7 +135,7 @@ int PrintStats(const std::string& json_text, bool raw) {
                    : "");
     fmt::print(
         "  mover       {} demoted in {} batches ({} failed), {} dirty "
-        "waiting, {} Puts held back; {} promoted; policy {}\n",
+        "waiting, {} reservations held back; {} promoted; policy {}\n",
         n["demotions_done"].get<uint64_t>(),
         n["demotion_batches"].get<uint64_t>(),
         n["demotions_failed"].get<uint64_t>(),
