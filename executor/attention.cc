@@ -21,38 +21,64 @@ void ForEachHead(ThreadPool* pool, int64_t heads,
 
 }  // namespace
 
-void AbsorbedAttention(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
-                       const float* q, const float* latent,
-                       int64_t num_selected, float* out) {
+void AbsorbQueries(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
+                   const float* q, int64_t n, float* q_abs) {
   const int64_t ld = d.latent_dim();
   const int64_t qk = d.nope + d.rope;
   const int64_t per_head = d.nope + d.v;
   ForEachHead(pool, d.heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_abs(static_cast<size_t>(ld));
-    std::vector<float> p(static_cast<size_t>(num_selected));
-    std::vector<float> o_lat(static_cast<size_t>(d.kv_lora));
     for (int64_t h = begin; h < end; ++h) {
-      const float* qh = q + h * qk;
-      const float* w_uk = kv_b.ptr() + h * per_head * d.kv_lora;
-      const float* w_uv = w_uk + d.nope * d.kv_lora;
-      // q_abs[:kv_lora] = W_UKᵀ q_nope; q_abs[kv_lora:] = q_pe.
-      std::fill(q_abs.begin(), q_abs.begin() + d.kv_lora, 0.0f);
-      for (int64_t i = 0; i < d.nope; ++i) {
-        Axpy(qh[i], w_uk + i * d.kv_lora, q_abs.data(), d.kv_lora);
+      // q_abs[t, h, :kv_lora] = Σ_i q_nope[t, h, i] · W_UK[h][i, :].
+      WeightedRowSums(q + h * qk, d.heads * qk, n,
+                      kv_b.ptr() + h * per_head * d.kv_lora, d.kv_lora, d.nope,
+                      d.kv_lora, q_abs + h * ld, d.heads * ld);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* qh = q + (t * d.heads + h) * qk;
+        std::copy(qh + d.nope, qh + qk,
+                  q_abs + (t * d.heads + h) * ld + d.kv_lora);
       }
-      std::copy(qh + d.nope, qh + qk, q_abs.begin() + d.kv_lora);
-      for (int64_t s = 0; s < num_selected; ++s) {
-        p[s] = Dot(q_abs.data(), latent + s * ld, ld) * d.scale;
-      }
-      SoftmaxInPlace(p.data(), num_selected);
-      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
-      for (int64_t s = 0; s < num_selected; ++s) {
-        Axpy(p[s], latent + s * ld, o_lat.data(), d.kv_lora);
-      }
-      float* oh = out + h * d.v;
-      for (int64_t j = 0; j < d.v; ++j) {
-        oh[j] = Dot(w_uv + j * d.kv_lora, o_lat.data(), d.kv_lora);
-      }
+    }
+  });
+}
+
+void AbsorbedAttend(ThreadPool* pool, const MlaDims& d, const float* q_abs,
+                    const float* latent, int64_t num_selected, float* o_lat) {
+  const int64_t ld = d.latent_dim();
+  // One chunk of heads per thread: the selected rows are read once per
+  // chunk for all of its heads.
+  const int64_t threads = pool ? pool->num_threads() : 1;
+  const int64_t grain = (d.heads + threads - 1) / threads;
+  auto body = [&](int64_t begin, int64_t end) {
+    const int64_t heads = end - begin;
+    std::vector<float> p(static_cast<size_t>(heads * num_selected));
+    // p[h, s] = q_abs[h]·c_s, then scaled and softmaxed per head.
+    DotMatrix(latent, ld, num_selected, q_abs + begin * ld, ld, heads, ld,
+              p.data(), num_selected);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* ph = p.data() + h * num_selected;
+      for (int64_t s = 0; s < num_selected; ++s) ph[s] *= d.scale;
+      SoftmaxInPlace(ph, num_selected);
+    }
+    WeightedRowSums(p.data(), num_selected, heads, latent, ld, num_selected,
+                    d.kv_lora, o_lat + begin * d.kv_lora, d.kv_lora);
+  };
+  if (pool) {
+    pool->ParallelFor(d.heads, grain, body);
+  } else {
+    body(0, d.heads);
+  }
+}
+
+void ProjectValues(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
+                   const float* o_lat, int64_t n, float* out) {
+  const int64_t per_head = d.nope + d.v;
+  ForEachHead(pool, d.heads, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      const float* w_uv = kv_b.ptr() + (h * per_head + d.nope) * d.kv_lora;
+      // out[t, h, j] = W_UV[h][j, :] · o_lat[t, h, :].
+      DotMatrix(w_uv, d.kv_lora, d.v, o_lat + h * d.kv_lora,
+                d.heads * d.kv_lora, n, d.kv_lora, out + h * d.v,
+                d.heads * d.v);
     }
   });
 }

@@ -31,12 +31,31 @@ struct MlaDims {
   int64_t expanded_dim() const { return heads * (nope + v); }
 };
 
-// q: [heads, nope + rope] with RoPE applied; latent: [num_selected,
-// kv_lora + rope] rows of the selected tokens; out: [heads, v].
+// Absorbed MQA runs in three steps so that the two projections batch over
+// every token of a chunk while the attention itself is per token (each
+// token has its own selection):
+//
+//   AbsorbQueries   q_abs[t, h] = [W_UK[h]ᵀ q_nope[t, h], q_pe[t, h]]
+//   AbsorbedAttend  o_lat[h] = Σ_s softmax_s(scale · q_abs[h]·c_s)
+//   c_s[:kv_lora] ProjectValues   out[t, h] = W_UV[h] o_lat[t, h]
+//
+// Every output element depends only on its own token's inputs (kernels.h),
+// so a chunk of n tokens gives the same bits as n one-token calls.
+
+// q: [n, heads, nope + rope] with RoPE applied; q_abs: [n, heads,
+// kv_lora + rope].
+void AbsorbQueries(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
+                   const float* q, int64_t n, float* q_abs);
+
+// One token. q_abs: [heads, kv_lora + rope]; latent: [num_selected,
+// kv_lora + rope] rows of the selected tokens; o_lat: [heads, kv_lora].
 // REQUIRES: num_selected >= 1.
-void AbsorbedAttention(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
-                       const float* q, const float* latent,
-                       int64_t num_selected, float* out);
+void AbsorbedAttend(ThreadPool* pool, const MlaDims& d, const float* q_abs,
+                    const float* latent, int64_t num_selected, float* o_lat);
+
+// o_lat: [n, heads, kv_lora]; out: [n, heads, v].
+void ProjectValues(ThreadPool* pool, const MlaDims& d, const Tensor& kv_b,
+                   const float* o_lat, int64_t n, float* out);
 
 // q as above; expanded: [num_selected, heads * (nope + v)] = kv_b_proj · c_s
 // of the selected tokens; latent: their latent rows (for k_pe); out:

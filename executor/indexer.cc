@@ -14,14 +14,23 @@ void IndexScores(const float* q, const float* head_weights, int64_t heads,
                  int64_t dim, const float* keys, int64_t num_keys,
                  float* scores) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  for (int64_t s = 0; s < num_keys; ++s) {
-    const float* k = keys + s * dim;
-    float acc = 0;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float logit = Dot(q + h * dim, k, dim) * scale;
-      acc += head_weights[h] * std::max(logit, 0.0f);
+  // Logits for a block of keys at a time: logits[h, s] = q_h·k_s.
+  constexpr int64_t kBlock = 64;
+  float logits[kBlock * 64];  // kBlock keys × up to 64 heads at a time
+  for (int64_t s0 = 0; s0 < num_keys; s0 += kBlock) {
+    const int64_t n = std::min(kBlock, num_keys - s0);
+    for (int64_t h0 = 0; h0 < heads; h0 += 64) {
+      const int64_t hn = std::min<int64_t>(64, heads - h0);
+      DotMatrix(keys + s0 * dim, dim, n, q + h0 * dim, dim, hn, dim, logits, n);
+      for (int64_t s = 0; s < n; ++s) {
+        float acc = h0 == 0 ? 0.0f : scores[s0 + s];
+        for (int64_t h = 0; h < hn; ++h) {
+          acc +=
+              head_weights[h0 + h] * std::max(logits[h * n + s] * scale, 0.0f);
+        }
+        scores[s0 + s] = acc;
+      }
     }
-    scores[s] = acc;
   }
 }
 

@@ -238,15 +238,21 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
     expanded_all.resize(static_cast<size_t>(end * d.expanded_dim()));
     MatMul(pool, aw.kv_b_proj, c_rows.data(), end, expanded_all.data());
   }
+  std::vector<float> q_abs, o_lat;
+  if (!use_mha) {
+    q_abs.resize(static_cast<size_t>(n * heads * ld));
+    o_lat.resize(static_cast<size_t>(n * heads * c.kv_lora_rank));
+    AbsorbQueries(pool, d, aw.kv_b_proj, q.data(), n, q_abs.data());
+  }
   std::vector<float> sel_latent, sel_expanded;
   for (int64_t t = 0; t < n; ++t) {
     const std::vector<int32_t>& sel = (*selection)[t];
     const int64_t s_count = static_cast<int64_t>(sel.size());
     sel_latent.resize(static_cast<size_t>(s_count * ld));
     TIERKV_RETURN_IF_ERROR(cache->Gather(l, KvPart::kLatent, sel, sel_latent));
-    const float* qt = q.data() + t * heads * qk;
-    float* out = attn.data() + t * heads * d.v;
     if (use_mha) {
+      const float* qt = q.data() + t * heads * qk;
+      float* out = attn.data() + t * heads * d.v;
       const int64_t ed = d.expanded_dim();
       sel_expanded.resize(static_cast<size_t>(s_count * ed));
       for (int64_t s = 0; s < s_count; ++s) {
@@ -257,9 +263,12 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
       MhaAttention(pool, d, qt, sel_expanded.data(), sel_latent.data(), s_count,
                    out);
     } else {
-      AbsorbedAttention(pool, d, aw.kv_b_proj, qt, sel_latent.data(), s_count,
-                        out);
+      AbsorbedAttend(pool, d, q_abs.data() + t * heads * ld, sel_latent.data(),
+                     s_count, o_lat.data() + t * heads * c.kv_lora_rank);
     }
+  }
+  if (!use_mha) {
+    ProjectValues(pool, d, aw.kv_b_proj, o_lat.data(), n, attn.data());
   }
   std::vector<float> o(static_cast<size_t>(n * hidden));
   MatMul(pool, aw.o_proj, attn.data(), n, o.data());

@@ -35,6 +35,7 @@
 #include "executor/checkpoint_writer.h"
 #include "executor/config.h"
 #include "executor/generator.h"
+#include "executor/kernels.h"
 #include "executor/model.h"
 #include "executor/npy.h"
 #include "executor/presets.h"
@@ -257,9 +258,11 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   std::printf("prefill: %lld tokens in %.3f s = %.1f tokens/s\n",
               static_cast<long long>(r->prompt_tokens), r->prefill_seconds,
               prefill_tps);
-  std::printf("decode: %lld tokens in %.3f s = %.1f tokens/s (threads %d)\n",
-              static_cast<long long>(r->decode_steps), r->decode_seconds,
-              decode_tps, (*model)->num_threads());
+  std::printf(
+      "decode: %lld tokens in %.3f s = %.1f tokens/s (threads %d, kernels "
+      "%s)\n",
+      static_cast<long long>(r->decode_steps), r->decode_seconds, decode_tps,
+      (*model)->num_threads(), KernelIsa());
   PrintTierkvLine(**cache, *r);
   if (!logits_out.empty()) {
     const int64_t vocab = (*model)->config().vocab_size;
