@@ -150,10 +150,12 @@ void AddTierkvFlags(CLI::App* app, TierkvFlags* tierkv, CLI::Option** socket) {
                   "fp8 (DeepSeek-V3.2 / FlashMLA: 656 B latent, 132 B "
                   "indexer key per token for GLM-5)")
       ->transform(CLI::CheckedTransformer(
-          std::map<std::string, KvDtype>{{"fp32", KvDtype::kF32},
-                                         {"bf16", KvDtype::kBF16},
-                                         {"fp8", KvDtype::kFP8}},
-          CLI::ignore_case));
+                      std::map<std::string, KvDtype>{{"fp32", KvDtype::kF32},
+                                                     {"bf16", KvDtype::kBF16},
+                                                     {"fp8", KvDtype::kFP8}},
+                      CLI::ignore_case)
+                      .description(""))
+      ->type_name("fp32|bf16|fp8");
 }
 
 // How the run's TierKvCaches reach the daemon; an unreachable daemon is

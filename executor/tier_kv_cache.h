@@ -76,6 +76,9 @@ struct TierKvCacheStats {
   int64_t pages_store_failed = 0;
   uint64_t bytes_loaded = 0;
   uint64_t bytes_stored = 0;
+  // Time WaitForLayer spent blocked on a Load: the part of the loads the
+  // computation did not hide.
+  double layer_wait_seconds = 0;
   bool degraded = false;  // the daemon is no longer used
 };
 

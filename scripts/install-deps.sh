@@ -9,7 +9,7 @@ pkgs=(
   liburing-dev librocksdb-dev libboost-dev libucx-dev ucx-utils prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev nlohmann-json3-dev
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
-  python3 python3-dev python3-numpy python3-pytest
+  python3 python3-dev python3-numpy python3-pytest python3-matplotlib
   fio curl procps
 )
 missing=()
