@@ -40,7 +40,8 @@ CacheService::CacheService(
       engine_(engine),
       namespaces_(namespaces),
       metrics_(metrics),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      throttle_(options.auth_failure_delay) {}
 
 void CacheService::OnConnect(uint64_t connection_id) {
   metrics_->connections().Increment();
@@ -81,7 +82,7 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return responder.Send(Ping());
   if (op == Opcode::kOpenNamespace) {
-    return responder.Send(OpenNamespace(conn, in));
+    return OpenNamespace(conn, in, std::move(responder));
   }
   if (opcode == 0 || opcode > static_cast<uint16_t>(Opcode::kLastOpcode)) {
     return responder.Send(Error(
@@ -146,9 +147,9 @@ HandlerReply CacheService::Ping() {
   return Ok(JsonResponse{Status::OK(), info.dump()});
 }
 
-HandlerReply CacheService::OpenNamespace(uint64_t conn, In in) {
+void CacheService::OpenNamespace(uint64_t conn, In in, Responder responder) {
   OpenNamespaceRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
   Namespace* found = nullptr;
   for (const auto& ns : *namespaces_) {
     if (ns->name() == req.name) found = ns.get();
@@ -157,24 +158,26 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn, In in) {
   // the token learns nothing.
   if (!found || !TokensEqual(found->token, req.token)) {
     metrics_->auth_failures().Increment();
-    spdlog::warn("connection {}: refused namespace '{}' (unknown or bad token)",
-                 conn, req.name);
-    return Ok(OpenNamespaceResponse{
-        Status::PermissionDenied("unknown namespace or wrong token"),
-        0,
-        false,
-        {}});
+    LogRefusal(conn, req.name);
+    // Answered late and followed by a hang-up (AuthThrottle).
+    return throttle_.Refuse(
+        std::move(responder),
+        Ok(OpenNamespaceResponse{
+            Status::PermissionDenied("unknown namespace or wrong token"),
+            0,
+            false,
+            {}}));
   }
   {
     MutexLock lock(&mu_);
     auto [it, inserted] = opened_.emplace(conn, found);
     if (!inserted && it->second != found) {
-      return Ok(OpenNamespaceResponse{
+      return responder.Send(Ok(OpenNamespaceResponse{
           Status::InvalidArgument(
               "this connection already opened another namespace"),
           0,
           false,
-          {}});
+          {}}));
     }
   }
   const storage::HostTier& host = found->engine->host();
@@ -184,7 +187,28 @@ HandlerReply CacheService::OpenNamespace(uint64_t conn, In in) {
     resp.has_layout = true;
     resp.layout = *layout;
   }
-  return HandlerReply{Encode(resp), host.arena().fd(), false};
+  HandlerReply reply{Encode(resp), host.arena().fd(), false};
+  reply.admit = true;  // past the handshake (UdsServerOptions)
+  responder.Send(std::move(reply));
+}
+
+void CacheService::LogRefusal(uint64_t conn, const std::string& name) {
+  // One line per second at most: a guesser must not flood the log.
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::steady_clock::now() - started_)
+                            .count();
+  int64_t last = last_refusal_log_s_.load(std::memory_order_relaxed);
+  if (now_s == last || !last_refusal_log_s_.compare_exchange_strong(
+                           last, now_s, std::memory_order_relaxed)) {
+    refusals_unlogged_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t more = refusals_unlogged_.exchange(0);
+  spdlog::warn(
+      "connection {}: refused namespace '{}' (unknown or bad token){}", conn,
+      name,
+      more ? fmt::format("; {} more refusals since the last such line", more)
+           : std::string());
 }
 
 HandlerReply CacheService::RegisterLayout(Namespace& ns, In in) {

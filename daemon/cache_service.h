@@ -14,6 +14,7 @@
 // connections in parallel).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "daemon/auth_throttle.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
 #include "storage/cache_engine.h"
@@ -31,6 +33,9 @@ namespace tierkv::daemon {
 
 struct CacheServiceOptions {
   std::string version_info;  // returned by Ping
+  // A refused OpenNamespace (unknown namespace or wrong token) is answered
+  // this late, then the connection is closed (AuthThrottle). Default: 200 ms.
+  std::chrono::milliseconds auth_failure_delay{200};
 };
 
 class CacheService final : public transport::FrameHandler {
@@ -54,7 +59,12 @@ class CacheService final : public transport::FrameHandler {
   Namespace* OpenedNamespace(uint64_t connection_id) EXCLUDES(mu_);
   // The requests answered at once.
   Reply Ping();
-  Reply OpenNamespace(uint64_t conn, In in) EXCLUDES(mu_);
+  // Answers at once, or late for a refusal (throttle_).
+  void OpenNamespace(uint64_t conn, In in, transport::Responder responder)
+      EXCLUDES(mu_);
+  // The refusal's log line, at most one per second (with a count of the
+  // ones not logged).
+  void LogRefusal(uint64_t conn, const std::string& name);
   Reply RegisterLayout(Namespace& ns, In in);
   Reply Match(Namespace& ns, In in);
   Reply PutCommit(uint64_t conn, Namespace& ns, In in);
@@ -83,6 +93,9 @@ class CacheService final : public transport::FrameHandler {
   const std::vector<std::unique_ptr<Namespace>>* namespaces_;
   DaemonMetrics* metrics_;
   const std::chrono::steady_clock::time_point started_;
+  std::atomic<int64_t> last_refusal_log_s_{-1};  // seconds since started_
+  std::atomic<uint64_t> refusals_unlogged_{0};
+  AuthThrottle throttle_;
 
   Mutex mu_;
   std::unordered_map<uint64_t, Namespace*> opened_ GUARDED_BY(mu_);

@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/private_dirs.h"
+
 namespace tierkv::daemon {
 namespace {
 
@@ -185,7 +187,32 @@ Status DaemonConfig::Validate() const {
   if (max_frame_bytes < 4096 || max_frame_bytes > (uint64_t{1} << 30)) {
     return Bad("server.max_frame_bytes", "must be in [4 KiB, 1 GiB]");
   }
+  if (max_connections == 0 || max_connections > 1000000) {
+    return Bad("server.max_connections", "must be in [1, 1000000]");
+  }
+  if (max_unauthenticated_connections == 0 ||
+      max_unauthenticated_connections > 100000) {
+    return Bad("server.max_unauthenticated_connections",
+               "must be in [1, 100000]");
+  }
+  if (handshake_timeout_ms == 0 || handshake_timeout_ms > 3600000) {
+    return Bad("server.handshake_timeout_ms", "must be in [1, 3600000]");
+  }
+  if (auth_failure_delay_ms > 10000) {
+    return Bad("server.auth_failure_delay_ms", "must be <= 10000");
+  }
+  if (idle_timeout_ms > 86400000) {
+    return Bad("server.idle_timeout_ms", "must be <= 86400000 (0: never)");
+  }
   if (lease_ttl_ms == 0) return Bad("leases.ttl_ms", "must be > 0");
+  if (max_leases_per_connection == 0) {
+    return Bad("leases.max_per_connection", "must be > 0");
+  }
+  if (max_leased_segments_per_connection == 0 ||
+      max_leased_segments_per_namespace == 0) {
+    return Bad("leases.max_segments_per_connection",
+               "and max_segments_per_namespace must be > 0");
+  }
   if (max_pin_ttl_ms == 0) return Bad("leases.max_pin_ttl_ms", "must be > 0");
   if (sweep_interval_ms == 0 || sweep_interval_ms > 60000) {
     return Bad("leases.sweep_interval_ms", "must be in [1, 60000]");
@@ -253,6 +280,11 @@ Status DaemonConfig::Validate() const {
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                     const DaemonConfig& base) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument(
+        fmt::format("config {}: is a directory, not a TOML file", path));
+  }
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -294,10 +326,12 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                     c.nvme.recreate_damaged_catalog));
   }
   if (auto* server = root["server"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(
-        CheckKeys(*server, "server",
-                  {"socket", "socket_mode", "socket_group", "io_threads",
-                   "poll_us", "workers", "worker_queue", "max_frame_bytes"}));
+    TIERKV_RETURN_IF_ERROR(CheckKeys(
+        *server, "server",
+        {"socket", "socket_mode", "socket_group", "io_threads", "poll_us",
+         "workers", "worker_queue", "max_frame_bytes", "max_connections",
+         "max_unauthenticated_connections", "handshake_timeout_ms",
+         "idle_timeout_ms", "auth_failure_delay_ms"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -311,6 +345,17 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadInt(*server, "server", "worker_queue", c.worker_queue));
     TIERKV_RETURN_IF_ERROR(
         ReadBytes(*server, "server", "max_frame_bytes", c.max_frame_bytes));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "max_connections", c.max_connections));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server",
+                                   "max_unauthenticated_connections",
+                                   c.max_unauthenticated_connections));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "handshake_timeout_ms",
+                                   c.handshake_timeout_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "idle_timeout_ms", c.idle_timeout_ms));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "auth_failure_delay_ms",
+                                   c.auth_failure_delay_ms));
   }
   if (auto* metrics = root["metrics"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(*metrics, "metrics", {"listen"}));
@@ -319,7 +364,17 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
   }
   if (auto* leases = root["leases"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(
-        *leases, "leases", {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms"}));
+        *leases, "leases",
+        {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms", "max_per_connection",
+         "max_segments_per_connection", "max_segments_per_namespace"}));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "max_per_connection",
+                                   c.max_leases_per_connection));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
+                                   "max_segments_per_connection",
+                                   c.max_leased_segments_per_connection));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
+                                   "max_segments_per_namespace",
+                                   c.max_leased_segments_per_namespace));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*leases, "leases", "ttl_ms", c.lease_ttl_ms));
     TIERKV_RETURN_IF_ERROR(
@@ -377,6 +432,23 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
 Status ResolveTokens(DaemonConfig& config) {
   for (auto& ns : config.namespaces) {
     if (ns.token_file.empty()) continue;
+    struct stat st {};
+    if (::stat(ns.token_file.c_str(), &st) == 0) {
+      // The token is the namespace's only secret: refuse a file anyone
+      // may read, as ssh refuses such a key (group read is how engines
+      // in the socket's group get it).
+      if (!S_ISREG(st.st_mode)) {
+        return Status::InvalidArgument(
+            fmt::format("token file {} of namespace '{}' is not a regular file",
+                        ns.token_file, ns.name));
+      }
+      if (st.st_mode & 0007) {
+        return Status::InvalidArgument(fmt::format(
+            "token file {} of namespace '{}' is accessible by others (mode "
+            "{:04o}); run chmod o-rwx {}",
+            ns.token_file, ns.name, st.st_mode & 07777, ns.token_file));
+      }
+    }
     std::ifstream in(ns.token_file);
     if (in) {
       std::getline(in, ns.token);
@@ -391,9 +463,8 @@ Status ResolveTokens(DaemonConfig& config) {
       }
       continue;
     }
-    std::error_code ec;
-    std::filesystem::create_directories(
-        std::filesystem::path(ns.token_file).parent_path(), ec);
+    TIERKV_RETURN_IF_ERROR(CreatePrivateDirectories(
+        std::filesystem::path(ns.token_file).parent_path(), 0750));
     int fd = ::open(ns.token_file.c_str(),
                     O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {

@@ -5,9 +5,14 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
-//               poll_us, workers, worker_queue, max_frame_bytes
+//               poll_us, workers, worker_queue, max_frame_bytes,
+//               max_connections, max_unauthenticated_connections,
+//               handshake_timeout_ms, idle_timeout_ms,
+//               auth_failure_delay_ms
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
-//   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms
+//   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms,
+//               max_per_connection, max_segments_per_connection,
+//               max_segments_per_namespace
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
@@ -86,12 +91,33 @@ struct DaemonConfig {
   uint32_t workers = 4;                           // Default: 4
   uint32_t worker_queue = 1024;                   // Default: 1024
   uint64_t max_frame_bytes = uint64_t{16} << 20;  // Default: 16 MiB
+  // Connections that opened a namespace; more are refused. Default: 1024.
+  uint32_t max_connections = 1024;
+  // Connections that have not opened a namespace yet; a new one beyond
+  // this closes the oldest of them (transport::UdsServerOptions).
+  // Default: 64.
+  uint32_t max_unauthenticated_connections = 64;
+  // A connection must open a namespace within this. Default: 10000 ms.
+  uint32_t handshake_timeout_ms = 10000;
+  // An authenticated connection idle this long is closed; 0 never.
+  // Default: 0.
+  uint32_t idle_timeout_ms = 0;
+  // A refused OpenNamespace is answered this late, then hung up: token
+  // guessing costs a connection and this much per try. Default: 200 ms.
+  uint32_t auth_failure_delay_ms = 200;
 
   std::string metrics_listen = "127.0.0.1:9400";  // "" disables
 
   uint32_t lease_ttl_ms = 30000;      // read and write leases. Default: 30 s
   uint32_t max_pin_ttl_ms = 3600000;  // longest pin. Default: 1 h
   uint32_t sweep_interval_ms = 100;   // lease expiry scan period
+  // What one connection may hold leased at once, and one namespace's
+  // connections together (storage::LeaseLimits); beyond, items get
+  // ResourceExhausted. Defaults: 4096 leases, 1,048,576 segments per
+  // connection; 4,194,304 segments per namespace.
+  uint32_t max_leases_per_connection = 4096;
+  uint64_t max_leased_segments_per_connection = uint64_t{1} << 20;
+  uint64_t max_leased_segments_per_namespace = uint64_t{4} << 20;
 
   std::string log_level = "info";
   // Written (JSON: pid, socket, metrics_port) once the daemon serves.

@@ -69,6 +69,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);
+  eo.lease_limits = {
+      .max_leases_per_owner = config.max_leases_per_connection,
+      .max_segments_per_owner = config.max_leased_segments_per_connection,
+      .max_segments_per_tier = config.max_leased_segments_per_namespace};
   eo.max_pin_ttl = std::chrono::milliseconds(config.max_pin_ttl_ms);
   eo.workers = config.workers;
   eo.worker_queue = config.worker_queue;
@@ -103,13 +107,24 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     d->namespaces_.push_back(std::move(ns));
   }
   d->service_ = std::make_unique<CacheService>(
-      CacheServiceOptions{.version_info = "tierkvd 0.1.0"}, d->engine_.get(),
-      &d->namespaces_, &d->metrics_);
+      CacheServiceOptions{.version_info = "tierkvd 0.1.0",
+                          .auth_failure_delay = std::chrono::milliseconds(
+                              config.auth_failure_delay_ms)},
+      d->engine_.get(), &d->namespaces_, &d->metrics_);
   if (d->nvme_) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
   d->metrics_.AddEngine(d->engine_.get());
   if (!config.metrics_listen.empty()) {
+    const std::string& listen = config.metrics_listen;
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    if (host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+      spdlog::warn(
+          "metrics listen on {} is reachable from other hosts: /metrics has "
+          "no authentication and names every namespace (use 127.0.0.1 and a "
+          "local Prometheus, or a firewall)",
+          listen);
+    }
     TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
     spdlog::info("metrics on http://{}/metrics (port {})",
                  config.metrics_listen, d->metrics_.port());
@@ -120,6 +135,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
        .group = config.socket_group,
        .max_payload_bytes = config.max_frame_bytes,
        .io_threads = config.io_threads,
+       .max_connections = config.max_connections,
+       .max_unauthenticated_connections =
+           config.max_unauthenticated_connections,
+       .handshake_timeout =
+           std::chrono::milliseconds(config.handshake_timeout_ms),
+       .idle_timeout = std::chrono::milliseconds(config.idle_timeout_ms),
        .poll_after_work = std::chrono::microseconds(config.poll_us)},
       d->service_.get());
   if (!server.ok()) return server.status();

@@ -8,6 +8,7 @@
 
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/host_memory.h"
 
 namespace {
 
@@ -109,6 +110,9 @@ int main(int argc, char** argv) {
                   ns.token_file.empty() ? "(inline)" : ns.token_file.c_str());
     }
     return 0;
+  }
+  if (auto s = CheckHostBytes(config, ReadHostMemory()); !s.ok()) {
+    return Fail(s);
   }
   if (auto s = ResolveTokens(config); !s.ok()) return Fail(s);
   spdlog::set_level(spdlog::level::from_str(config.log_level));

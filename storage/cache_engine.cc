@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "common/load_ticket.h"
+#include "storage/stream_copy.h"
 
 namespace tierkv::storage {
 
@@ -80,7 +81,8 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     pairs.push_back(&ns->tiers_);
     engine->spaces_.push_back(std::move(ns));
   }
-  engine->leases_ = std::make_unique<LeaseTable>(options.clock);
+  engine->leases_ =
+      std::make_unique<LeaseTable>(options.clock, options.lease_limits);
   if (nvme) {
     engine->mover_ = std::make_unique<TierMover>(options.mover, pairs);
   }
@@ -204,7 +206,15 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
   EngineReservation r;
   r.items.reserve(items.size());
   std::vector<size_t> busy;
+  const size_t room = LeaseRoom(owner, ns, items.size());
+  Status limit_error;  // the same for every item past the room
   for (size_t i = 0; i < items.size(); ++i) {
+    if (i >= room) {
+      if (limit_error.ok())
+        limit_error = LeaseLimitError(owner, ns, items.size());
+      r.items.push_back(limit_error);
+      continue;
+    }
     if (Status s = CheckSize(ns, items[i].key, items[i].size); !s.ok()) {
       r.items.push_back(std::move(s));
       continue;
@@ -291,7 +301,15 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
   read.items.reserve(keys.size());
   read.source.assign(keys.size(), Tier::kMiss);
   std::vector<size_t> missing;
+  const size_t room = LeaseRoom(owner, ns, keys.size());
+  Status limit_error;  // the same for every item past the room
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (i >= room) {
+      if (limit_error.ok())
+        limit_error = LeaseLimitError(owner, ns, keys.size());
+      read.items.push_back(limit_error);
+      continue;
+    }
     Result<SegmentLocation> loc = ns.host_->Acquire(keys[i]);
     if (loc.ok()) {
       read.source[i] = Tier::kHost;
@@ -366,7 +384,15 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
   }
   EnginePin out;
   std::vector<SegmentKey> pinned;
+  const size_t room = LeaseRoom(owner, ns, keys.size());
+  Status limit_error;  // the same for every item past the room
   for (const SegmentKey& key : keys) {
+    if (out.items.size() >= room) {
+      if (limit_error.ok())
+        limit_error = LeaseLimitError(owner, ns, keys.size());
+      out.items.push_back(limit_error);
+      continue;
+    }
     auto found = ns.host_->Acquire(key);
     out.items.push_back(found.status());
     if (found.ok()) pinned.push_back(key);
@@ -376,6 +402,26 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
                                 std::move(pinned), ttl);
   }
   return out;
+}
+
+size_t CacheEngine::LeaseRoom(uint64_t owner, const EngineNamespace& ns,
+                              size_t want) const {
+  return leases_->Room(owner, ns.host_.get(), want);
+}
+
+Status CacheEngine::LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
+                                    size_t want) const {
+  const char* limit = nullptr;
+  leases_->Room(owner, ns.host_.get(), want, &limit);
+  const LeaseLimits& l = leases_->limits();
+  return Status::ResourceExhausted(fmt::format(
+      "lease limit reached ({}: this connection holds {} leases over {} "
+      "segments; limits leases.max_per_connection {}, "
+      "leases.max_segments_per_connection {}, "
+      "leases.max_segments_per_namespace {}); release earlier reads",
+      limit ? limit : "limits", leases_->leases_of(owner),
+      leases_->segments_of(owner), l.max_leases_per_owner,
+      l.max_segments_per_owner, l.max_segments_per_tier));
 }
 
 Status CacheEngine::Release(uint64_t owner, uint64_t lease_id) {
@@ -700,7 +746,7 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
       // A reference keeps the segment from eviction during the copy.
       auto loc = ns.host_->Acquire(key);
       if (loc.ok() && loc->size == pool.layout.slot_bytes) {
-        std::memcpy(slot, ns.host_->arena().base() + loc->offset, loc->size);
+        StreamCopy(slot, ns.host_->arena().base() + loc->offset, loc->size);
         ns.host_->Release(key);
         load_segments_host_.fetch_add(1, std::memory_order_relaxed);
         load_bytes_host_.fetch_add(loc->size, std::memory_order_relaxed);

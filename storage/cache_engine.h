@@ -52,6 +52,9 @@ namespace tierkv::storage {
 struct CacheEngineOptions {
   // Read and write leases end after this unless released. Default: 30 s.
   std::chrono::milliseconds lease_ttl{30000};
+  // What one connection, and one namespace, may hold leased at once
+  // (lease_table.h); requests beyond get ResourceExhausted per item.
+  LeaseLimits lease_limits;
   // Longest pin a client may ask for. Default: 1 h.
   std::chrono::milliseconds max_pin_ttl{3600000};
   // Threads for calls that wait for NVMe (promotion on Acquire, Flush).
@@ -323,6 +326,12 @@ class CacheEngine {
 
  private:
   CacheEngine(const CacheEngineOptions& options, NvmeStore* nvme);
+  // Segments `owner` may still lease in `ns` (LeaseTable::Room), and the
+  // ResourceExhausted the items past that room get.
+  size_t LeaseRoom(uint64_t owner, const EngineNamespace& ns,
+                   size_t want) const;
+  Status LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
+                         size_t want) const;
   Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
                    uint64_t size) const;
   // Runs `job` on a worker; false when the queue is full (counted).

@@ -66,8 +66,16 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(
       return s;
     }
   }
-  // Clients may map but never shrink the arena.
-  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL);
+  // Clients map the arena but may neither shrink it (the daemon's mapping
+  // would fault) nor grow it (a client holding the fd could make the daemon
+  // own memory it never asked for).
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    Status s = ErrnoStatus("sealing the arena memfd");
+    ::munmap(base, o.bytes);
+    ::close(fd);
+    return s;
+  }
   return std::unique_ptr<HostArena>(
       new HostArena(fd, static_cast<std::byte*>(base), o.bytes, huge));
 }

@@ -9,7 +9,61 @@ LeaseTable::~LeaseTable() {
   for (auto& [id, lease] : leases_) EndLease(lease);
 }
 
+void LeaseTable::Account(uint64_t owner, const HostTier* tier, ptrdiff_t leases,
+                         ptrdiff_t segments) {
+  // Unsigned wrap-around makes += of a negative delta a subtraction.
+  Usage& u = owners_[owner];
+  u.leases += static_cast<size_t>(leases);
+  u.segments += static_cast<size_t>(segments);
+  if (u.leases == 0 && u.segments == 0) owners_.erase(owner);
+  size_t& t = tier_segments_[tier];
+  t += static_cast<size_t>(segments);
+  if (t == 0) tier_segments_.erase(tier);
+}
+
+size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
+                        const char** limit_name) const {
+  MutexLock lock(&mu_);
+  Usage u;
+  if (auto it = owners_.find(owner); it != owners_.end()) u = it->second;
+  size_t t = 0;
+  if (auto it = tier_segments_.find(tier); it != tier_segments_.end()) {
+    t = it->second;
+  }
+  auto left = [](size_t limit, size_t used) {
+    return used >= limit ? 0 : limit - used;
+  };
+  size_t room = want;
+  const char* name = nullptr;
+  auto cap = [&](size_t r, const char* n) {
+    if (r < room) {
+      room = r;
+      name = n;
+    }
+  };
+  if (u.leases >= limits_.max_leases_per_owner) cap(0, "leases per connection");
+  cap(left(limits_.max_segments_per_owner, u.segments),
+      "leased segments per connection");
+  cap(left(limits_.max_segments_per_tier, t), "leased segments per namespace");
+  if (limit_name) *limit_name = name;
+  return room;
+}
+
+size_t LeaseTable::leases_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.leases;
+}
+
+size_t LeaseTable::segments_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.segments;
+}
+
 void LeaseTable::EndLease(Lease& lease) {
+  Account(lease.owner, lease.tier, -1,
+          -static_cast<ptrdiff_t>(lease.keys.size()));
   for (const auto& key : lease.keys) {
     if (lease.kind == LeaseKind::kWrite) {
       lease.tier->Abort(key);
@@ -25,6 +79,7 @@ uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
                          std::chrono::milliseconds ttl) {
   MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
+  Account(owner, tier, 1, static_cast<ptrdiff_t>(keys.size()));
   leases_.emplace(
       id, Lease{owner, kind, tier, std::move(keys), clock_->Now() + ttl});
   return id;
@@ -65,8 +120,14 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
       remaining.push_back(key);
     }
   }
+  Account(lease.owner, lease.tier, 0,
+          static_cast<ptrdiff_t>(remaining.size()) -
+              static_cast<ptrdiff_t>(lease.keys.size()));
   lease.keys = std::move(remaining);
-  if (lease.keys.empty()) leases_.erase(it);
+  if (lease.keys.empty()) {
+    Account(lease.owner, lease.tier, -1, 0);
+    leases_.erase(it);
+  }
   for (const auto& key : keys) {
     auto c = committed.find(key);
     if (c == committed.end()) {

@@ -10,6 +10,14 @@
 // (ExpireDue, called periodically). So a crashed or hung client can neither
 // pin memory nor hold reserved space forever.
 //
+// Limits (LeaseLimits) bound what one owner, and all owners of one tier
+// (namespace) together, may hold at once: Room() says how many more
+// segments a request may lease, and callers answer the rest
+// ResourceExhausted. So no client can make the daemon hold an unbounded
+// lease table by leasing without releasing (leases otherwise live until
+// their TTL). Requests of one owner admitted at the same moment may
+// overshoot by their own sizes; nothing grows beyond that.
+//
 // Thread safety: thread-safe. Lock order: LeaseTable, then HostTier shards.
 #pragma once
 
@@ -28,10 +36,21 @@ namespace tierkv::storage {
 
 enum class LeaseKind : uint8_t { kRead = 0, kPin = 1, kWrite = 2 };
 
+struct LeaseLimits {
+  // Leases one owner (a connection) holds at once. Default: 4096.
+  size_t max_leases_per_owner = 4096;
+  // Segments those leases cover. Default: 1,048,576 (~24 MiB of keys).
+  size_t max_segments_per_owner = size_t{1} << 20;
+  // Segments all owners of one tier (a namespace) cover together.
+  // Default: 4,194,304.
+  size_t max_segments_per_tier = size_t{4} << 20;
+};
+
 class LeaseTable {
  public:
   // `clock` is borrowed and must outlive the table.
-  explicit LeaseTable(const Clock* clock) : clock_(clock) {}
+  explicit LeaseTable(const Clock* clock, LeaseLimits limits = {})
+      : clock_(clock), limits_(limits) {}
   ~LeaseTable();  // releases every remaining lease
 
   LeaseTable(const LeaseTable&) = delete;
@@ -63,6 +82,17 @@ class LeaseTable {
 
   size_t size() const;
 
+  // How many of `want` more segments `owner` may lease on `tier` now,
+  // within every limit (0 when it holds max_leases_per_owner leases).
+  // Sets *limit_name to the limit that bites (for messages) when < want.
+  size_t Room(uint64_t owner, const HostTier* tier, size_t want,
+              const char** limit_name = nullptr) const EXCLUDES(mu_);
+  // Leases and segments `owner` holds now.
+  size_t leases_of(uint64_t owner) const EXCLUDES(mu_);
+  size_t segments_of(uint64_t owner) const EXCLUDES(mu_);
+
+  const LeaseLimits& limits() const { return limits_; }
+
  private:
   struct Lease {
     uint64_t owner;
@@ -71,10 +101,21 @@ class LeaseTable {
     std::vector<SegmentKey> keys;
     Clock::TimePoint expires;
   };
-  static void EndLease(Lease& lease);
+  struct Usage {
+    size_t leases = 0;
+    size_t segments = 0;
+  };
+  // Drops the lease's references (read/pin) or reservations (write) and
+  // its keys from the usage counts; the caller erases it.
+  void EndLease(Lease& lease) REQUIRES(mu_);
+  void Account(uint64_t owner, const HostTier* tier, ptrdiff_t leases,
+               ptrdiff_t segments) REQUIRES(mu_);
 
   const Clock* clock_;
+  const LeaseLimits limits_;
   mutable Mutex mu_;
+  std::unordered_map<uint64_t, Usage> owners_ GUARDED_BY(mu_);
+  std::unordered_map<const HostTier*, size_t> tier_segments_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
 };

@@ -127,6 +127,17 @@ Result<uint64_t> UdsChannel::Send(uint16_t opcode,
   if (!s.ok()) {
     MutexLock lock(&mu_);
     broken_ = Status::IOError("send to tierkvd: " + std::string(s.message()));
+    // The daemon may have said why before it hung up (e.g. a refused
+    // connection's ResourceExhausted): that beats "Broken pipe". Only read
+    // when nobody else does and the socket is readable, so this never
+    // blocks: after a hang-up it holds the frame or EOF.
+    pollfd p{fd_, POLLIN, 0};
+    if (!reading_ && ::poll(&p, 1, 0) == 1) {
+      Result<Arrived> frame = ReadFrame();
+      if (frame.ok() && frame->opcode == kErrorOpcode && !frame->reply.ok()) {
+        broken_ = frame->reply.status();
+      }
+    }
     arrived_cv_.SignalAll();
     return broken_;
   }

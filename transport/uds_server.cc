@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
+#include "common/private_dirs.h"
 #include "transport/fd_passing.h"
 #include "transport/frame.h"
 #include "transport/protocol.h"
@@ -32,6 +34,11 @@ namespace {
 // Payload buffers above this are released after use, so one large request
 // does not pin memory for the life of the connection.
 constexpr size_t kKeepPayloadCapacity = size_t{1} << 20;
+// A payload buffer starts at one page, then doubles with what arrived: a
+// connection that announced a payload and sent none of it holds 4 KiB.
+constexpr size_t kPayloadGrowStep = 4096;
+
+using Clock = std::chrono::steady_clock;
 
 // True when something is accepting connections on `path`.
 bool SocketIsLive(const std::string& path) {
@@ -53,7 +60,6 @@ void RunPolling(asio::io_context& io, std::chrono::microseconds poll) {
     io.run();
     return;
   }
-  using Clock = std::chrono::steady_clock;
   while (io.run_one() > 0) {  // 0: stopped
     auto until = Clock::now() + poll;
     while (!io.stopped() && Clock::now() < until) {
@@ -91,8 +97,25 @@ class UdsServer::Impl {
   void Accept();
   void Forget(uint64_t id) {
     std::lock_guard lock(mu);
-    connections.erase(id);
+    auto it = connections.find(id);
+    if (it == connections.end()) return;
+    if (it->second.admitted) admitted--;
+    connections.erase(it);
+    unadmitted.erase(id);
   }
+  // The connection authenticated (HandlerReply::admit). One already closed
+  // for its handshake (no longer in `unadmitted`) stays unadmitted.
+  void Admit(uint64_t id) {
+    std::lock_guard lock(mu);
+    if (unadmitted.erase(id) == 0) return;
+    connections[id].admitted = true;
+    admitted++;
+  }
+  // Tells a connection refused for max_connections why, then it is closed.
+  void RefuseFull(LocalSocket& socket);
+  // Closes unadmitted connections past the handshake timeout and asks
+  // admitted ones to close if idle past idle_timeout; re-arms itself.
+  void Sweep();
   void Stop();
 
   const UdsServerOptions options;
@@ -104,9 +127,19 @@ class UdsServer::Impl {
       keep_running;
   std::vector<std::thread> threads;
   std::mutex mu;
-  std::unordered_map<uint64_t, std::weak_ptr<Connection>> connections;
+  struct Entry {
+    std::weak_ptr<Connection> conn;
+    Clock::time_point accepted;
+    bool admitted = false;
+  };
+  std::unordered_map<uint64_t, Entry> connections;
+  // Ids of connections not admitted yet; ids grow with accept order, so
+  // begin() is the oldest.
+  std::set<uint64_t> unadmitted;
+  size_t admitted = 0;  // connections.size() - unadmitted.size() at most
   uint64_t next_id = 1;
   bool stopped = false;
+  std::optional<asio::steady_timer> sweep_timer;  // on ios[0]
   // The socket file this server created (device, inode), so that Stop
   // removes it only if it is still ours: after a restart on the same path
   // it is the new daemon's.
@@ -153,6 +186,16 @@ class Connection : public std::enable_shared_from_this<Connection>,
   }
 
   LocalSocket::executor_type executor() { return socket_.get_executor(); }
+
+  // Server-initiated close (cap, timeouts); on the connection's strand.
+  void CloseNow() { Close(); }
+  // Closes the connection when it has nothing in flight and nothing
+  // arrived for `idle`; on the connection's strand.
+  void CloseIfIdle(std::chrono::milliseconds idle) {
+    if (in_flight_ == 0 && !writing_ && Clock::now() - last_activity_ >= idle) {
+      Close();
+    }
+  }
 
   void Start() {
     server_.handler->OnConnect(id_);
@@ -217,22 +260,33 @@ class Connection : public std::enable_shared_from_this<Connection>,
         if (!n.ok()) return Close();
         if (*n == 0) return WaitReadable();
         header_got_ += *n;
+        last_activity_ = Clock::now();
         if (header_got_ < header_.size()) continue;
         if (!OnHeader()) return;
       }
-      if (payload_got_ < payload_.size()) {
+      if (payload_got_ < payload_len_) {
+        // Grow the buffer with what arrives, not with what the header
+        // claims: a header announcing 16 MiB costs nothing by itself.
+        if (payload_got_ == payload_.size()) {
+          payload_.resize(std::min(
+              payload_len_, std::max(payload_got_ * 2, kPayloadGrowStep)));
+        }
         int* fd_slot =
             OpcodeCarriesDescriptor(frame_.opcode) ? &frame_fd_ : nullptr;
-        auto n = RecvSomeWithFd(fd, std::span(payload_).subspan(payload_got_),
-                                fd_slot);
+        auto n =
+            RecvSomeWithFd(fd,
+                           std::span(payload_).subspan(
+                               payload_got_, payload_.size() - payload_got_),
+                           fd_slot);
         if (!n.ok()) return Close();
         if (*n == 0) return WaitReadable();
         payload_got_ += *n;
-        if (payload_got_ < payload_.size()) continue;
+        last_activity_ = Clock::now();
+        if (payload_got_ < payload_len_) continue;
       }
       Dispatch();
-      if (closed_ || in_flight_ >= server_.options.max_requests_in_flight) {
-        // Complete() resumes reading once a request is answered.
+      if (closed_ || !CanReadMore()) {
+        // Complete() or OnWritten() resumes reading.
         reading_ = false;
         return MaybeFinishClose();
       }
@@ -265,7 +319,8 @@ class Connection : public std::enable_shared_from_this<Connection>,
       return false;
     }
     frame_ = *decoded;
-    payload_.resize(frame_.payload_len);
+    payload_len_ = frame_.payload_len;
+    payload_.clear();  // keeps its capacity (see kKeepPayloadCapacity)
     payload_got_ = 0;
     return true;
   }
@@ -312,17 +367,27 @@ class Connection : public std::enable_shared_from_this<Connection>,
   // Reads the next frame unless the in-flight bound is reached (then the
   // completion of a request resumes reading).
   void MaybeReadMore() {
-    if (in_flight_ < server_.options.max_requests_in_flight) ReadHeader();
+    if (CanReadMore()) ReadHeader();
+  }
+
+  // Backpressure: a client that keeps sending while it does not read its
+  // replies stops being read once max_queued_reply_bytes wait to be sent,
+  // so it cannot make the daemon hold an unbounded reply queue.
+  bool CanReadMore() const {
+    return in_flight_ < server_.options.max_requests_in_flight &&
+           out_bytes_ < server_.options.max_queued_reply_bytes;
   }
 
   // A request is answered (on the strand).
   void Complete(uint16_t opcode, uint64_t request_id, HandlerReply reply) {
     in_flight_--;
+    last_activity_ = Clock::now();
+    if (reply.admit && !reply.is_error) server_.Admit(id_);
     if (!closed_ && !reply.no_reply) {
       const uint16_t out_opcode =
           reply.is_error ? kErrorOpcode : (opcode | kResponseBit);
       Queue({EncodeFrameHeader(out_opcode, request_id, reply.payload),
-             std::move(reply.payload), reply.fd, false});
+             std::move(reply.payload), reply.fd, reply.close_after});
     }
     if (closed_) return MaybeFinishClose();
     MaybeReadMore();
@@ -330,8 +395,14 @@ class Connection : public std::enable_shared_from_this<Connection>,
 
   void Queue(OutFrame frame) {
     if (closed_) return;
+    out_bytes_ += frame.header.size() + frame.body.size();
     out_.push_back(std::move(frame));
     if (!writing_) WriteNext();
+  }
+
+  void PopFront() {
+    out_bytes_ -= out_.front().header.size() + out_.front().body.size();
+    out_.pop_front();
   }
 
   void WriteNext() {
@@ -344,7 +415,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
       frame.insert(frame.end(), f.body.begin(), f.body.end());
       const Status s = SendAllWithFd(socket_.native_handle(), frame, f.fd);
       const bool close_after = f.close_after;
-      out_.pop_front();
+      PopFront();
       if (!s.ok() || close_after) return Close();
     }
     if (out_.empty() || closed_) return;
@@ -360,12 +431,14 @@ class Connection : public std::enable_shared_from_this<Connection>,
     writing_ = false;
     if (closed_) {
       out_.clear();  // no write refers to them any more
+      out_bytes_ = 0;
       return MaybeFinishClose();
     }
     const bool close_after = out_.front().close_after;
-    out_.pop_front();
+    PopFront();
     if (ec || close_after) return Close();
     WriteNext();
+    MaybeReadMore();  // the reply queue may have drained below its bound
   }
 
   void Close() {
@@ -373,7 +446,10 @@ class Connection : public std::enable_shared_from_this<Connection>,
       closed_ = true;
       boost::system::error_code ignored;
       socket_.close(ignored);
-      if (!writing_) out_.clear();  // else OnWritten clears them
+      if (!writing_) {
+        out_.clear();  // else OnWritten clears them
+        out_bytes_ = 0;
+      }
     }
     MaybeFinishClose();
   }
@@ -393,15 +469,18 @@ class Connection : public std::enable_shared_from_this<Connection>,
   HeaderBytes header_{};
   size_t header_got_ = 0;
   size_t payload_got_ = 0;
-  int frame_fd_ = -1;  // owned until OnFrame returns
+  size_t payload_len_ = 0;  // of the frame being read; payload_ grows to it
+  int frame_fd_ = -1;       // owned until OnFrame returns
   FrameHeader frame_;
   std::vector<std::byte> payload_;
   bool reading_ = false;
   uint32_t in_flight_ = 0;  // handed to the handler, not yet answered
   std::deque<OutFrame> out_;
+  size_t out_bytes_ = 0;  // header + body bytes in out_
   bool writing_ = false;
   bool closed_ = false;
   bool disconnected_ = false;
+  Clock::time_point last_activity_ = Clock::now();  // bytes in or reply out
   // The thread running OnFrame for this connection (none otherwise), and
   // the replies it gave before returning.
   std::atomic<std::thread::id> dispatch_thread_{};
@@ -415,9 +494,9 @@ Status UdsServer::Impl::Listen() {
     return Status::InvalidArgument(
         "socket path is empty or longer than 107 bytes");
   }
-  std::error_code fs_ec;
-  fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, fs_ec);
+  // A new socket directory is 0750: the socket's group may traverse it.
+  TIERKV_RETURN_IF_ERROR(
+      CreatePrivateDirectories(fs::path(path).parent_path(), 0750));
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -463,17 +542,30 @@ void UdsServer::Impl::Accept() {
           if (ec == asio::error::operation_aborted) return;
           return Accept();  // e.g. EMFILE: keep serving existing clients
         }
-        std::shared_ptr<Connection> conn;
+        std::shared_ptr<Connection> conn, evicted;
         {
           std::lock_guard lock(mu);
-          if (stopped || connections.size() >= options.max_connections) {
+          if (stopped || admitted >= options.max_connections ||
+              options.max_unauthenticated_connections == 0) {
+            if (!stopped) RefuseFull(socket);
             boost::system::error_code ignored;
             socket.close(ignored);
           } else {
+            if (unadmitted.size() >= options.max_unauthenticated_connections) {
+              // Make room by closing the oldest connection still in its
+              // handshake (see UdsServerOptions).
+              const uint64_t oldest = *unadmitted.begin();
+              unadmitted.erase(unadmitted.begin());
+              evicted = connections[oldest].conn.lock();
+            }
             const uint64_t id = next_id++;
             conn = std::make_shared<Connection>(*this, std::move(socket), id);
-            connections.emplace(id, conn);
+            connections.emplace(id, Entry{conn, Clock::now(), false});
+            unadmitted.insert(id);
           }
+        }
+        if (evicted) {
+          asio::post(evicted->executor(), [evicted] { evicted->CloseNow(); });
         }
         if (conn) {
           // Start on the connection's own thread, like all its handlers.
@@ -481,6 +573,57 @@ void UdsServer::Impl::Accept() {
         }
         Accept();
       });
+}
+
+void UdsServer::Impl::RefuseFull(LocalSocket& socket) {
+  // One small error frame, sent without blocking (a full socket buffer on
+  // a brand-new connection is impossible), so the client says why.
+  const std::vector<std::byte> body = EncodeError(Status::ResourceExhausted(
+      "tierkvd has " + std::to_string(options.max_connections) +
+      " connections already (server.max_connections)"));
+  const HeaderBytes header = EncodeFrameHeader(kErrorOpcode, 0, body);
+  std::vector<std::byte> frame(header.begin(), header.end());
+  frame.insert(frame.end(), body.begin(), body.end());
+  (void)::send(socket.native_handle(), frame.data(), frame.size(),
+               MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void UdsServer::Impl::Sweep() {
+  std::vector<std::shared_ptr<Connection>> expired, admitted_conns;
+  const auto now = Clock::now();
+  {
+    std::lock_guard lock(mu);
+    if (stopped) return;
+    for (auto it = unadmitted.begin(); it != unadmitted.end();) {
+      const Entry& e = connections.at(*it);
+      if (now - e.accepted < options.handshake_timeout) break;  // in order
+      if (auto c = e.conn.lock()) expired.push_back(std::move(c));
+      it = unadmitted.erase(it);
+    }
+    if (options.idle_timeout.count() > 0) {
+      for (auto& [id, e] : connections) {
+        if (!e.admitted) continue;
+        if (auto c = e.conn.lock()) admitted_conns.push_back(std::move(c));
+      }
+    }
+  }
+  for (auto& c : expired) asio::post(c->executor(), [c] { c->CloseNow(); });
+  for (auto& c : admitted_conns) {
+    asio::post(c->executor(),
+               [c, idle = options.idle_timeout] { c->CloseIfIdle(idle); });
+  }
+  // Re-check at a quarter of the shortest timeout (50 ms .. 1 s): a
+  // connection is closed at most that late.
+  auto period = options.handshake_timeout;
+  if (options.idle_timeout.count() > 0) {
+    period = std::min(period, options.idle_timeout);
+  }
+  period = std::clamp(period / 4, std::chrono::milliseconds(50),
+                      std::chrono::milliseconds(1000));
+  sweep_timer->expires_after(period);
+  sweep_timer->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Sweep();
+  });
 }
 
 void UdsServer::Impl::Stop() {
@@ -494,6 +637,7 @@ void UdsServer::Impl::Stop() {
   asio::post(*ios[0], [this] {
     boost::system::error_code ignored;
     acceptor.close(ignored);
+    if (sweep_timer) sweep_timer->cancel();
   });
   for (auto& io : ios) io->stop();
   for (auto& t : threads) t.join();
@@ -511,8 +655,14 @@ Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,
     return Status::InvalidArgument("io_threads must be in [1, 64]");
   }
   auto impl = std::make_unique<Impl>(o, handler);
+  if (o.handshake_timeout.count() <= 0 || o.idle_timeout.count() < 0) {
+    return Status::InvalidArgument(
+        "handshake_timeout must be > 0 and idle_timeout >= 0");
+  }
   TIERKV_RETURN_IF_ERROR(impl->Listen());
   impl->Accept();
+  impl->sweep_timer.emplace(*impl->ios[0]);
+  asio::post(*impl->ios[0], [i = impl.get()] { i->Sweep(); });
   for (auto& io : impl->ios) {
     // Until Stop, a context without connections still keeps its thread.
     impl->keep_running.push_back(asio::make_work_guard(*io));
@@ -531,6 +681,11 @@ void UdsServer::Stop() { impl_->Stop(); }
 size_t UdsServer::connection_count() const {
   std::lock_guard lock(impl_->mu);
   return impl_->connections.size();
+}
+
+size_t UdsServer::unauthenticated_count() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->unadmitted.size();
 }
 
 }  // namespace tierkv::transport

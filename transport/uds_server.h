@@ -37,6 +37,13 @@ struct HandlerReply {
   bool is_error = false;
   // Send nothing back (one-way requests such as an asynchronous release).
   bool no_reply = false;
+  // The connection has authenticated (e.g. opened a namespace with its
+  // token): from now on it counts against max_connections only, not
+  // against the unauthenticated cap, and the handshake timeout no longer
+  // applies.
+  bool admit = false;
+  // Hang up once this reply is written (e.g. a refused handshake).
+  bool close_after = false;
 };
 
 // Sends the reply to one request, once, from any thread. A Responder that
@@ -91,14 +98,35 @@ struct UdsServerOptions {
   uint32_t mode = 0660;
   // Group owning the socket file; empty keeps the daemon's group.
   std::string group;
-  // Largest accepted request payload. Default: 16 MiB.
+  // Largest accepted request payload. A payload's buffer grows as its
+  // bytes arrive (at most twice what arrived, or 4 KiB), so announcing
+  // a large payload costs nothing until it is sent. Default: 16 MiB.
   uint64_t max_payload_bytes = uint64_t{16} << 20;
-  uint32_t io_threads = 2;          // Default: 2
-  uint32_t max_connections = 1024;  // further connections are closed
+  uint32_t io_threads = 2;  // Default: 2
+  // Admitted (authenticated) connections; further ones are closed at
+  // accept. Default: 1024.
+  uint32_t max_connections = 1024;
+  // Connections not yet admitted (see HandlerReply::admit). When a new one
+  // would exceed this, the OLDEST unadmitted connection is closed to make
+  // room, so idle or slow unauthenticated sockets can never lock a real
+  // client out: it only has to finish its handshake before this many newer
+  // connections arrive. Default: 64.
+  uint32_t max_unauthenticated_connections = 64;
+  // An unadmitted connection is closed this long after it was accepted.
+  // Default: 10 s.
+  std::chrono::milliseconds handshake_timeout{10000};
+  // An admitted connection with no request in flight and none arriving
+  // for this long is closed; 0 disables (engines keep idle connections
+  // open between requests). Default: 0.
+  std::chrono::milliseconds idle_timeout{0};
   // Requests of one connection being handled at once; the connection is
   // not read further until one completes (bounds memory per connection to
   // about max_payload_bytes plus this many replies). Default: 64.
   uint32_t max_requests_in_flight = 64;
+  // Reply bytes of one connection waiting to be written; past this the
+  // connection is not read until its client reads (bounds what a client
+  // that sends without reading can make the daemon hold). Default: 8 MiB.
+  uint64_t max_queued_reply_bytes = uint64_t{8} << 20;
   // After running anything, an IO thread keeps polling its sockets for this
   // long before it sleeps in epoll_wait: a client's next small request
   // (a scheduler's Match after Match) is then picked up without a
@@ -122,6 +150,8 @@ class UdsServer {
   void Stop();
 
   size_t connection_count() const;
+  // Connections accepted but not admitted yet.
+  size_t unauthenticated_count() const;
 
   class Impl;  // defined in uds_server.cc
 

@@ -32,6 +32,10 @@ class NvmeTierTest : public ::testing::Test {
     // Keep the token across restarts: the daemon's temp dir is new each time.
     if (!token_.empty()) {
       std::ofstream(data_dir_ + "/default.token") << token_ << "\n";
+      // tierkvd refuses a token file others may read.
+      std::filesystem::permissions(data_dir_ + "/default.token",
+                                   std::filesystem::perms::owner_read |
+                                       std::filesystem::perms::owner_write);
     }
     std::string config =
         "[[namespace]]\nname = \"default\"\ntoken_file = \"" + data_dir_ +

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "daemon/host_memory.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -35,6 +36,10 @@ socket = "/tmp/x.sock"
 socket_mode = "0600"
 io_threads = 4
 poll_us = 0
+max_connections = 100
+max_unauthenticated_connections = 8
+handshake_timeout_ms = 2000
+idle_timeout_ms = 60000
 [metrics]
 listen = ""
 [leases]
@@ -51,6 +56,10 @@ hugepages = false
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->io_threads, 4u);
   EXPECT_EQ(c->poll_us, 0u);
+  EXPECT_EQ(c->max_connections, 100u);
+  EXPECT_EQ(c->max_unauthenticated_connections, 8u);
+  EXPECT_EQ(c->handshake_timeout_ms, 2000u);
+  EXPECT_EQ(c->idle_timeout_ms, 60000u);
   EXPECT_EQ(c->metrics_listen, "");
   EXPECT_EQ(c->lease_ttl_ms, 5000u);
   ASSERT_EQ(c->namespaces.size(), 1u);
@@ -92,6 +101,14 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   c.namespaces.push_back(c.namespaces[0]);
   EXPECT_NE(c.Validate().message().find("duplicate"), std::string_view::npos);
   c = EmbeddedDefaults();
+  c.handshake_timeout_ms = 0;
+  EXPECT_NE(c.Validate().message().find("server.handshake_timeout_ms"),
+            std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.max_unauthenticated_connections = 0;
+  EXPECT_NE(c.Validate().message().find("max_unauthenticated_connections"),
+            std::string_view::npos);
+  c = EmbeddedDefaults();
   c.namespaces[0].host_bytes = 1 << 20;  // 8 shards need 8 MiB
   EXPECT_FALSE(c.Validate().ok());
   c = EmbeddedDefaults();
@@ -130,6 +147,75 @@ TEST(ConfigTest, TokenFilesAreCreatedPrivateAndReused) {
   EXPECT_EQ(again.namespaces[0].token, token);
 }
 
+// Under umask 000 new directories would be world-writable; the token's
+// directory must come out 0750 regardless.
+TEST(ConfigTest, NewTokenDirectoriesArePrivateWhateverTheUmask) {
+  testing::TempDir dir;
+  const mode_t old_mask = ::umask(0);
+  DaemonConfig c = EmbeddedDefaults();
+  c.namespaces[0].token_file = dir.File("a/b/default.token");
+  const Status s = ResolveTokens(c);
+  ::umask(old_mask);
+  ASSERT_OK(s);
+  for (const char* d : {"a", "a/b"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(dir.File(d).c_str(), &st), 0) << d;
+    EXPECT_EQ(st.st_mode & 0777, 0750u) << d;
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.File("a/b/default.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(ConfigTest, ATokenFileOthersCanReadIsRefused) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("t.token")) << "a-long-enough-token\n";
+  ASSERT_EQ(::chmod(dir.File("t.token").c_str(), 0644), 0);
+  DaemonConfig c = EmbeddedDefaults();
+  c.namespaces[0].token_file = dir.File("t.token");
+  const Status s = ResolveTokens(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chmod o-rwx"), std::string_view::npos)
+      << s.ToString();
+  ASSERT_EQ(::chmod(dir.File("t.token").c_str(), 0640), 0);  // group: fine
+  EXPECT_OK(ResolveTokens(c));
+  EXPECT_EQ(c.namespaces[0].token, "a-long-enough-token");
+}
+
+TEST(ConfigTest, AConfigPathThatIsADirectoryIsAnError) {
+  testing::TempDir dir;
+  auto c = LoadConfigFile(dir.path().string(), EmbeddedDefaults());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("is a directory"), std::string_view::npos)
+      << c.status().ToString();
+}
+
+TEST(ConfigTest, MeminfoIsParsed) {
+  const HostMemory m = ParseMeminfo(
+      "MemTotal:       24683204 kB\nMemAvailable:   16455556 kB\n"
+      "HugePages_Free:       3\nHugepagesize:       2048 kB\n");
+  EXPECT_EQ(m.mem_available, uint64_t{16455556} * 1024);
+  EXPECT_EQ(m.hugepages_free, uint64_t{3} * 2048 * 1024);
+}
+
+TEST(ConfigTest, HostBytesBeyondAvailableMemoryIsRefusedNamingTheKey) {
+  DaemonConfig c = EmbeddedDefaults();  // 1 GiB, prefaulted
+  HostMemory m;
+  m.mem_available = uint64_t{512} << 20;
+  Status s = CheckHostBytes(c, m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("host_bytes"), std::string_view::npos)
+      << s.ToString();
+  m.hugepages_free = uint64_t{1} << 30;  // hugepage arenas fit there
+  EXPECT_OK(CheckHostBytes(c, m));
+  m.cgroup_room = uint64_t{256} << 20;  // but the cgroup limit does not
+  s = CheckHostBytes(c, m);
+  EXPECT_NE(s.message().find("cgroup"), std::string_view::npos) << s.ToString();
+  c.namespaces[0].prefault = false;  // committed lazily: the operator's call
+  EXPECT_OK(CheckHostBytes(c, m));
+  EXPECT_OK(CheckHostBytes(c, HostMemory{}));  // unknown: no check
+}
+
 TEST(ConfigTest, DaemonExitsNonZeroWithAClearMessageOnABadConfig) {
   testing::TempDir dir;
   std::ofstream(dir.File("bad.toml")) << "[server]\nio_threads = 0\n";
@@ -144,6 +230,21 @@ TEST(ConfigTest, DaemonExitsNonZeroWithAClearMessageOnABadConfig) {
   std::string text((std::istreambuf_iterator<char>(out)),
                    std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("server.io_threads"), std::string::npos) << text;
+}
+
+TEST(ConfigTest, DaemonRefusesHostBytesTheMachineDoesNotHave) {
+  testing::TempDir dir;
+  const char* bin = std::getenv("TIERKV_BIN_DIR");
+  ASSERT_NE(bin, nullptr);
+  std::string cmd = std::string(bin) + "/tierkvd --host-bytes 64TiB --socket " +
+                    dir.File("s.sock") + " --metrics off > " + dir.File("out") +
+                    " 2>&1";
+  int rc = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
+  std::ifstream out(dir.File("out"));
+  std::string text((std::istreambuf_iterator<char>(out)),
+                   std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("namespace.host_bytes"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -86,5 +86,56 @@ TEST_F(LeaseTableTest, CommittingEveryKeyEndsTheLease) {
   EXPECT_EQ(tier_->Stats().segments, 2u);
 }
 
+TEST_F(LeaseTableTest, RoomFollowsEachLimitAndComesBackOnRelease) {
+  LeaseTable leases(&clock_, {.max_leases_per_owner = 3,
+                              .max_segments_per_owner = 10,
+                              .max_segments_per_tier = 15});
+  for (uint64_t i = 0; i < 8; ++i) Put(Key(i));
+  auto lease = [&](uint64_t owner, std::vector<SegmentKey> keys) {
+    for (const auto& k : keys) EXPECT_OK(tier_->Acquire(k));
+    return leases.Add(owner, LeaseKind::kRead, tier_.get(), std::move(keys),
+                      milliseconds(1000));
+  };
+  EXPECT_EQ(leases.Room(1, tier_.get(), 100), 10u);  // segments per owner
+  const uint64_t a = lease(1, {Key(0), Key(1), Key(2), Key(3)});
+  const char* why = nullptr;
+  EXPECT_EQ(leases.Room(1, tier_.get(), 100, &why), 6u);
+  EXPECT_STREQ(why, "leased segments per connection");
+  EXPECT_EQ(leases.Room(1, tier_.get(), 2), 2u);  // fits: nothing bites
+  lease(1, {Key(4)});
+  lease(1, {Key(5)});
+  EXPECT_EQ(leases.Room(1, tier_.get(), 1, &why), 0u);  // 3 leases held
+  EXPECT_STREQ(why, "leases per connection");
+  // Another owner of the same tier: 15 - 12 segments left in the tier.
+  lease(2, {Key(0), Key(1), Key(2), Key(3), Key(4), Key(5)});
+  EXPECT_EQ(leases.Room(2, tier_.get(), 100, &why), 3u);
+  EXPECT_STREQ(why, "leased segments per namespace");
+  lease(2, {Key(6), Key(7), Key(6)});
+  EXPECT_EQ(leases.Room(3, tier_.get(), 100, &why), 0u);  // tier is full
+  EXPECT_STREQ(why, "leased segments per namespace");
+  // Release, disconnect and partial commit all give the room back.
+  ASSERT_OK(leases.Release(1, a));
+  EXPECT_EQ(leases.segments_of(1), 2u);
+  EXPECT_EQ(leases.leases_of(1), 2u);
+  EXPECT_EQ(leases.Room(3, tier_.get(), 100), 4u);
+  EXPECT_EQ(leases.ReleaseOwner(2), 2u);
+  EXPECT_EQ(leases.segments_of(2), 0u);
+  EXPECT_EQ(leases.Room(3, tier_.get(), 100), 10u);
+}
+
+TEST_F(LeaseTableTest, PartialCommitsReturnTheirShareOfTheRoom) {
+  LeaseTable leases(&clock_, {.max_segments_per_owner = 4});
+  ASSERT_OK(tier_->Reserve(Key(1), 65536));
+  ASSERT_OK(tier_->Reserve(Key(2), 65536));
+  const uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(),
+                                 {Key(1), Key(2)}, milliseconds(100));
+  EXPECT_EQ(leases.Room(1, tier_.get(), 100), 2u);
+  ASSERT_OK(leases.Commit(1, id, std::vector{Key(1)})[0]);
+  EXPECT_EQ(leases.Room(1, tier_.get(), 100), 3u);
+  ASSERT_OK(leases.Commit(1, id, std::vector{Key(2)})[0]);
+  EXPECT_EQ(leases.leases_of(1), 0u);
+  EXPECT_EQ(leases.Room(1, tier_.get(), 100), 4u);
+}
+
 }  // namespace
 }  // namespace tierkv::storage

@@ -1,0 +1,56 @@
+// AuthThrottle: answers refused OpenNamespace requests late and hangs up
+// after them, so guessing a namespace token costs a new connection and
+// `delay` per guess. With at most max_unauthenticated_connections open at
+// once (UdsServerOptions), that bounds guesses to cap / delay per second
+// (64 / 200 ms = 320/s by default) instead of the ~20,000/s one connection
+// managed without it. Legitimate clients are not slowed: only refusals wait.
+//
+// Thread safety: Refuse() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <thread>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "transport/uds_server.h"
+
+namespace tierkv::daemon {
+
+class AuthThrottle {
+ public:
+  // delay 0 answers at once (still hanging up).
+  explicit AuthThrottle(std::chrono::milliseconds delay);
+  ~AuthThrottle();  // answers everything still waiting, at once
+
+  AuthThrottle(const AuthThrottle&) = delete;
+  AuthThrottle& operator=(const AuthThrottle&) = delete;
+
+  // Sends `reply` through `responder` after the delay, then closes the
+  // connection. When kMaxWaiting refusals already wait, this one is
+  // answered at once (memory stays bounded).
+  void Refuse(transport::Responder responder, transport::HandlerReply reply)
+      EXCLUDES(mu_);
+
+  static constexpr size_t kMaxWaiting = 4096;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Waiting {
+    Clock::time_point due;
+    transport::Responder responder;
+    transport::HandlerReply reply;
+  };
+  void Run() EXCLUDES(mu_);
+
+  const std::chrono::milliseconds delay_;
+  Mutex mu_;
+  CondVar cv_;
+  // Due times are in order: every refusal waits the same delay.
+  std::deque<Waiting> waiting_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the fields above exist
+};
+
+}  // namespace tierkv::daemon
