@@ -14,6 +14,8 @@
 #include <cstring>
 #include <memory>
 
+#include "common/mutex.h"
+
 namespace tierkv::daemon {
 
 Result<LayerStall> ParseLayerStall(const std::string& value) {
@@ -50,10 +52,27 @@ Result<std::optional<LayerStall>> LayerStallFromEnvironment() {
 }
 
 std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall) {
-  auto fired = std::make_shared<std::atomic<bool>>(false);
-  return [stall, fired](uint16_t layer) {
+  // One-shot: the first transfer to reach the layer waits for the FIFO.
+  // Every lane of it (each moves part of the layer) waits with it; lanes
+  // arriving after the release pass.
+  struct State {
+    Mutex mu;
+    CondVar cv;
+    bool fired GUARDED_BY(mu) = false;
+    bool released GUARDED_BY(mu) = false;
+  };
+  auto state = std::make_shared<State>();
+  return [stall, state](uint16_t layer) {
     if (layer != stall.layer) return;
-    if (fired->exchange(true, std::memory_order_acq_rel)) return;
+    {
+      MutexLock lock(&state->mu);
+      if (state->released) return;
+      if (state->fired) {
+        while (!state->released) state->cv.Wait(&state->mu);
+        return;
+      }
+      state->fired = true;
+    }
     spdlog::warn("{}: holding a transfer before layer {} until {} is written",
                  kLayerStallEnv, layer, stall.fifo_path);
     int fd;
@@ -63,15 +82,20 @@ std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall) {
     if (fd < 0) {
       spdlog::error("{}: cannot open {}: {}; not stalling", kLayerStallEnv,
                     stall.fifo_path, std::strerror(errno));
-      return;
+    } else {
+      char byte;
+      ssize_t n;
+      do {
+        n = ::read(fd, &byte, 1);  // a byte, or 0 once every writer closed
+      } while (n < 0 && errno == EINTR);
+      ::close(fd);
+      spdlog::warn("{}: released layer {}", kLayerStallEnv, layer);
     }
-    char byte;
-    ssize_t n;
-    do {
-      n = ::read(fd, &byte, 1);  // a byte, or 0 once every writer closed
-    } while (n < 0 && errno == EINTR);
-    ::close(fd);
-    spdlog::warn("{}: released layer {}", kLayerStallEnv, layer);
+    {
+      MutexLock lock(&state->mu);
+      state->released = true;
+    }
+    state->cv.SignalAll();
   };
 }
 

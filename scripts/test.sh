@@ -3,7 +3,8 @@
 #   1. format check (scripts/check-format.sh), then a Clang 14 build, with
 #      -Werror=thread-safety, of every target that takes locks: tierkvd,
 #      libtierkv and the tierkv CLI, the storage / transport tests and the
-#      test doubles, and the executor's thread pool (no tests run);
+#      test doubles, and the executor's thread pool (no tests run); and the
+#      libFuzzer targets (fuzz/), each run for TIERKV_FUZZ_SECONDS (20);
 #   2. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
 #      io_uring);
 #   3. ThreadSanitizer build of the storage, transport and test-double tests;
@@ -26,8 +27,24 @@ else
   # Only what carries a lock, to keep CI time down; thread_pool.cc is the
   # executor's only lock, so its object stands in for the whole library.
   scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DTIERKV_FUZZ=ON \
     -- tierkvd tierkv_client tierkv storage_tests transport_tests testing_tests \
-    executor/CMakeFiles/tierkv_executor.dir/thread_pool.cc.o
+    executor/CMakeFiles/tierkv_executor.dir/thread_pool.cc.o fuzzers
+  # libFuzzer, briefly, on each parser a client or an operator feeds: new
+  # inputs go to a scratch corpus, the seeds in fuzz/corpus stay as they are.
+  fuzz_seconds=${TIERKV_FUZZ_SECONDS:-20}
+  fuzz_out=$(mktemp -d)
+  for f in frame protocol daemon_config model_config safetensors; do
+    mkdir -p "$fuzz_out/$f"
+    if ! build-clang/bin/${f}_fuzzer -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
+        -print_final_stats=1 "$fuzz_out/$f" "fuzz/corpus/$f" > "$fuzz_out/$f.log" 2>&1; then
+      tail -60 "$fuzz_out/$f.log"
+      echo "fuzz: ${f}_fuzzer failed (the crashing input is in the log above)"
+      exit 1
+    fi
+    grep -E "^stat::number_of_executed_units" "$fuzz_out/$f.log" | sed "s/^/fuzz $f: /"
+  done
+  rm -rf "$fuzz_out"
 fi
 
 echo "== [2/4] build + tests ($(( $(date +%s) - start )) s so far)"

@@ -636,8 +636,12 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   ticket.layers_done.store(0, std::memory_order_release);
   job->layout = std::move(layout);
   job->t = std::move(t);
+  job->splits = std::clamp<uint32_t>(
+      options_.transfer_lanes, 1,
+      std::max<uint32_t>(1, static_cast<uint32_t>(job->t.pages.size())));
   {
     MutexLock lock(&job->mu);
+    job->units_left.assign(job->t.num_layers, job->splits);
     job->layer_done.assign(job->t.num_layers, false);
   }
   return job;
@@ -682,16 +686,22 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
       }
     }
   }
+  const uint32_t pages = static_cast<uint32_t>(job->t.pages.size());
   while (true) {
-    const uint32_t k = job->next_layer.fetch_add(1, std::memory_order_relaxed);
+    const uint32_t u = job->next_unit.fetch_add(1, std::memory_order_relaxed);
+    const uint32_t k = u / job->splits, s = u % job->splits;
     if (k >= job->t.num_layers) break;
     if (before_transfer_layer_) before_transfer_layer_(job->t.first_layer + k);
+    const uint32_t begin =
+        static_cast<uint32_t>(uint64_t{pages} * s / job->splits);
+    const uint32_t end =
+        static_cast<uint32_t>(uint64_t{pages} * (s + 1) / job->splits);
     if (job->load) {
-      LoadLayer(*job, k);
+      LoadLayer(*job, k, begin, end);
     } else {
-      StoreLayer(*job, k);
+      StoreLayer(*job, k, begin, end);
     }
-    FinishLayer(*job, k);
+    FinishUnit(*job, k);
   }
   // acq_rel: the last lane out sees every other lane's writes to the pools.
   if (job->lanes.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -699,8 +709,9 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
   }
 }
 
-void CacheEngine::FinishLayer(TransferJob& job, uint32_t k) {
+void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
   MutexLock lock(&job.mu);
+  if (--job.units_left[k] > 0) return;
   job.layer_done[k] = true;
   const uint32_t before = job.published;
   while (job.published < job.t.num_layers && job.layer_done[job.published]) {
@@ -730,7 +741,8 @@ void CacheEngine::RecordError(TransferJob& job, uint32_t page, uint16_t layer,
   ticket.error_count.store(at + 1, std::memory_order_release);
 }
 
-void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
+void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
+                            uint32_t end) {
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   const uint16_t l = t.first_layer + k;
@@ -740,7 +752,7 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
     const uint8_t p = pool.layout.part;
     reads.clear();
     read_page.clear();
-    for (uint32_t i = 0; i < t.pages.size(); ++i) {
+    for (uint32_t i = begin; i < end; ++i) {
       const SegmentKey key{t.pages[i], l, p};
       std::byte* slot = pool.Slot(t.slots[i]);
       // A reference keeps the segment from eviction during the copy.
@@ -764,8 +776,8 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
     if (reads.empty()) continue;
     // Straight into the slots where aligned, else through a bounce buffer;
     // either way the checksum is verified before a hit counts. While this
-    // batch drains, the other lane's batch (the next layer) keeps the
-    // device's queue full.
+    // batch drains, the other lanes' batches (the rest of this layer, then
+    // the next) keep the device's queue full.
     auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
     for (size_t r = 0; r < reads.size(); ++r) {
       if (got[r].ok() && *got[r] == pool.layout.slot_bytes) {
@@ -781,7 +793,8 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k) {
   }
 }
 
-void CacheEngine::StoreLayer(TransferJob& job, uint32_t k) {
+void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
+                             uint32_t end) {
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   const uint16_t l = t.first_layer + k;
@@ -791,7 +804,7 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k) {
   std::optional<std::chrono::steady_clock::time_point> deadline;
   for (const Pool& pool : job.pools[k]) {
     const uint8_t p = pool.layout.part;
-    for (uint32_t i = 0; i < t.pages.size(); ++i) {
+    for (uint32_t i = begin; i < end; ++i) {
       const SegmentKey key{t.pages[i], l, p};
       auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
       if (r.status().code() == StatusCode::kBusy && mover_) {

@@ -317,9 +317,10 @@ class CacheEngine {
 
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
-  // Called by the worker before it moves each layer of a Load or Store
-  // (tests: stall layer l+1 to see WaitLayer(l) return first). Set before
-  // any transfer. Default: none.
+  // Called by a worker before it moves each unit (part of a layer, see
+  // TransferJob) of a Load or Store, so once per lane that works on the
+  // layer (tests: stall layer l+1 to see WaitLayer(l) return first). Set
+  // before any transfer. Default: none.
   void TEST_SetBeforeTransferLayer(std::function<void(uint16_t)> hook) {
     before_transfer_layer_ = std::move(hook);
   }
@@ -356,8 +357,12 @@ class CacheEngine {
     }
   };
   // What a transfer job needs, resolved under owners_mu_ at submission,
-  // and its progress. Layers are claimed in order by up to transfer_lanes
-  // workers; they complete in any order and are published in order.
+  // and its progress. Each layer is cut into `splits` page ranges (units);
+  // up to transfer_lanes workers claim units in order (layer 0's first,
+  // ...), so the lanes share a layer instead of each taking its own: layer
+  // 0 is complete after ~1/L of the transfer, not ~lanes/L, which is what
+  // an engine computing layer by layer waits for. Layers complete in any
+  // order and are published in order.
   struct TransferJob {
     EngineNamespace* ns;
     bool load = true;                                // else Store
@@ -366,9 +371,11 @@ class CacheEngine {
     std::shared_ptr<const LayoutSpec> layout;
     std::vector<std::vector<Pool>> pools;  // [layer - first][part]
     std::shared_ptr<MappedRegion> tickets;
-    std::atomic<uint32_t> next_layer{0};  // the next layer to claim
-    std::atomic<uint32_t> lanes{1};       // workers still on the job
-    Mutex mu;                             // the ticket's errors and count
+    uint32_t splits = 1;                 // units per layer
+    std::atomic<uint32_t> next_unit{0};  // the next unit to claim
+    std::atomic<uint32_t> lanes{1};      // workers still on the job
+    Mutex mu;                            // the ticket's errors and count
+    std::vector<uint32_t> units_left GUARDED_BY(mu);  // per layer
     std::vector<bool> layer_done GUARDED_BY(mu);
     uint32_t published GUARDED_BY(mu) = 0;
   };
@@ -388,10 +395,12 @@ class CacheEngine {
   // lane out marks the ticket finished. The first lane also starts the
   // others, where workers are free.
   void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
-  void LoadLayer(TransferJob& job, uint32_t k);
-  void StoreLayer(TransferJob& job, uint32_t k);
-  // Layer k of the job is complete: publishes every completed leading layer.
-  void FinishLayer(TransferJob& job, uint32_t k);
+  // Pages [begin, end) of the job's layer k.
+  void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  // A unit of layer k is done; once all are, publishes every completed
+  // leading layer.
+  void FinishUnit(TransferJob& job, uint32_t k);
   // A segment of the job that could not be moved (written to the ticket
   // before its layer is published).
   static void RecordError(TransferJob& job, uint32_t page, uint16_t layer,
