@@ -469,6 +469,7 @@ std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,
 EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   EngineStats s = SharedStats();
   s.host = ns.host_->Stats();
+  s.active_leases = leases_->leases_on(ns.host_.get());
   return s;
 }
 

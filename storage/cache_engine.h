@@ -175,6 +175,8 @@ struct EngineStats {
   bool has_nvme = false;
   NvmeStoreStats nvme;
   TierMoverStats mover;
+  // Leases held: on the namespace's tier (Stats), or daemon-wide
+  // (SharedStats).
   uint64_t active_leases = 0;
   uint64_t worker_queue_depth = 0;
   uint64_t worker_rejections = 0;   // calls answered Busy: queue full

@@ -16,9 +16,10 @@ void LeaseTable::Account(uint64_t owner, const HostTier* tier, ptrdiff_t leases,
   u.leases += static_cast<size_t>(leases);
   u.segments += static_cast<size_t>(segments);
   if (u.leases == 0 && u.segments == 0) owners_.erase(owner);
-  size_t& t = tier_segments_[tier];
-  t += static_cast<size_t>(segments);
-  if (t == 0) tier_segments_.erase(tier);
+  Usage& t = tiers_[tier];
+  t.leases += static_cast<size_t>(leases);
+  t.segments += static_cast<size_t>(segments);
+  if (t.leases == 0 && t.segments == 0) tiers_.erase(tier);
 }
 
 size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
@@ -27,9 +28,7 @@ size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
   Usage u;
   if (auto it = owners_.find(owner); it != owners_.end()) u = it->second;
   size_t t = 0;
-  if (auto it = tier_segments_.find(tier); it != tier_segments_.end()) {
-    t = it->second;
-  }
+  if (auto it = tiers_.find(tier); it != tiers_.end()) t = it->second.segments;
   auto left = [](size_t limit, size_t used) {
     return used >= limit ? 0 : limit - used;
   };
@@ -53,6 +52,12 @@ size_t LeaseTable::leases_of(uint64_t owner) const {
   MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   return it == owners_.end() ? 0 : it->second.leases;
+}
+
+size_t LeaseTable::leases_on(const HostTier* tier) const {
+  MutexLock lock(&mu_);
+  auto it = tiers_.find(tier);
+  return it == tiers_.end() ? 0 : it->second.leases;
 }
 
 size_t LeaseTable::segments_of(uint64_t owner) const {

@@ -90,6 +90,8 @@ class LeaseTable {
   // Leases and segments `owner` holds now.
   size_t leases_of(uint64_t owner) const EXCLUDES(mu_);
   size_t segments_of(uint64_t owner) const EXCLUDES(mu_);
+  // Leases held on `tier` (one namespace's), by every owner.
+  size_t leases_on(const HostTier* tier) const EXCLUDES(mu_);
 
   const LeaseLimits& limits() const { return limits_; }
 
@@ -115,7 +117,7 @@ class LeaseTable {
   const LeaseLimits limits_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, Usage> owners_ GUARDED_BY(mu_);
-  std::unordered_map<const HostTier*, size_t> tier_segments_ GUARDED_BY(mu_);
+  std::unordered_map<const HostTier*, Usage> tiers_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
 };

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "tests/client/client_test_util.h"
@@ -258,6 +259,11 @@ TEST(ConnectionLimitsTest, ALeaseFloodIsRefusedPastThePerConnectionLimit) {
   }
   EXPECT_EQ(leased, 1000);
   EXPECT_EQ(refused, 19000);
+  // The namespace's stats count its own leases (not the daemon's).
+  auto stats = (*writer)->StatsJson();
+  ASSERT_OK(stats);
+  EXPECT_EQ(nlohmann::json::parse(*stats)["active_leases"].get<int64_t>(),
+            1000);
   const uint64_t after = d.RssBytes();
   EXPECT_LT(after, before + kRssBound);
   // The writer's own reads are not affected by another connection's limit.

@@ -113,6 +113,7 @@ TEST_F(LeaseTableTest, RoomFollowsEachLimitAndComesBackOnRelease) {
   lease(2, {Key(6), Key(7), Key(6)});
   EXPECT_EQ(leases.Room(3, tier_.get(), 100, &why), 0u);  // tier is full
   EXPECT_STREQ(why, "leased segments per namespace");
+  EXPECT_EQ(leases.leases_on(tier_.get()), 5u);  // 3 of owner 1, 2 of owner 2
   // Release, disconnect and partial commit all give the room back.
   ASSERT_OK(leases.Release(1, a));
   EXPECT_EQ(leases.segments_of(1), 2u);
