@@ -101,7 +101,7 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
     case Opcode::kRegisterLayout:
       return responder.Send(RegisterLayout(*ns, in));
     case Opcode::kMatch:
-      return responder.Send(Match(*ns, in));
+      return responder.Send(Match(conn, *ns, in));
     case Opcode::kPutReserve:
       return PutReserve(conn, *ns, in, std::move(responder));
     case Opcode::kPutCommit:
@@ -224,11 +224,16 @@ void CacheService::RecordWaits(Namespace& ns,
   metrics_->RecordLayerWaits(*ns.metrics, waits->counts, waits->total_nanos);
 }
 
-HandlerReply CacheService::Match(Namespace& ns, In in) {
+HandlerReply CacheService::Match(uint64_t conn, Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   RecordWaits(ns, req.waits);
-  auto match = engine_->Match(*ns.engine, req.pages);
+  // A client with registered pools reads through Load, which promotes what
+  // it reads from NVMe once it has it (CacheEngine::Match).
+  auto match = engine_->Match(
+      *ns.engine, req.pages,
+      engine_->HasPools(conn) ? storage::CacheEngine::NvmePromotion::kNone
+                              : storage::CacheEngine::NvmePromotion::kQueue);
   if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
   const double page_tokens = ns.engine->layout()->page_tokens;
   ns.metrics->lookups->Increment();

@@ -66,7 +66,7 @@ class CacheService final : public transport::FrameHandler {
   // ones not logged).
   void LogRefusal(uint64_t conn, const std::string& name);
   Reply RegisterLayout(Namespace& ns, In in);
-  Reply Match(Namespace& ns, In in);
+  Reply Match(uint64_t conn, Namespace& ns, In in);
   Reply PutCommit(uint64_t conn, Namespace& ns, In in);
   Reply Release(uint64_t conn, In in);
   Reply Pin(uint64_t conn, Namespace& ns, In in);

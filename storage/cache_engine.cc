@@ -7,9 +7,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 
 #include "common/load_ticket.h"
@@ -86,8 +88,13 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   if (nvme) {
     engine->mover_ = std::make_unique<TierMover>(options.mover, pairs);
   }
-  engine->workers_ =
-      std::make_unique<WorkerPool>(options.workers, options.worker_queue);
+  // Transfer lanes read NVMe from these threads: each sets up its io_uring
+  // ring now rather than in the first Load it serves (a few ms, up to ~20
+  // ms measured, on the critical path of that Load's layer 0).
+  std::function<void()> prepare_thread;
+  if (nvme) prepare_thread = [nvme] { nvme->device().PrepareThisThread(); };
+  engine->workers_ = std::make_unique<WorkerPool>(
+      options.workers, options.worker_queue, std::move(prepare_thread));
   return engine;
 }
 
@@ -146,7 +153,8 @@ bool CacheEngine::Submit(std::function<void()> job) {
 }
 
 Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
-                                       std::span<const PageHash> pages) {
+                                       std::span<const PageHash> pages,
+                                       NvmePromotion promotion) {
   const auto layout = ns.layout();
   if (!layout) {
     return Status::InvalidArgument("register a layout before Match");
@@ -194,10 +202,16 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
       promote.resize(mark);
     }
   }
-  if (mover_ && !promote.empty()) {
+  if (mover_ && promotion == NvmePromotion::kQueue && !promote.empty()) {
     mover_->Prefetch(&ns.tiers_, std::move(promote));
   }
   return out;
+}
+
+bool CacheEngine::HasPools(uint64_t owner) const {
+  MutexLock lock(&owners_mu_);
+  auto it = owners_.find(owner);
+  return it != owners_.end() && !it->second.pools.empty();
 }
 
 void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
@@ -707,7 +721,33 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
   // acq_rel: the last lane out sees every other lane's writes to the pools.
   if (job->lanes.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     PublishFinished(TicketAt(*job->tickets, job->t.ticket));
+    if (job->load) PromoteLoaded(*job);
   }
+}
+
+void CacheEngine::PromoteLoaded(TransferJob& job) {
+  std::vector<SegmentKey> keys;
+  {
+    MutexLock lock(&job.mu);
+    keys.swap(job.from_nvme);
+  }
+  if (!mover_ || keys.empty()) return;
+  // As Match's prefetch: more than half the host tier would evict what it
+  // brings in. Leading layers first, so a partial promotion still saves a
+  // layer-ordered Load its first waits.
+  std::sort(keys.begin(), keys.end(),
+            [](const SegmentKey& a, const SegmentKey& b) {
+              return std::tie(a.layer, a.part) < std::tie(b.layer, b.part);
+            });
+  const uint64_t budget = job.ns->host_->capacity_bytes() / 2;
+  uint64_t bytes = 0;
+  size_t n = 0;
+  for (; n < keys.size(); ++n) {
+    bytes += job.layout->SegmentBytes(keys[n].layer, keys[n].part);
+    if (bytes > budget) break;
+  }
+  keys.resize(n);
+  mover_->Prefetch(&job.ns->tiers_, std::move(keys));
 }
 
 void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
@@ -747,12 +787,17 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   const uint16_t l = t.first_layer + k;
+  // What DRAM lacks, read from NVMe in one batch for every part of the
+  // unit, so the device queue holds all of it at once.
   std::vector<NvmeReadItem> reads;
-  std::vector<uint32_t> read_page;
+  struct ReadOf {
+    uint32_t page;
+    uint8_t part;
+    uint64_t bytes;
+  };
+  std::vector<ReadOf> read_of;
   for (const Pool& pool : job.pools[k]) {
     const uint8_t p = pool.layout.part;
-    reads.clear();
-    read_page.clear();
     for (uint32_t i = begin; i < end; ++i) {
       const SegmentKey key{t.pages[i], l, p};
       std::byte* slot = pool.Slot(t.slots[i]);
@@ -768,29 +813,35 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
       if (loc.ok()) ns.host_->Release(key);
       if (nvme_) {
         reads.push_back({key, {slot, pool.layout.slot_bytes}});
-        read_page.push_back(i);
+        read_of.push_back({i, p, pool.layout.slot_bytes});
       } else {
         RecordError(job, i, l, p, StatusCode::kNotFound);
         load_misses_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    if (reads.empty()) continue;
-    // Straight into the slots where aligned, else through a bounce buffer;
-    // either way the checksum is verified before a hit counts. While this
-    // batch drains, the other lanes' batches (the rest of this layer, then
-    // the next) keep the device's queue full.
-    auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
-    for (size_t r = 0; r < reads.size(); ++r) {
-      if (got[r].ok() && *got[r] == pool.layout.slot_bytes) {
-        load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
-        load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
-      } else {
-        RecordError(
-            job, read_page[r], l, p,
-            got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
-        load_misses_.fetch_add(1, std::memory_order_relaxed);
-      }
+  }
+  if (reads.empty()) return;
+  // Straight into the slots where aligned, else through a bounce buffer;
+  // either way the checksum is verified before a hit counts. While this
+  // batch drains, the other lanes' batches (the rest of this layer, then
+  // the next) keep the device's queue full.
+  auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
+  std::vector<SegmentKey> read_ok;
+  for (size_t r = 0; r < reads.size(); ++r) {
+    if (got[r].ok() && *got[r] == read_of[r].bytes) {
+      load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
+      load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
+      read_ok.push_back(reads[r].key);
+    } else {
+      RecordError(
+          job, read_of[r].page, l, read_of[r].part,
+          got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
+      load_misses_.fetch_add(1, std::memory_order_relaxed);
     }
+  }
+  if (!read_ok.empty()) {
+    MutexLock lock(&job.mu);
+    job.from_nvme.insert(job.from_nvme.end(), read_ok.begin(), read_ok.end());
   }
 }
 

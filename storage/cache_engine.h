@@ -226,11 +226,19 @@ class CacheEngine {
   Status RegisterLayout(EngineNamespace& ns, const LayoutSpec& layout);
 
   // Which leading pages have every segment of the layout in some tier;
-  // touches them in the host LRU and queues promotion of the NVMe-only
-  // segments of leading pages (the Get that follows then hits DRAM).
-  // InvalidArgument without a registered layout.
+  // touches them in the host LRU and, with kQueue, queues promotion of the
+  // NVMe-only segments of leading pages (the Get that follows then hits
+  // DRAM). A client that reads through Load passes kNone: its Load reads
+  // NVMe straight into the pool and promotes afterwards, and a promotion
+  // racing that Load would read every page twice, taking device bandwidth
+  // from the read the engine is waiting for. InvalidArgument without a
+  // registered layout.
+  enum class NvmePromotion { kQueue, kNone };
   Result<EngineMatch> Match(EngineNamespace& ns,
-                            std::span<const PageHash> pages);
+                            std::span<const PageHash> pages,
+                            NvmePromotion promotion = NvmePromotion::kQueue);
+  // Whether `owner` has registered pools (reads through Load).
+  bool HasPools(uint64_t owner) const EXCLUDES(owners_mu_);
 
   // Reserves host space for segments, under one write lease of `owner`,
   // then calls `done` once. Items that meet write-back backpressure (only
@@ -380,6 +388,8 @@ class CacheEngine {
     std::vector<uint32_t> units_left GUARDED_BY(mu);  // per layer
     std::vector<bool> layer_done GUARDED_BY(mu);
     uint32_t published GUARDED_BY(mu) = 0;
+    // Segments a Load read from NVMe: promoted into DRAM once it is done.
+    std::vector<SegmentKey> from_nvme GUARDED_BY(mu);
   };
   struct OwnerPools {
     std::unordered_map<uint32_t, Pool> pools;  // by layer << 8 | part
@@ -403,6 +413,10 @@ class CacheEngine {
   // A unit of layer k is done; once all are, publishes every completed
   // leading layer.
   void FinishUnit(TransferJob& job, uint32_t k);
+  // Queues the segments a finished Load read from NVMe for promotion into
+  // DRAM (off its critical path: every layer is published by then), so
+  // pages read again are served from DRAM.
+  void PromoteLoaded(TransferJob& job);
   // A segment of the job that could not be moved (written to the ticket
   // before its layer is published).
   static void RecordError(TransferJob& job, uint32_t page, uint16_t layer,

@@ -107,6 +107,12 @@ class Device {
   // kernel for faster IO from the calling thread. Empty when out of memory.
   IoBuffer AllocateIoBuffer(size_t bytes);
 
+  // Sets up now, on the calling thread, the per-thread state its IO needs
+  // (UringDevice: the thread's ring and registered buffers), so that the
+  // first request a thread serves does not wait for it. Optional: IO sets
+  // it up on first use anyway.
+  void PrepareThisThread() { PrepareThisThreadImpl(); }
+
   uint64_t size() const { return size_; }
   uint32_t block_size() const { return block_size_; }
   uint32_t max_io_bytes() const { return max_io_bytes_; }
@@ -135,6 +141,9 @@ class Device {
 
   // Default: heap memory aligned to block_size().
   virtual IoBuffer AllocateIoBufferImpl(size_t bytes);
+
+  // Default: nothing to set up.
+  virtual void PrepareThisThreadImpl() {}
 
   // Runs one request synchronously through ReadImpl / WriteImpl, looping on
   // short transfers. For backends that complete some requests inline.

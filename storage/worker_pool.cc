@@ -3,10 +3,11 @@
 
 namespace tierkv::storage {
 
-WorkerPool::WorkerPool(uint32_t threads, uint32_t queue_limit)
+WorkerPool::WorkerPool(uint32_t threads, uint32_t queue_limit,
+                       std::function<void()> on_thread_start)
     : queue_limit_(queue_limit) {
   for (uint32_t i = 0; i < threads; ++i) {
-    threads_.emplace_back([this] { Loop(); });
+    threads_.emplace_back([this, on_thread_start] { Loop(on_thread_start); });
   }
 }
 
@@ -34,7 +35,8 @@ size_t WorkerPool::queue_depth() const {
   return jobs_.size();
 }
 
-void WorkerPool::Loop() {
+void WorkerPool::Loop(const std::function<void()>& on_thread_start) {
+  if (on_thread_start) on_thread_start();
   MutexLock lock(&mu_);
   while (true) {
     while (!stopping_ && jobs_.empty()) cv_.Wait(&mu_);

@@ -20,8 +20,10 @@ namespace tierkv::storage {
 
 class WorkerPool {
  public:
-  // REQUIRES: threads >= 1, queue_limit >= 1.
-  WorkerPool(uint32_t threads, uint32_t queue_limit);
+  // REQUIRES: threads >= 1, queue_limit >= 1. Each thread runs
+  // `on_thread_start` (when set) once, before its first job.
+  WorkerPool(uint32_t threads, uint32_t queue_limit,
+             std::function<void()> on_thread_start = {});
   // Runs every job already queued, then joins the threads.
   ~WorkerPool();
 
@@ -35,7 +37,7 @@ class WorkerPool {
   size_t queue_depth() const;
 
  private:
-  void Loop();
+  void Loop(const std::function<void()>& on_thread_start);
 
   const uint32_t queue_limit_;
   mutable Mutex mu_;

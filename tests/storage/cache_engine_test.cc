@@ -476,6 +476,63 @@ TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
   EXPECT_EQ(st.mover.written_bytes, page_bytes);
 }
 
+TEST_F(CacheEnginePoolTest, LoadReadsNvmeOnceAndPromotesItAfterwards) {
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  EXPECT_FALSE(engine_->HasPools(kOwner));
+  RegisterPools();
+  EXPECT_TRUE(engine_->HasPools(kOwner));
+  PutPage(1);
+  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // page 1: NVMe only
+  engine_->TEST_DrainBackground();
+  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  const PageHash page[] = {Page(1)};
+  const uint64_t queued = engine_->Stats(*ns_).mover.prefetch_batches;
+  // A pool owner's Match promotes nothing: its Load reads NVMe itself.
+  auto m = engine_->Match(*ns_, page, CacheEngine::NvmePromotion::kNone);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_nvme_pages, 1u);
+  EXPECT_EQ(engine_->Stats(*ns_).mover.prefetch_batches, queued);
+  const uint64_t reads = nvme_->Stats().reads;
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {4},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 1}));
+  WaitFinished(1);
+  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
+  engine_->TEST_DrainBackground();
+  // The Load read each segment once (6), then queued one promotion of
+  // them, which read them again into DRAM: a second Load hits DRAM.
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.load_segments_nvme, 6u);
+  EXPECT_EQ(st.mover.prefetch_batches, queued + 1);
+  EXPECT_EQ(st.mover.promotions_done, 6u);
+  EXPECT_EQ(nvme_->Stats().reads - reads, 12u);
+  for (const auto& k : AllKeys(1)) EXPECT_TRUE(ns_->host().Touch(k));
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {5},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 2}));
+  WaitFinished(2);
+  EXPECT_EQ(engine_->Stats(*ns_).load_segments_host, 6u);
+  for (const auto& k : AllKeys(1)) {
+    auto got = Slot(k.layer, k.part, 5);
+    const auto want = Bytes(k, got.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0)
+        << k.ToString();
+  }
+  // A Get client's Match still queues the promotion ahead of its Get.
+  for (uint64_t n = 300; n < 500; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  ASSERT_OK(engine_->Match(*ns_, page));
+  EXPECT_EQ(engine_->Stats(*ns_).mover.prefetch_batches, queued + 2);
+}
+
 TEST_F(CacheEnginePoolTest, StoreSavesSlotsAndDedupsWhatIsStored) {
   Open(/*with_nvme=*/false);
   RegisterPools();
