@@ -524,6 +524,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"read_hits", n.read_hits},
                  {"writes", n.writes},
                  {"write_errors", n.write_errors},
+                 {"read_only", n.read_only},
                  {"read_bytes", n.device.read_bytes},
                  {"written_bytes", n.device.write_bytes},
                  {"device_syncs", n.device.flush_ops},
@@ -544,6 +545,15 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                  {"prefetch_batches", mv.prefetch_batches},
                  {"prefetch_dropped", mv.prefetch_dropped},
                  {"prefetch_queue_depth", mv.prefetch_queue_depth}};
+    // This namespace's own part of the tier.
+    const auto mine = engine_->nvme()->NamespaceStats();
+    if (auto it = mine.find(ns.name()); it != mine.end()) {
+      j["nvme"]["namespace"] = {{"reserved_bytes", it->second.quota_bytes},
+                                {"segments", it->second.segments},
+                                {"used_bytes", it->second.bytes_used},
+                                {"allocated_bytes", it->second.bytes_allocated},
+                                {"evictions", it->second.evictions}};
+    }
   }
   if (auto layout = ns.engine->layout()) {
     j["layout"] = {{"page_tokens", layout->page_tokens},

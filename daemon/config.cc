@@ -246,6 +246,7 @@ Status DaemonConfig::Validate() const {
   if (namespaces.empty())
     return Bad("namespace", "at least one [[namespace]] is required");
   std::set<std::string_view> names;
+  uint64_t nvme_reserved = 0;
   for (const auto& ns : namespaces) {
     const std::string where = fmt::format("namespace '{}'", ns.name);
     if (ns.name.empty() || ns.name.size() > 128)
@@ -267,6 +268,18 @@ Status DaemonConfig::Validate() const {
       return Bad(where, "shards must be in [1, 256]");
     if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
       return Bad(where, "host_bytes must be at least 1 MiB per shard");
+    }
+    if (ns.nvme_bytes > 0 && !nvme.enabled()) {
+      return Bad(where, "nvme_bytes needs an [nvme] tier (set nvme.path)");
+    }
+    if (ns.nvme_bytes % 4096 != 0) {
+      return Bad(where, "nvme_bytes must be a multiple of 4 KiB");
+    }
+    nvme_reserved += ns.nvme_bytes;
+    if (nvme.enabled() && nvme_reserved > nvme.capacity_bytes) {
+      return Bad(where, fmt::format("nvme_bytes: the namespaces reserve {} "
+                                    "bytes, more than nvme.capacity_bytes {}",
+                                    nvme_reserved, nvme.capacity_bytes));
     }
     if (ns.write_policy && *ns.write_policy != WritePolicy::kNone &&
         !nvme.enabled()) {
@@ -398,7 +411,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       TIERKV_RETURN_IF_ERROR(
           CheckKeys(*t, "namespace",
                     {"name", "token", "token_file", "host_bytes", "shards",
-                     "hugepages", "prefault", "write_policy"}));
+                     "hugepages", "prefault", "write_policy", "nvme_bytes"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(
@@ -410,6 +423,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       TIERKV_RETURN_IF_ERROR(
           ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes));
       TIERKV_RETURN_IF_ERROR(
           ReadBool(*t, "namespace", "hugepages", ns.hugepages));
       TIERKV_RETURN_IF_ERROR(

@@ -92,6 +92,20 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         kLayerStallEnv, (*stall)->layer, (*stall)->fifo_path);
     d->engine_->TEST_SetBeforeTransferLayer(MakeLayerStallHook(**stall));
   }
+  for (const NamespaceConfig& nc : config.namespaces) {
+    if (nc.nvme_bytes == 0 || !d->nvme_) continue;
+    Status s = d->nvme_->SetNamespaceQuota(nc.name, nc.nvme_bytes);
+    if (s.code() == StatusCode::kInvalidArgument) return s;
+    if (!s.ok()) {
+      // A read-only catalog cannot register a new namespace; it shares the
+      // rest until a restart with free space (its writes are refused now).
+      spdlog::warn("namespace '{}': NVMe reservation not applied: {}", nc.name,
+                   s.ToString());
+    } else {
+      spdlog::info("namespace '{}': {} MiB of NVMe reserved", nc.name,
+                   nc.nvme_bytes >> 20);
+    }
+  }
   for (size_t i = 0; i < config.namespaces.size(); ++i) {
     const NamespaceConfig& nc = config.namespaces[i];
     auto ns = std::make_unique<Namespace>();

@@ -28,6 +28,34 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   AddValue(segments, {}, static_cast<double>(s.segments));
   out.push_back(std::move(segments));
 
+  // Per namespace: its part of the tier, its reservation (0: it shares the
+  // unreserved rest) and what was evicted from it to make room.
+  auto ns_bytes =
+      Family("tierkv_nvme_namespace_bytes",
+             "NVMe bytes of one namespace by state", MetricType::Gauge);
+  auto ns_segments =
+      Family("tierkv_nvme_namespace_segments",
+             "Segments of one namespace on NVMe", MetricType::Gauge);
+  auto ns_evictions =
+      Family("tierkv_nvme_namespace_evictions_total",
+             "Segments of one namespace evicted from NVMe for space",
+             MetricType::Counter);
+  for (const auto& [name, n] : store_->NamespaceStats()) {
+    AddValue(ns_bytes, {{"namespace", name}, {"state", "used"}},
+             static_cast<double>(n.bytes_used));
+    AddValue(ns_bytes, {{"namespace", name}, {"state", "allocated"}},
+             static_cast<double>(n.bytes_allocated));
+    AddValue(ns_bytes, {{"namespace", name}, {"state", "reserved"}},
+             static_cast<double>(n.quota_bytes));
+    AddValue(ns_segments, {{"namespace", name}},
+             static_cast<double>(n.segments));
+    AddValue(ns_evictions, {{"namespace", name}},
+             static_cast<double>(n.evictions));
+  }
+  out.push_back(std::move(ns_bytes));
+  out.push_back(std::move(ns_segments));
+  out.push_back(std::move(ns_evictions));
+
   auto reads = Family("tierkv_nvme_reads_total", "NVMe segment reads by result",
                       MetricType::Counter);
   AddValue(reads, {{"result", "hit"}}, static_cast<double>(s.read_hits));
@@ -55,6 +83,20 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
                       MetricType::Counter);
   AddValue(syncs, {}, static_cast<double>(s.device.flush_ops));
   out.push_back(std::move(syncs));
+
+  // 1 while the catalog refuses writes (a full disk): the tier serves what
+  // it holds, and new segments stay in DRAM.
+  auto read_only = Family("tierkv_nvme_read_only",
+                          "1 while the NVMe catalog refuses writes (full disk "
+                          "or device error); stored segments stay readable",
+                          MetricType::Gauge);
+  AddValue(read_only, {}, s.read_only ? 1.0 : 0.0);
+  out.push_back(std::move(read_only));
+  auto read_only_entries =
+      Family("tierkv_nvme_read_only_entries_total",
+             "Times the NVMe catalog became read-only", MetricType::Counter);
+  AddValue(read_only_entries, {}, static_cast<double>(s.read_only_entries));
+  out.push_back(std::move(read_only_entries));
 
   auto evictions = Family("tierkv_nvme_evictions_total",
                           "Segments evicted from NVMe", MetricType::Counter);

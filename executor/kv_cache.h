@@ -11,11 +11,12 @@
 // units. Token t lives in page t / page_tokens at row t % page_tokens.
 //
 // Asynchronous backends: the model calls Prefetch(l + 1, n) before it
-// computes layer l and WaitForLayer(l, n) before it reads layer l, so a
-// daemon-backed cache can fetch the pages of the next layer while the
-// current one computes. Reads (Gather, PageView) of tokens < n are valid
-// only after WaitForLayer(layer, n) returned OK. The in-process cache has
-// everything resident and completes both at once.
+// computes layer l, and WaitForLayer(l, n) after layer l's projections
+// (which need no cached rows) and before it reads or writes layer l, so a
+// daemon-backed cache can fetch the pages of a layer while the previous
+// one and the layer's own projections compute. Reads (Gather, PageView) of
+// tokens < n are valid only after WaitForLayer(layer, n) returned OK. The
+// in-process cache has everything resident and completes both at once.
 //
 // Thread safety: not thread-safe for writes; concurrent const reads (Gather,
 // PageView) are safe when no write is in flight.

@@ -112,7 +112,8 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
   cache->Prefetch(0, start);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (l + 1 < c.num_hidden_layers) cache->Prefetch(l + 1, start);
-    TIERKV_RETURN_IF_ERROR(cache->WaitForLayer(l, start));
+    // Layer() waits for layer l's cached rows itself, once its projections
+    // are done: they need only x, and overlap the load.
     TIERKV_RETURN_IF_ERROR(Layer(l, start, n, use_mha, cache, &selection, &x));
   }
   const int64_t first = all_logits ? 0 : n - 1;
@@ -162,18 +163,18 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
     RmsNorm(row, aw.kv_a_layernorm.ptr(), c.kv_lora_rank, eps, row);
     rope_.Apply(row + c.kv_lora_rank, 1, ld, pos, c.rope_interleave);
   }
-  TIERKV_RETURN_IF_ERROR(cache->Write(l, KvPart::kLatent, start, latent));
-
-  // Lightning indexer (full layers) or IndexShare reuse (shared layers).
+  // Lightning indexer projections (full layers; IndexShare layers reuse the
+  // last full layer's selection).
+  const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+  std::vector<float> qi, ki, wts;
   if (c.indexer_full[l]) {
     if (!aw.indexer) {
       return Status::Internal(fmt::format("layer {} lacks indexer weights", l));
     }
     const IndexerWeights& iw = *aw.indexer;
-    const int64_t ih = c.index_n_heads, id = c.index_head_dim;
-    std::vector<float> qi(static_cast<size_t>(n * ih * id));
-    std::vector<float> ki(static_cast<size_t>(n * id));
-    std::vector<float> wts(static_cast<size_t>(n * ih));
+    qi.resize(static_cast<size_t>(n * ih * id));
+    ki.resize(static_cast<size_t>(n * id));
+    wts.resize(static_cast<size_t>(n * ih));
     MatMul(pool, iw.wq_b, qr.data(), n, qi.data());
     MatMul(pool, iw.wk, xn.data(), n, ki.data());
     MatMul(pool, iw.weights_proj, xn.data(), n, wts.data());
@@ -189,6 +190,14 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
       rope_.Apply(k, 1, id, pos, c.indexer_rope_interleave);
       for (int64_t h = 0; h < ih; ++h) wts[t * ih + h] *= head_scale;
     }
+  }
+
+  // Everything above needed only x; from here on the layer reads cached
+  // rows, so this is where it waits for them (as vLLM's attention calls
+  // wait_for_layer_load), the projections having overlapped the load.
+  TIERKV_RETURN_IF_ERROR(cache->WaitForLayer(l, start));
+  TIERKV_RETURN_IF_ERROR(cache->Write(l, KvPart::kLatent, start, latent));
+  if (c.indexer_full[l]) {
     TIERKV_RETURN_IF_ERROR(cache->Write(l, KvPart::kIndexKey, start, ki));
     selection->assign(static_cast<size_t>(n), {});
     std::vector<float> scores;

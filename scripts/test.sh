@@ -6,7 +6,7 @@
 #      test doubles, and the executor's thread pool (no tests run); and the
 #      libFuzzer targets (fuzz/), each run for TIERKV_FUZZ_SECONDS (20);
 #   2. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
-#      io_uring);
+#      io_uring), and scripts/soak.sh for TIERKV_SOAK_SECONDS (30);
 #   3. ThreadSanitizer build of the storage, transport and test-double tests;
 #   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
 #      is instrumented too; the benchmarks are not built there).
@@ -50,6 +50,8 @@ fi
 echo "== [2/4] build + tests ($(( $(date +%s) - start )) s so far)"
 scripts/build.sh build
 ctest --test-dir build -j2 --output-on-failure --timeout 600
+# A short soak of the real daemon (the acceptance run is 10 min, 64 clients).
+TIERKV_BIN_DIR=build/bin scripts/soak.sh --seconds "${TIERKV_SOAK_SECONDS:-30}" --clients 16
 
 if ((!quick)); then
   echo "== [3/4] ThreadSanitizer: storage, transport, test doubles ($(( $(date +%s) - start )) s so far)"

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "common/load_ticket.h"
+#include "storage/storage_log.h"
 #include "storage/stream_copy.h"
 
 namespace tierkv::storage {
@@ -66,9 +67,17 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
       // Not lazily on the first demotion: that catalog sync would stall a
       // data path already under pressure.
       if (Status s = nvme->OpenNamespace(o.host.name); !s.ok()) {
-        return Status(s.code(), "namespace '" + o.host.name +
-                                    "': cannot register it on NVMe: " +
-                                    std::string(s.message()));
+        // A full disk is no reason not to serve DRAM: its NVMe writes are
+        // refused until the catalog is writable again, when it registers.
+        if (!nvme->read_only()) {
+          return Status(s.code(), "namespace '" + o.host.name +
+                                      "': cannot register it on NVMe: " +
+                                      std::string(s.message()));
+        }
+        StorageLog().warn(
+            "namespace '{}': not registered on NVMe (catalog read-only: {}); "
+            "it is served from DRAM",
+            o.host.name, s.ToString());
       }
     }
     auto ns = std::make_unique<EngineNamespace>();

@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdarg>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "storage/storage_log.h"
 
@@ -88,21 +92,84 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   return Status::IOError(msg);
 }
 
-Result<std::unique_ptr<rocksdb::DB>> OpenDb(const NvmeCatalogOptions& options) {
+// RocksDB's info log, into tierkv's log instead of a LOG file in the
+// catalog directory: on a full disk a failed LOG append makes the next log
+// line (from any RocksDB thread) trip an assertion in Debian's build and
+// abort the process, and one log is easier to read anyway. At most one line
+// a second (RocksDB's free-space poller repeats itself while the disk is
+// full); the lines dropped are counted in the next one.
+class CatalogLogger : public rocksdb::Logger {
+ public:
+  CatalogLogger(std::string path, rocksdb::InfoLogLevel level)
+      : rocksdb::Logger(level), path_(std::move(path)) {}
+
+  using rocksdb::Logger::Logv;
+  void Logv(const rocksdb::InfoLogLevel level, const char* format,
+            va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    const auto now = std::chrono::steady_clock::now();
+    uint64_t dropped = 0;
+    {
+      MutexLock lock(&mu_);
+      if (now - last_ < std::chrono::seconds(1)) {
+        ++dropped_;
+        return;
+      }
+      last_ = now;
+      dropped = std::exchange(dropped_, 0);
+    }
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    std::string_view text(line);
+    while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+    const auto spd_level =
+        level >= rocksdb::InfoLogLevel::ERROR_LEVEL  ? spdlog::level::err
+        : level == rocksdb::InfoLogLevel::WARN_LEVEL ? spdlog::level::warn
+                                                     : spdlog::level::debug;
+    StorageLog().log(spd_level, "rocksdb {}: {}{}", path_, text,
+                     dropped > 0
+                         ? fmt::format(" ({} earlier lines dropped)", dropped)
+                         : std::string());
+  }
+
+ private:
+  const std::string path_;
+  Mutex mu_;
+  std::chrono::steady_clock::time_point last_ GUARDED_BY(mu_);
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;
+};
+
+// Opens for writing, or with `read_only` through DB::OpenForReadOnly (which
+// writes nothing: no WAL, MANIFEST or format marker).
+Result<std::unique_ptr<rocksdb::DB>> OpenDb(const NvmeCatalogOptions& options,
+                                            bool read_only = false) {
   rocksdb::Options db_options;
   db_options.create_if_missing = options.create_if_missing;
   db_options.paranoid_checks = true;
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db_options.info_log = std::make_shared<CatalogLogger>(
+      options.path, rocksdb::InfoLogLevel::WARN_LEVEL);
   db_options.keep_log_file_num = 2;
   db_options.max_manifest_file_size = 64 << 20;
+  if (options.create_if_missing && !read_only) {
+    // Else RocksDB logs an error about the missing directory it creates.
+    std::error_code ec;
+    std::filesystem::create_directories(options.path, ec);
+  }
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, &raw);
+  rocksdb::Status s =
+      read_only ? rocksdb::DB::OpenForReadOnly(db_options, options.path, &raw)
+                : rocksdb::DB::Open(db_options, options.path, &raw);
   if (!s.ok()) return FromRocks(s, fmt::format("open {}", options.path));
   std::unique_ptr<rocksdb::DB> db(raw);
 
   // A fresh database gets the format marker; an existing one must have ours.
   std::string marker;
   s = db->Get(rocksdb::ReadOptions(), FormatKey(), &marker);
+  if (s.IsNotFound() && read_only) {
+    return Status::Corruption(
+        fmt::format("catalog {}: no tierkv format marker", options.path));
+  }
   if (s.IsNotFound()) {
     std::unique_ptr<rocksdb::Iterator> it(
         db->NewIterator(rocksdb::ReadOptions()));
@@ -225,16 +292,42 @@ Result<std::unique_ptr<NvmeCatalog>> NvmeCatalog::Open(
     fresh.create_if_missing = true;
     db = OpenDb(fresh);
   }
+  Status read_only_reason;
+  if (!db.ok() && db.status().code() == StatusCode::kIOError) {
+    // Typically a full disk: RocksDB needs room for a new WAL and MANIFEST
+    // to open for writing. Serve what the catalog holds.
+    auto reader = OpenDb(options, /*read_only=*/true);
+    if (reader.ok()) {
+      read_only_reason = db.status();
+      db = std::move(reader);
+    }
+  }
   if (!db.ok()) return db.status();
   std::unique_ptr<NvmeCatalog> catalog(
       new NvmeCatalog(options, std::move(db).value()));
   catalog->recreated_ = !recreate_reason.ok();
   catalog->recreate_reason_ = recreate_reason;
+  MutexLock lock(&catalog->write_mu_);
+  if (!read_only_reason.ok()) catalog->EnterReadOnly(read_only_reason);
   TIERKV_RETURN_IF_ERROR(catalog->LoadNamespaces());
   return catalog;
 }
 
+Status NvmeCatalog::ReopenLocked() {
+  if (db_) db_->Close().PermitUncheckedError();  // reports the old error
+  db_.reset();
+  auto writer = OpenDb(options_);
+  if (writer.ok()) {
+    db_ = std::move(writer).value();
+    return Status::OK();
+  }
+  auto reader = OpenDb(options_, /*read_only=*/true);
+  if (reader.ok()) db_ = std::move(reader).value();
+  return writer.status();
+}
+
 Status NvmeCatalog::LoadNamespaces() {
+  if (!db_) return Status::IOError("catalog: database is closed");
   std::unique_ptr<rocksdb::Iterator> it(
       db_->NewIterator(rocksdb::ReadOptions()));
   const std::string prefix(1, kNamespacePrefix);
@@ -264,6 +357,7 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
       return it->second;
   }
   MutexLock write_lock(&write_mu_);
+  TIERKV_RETURN_IF_ERROR(CheckWritable());
   MutexLock lock(&ns_mu_);
   if (auto it = namespaces_.find(name); it != namespaces_.end())
     return it->second;
@@ -274,8 +368,11 @@ Result<uint32_t> NvmeCatalog::GetOrCreateNamespace(std::string_view name) {
   key.append(name);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  TIERKV_RETURN_IF_ERROR(
-      FromRocks(db_->Put(wo, key, value), "create namespace"));
+  if (Status s = FromRocks(db_->Put(wo, key, value), "create namespace");
+      !s.ok()) {
+    EnterReadOnly(s);
+    return s;
+  }
   namespaces_.emplace(std::string(name), id);
   ++next_ns_id_;
   return id;
@@ -293,13 +390,68 @@ std::map<std::string, uint32_t, std::less<>> NvmeCatalog::Namespaces() const {
   return namespaces_;
 }
 
+Status NvmeCatalog::read_only_reason() const {
+  MutexLock lock(&state_mu_);
+  return read_only_reason_;
+}
+
+uint64_t NvmeCatalog::read_only_entries() const {
+  MutexLock lock(&state_mu_);
+  return read_only_entries_;
+}
+
+void NvmeCatalog::EnterReadOnly(const Status& failure) {
+  // Every failure is an IOError to callers: a device problem, whatever
+  // RocksDB called it.
+  const Status reason = failure.code() == StatusCode::kIOError
+                            ? failure
+                            : Status::IOError(failure.message());
+  MutexLock lock(&state_mu_);
+  if (read_only_.load(std::memory_order_relaxed)) return;
+  read_only_reason_ = reason;
+  ++read_only_entries_;
+  read_only_.store(true, std::memory_order_release);
+  last_resume_ = std::chrono::steady_clock::now();
+  StorageLog().error(
+      "tierkv nvme catalog {}: read-only after: {}; segments stored so far "
+      "stay readable, new ones are refused until it can be reopened for "
+      "writing (tried as writes come, at most every {} ms)",
+      options_.path, reason.ToString(), options_.resume_interval.count());
+}
+
+Status NvmeCatalog::CheckWritable() {
+  if (!read_only_.load(std::memory_order_acquire)) return Status::OK();
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_resume_ >= options_.resume_interval) {
+    last_resume_ = now;
+    if (ReopenLocked().ok()) {
+      MutexLock lock(&state_mu_);
+      read_only_.store(false, std::memory_order_release);
+      StorageLog().warn("tierkv nvme catalog {}: writable again after: {}",
+                        options_.path, read_only_reason_.ToString());
+      read_only_reason_ = Status::OK();
+      return Status::OK();
+    }
+  }
+  MutexLock lock(&state_mu_);
+  return Status::IOError(fmt::format("catalog is read-only after: {}",
+                                     read_only_reason_.message()));
+}
+
+Status NvmeCatalog::TryWritable() {
+  if (!read_only()) return Status::OK();
+  MutexLock write_lock(&write_mu_);
+  return CheckWritable();
+}
+
 Status NvmeCatalog::SyncWal() {
   if (!options_.sync_writes) return Status::OK();
+  // Under write_mu_, so no write can fail between the check and the sync.
+  MutexLock write_lock(&write_mu_);
+  TIERKV_RETURN_IF_ERROR(CheckWritable());
   Status s = FromRocks(db_->SyncWAL(), "sync WAL");
-  if (!s.ok() && s.code() != StatusCode::kIOError) {
-    return Status::IOError(s.message());
-  }
-  return s;
+  if (!s.ok()) EnterReadOnly(s);
+  return s.ok() ? s : read_only_reason();
 }
 
 Status NvmeCatalog::Write(Batch& batch, bool sync) {
@@ -307,17 +459,17 @@ Status NvmeCatalog::Write(Batch& batch, bool sync) {
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes && sync;
   MutexLock write_lock(&write_mu_);
+  TIERKV_RETURN_IF_ERROR(CheckWritable());
   Status s = FromRocks(db_->Write(wo, batch.batch_.get()), "write");
-  // A failed write applied nothing; report every failure as IOError so the
-  // caller treats it as a device problem (the database may be unusable).
-  if (!s.ok() && s.code() != StatusCode::kIOError) {
-    return Status::IOError(s.message());
-  }
-  return s;
+  // A failed write applied nothing, and RocksDB must not be written again.
+  if (!s.ok()) EnterReadOnly(s);
+  return s.ok() ? s : read_only_reason();
 }
 
 Result<CatalogEntry> NvmeCatalog::Get(uint32_t ns_id,
                                       const SegmentKey& key) const {
+  MutexLock lock(&write_mu_);
+  if (!db_) return Status::IOError("catalog: database is closed");
   std::string value;
   rocksdb::Status s =
       db_->Get(rocksdb::ReadOptions(), SegmentDbKey(ns_id, key), &value);
@@ -330,30 +482,35 @@ Result<NvmeCatalog::ScanStats> NvmeCatalog::ForEach(const Visitor& visitor,
                                                     bool delete_malformed) {
   ScanStats stats;
   Batch garbage;
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-  const std::string prefix(1, kSegmentPrefix);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
-       it->Next()) {
-    uint32_t ns_id = 0;
-    SegmentKey key;
-    const std::string_view raw_key(it->key().data(), it->key().size());
-    Result<CatalogEntry> entry =
-        DecodeCatalogEntry({it->value().data(), it->value().size()});
-    if (!ParseSegmentDbKey(raw_key, &ns_id, &key) || !entry.ok()) {
-      ++stats.malformed;
-      if (delete_malformed) {
-        garbage.batch_->Delete(it->key()).PermitUncheckedError();
-        ++garbage.count_;
+  {
+    MutexLock lock(&write_mu_);
+    if (!db_) return Status::IOError("catalog: database is closed");
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    const std::string prefix(1, kSegmentPrefix);
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+         it->Next()) {
+      uint32_t ns_id = 0;
+      SegmentKey key;
+      const std::string_view raw_key(it->key().data(), it->key().size());
+      Result<CatalogEntry> entry =
+          DecodeCatalogEntry({it->value().data(), it->value().size()});
+      if (!ParseSegmentDbKey(raw_key, &ns_id, &key) || !entry.ok()) {
+        ++stats.malformed;
+        if (delete_malformed) {
+          garbage.batch_->Delete(it->key()).PermitUncheckedError();
+          ++garbage.count_;
+        }
+        continue;
       }
-      continue;
+      ++stats.entries;
+      visitor(ns_id, key, *entry);
     }
-    ++stats.entries;
-    visitor(ns_id, key, *entry);
+    TIERKV_RETURN_IF_ERROR(FromRocks(it->status(), "scan"));
   }
-  TIERKV_RETURN_IF_ERROR(FromRocks(it->status(), "scan"));
-  TIERKV_RETURN_IF_ERROR(Write(garbage));
+  // Read-only: the malformed entries stay, skipped again next time.
+  if (!read_only()) TIERKV_RETURN_IF_ERROR(Write(garbage));
   return stats;
 }
 

@@ -18,10 +18,26 @@
 // instead, and recreated() says so (the caller then treats the NVMe tier as
 // empty).
 //
+// Read-only mode (a full disk, a failing device): the first write or WAL
+// sync that fails latches the catalog read-only. Later writes fail at once
+// with IOError naming that first error and never reach RocksDB, whose WAL
+// writer must not be used again after an error (Debian's build asserts in
+// WritableFileWriter::AssertFalseAndGetStatusForPrevError and aborts the
+// process). Reads keep working, so every acknowledged segment stays
+// readable. A write at least resume_interval after the last attempt closes
+// and reopens the database (a new WAL; RocksDB 7.8's DB::Resume cannot
+// recover from a failed WAL append); once there is space again that
+// succeeds and the catalog is writable. When Open cannot open the database
+// for writing (IOError: no space for a new WAL or MANIFEST) it opens it
+// read-only (DB::OpenForReadOnly), so a daemon restarted on a full disk
+// serves what its catalog holds, and becomes writable the same way.
+//
 // Thread safety: all methods may be called concurrently (RocksDB is
 // thread-safe; the namespace table has its own lock).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,6 +84,9 @@ struct NvmeCatalogOptions {
   // Wipe and recreate a catalog that fails to open as damaged (Corruption)
   // or foreign. Default: false (report the error; the daemon decides).
   bool recreate_if_damaged = false;
+  // How often a read-only catalog (see above) tries to reopen for writing,
+  // at most, when written to. Default: 10 s.
+  std::chrono::milliseconds resume_interval{10000};
 
   Status Validate() const;
 };
@@ -112,6 +131,17 @@ class NvmeCatalog {
   bool recreated() const { return recreated_; }
   Status recreate_reason() const { return recreate_reason_; }
 
+  // Whether writes are refused (see read-only mode above), and why: the
+  // error that latched it. OK while writable.
+  bool read_only() const { return read_only_.load(std::memory_order_acquire); }
+  Status read_only_reason() const EXCLUDES(state_mu_);
+  // Times the catalog became read-only (0 or 1 unless it recovered).
+  uint64_t read_only_entries() const EXCLUDES(state_mu_);
+  // OK when a write may proceed now: writable, or read-only and a due
+  // reopen succeeded. Else the IOError a write would get. For callers
+  // that would do expensive work (device IO) before writing the catalog.
+  Status TryWritable() EXCLUDES(write_mu_, state_mu_);
+
   // The id of namespace `name`, assigning and persisting a new one on first
   // use. InvalidArgument for an empty name; IOError when persisting fails.
   Result<uint32_t> GetOrCreateNamespace(std::string_view name)
@@ -128,7 +158,7 @@ class NvmeCatalog {
   Status Write(Batch& batch, bool sync = true) EXCLUDES(write_mu_);
   // Makes every Write so far durable (fsyncs the WAL), when
   // options.sync_writes; else a no-op.
-  Status SyncWal();
+  Status SyncWal() EXCLUDES(write_mu_);
 
   // NotFound when absent; Corruption when the stored value is malformed.
   Result<CatalogEntry> Get(uint32_t ns_id, const SegmentKey& key) const;
@@ -145,22 +175,41 @@ class NvmeCatalog {
  private:
   NvmeCatalog(const NvmeCatalogOptions& options,
               std::unique_ptr<rocksdb::DB> db);
-  Status LoadNamespaces() EXCLUDES(ns_mu_);
+  Status LoadNamespaces() REQUIRES(write_mu_) EXCLUDES(ns_mu_);
+  // Closes and reopens the database for writing (RocksDB 7.8 cannot Resume
+  // after a failed WAL append: its WAL writer stays failed). If that fails
+  // (still no space), reopens it read-only so reads keep working.
+  Status ReopenLocked() REQUIRES(write_mu_);
+  // OK when writes may proceed: writable, or read-only and a due reopen
+  // succeeded. Else the IOError to return.
+  Status CheckWritable() REQUIRES(write_mu_) EXCLUDES(state_mu_);
+  // Latches read-only mode after `failure` (logged once per entry).
+  void EnterReadOnly(const Status& failure) REQUIRES(write_mu_)
+      EXCLUDES(state_mu_);
 
   const NvmeCatalogOptions options_;
-  std::unique_ptr<rocksdb::DB> db_;
   bool recreated_ = false;
   Status recreate_reason_;
 
-  // Serializes every write to RocksDB. RocksDB would group-commit
-  // concurrent writers, with one thread copying another's batch; NvmeStore
-  // already batches per call, and that cross-thread hand-off happens inside
-  // the uninstrumented system librocksdb, where ThreadSanitizer reports it
-  // as a race. Taken before ns_mu_ when both are needed. It guards no
-  // member (db_ is thread-safe and also read without it), so nothing is
-  // GUARDED_BY it; it only orders the writers.
-  Mutex write_mu_ ACQUIRED_BEFORE(ns_mu_);
+  // Serializes every write to RocksDB, and guards db_, which a read-only
+  // catalog replaces when it reopens the database. RocksDB would
+  // group-commit concurrent writers, with one thread copying another's
+  // batch; NvmeStore already batches per call, and that cross-thread
+  // hand-off happens inside the uninstrumented system librocksdb, where
+  // ThreadSanitizer reports it as a race. Reads (Get, ForEach) are rare
+  // (start-up, tests) and take it too. Taken before ns_mu_ when both are
+  // needed.
+  mutable Mutex write_mu_ ACQUIRED_BEFORE(ns_mu_);
+  // Null only if a reopen failed both ways (every call is then IOError).
+  std::unique_ptr<rocksdb::DB> db_ GUARDED_BY(write_mu_);
   mutable Mutex ns_mu_;  // guards the namespace table
+  // True from the first failed write until a reopen succeeds; changed
+  // under write_mu_ and state_mu_, read without either.
+  std::atomic<bool> read_only_{false};
+  mutable Mutex state_mu_ ACQUIRED_AFTER(write_mu_);
+  Status read_only_reason_ GUARDED_BY(state_mu_);
+  uint64_t read_only_entries_ GUARDED_BY(state_mu_) = 0;
+  std::chrono::steady_clock::time_point last_resume_ GUARDED_BY(write_mu_);
   std::map<std::string, uint32_t, std::less<>> namespaces_ GUARDED_BY(ns_mu_);
   uint32_t next_ns_id_ GUARDED_BY(ns_mu_) = 1;
 };

@@ -123,6 +123,7 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(
   cat.sync_writes = options.sync_catalog;
   cat.create_if_missing = options.create_catalog_if_missing;
   cat.recreate_if_damaged = options.recreate_damaged_catalog;
+  cat.resume_interval = options.catalog_resume_interval;
   auto catalog = NvmeCatalog::Open(cat);
   if (!catalog.ok()) return catalog.status();
 
@@ -138,7 +139,9 @@ NvmeStore::NvmeStore(const NvmeStoreOptions& options,
     : options_(options),
       device_(std::move(device)),
       catalog_(std::move(catalog)),
-      allocator_(options.capacity_bytes, options.block_size) {}
+      allocator_(options.capacity_bytes, options.block_size) {
+  shared_.limit = options.capacity_bytes;  // no quotas yet
+}
 
 NvmeStore::~NvmeStore() {
   // Best effort: make queued deletes durable so a restart does not see
@@ -186,8 +189,11 @@ Status NvmeStore::Recover() {
     segment->key = f.key;
     segment->entry = f.entry;
     segment->extent = extent;
-    lru_.push_back(segment.get());  // generation order: newest at the front
-    segment->lru_pos = std::prev(lru_.end());
+    // Generation order: newest at the front. Quotas are set after Open and
+    // move their namespaces' segments then.
+    Share& share = ShareOfLocked(f.key.ns_id);
+    LinkLocked(segment, share, /*newest=*/false);
+    share.allocated += extent.length;
     index_.emplace(f.key, std::move(segment));
     ++recovery_.recovered_segments;
     recovery_.recovered_bytes += f.entry.length;
@@ -213,19 +219,41 @@ Status NvmeStore::Recover() {
   return Status::OK();
 }
 
-std::optional<Extent> NvmeStore::AllocateLocked(uint64_t length) {
+NvmeStore::Share& NvmeStore::ShareOfLocked(uint32_t ns_id) {
+  auto it = quota_shares_.find(ns_id);
+  return it == quota_shares_.end() ? shared_ : *it->second;
+}
+
+std::optional<Extent> NvmeStore::AllocateLocked(uint64_t length, Share& share) {
+  const uint64_t rounded = allocator_.RoundUp(length);
+  if (rounded > share.limit) return std::nullopt;
+  while (share.allocated + rounded > share.limit) {
+    if (!EvictOneLocked(share)) return std::nullopt;
+  }
+  // Within its limit the share's bytes are free on the device (the limits
+  // add up to at most the capacity), unless pinned or fragmented: evict
+  // more of its own then.
   for (;;) {
-    if (auto extent = allocator_.Allocate(length)) return extent;
-    if (!EvictOneLocked()) return std::nullopt;
+    if (auto extent = allocator_.Allocate(length)) {
+      share.allocated += extent->length;
+      return extent;
+    }
+    if (!EvictOneLocked(share)) return std::nullopt;
   }
 }
 
-bool NvmeStore::EvictOneLocked() {
+void NvmeStore::FreeAllocatedLocked(const Extent& extent, Share& share) {
+  allocator_.Free(extent);
+  share.allocated -= extent.length;
+}
+
+bool NvmeStore::EvictOneLocked(Share& share) {
   // Least recently used first, skipping segments being read. Pinned
   // segments are few (one per in-flight read), so this stays O(1) amortized.
-  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+  for (auto it = share.lru.rbegin(); it != share.lru.rend(); ++it) {
     Segment* victim = *it;
     if (victim->readers > 0) continue;
+    ++usage_[victim->key.ns_id].evictions;
     auto found = index_.find(victim->key);
     UnlinkLocked(found->second, /*delete_entry=*/true);
     ++counters_.evictions;
@@ -234,11 +262,32 @@ bool NvmeStore::EvictOneLocked() {
   return false;
 }
 
+void NvmeStore::LinkLocked(const std::shared_ptr<Segment>& segment,
+                           Share& share, bool newest) {
+  segment->share = &share;
+  segment->lru_pos = newest ? share.lru.insert(share.lru.begin(), segment.get())
+                            : share.lru.insert(share.lru.end(), segment.get());
+  NamespaceUsage& u = usage_[segment->key.ns_id];
+  ++u.segments;
+  u.bytes_used += segment->entry.length;
+  u.bytes_allocated += segment->extent.length;
+}
+
+void NvmeStore::TouchLocked(Segment& segment) {
+  std::list<Segment*>& lru = segment.share->lru;
+  lru.splice(lru.begin(), lru, segment.lru_pos);
+}
+
 void NvmeStore::UnlinkLocked(const std::shared_ptr<Segment>& segment,
                              bool delete_entry) {
   std::shared_ptr<Segment> keep = segment;  // index_ may hold the only ref
   keep->live = false;
-  lru_.erase(keep->lru_pos);
+  keep->share->lru.erase(keep->lru_pos);
+  keep->share->allocated -= keep->extent.length;
+  NamespaceUsage& u = usage_[keep->key.ns_id];
+  --u.segments;
+  u.bytes_used -= keep->entry.length;
+  u.bytes_allocated -= keep->extent.length;
   bytes_used_ -= keep->entry.length;
   // A write of the same key in flight will supersede the entry with its own
   // put (or queue a delete if it fails), so a delete here could only race
@@ -311,7 +360,10 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
                                      Durability durability) {
   const bool durable = durability == Durability::kDurable;
   std::vector<Status> results(items.size());
-  auto ns_id = catalog_->GetOrCreateNamespace(ns);
+  // A read-only catalog (full disk): refuse before writing any data.
+  const Status writable = catalog_->TryWritable();
+  Result<uint32_t> ns_id = writable.ok() ? catalog_->GetOrCreateNamespace(ns)
+                                         : Result<uint32_t>(writable);
   if (!ns_id.ok()) {
     std::fill(results.begin(), results.end(), AsIoError(ns_id.status()));
     MutexLock lock(&mu_);
@@ -323,6 +375,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     size_t item;
     FullKey key;
     Extent extent;
+    Share* share;  // charged for `extent`
     CatalogEntry entry;
     IoBuffer buffer;
   };
@@ -350,23 +403,28 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         Segment& existing = *it->second;
         if (existing.entry.layout_fingerprint == layout_fingerprint &&
             existing.entry.length == length) {
-          lru_.splice(lru_.begin(), lru_, existing.lru_pos);
+          TouchLocked(existing);
           results[i] =
               Status::AlreadyExists("nvme store: segment already stored");
           ++counters_.write_dedup;
           continue;
         }
       }
-      std::optional<Extent> extent = AllocateLocked(length);
+      Share& share = ShareOfLocked(*ns_id);
+      std::optional<Extent> extent = AllocateLocked(length, share);
       if (!extent) {
         results[i] = Status::ResourceExhausted(
-            "nvme store: no space even after evicting every unpinned segment");
+            &share == &shared_
+                ? "nvme store: no space even after evicting every unpinned "
+                  "segment"
+                : "nvme store: no room in the namespace's NVMe quota (its "
+                  "segments are being read, or this one exceeds it)");
         continue;
       }
       writing_.insert(key);
       CatalogEntry entry{extent->offset, length, 0, layout_fingerprint,
                          next_generation_++};
-      planned.push_back({i, key, *extent, entry, IoBuffer()});
+      planned.push_back({i, key, *extent, &share, entry, IoBuffer()});
     }
     needs_seq = delete_seq_;
   }
@@ -458,7 +516,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     Status& result = results[plan.item];
     if (result.ok() && !common.ok()) result = common;
     if (!result.ok()) {
-      allocator_.Free(plan.extent);
+      FreeAllocatedLocked(plan.extent, *plan.share);
       if (!index_.contains(plan.key)) {
         // An older entry of this key may have been unlinked while we wrote
         // (its delete skipped, see UnlinkLocked): retire it now.
@@ -475,8 +533,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     segment->key = plan.key;
     segment->entry = plan.entry;
     segment->extent = plan.extent;
-    lru_.push_front(segment.get());
-    segment->lru_pos = lru_.begin();
+    LinkLocked(segment, *plan.share, /*newest=*/true);  // charged already
     bytes_used_ += plan.entry.length;
     index_.emplace(plan.key, std::move(segment));
     published_deferred |= !durable;
@@ -556,7 +613,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
           continue;
         }
         ++segment->readers;  // pins the extent until ReleaseReaderLocked
-        lru_.splice(lru_.begin(), lru_, segment->lru_pos);
+        TouchLocked(*segment);
         PendingRead pending{next, segment, segment->entry, {}, IoBuffer()};
         if (in_place) {
           pending.landing = item.dst.first(rounded);
@@ -689,6 +746,73 @@ Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {
   return FlushPendingDeletes(needs_seq);
 }
 
+Status NvmeStore::SetNamespaceQuota(std::string_view ns, uint64_t bytes) {
+  if (bytes == 0 || bytes % options_.block_size != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "nvme store: quota of {} must be a positive multiple of {} bytes", ns,
+        options_.block_size));
+  }
+  auto ns_id = catalog_->GetOrCreateNamespace(ns);
+  if (!ns_id.ok()) return AsIoError(ns_id.status());
+  uint64_t needs_seq = 0;
+  {
+    MutexLock lock(&mu_);
+    uint64_t others = 0;
+    for (const auto& [id, share] : quota_shares_) {
+      if (id != *ns_id) others += share->limit;
+    }
+    if (others + bytes > options_.capacity_bytes) {
+      return Status::InvalidArgument(fmt::format(
+          "nvme store: NVMe quotas would total {} bytes, more than the "
+          "tier's {}",
+          others + bytes, options_.capacity_bytes));
+    }
+    std::unique_ptr<Share>& share = quota_shares_[*ns_id];
+    if (!share) {
+      // Its segments leave the shared rest, in LRU order (splice keeps
+      // every lru_pos valid).
+      share = std::make_unique<Share>();
+      for (auto it = shared_.lru.begin(); it != shared_.lru.end();) {
+        Segment* segment = *it++;
+        if (segment->key.ns_id != *ns_id) continue;
+        share->lru.splice(share->lru.end(), shared_.lru, segment->lru_pos);
+        segment->share = share.get();
+        shared_.allocated -= segment->extent.length;
+        share->allocated += segment->extent.length;
+      }
+    }
+    share->limit = bytes;
+    shared_.limit = options_.capacity_bytes - others - bytes;
+    // A share over its new limit gives up its least recently used.
+    while (share->allocated > share->limit && EvictOneLocked(*share)) {
+    }
+    while (shared_.allocated > shared_.limit && EvictOneLocked(shared_)) {
+    }
+    needs_seq = delete_seq_;
+  }
+  return FlushPendingDeletes(needs_seq);
+}
+
+std::map<std::string, NvmeNamespaceStats, std::less<>>
+NvmeStore::NamespaceStats() const {
+  const auto names = catalog_->Namespaces();
+  std::map<std::string, NvmeNamespaceStats, std::less<>> out;
+  MutexLock lock(&mu_);
+  for (const auto& [name, id] : names) {
+    NvmeNamespaceStats& s = out[name];
+    if (auto q = quota_shares_.find(id); q != quota_shares_.end()) {
+      s.quota_bytes = q->second->limit;
+    }
+    if (auto u = usage_.find(id); u != usage_.end()) {
+      s.segments = u->second.segments;
+      s.bytes_used = u->second.bytes_used;
+      s.bytes_allocated = u->second.bytes_allocated;
+      s.evictions = u->second.evictions;
+    }
+  }
+  return out;
+}
+
 std::optional<CatalogEntry> NvmeStore::TEST_Entry(std::string_view ns,
                                                   const SegmentKey& key) const {
   auto ns_id = catalog_->FindNamespace(ns);
@@ -713,6 +837,8 @@ NvmeStoreStats NvmeStore::Stats() const {
     s.pending_catalog_deletes = pending_deletes_.size();
   }
   s.namespaces = catalog_->Namespaces().size();
+  s.read_only = catalog_->read_only();
+  s.read_only_entries = catalog_->read_only_entries();
   s.recovery = recovery_;
   s.device = device_->Stats();
   auto* uring = dynamic_cast<UringDevice*>(device_.get());

@@ -4,9 +4,14 @@
 // Layout and policy:
 //   * Space is handed out by an ExtentAllocator in block_size (4 KiB) units;
 //     a segment of any size occupies RoundUp(size) bytes.
-//   * The tier has its own capacity and its own O(1) LRU. When an allocation
-//     does not fit, least recently used segments are evicted until it does;
-//     segments being read are never evicted (or reused) while the read runs.
+//   * The tier has its own capacity, cut into shares: a namespace given a
+//     quota (SetNamespaceQuota) has a share of that many bytes to itself;
+//     every other namespace uses the shared rest. Each share has its own
+//     O(1) LRU, and a write that does not fit evicts least recently used
+//     segments of its own share only: one tenant cannot evict another's
+//     reserved KV. Without quotas this is one LRU over the whole tier.
+//     Segments being read are never evicted (or reused) while the read
+//     runs.
 //   * Equal (namespace, key) means equal bytes (content-addressed prefix
 //     hashes), so writing a key that is already stored with the same layout
 //     and size returns AlreadyExists and copies nothing.
@@ -33,8 +38,10 @@
 // either the complete old bytes or a miss, never a mix.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -80,6 +87,10 @@ struct NvmeStoreOptions {
   // Recreate (empty) a damaged catalog instead of failing Open with
   // Corruption; the data file is then treated as empty. Default: false.
   bool recreate_damaged_catalog = false;
+  // How often a catalog made read-only by a write error (a full disk)
+  // retries recovery, at most (NvmeCatalogOptions::resume_interval).
+  // Default: 10 s.
+  std::chrono::milliseconds catalog_resume_interval{10000};
   // Largest accepted segment in bytes. Default: 1 GiB (LayoutSpec's limit).
   uint64_t max_segment_bytes = uint64_t{1} << 30;
   // Most bounce-buffer bytes one ReadBatch call holds at a time. Items whose
@@ -129,6 +140,15 @@ struct NvmeRecoveryReport {
   bool catalog_recreated = false;  // the catalog was damaged and wiped
 };
 
+// One namespace's part of the tier.
+struct NvmeNamespaceStats {
+  uint64_t quota_bytes = 0;  // its share; 0 = it uses the shared rest
+  uint64_t segments = 0;
+  uint64_t bytes_used = 0;       // sum of segment lengths
+  uint64_t bytes_allocated = 0;  // sum of rounded extents
+  uint64_t evictions = 0;        // its segments evicted for space
+};
+
 struct NvmeStoreStats {
   uint64_t namespaces = 0;  // names the catalog has assigned an id
   uint64_t segments = 0;
@@ -151,6 +171,10 @@ struct NvmeStoreStats {
   uint64_t write_dedup = 0;   // items answered AlreadyExists
   uint64_t write_errors = 0;  // items that failed (any code)
   uint64_t pending_catalog_deletes = 0;
+  // The catalog refuses writes (a full disk or failing device: see
+  // NvmeCatalog); every stored segment stays readable.
+  bool read_only = false;
+  uint64_t read_only_entries = 0;  // times it became read-only
   NvmeRecoveryReport recovery;
   bool direct_io = false;  // O_DIRECT in effect (false: buffered)
   bool io_uring = false;   // io_uring in effect (false: pread/pwrite)
@@ -244,7 +268,23 @@ class NvmeStore {
   // way; the delete is retried before its space is reused).
   Status Remove(std::string_view ns, const SegmentKey& key);
 
+  // Reserves `bytes` (a positive multiple of block_size) of the tier for
+  // namespace `ns`: its segments are evicted only to make room for its own
+  // writes, and it never holds more. The namespaces without a quota share
+  // what the quotas leave. Segments over a new limit are evicted at once
+  // (least recently used first). Meant for start-up, before writes: a
+  // quota can be changed but not removed while the store is open.
+  // InvalidArgument when the quotas would exceed capacity_bytes or `bytes`
+  // is not a positive multiple of block_size; IOError when a new namespace
+  // cannot be registered in the catalog (a read-only catalog).
+  Status SetNamespaceQuota(std::string_view ns, uint64_t bytes) EXCLUDES(mu_);
+
   NvmeStoreStats Stats() const;
+  // The catalog refuses writes (NvmeStoreStats::read_only).
+  bool read_only() const { return catalog_->read_only(); }
+  // Every namespace that has segments or a quota, by name.
+  std::map<std::string, NvmeNamespaceStats, std::less<>> NamespaceStats() const
+      EXCLUDES(mu_);
   // Test hook: the catalog entry of a stored segment (to corrupt its bytes).
   std::optional<CatalogEntry> TEST_Entry(std::string_view ns,
                                          const SegmentKey& key) const;
@@ -268,24 +308,52 @@ class NvmeStore {
   // until the last reader leaves. `key`, `entry` and `extent` are immutable
   // once the segment is published in index_.
   //
-  // `readers`, `live` and `lru_pos` are guarded by NvmeStore::mu_ but carry
-  // no GUARDED_BY: an annotation in a nested struct cannot name the
-  // enclosing object's mutex (Clang resolves `mu_` against the Segment).
-  // They are touched only in REQUIRES(mu_) helpers and under MutexLock(&mu_).
+  // `readers`, `live`, `share` and `lru_pos` are guarded by NvmeStore::mu_
+  // but carry no GUARDED_BY: an annotation in a nested struct cannot name
+  // the enclosing object's mutex (Clang resolves `mu_` against the
+  // Segment). They are touched only in REQUIRES(mu_) helpers and under
+  // MutexLock(&mu_).
+  struct Share;
   struct Segment {
     FullKey key;
     CatalogEntry entry;
     Extent extent;
-    uint32_t readers = 0;  // guarded by NvmeStore::mu_
-    bool live = true;      // guarded by NvmeStore::mu_; false once unlinked
-    std::list<Segment*>::iterator lru_pos;  // NvmeStore::mu_; while live
+    uint32_t readers = 0;    // guarded by NvmeStore::mu_
+    bool live = true;        // guarded by NvmeStore::mu_; false once unlinked
+    Share* share = nullptr;  // NvmeStore::mu_; while live
+    std::list<Segment*>::iterator lru_pos;  // in share->lru; while live
+  };
+  // Space that writes of some namespaces may fill and evict from: a quota
+  // namespace's own, or the shared rest (guarded by NvmeStore::mu_, as
+  // Segment's fields).
+  struct Share {
+    uint64_t limit = 0;       // bytes of rounded extents
+    uint64_t allocated = 0;   // live segments' and in-flight writes' extents
+    std::list<Segment*> lru;  // front: most recently used
+  };
+  // Per-namespace counters for NamespaceStats (guarded by mu_).
+  struct NamespaceUsage {
+    uint64_t segments = 0, bytes_used = 0, bytes_allocated = 0;
+    uint64_t evictions = 0;
   };
 
   NvmeStore(const NvmeStoreOptions& options, std::shared_ptr<Device> device,
             std::unique_ptr<NvmeCatalog> catalog);
   Status Recover() EXCLUDES(mu_);
-  std::optional<Extent> AllocateLocked(uint64_t length) REQUIRES(mu_);
-  bool EvictOneLocked() REQUIRES(mu_);
+  // The share namespace `ns_id` writes into.
+  Share& ShareOfLocked(uint32_t ns_id) REQUIRES(mu_);
+  // An extent for `length` bytes charged to `share`, evicting from it (only)
+  // as needed; nullopt when its unpinned segments cannot make room.
+  std::optional<Extent> AllocateLocked(uint64_t length, Share& share)
+      REQUIRES(mu_);
+  // Returns an allocated extent not used after all (a failed write).
+  void FreeAllocatedLocked(const Extent& extent, Share& share) REQUIRES(mu_);
+  bool EvictOneLocked(Share& share) REQUIRES(mu_);
+  // Puts `segment` in `share`'s LRU (front when `newest`, else back) and
+  // counts it for its namespace; the caller charges share.allocated.
+  void LinkLocked(const std::shared_ptr<Segment>& segment, Share& share,
+                  bool newest) REQUIRES(mu_);
+  void TouchLocked(Segment& segment) REQUIRES(mu_);
   void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry)
       REQUIRES(mu_);
   void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment)
@@ -320,7 +388,12 @@ class NvmeStore {
   ExtentAllocator allocator_ GUARDED_BY(mu_);
   std::unordered_map<FullKey, std::shared_ptr<Segment>, FullKeyHash> index_
       GUARDED_BY(mu_);
-  std::list<Segment*> lru_ GUARDED_BY(mu_);  // front: most recently used
+  // Shares of the namespaces with a quota, by ns_id; everyone else uses
+  // shared_ (limit: capacity minus every quota).
+  std::unordered_map<uint32_t, std::unique_ptr<Share>> quota_shares_
+      GUARDED_BY(mu_);
+  Share shared_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, NamespaceUsage> usage_ GUARDED_BY(mu_);
   // Writes in flight.
   std::unordered_set<FullKey, FullKeyHash> writing_ GUARDED_BY(mu_);
   // Catalog deletes of unlinked segments not yet durable. Their extents may

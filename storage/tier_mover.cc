@@ -27,8 +27,15 @@ Status TierMoverOptions::Validate() const {
 TierMover::TierMover(const TierMoverOptions& options,
                      std::vector<const TierPair*> namespaces)
     : options_(options), namespaces_(std::move(namespaces)) {
+  // Each worker sets up its io_uring ring (and registered buffers) now, not
+  // on its first demotion: the daemon's fds and memory are then what they
+  // will be, from start-up on.
+  NvmeStore* nvme = namespaces_.empty() ? nullptr : namespaces_[0]->nvme;
   for (uint32_t i = 0; i < options.workers; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this, nvme] {
+      if (nvme != nullptr) nvme->device().PrepareThisThread();
+      WorkerLoop();
+    });
   }
 }
 

@@ -11,6 +11,7 @@
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
 #include "tools/demo_workload.h"
+#include "tools/soak_workload.h"
 
 namespace {
 
@@ -28,26 +29,60 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// --token, else the first line of --token-file (default: the namespace's
+// token file next to the socket).
+tierkv::Result<std::string> ResolveToken(const Connection& c) {
+  if (!c.token.empty()) return c.token;
+  std::string file = c.token_file;
+  if (file.empty()) {
+    file = (std::filesystem::path(c.socket).parent_path() / (c.ns + ".token"))
+               .string();
+  }
+  std::ifstream in(file);
+  if (!in) {
+    return Status::PermissionDenied(
+        "no --token given and cannot read token file " + file);
+  }
+  std::string token;
+  std::getline(in, token);
+  return token;
+}
+
 tierkv::Result<std::unique_ptr<tierkv::Client>> Connect(const Connection& c,
                                                         bool open_namespace) {
   auto client = tierkv::Client::Connect({.socket_path = c.socket});
   if (!client.ok() || !open_namespace) return client;
-  std::string token = c.token;
-  if (token.empty()) {
-    std::string file = c.token_file;
-    if (file.empty()) {
-      file = (std::filesystem::path(c.socket).parent_path() / (c.ns + ".token"))
-                 .string();
-    }
-    std::ifstream in(file);
-    if (!in) {
-      return Status::PermissionDenied(
-          "no --token given and cannot read token file " + file);
-    }
-    std::getline(in, token);
-  }
-  TIERKV_RETURN_IF_ERROR((*client)->OpenNamespace(c.ns, token));
+  auto token = ResolveToken(c);
+  if (!token.ok()) return token.status();
+  TIERKV_RETURN_IF_ERROR((*client)->OpenNamespace(c.ns, *token));
   return client;
+}
+
+// `tierkv soak`: prints the report; exit 1 on any error.
+int RunSoak(const Connection& conn, tierkv::tools::SoakOptions o,
+            uint32_t seconds, const std::string& json_path) {
+  auto token = ResolveToken(conn);
+  if (!token.ok()) return Fail(token.status());
+  o.socket = conn.socket;
+  o.ns = conn.ns;
+  o.token = *token;
+  o.duration = std::chrono::seconds(seconds);
+  auto report = tierkv::tools::RunSoak(o);
+  if (!report.ok()) return Fail(report.status());
+  const nlohmann::json j = {
+      {"seconds", report->seconds}, {"clients", o.clients},
+      {"ops", report->ops},         {"by_op", report->by_op},
+      {"busy", report->busy},       {"misses", report->misses},
+      {"errors", report->errors},   {"first_errors", report->first_errors}};
+  if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
+  fmt::print(
+      "soak: {} clients, {:.0f} s: {} ops ({:.0f}/s), {} busy, {} misses, {} "
+      "errors\n",
+      o.clients, report->seconds, report->ops,
+      report->ops / std::max(report->seconds, 1e-9), report->busy,
+      report->misses, report->errors);
+  for (const auto& e : report->first_errors) fmt::print("  error: {}\n", e);
+  return report->errors == 0 ? 0 : 1;
 }
 
 tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
@@ -255,8 +290,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   demo->add_option("--layers", demo_options.layers)->capture_default_str();
 
+  tierkv::tools::SoakOptions soak_options;
+  uint32_t soak_seconds = 600;
+  std::string soak_json;
+  auto* soak = app.add_subcommand(
+      "soak",
+      "Many clients running mixed Put/Get/lease/Match/Flush/reconnect load "
+      "(scripts/soak.sh)");
+  soak->add_option("--clients", soak_options.clients)->capture_default_str();
+  soak->add_option("--seconds", soak_seconds)->capture_default_str();
+  soak->add_option("--pages", soak_options.pages, "shared working set")
+      ->capture_default_str();
+  soak->add_option("--segment-bytes", soak_options.segment_bytes)
+      ->capture_default_str();
+  bool soak_no_flush = false;
+  soak->add_flag("--no-flush", soak_no_flush, "skip Flush (no NVMe tier)");
+  soak->add_option("--json", soak_json, "write the report as JSON");
+
   CLI11_PARSE(app, argc, argv);
 
+  if (soak->parsed()) {
+    soak_options.flush = !soak_no_flush;
+    return RunSoak(conn, soak_options, soak_seconds, soak_json);
+  }
   auto client = Connect(conn, /*open_namespace=*/!status->parsed());
   if (!client.ok()) return Fail(client.status());
   tierkv::Client& c = **client;

@@ -10,6 +10,7 @@
 
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/small_tmpfs.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -22,12 +23,18 @@ class NvmeTierTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(data_dir_.empty()); }
 
-  Status Start(std::vector<std::string> extra = {}) {
+  Status Start(std::vector<std::string> extra = {},
+               const std::string& nvme_dir = "") {
     daemon_ = std::make_unique<DaemonProcess>();
-    std::vector<std::string> args = {"--host-bytes", "8MiB",
-                                     "--shards",     "1",
-                                     "--nvme-path",  data_dir_ + "/nvme.data",
-                                     "--nvme-bytes", "64MiB"};
+    std::vector<std::string> args = {
+        "--host-bytes",
+        "8MiB",
+        "--shards",
+        "1",
+        "--nvme-path",
+        (nvme_dir.empty() ? data_dir_ : nvme_dir) + "/nvme.data",
+        "--nvme-bytes",
+        "64MiB"};
     args.insert(args.end(), extra.begin(), extra.end());
     // Keep the token across restarts: the daemon's temp dir is new each time.
     if (!token_.empty()) {
@@ -241,6 +248,111 @@ TEST_F(NvmeTierTest, MissingDataFileRecoversCleanly) {
   // And the tier keeps working.
   for (const PutResult& s : PutPages(*c, Pages(4, 900), kSeg)) EXPECT_OK(s);
   for (const Status& s : c->Flush(Keys(Pages(4, 900)))) EXPECT_OK(s);
+}
+
+TEST_F(NvmeTierTest, AFullDiskNeverStopsTheDaemonAndLosesNothing) {
+  // Data file (64 MiB, preallocated) and catalog on a 72 MiB tmpfs.
+  auto fs = SmallTmpfs::Mount(72 << 20);
+  if (!fs.ok()) GTEST_SKIP() << fs.status().ToString();
+  const std::string nvme_dir = (*fs)->path().string();
+  ASSERT_OK(Start({"--write-policy", "write_through"}, nvme_dir));
+  const auto stored = Pages(40);
+  const auto later = Pages(200, 1000);
+  {
+    auto c = Open();
+    for (const PutResult& s : PutPages(*c, stored, kSeg)) ASSERT_OK(s);
+    for (const Status& s : c->Flush(Keys(stored))) ASSERT_OK(s);
+    ASSERT_GT((*fs)->Fill(), 0u);
+    // Puts keep landing in DRAM; their persistence fails (the catalog
+    // cannot grow), and Flush says so with an error, not an abort.
+    for (const PutResult& s : PutPages(*c, later, kSeg)) ASSERT_OK(s);
+    bool refused = false;
+    for (const Status& s : c->Flush(Keys({later.back()}))) {
+      refused = s.code() == StatusCode::kIOError;
+    }
+    EXPECT_TRUE(refused);
+    auto stats = Stats(*c);
+    EXPECT_EQ(stats["nvme"]["read_only"], true) << stats.dump();
+    for (const auto& p : stored) EXPECT_TRUE(ReadsBackExact(*c, p, kSeg));
+    auto metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+    ASSERT_OK(metrics);
+    EXPECT_NE(metrics->find("tierkv_nvme_read_only 1"), std::string::npos);
+  }
+  // Restart on the full disk (what the shutdown freed taken too): it
+  // starts and serves the stored pages from NVMe (DRAM is empty now).
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->log();
+  (*fs)->Fill();
+  ASSERT_EQ((*fs)->FreeBytes(), 0u);
+  ASSERT_OK(Start({}, nvme_dir));
+  {
+    auto c = Open();
+    auto match = c->Match(stored);
+    ASSERT_OK(match);
+    EXPECT_EQ(match->leading_pages, stored.size());
+    for (const auto& p : stored) EXPECT_TRUE(ReadsBackExact(*c, p, kSeg));
+    EXPECT_EQ(Stats(*c)["nvme"]["read_only"], true);
+  }
+  // Space back, restarted: writable, nothing acknowledged lost.
+  (*fs)->Unfill();
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->log();
+  ASSERT_OK(Start({}, nvme_dir));
+  auto c = Open();
+  EXPECT_EQ(Stats(*c)["nvme"]["read_only"], false);
+  for (const auto& p : stored) EXPECT_TRUE(ReadsBackExact(*c, p, kSeg));
+  for (const PutResult& s : PutPages(*c, later, kSeg)) ASSERT_OK(s);
+  for (const Status& s : c->Flush(Keys(later))) EXPECT_OK(s);
+}
+
+TEST_F(NvmeTierTest, ANamespacesNvmeReservationSurvivesAnotherTenantsFlood) {
+  // 32 MiB of NVMe: "kept" reserves 8 MiB, "flood" shares the other 24.
+  const std::string config =
+      "[nvme]\npath = \"" + data_dir_ +
+      "/quota.data\"\ncapacity_bytes = \"32MiB\"\n"
+      "[[namespace]]\nname = \"kept\"\ntoken = \"token-of-kept\"\n"
+      "host_bytes = \"4MiB\"\nshards = 1\nnvme_bytes = \"8MiB\"\n"
+      "write_policy = \"write_through\"\n"
+      "[[namespace]]\nname = \"flood\"\ntoken = \"token-of-flood\"\n"
+      "host_bytes = \"4MiB\"\nshards = 1\nwrite_policy = \"write_through\"\n";
+  daemon_ = std::make_unique<DaemonProcess>();
+  ASSERT_OK(daemon_->Start({.config_toml = config}));
+  auto kept = daemon_->Connect("kept", "token-of-kept");
+  auto flood = daemon_->Connect("flood", "token-of-flood");
+  ASSERT_OK(kept);
+  ASSERT_OK(flood);
+  ASSERT_OK((*kept)->RegisterLayout(OnePartLayout()));
+  ASSERT_OK((*flood)->RegisterLayout(OnePartLayout()));
+  const auto pages = Pages(60);  // 3.75 MiB
+  for (const PutResult& s : PutPages(**kept, pages, kSeg)) ASSERT_OK(s);
+  for (const Status& s : (*kept)->Flush(Keys(pages))) ASSERT_OK(s);
+  // 800 pages (50 MiB) through write-through: twice the shared NVMe space.
+  const auto flooded = Pages(800, 5000);
+  for (size_t i = 0; i < flooded.size(); i += 100) {
+    const std::vector<PageHash> batch(flooded.begin() + i,
+                                      flooded.begin() + i + 100);
+    for (const PutResult& s : PutPages(**flood, batch, kSeg)) ASSERT_OK(s);
+    for (const Status& s : (*flood)->Flush(Keys(batch))) ASSERT_OK(s);
+  }
+  auto mine = Stats(**kept)["nvme"]["namespace"];
+  EXPECT_EQ(mine["segments"], 60) << mine.dump();
+  EXPECT_EQ(mine["evictions"], 0);
+  EXPECT_EQ(mine["reserved_bytes"], 8 << 20);
+  auto theirs = Stats(**flood)["nvme"]["namespace"];
+  EXPECT_GT(theirs["evictions"].get<uint64_t>(), 400u) << theirs.dump();
+  EXPECT_LE(theirs["allocated_bytes"].get<uint64_t>(), uint64_t{24} << 20);
+  // Every page of "kept" is still on NVMe (its DRAM holds 4 MiB at most:
+  // Match reports the slowest tier of each page).
+  auto match = (*kept)->Match(pages);
+  ASSERT_OK(match);
+  EXPECT_EQ(match->leading_pages, pages.size());
+  for (const auto& p : pages) EXPECT_TRUE(ReadsBackExact(**kept, p, kSeg));
+  auto metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_NE(metrics->find("tierkv_nvme_namespace_evictions_total{namespace="
+                          "\"kept\"} 0"),
+            std::string::npos);
+  EXPECT_NE(metrics->find("tierkv_nvme_namespace_bytes{namespace=\"kept\","
+                          "state=\"reserved\"} 8388608"),
+            std::string::npos);
 }
 
 TEST_F(NvmeTierTest, FlushWithoutNvmeTierIsRejected) {

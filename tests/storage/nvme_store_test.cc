@@ -829,5 +829,57 @@ TEST_F(NvmeStoreTest, ConcurrentReadBatchesOnIoUringNeverSeeTornData) {
   RunReadBatchesAgainstEvictingWriters(*store, capacity);
 }
 
+TEST_F(NvmeStoreTest, AQuotaKeepsOtherNamespacesFromEvictingItsSegments) {
+  // 16 MiB tier; "reserved" gets 4 MiB of it, everyone else shares 12 MiB.
+  auto store = OpenOrDie(FileOptions(16 << 20));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->SetNamespaceQuota("reserved", 17 << 20).code(),
+            StatusCode::kInvalidArgument)
+      << "more than the tier";
+  EXPECT_EQ(store->SetNamespaceQuota("reserved", 4097).code(),
+            StatusCode::kInvalidArgument)
+      << "not block-aligned";
+  ASSERT_OK(store->SetNamespaceQuota("reserved", 4 << 20));
+  EXPECT_EQ(store->SetNamespaceQuota("other", 13 << 20).code(),
+            StatusCode::kInvalidArgument)
+      << "4 + 13 MiB of quotas in a 16 MiB tier";
+  auto put = [&](std::string_view ns, uint64_t n) {
+    std::vector<std::byte> data = Content(n, kOddSize);
+    NvmeWriteItem item{Key(n), data};
+    return store->Write(ns, kLayout, {&item, 1})[0];
+  };
+  auto readable = [&](std::string_view ns, uint64_t n) {
+    std::vector<std::byte> dst(kOddSize + 4096);
+    auto got = store->Read(ns, Key(n), kLayout, dst);
+    return got.ok() &&
+           std::memcmp(dst.data(), Content(n, kOddSize).data(), kOddSize) == 0;
+  };
+  // 40 segments of 76 KiB (3 MiB) fit the reservation.
+  for (uint64_t n = 0; n < 40; ++n) ASSERT_OK(put("reserved", n));
+  // 400 segments (30 MiB) of a tenant without one: it evicts its own.
+  for (uint64_t n = 1000; n < 1400; ++n) ASSERT_OK(put("flood", n));
+  auto stats = store->NamespaceStats();
+  EXPECT_EQ(stats["reserved"].segments, 40u);
+  EXPECT_EQ(stats["reserved"].evictions, 0u);
+  EXPECT_EQ(stats["reserved"].quota_bytes, uint64_t{4} << 20);
+  EXPECT_GT(stats["flood"].evictions, 200u);
+  EXPECT_LE(stats["flood"].bytes_allocated, uint64_t{12} << 20);
+  for (uint64_t n = 0; n < 40; ++n) EXPECT_TRUE(readable("reserved", n)) << n;
+  // Past its reservation, "reserved" evicts its own oldest, not the flood's.
+  const uint64_t flood_segments = stats["flood"].segments;
+  for (uint64_t n = 40; n < 100; ++n) ASSERT_OK(put("reserved", n));
+  stats = store->NamespaceStats();
+  EXPECT_LE(stats["reserved"].bytes_allocated, uint64_t{4} << 20);
+  EXPECT_GT(stats["reserved"].evictions, 0u);
+  EXPECT_EQ(stats["flood"].segments, flood_segments);
+  EXPECT_FALSE(readable("reserved", 0)) << "its least recently used went";
+  EXPECT_TRUE(readable("reserved", 99));
+  // A smaller reservation takes effect at once.
+  ASSERT_OK(store->SetNamespaceQuota("reserved", 1 << 20));
+  stats = store->NamespaceStats();
+  EXPECT_LE(stats["reserved"].bytes_allocated, uint64_t{1} << 20);
+  EXPECT_TRUE(readable("reserved", 99));
+}
+
 }  // namespace
 }  // namespace tierkv::storage
