@@ -52,7 +52,10 @@ void CacheService::OnDisconnect(uint64_t connection_id) {
   const size_t released = engine_->ReleaseOwner(connection_id);
   {
     MutexLock lock(&mu_);
-    opened_.erase(connection_id);
+    if (auto it = opened_.find(connection_id); it != opened_.end()) {
+      --open_connections_[it->second];
+      opened_.erase(it);
+    }
   }
   metrics_->connections().Decrement();
   UpdateLeaseGauge();
@@ -170,14 +173,30 @@ void CacheService::OpenNamespace(uint64_t conn, In in, Responder responder) {
   }
   {
     MutexLock lock(&mu_);
-    auto [it, inserted] = opened_.emplace(conn, found);
-    if (!inserted && it->second != found) {
+    auto it = opened_.find(conn);
+    if (it != opened_.end() && it->second != found) {
       return responder.Send(Ok(OpenNamespaceResponse{
           Status::InvalidArgument(
               "this connection already opened another namespace"),
           0,
           false,
           {}}));
+    }
+    if (it == opened_.end()) {
+      uint32_t& open = open_connections_[found];
+      if (open >= found->max_connections) {
+        HandlerReply refused = Ok(OpenNamespaceResponse{
+            Status::ResourceExhausted(
+                fmt::format("namespace '{}' has its max_connections ({}) open",
+                            found->name(), found->max_connections)),
+            0,
+            false,
+            {}});
+        refused.close_after = true;
+        return responder.Send(std::move(refused));
+      }
+      ++open;
+      opened_.emplace(conn, found);
     }
   }
   const storage::HostTier& host = found->engine->host();

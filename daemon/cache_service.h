@@ -99,6 +99,9 @@ class CacheService final : public transport::FrameHandler {
 
   Mutex mu_;
   std::unordered_map<uint64_t, Namespace*> opened_ GUARDED_BY(mu_);
+  // Connections per namespace in opened_ (Namespace::max_connections).
+  std::unordered_map<const Namespace*, uint32_t> open_connections_
+      GUARDED_BY(mu_);
 };
 
 }  // namespace tierkv::daemon

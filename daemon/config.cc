@@ -408,10 +408,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       const toml::table* t = item.as_table();
       if (!t) return Bad("namespace", "entries must be tables");
       NamespaceConfig ns;
-      TIERKV_RETURN_IF_ERROR(
-          CheckKeys(*t, "namespace",
-                    {"name", "token", "token_file", "host_bytes", "shards",
-                     "hugepages", "prefault", "write_policy", "nvme_bytes"}));
+      TIERKV_RETURN_IF_ERROR(CheckKeys(
+          *t, "namespace",
+          {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
+           "prefault", "write_policy", "nvme_bytes", "max_connections"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(
@@ -425,6 +425,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
       TIERKV_RETURN_IF_ERROR(
           ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes));
+      TIERKV_RETURN_IF_ERROR(
+          ReadInt(*t, "namespace", "max_connections", ns.max_connections));
       TIERKV_RETURN_IF_ERROR(
           ReadBool(*t, "namespace", "hugepages", ns.hugepages));
       TIERKV_RETURN_IF_ERROR(

@@ -18,7 +18,8 @@
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
 //               prefetch_queue, sync_interval_ms, shutdown_persist_ms
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
-//               shards, hugepages, prefault, write_policy, nvme_bytes
+//               shards, hugepages, prefault, write_policy, nvme_bytes,
+//               max_connections
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,9 @@ struct NamespaceConfig {
   bool prefault = true;  // commit the arena at start. Default: true
   // Default: write_back when an NVMe tier is configured, else none.
   std::optional<WritePolicy> write_policy;
+  // Connections that may have this namespace open at once; more get
+  // ResourceExhausted. 0: server.max_connections. Default: 0.
+  uint32_t max_connections = 0;
   // NVMe bytes reserved for this namespace (a multiple of 4 KiB): only its
   // own writes evict its segments, and it holds no more. 0: it shares what
   // the reservations leave with the other namespaces without one.

@@ -110,6 +110,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     const NamespaceConfig& nc = config.namespaces[i];
     auto ns = std::make_unique<Namespace>();
     ns->token = nc.token;
+    ns->max_connections =
+        nc.max_connections > 0 ? nc.max_connections : config.max_connections;
     ns->engine = d->engine_->namespaces()[i].get();
     ns->metrics = d->metrics_.AddNamespace(nc.name);
     spdlog::info(

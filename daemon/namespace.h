@@ -12,6 +12,9 @@ namespace tierkv::daemon {
 
 struct Namespace {
   std::string token;
+  // Connections that may have it open at once; more are refused
+  // (ResourceExhausted) so one tenant cannot take every connection.
+  uint32_t max_connections = 1024;
   storage::EngineNamespace* engine = nullptr;  // owned by the CacheEngine
   NamespaceMetrics* metrics = nullptr;         // owned by DaemonMetrics
 

@@ -202,6 +202,8 @@ size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
   const std::vector<Status> statuses =
       WriteAndAnnounce(tiers, items, Durability::kDeferred);
   // Newest first, so that the clean list keeps the batch's age order.
+  size_t failed = 0;
+  Status failure;
   for (size_t k = batch.size(); k-- > 0;) {
     const Status& s = statuses[k];
     const bool persisted = s.ok() || s.IsAlreadyExists();
@@ -211,12 +213,20 @@ size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
      : busy    ? demotions_retried_
                : demotions_failed_)
         .fetch_add(1, std::memory_order_relaxed);
-    if (!persisted && !busy) {
-      spdlog::warn(
-          "namespace '{}': write-back of a segment failed ({}); it stays "
-          "in host DRAM as a cache entry only",
-          tiers.ns, s.ToString());
-    }
+    if (!persisted && !busy && failed++ == 0) failure = s;
+  }
+  // One line per batch, and at most one every 10 s: a full disk fails
+  // every batch (tierkv_mover_segments_total{result="failed"} counts all).
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
+  int64_t last = last_failure_log_ms_.load(std::memory_order_relaxed);
+  if (failed > 0 && now_ms - last >= 10000 &&
+      last_failure_log_ms_.compare_exchange_strong(last, now_ms)) {
+    spdlog::warn(
+        "namespace '{}': write-back of {} segments failed ({}); they stay in "
+        "host DRAM as cache entries only (logged at most every 10 s)",
+        tiers.ns, failed, failure.ToString());
   }
   demotion_batches_.fetch_add(1, std::memory_order_relaxed);
   return batch.size();

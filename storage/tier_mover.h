@@ -197,6 +197,8 @@ class TierMover {
       demotions_failed_{0}, demotion_batches_{0};
   std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
       prefetch_batches_{0}, prefetch_dropped_{0};
+  // steady_clock ms of the last write-back failure logged.
+  std::atomic<int64_t> last_failure_log_ms_{INT64_MIN / 2};
   std::atomic<uint64_t> promoted_bytes_{0}, written_segments_{0},
       written_bytes_{0};
 };

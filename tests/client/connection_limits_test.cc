@@ -175,6 +175,38 @@ TEST(ConnectionLimitsTest, AuthenticatedConnectionsAreCappedWithAClearError) {
   for (auto& c : clients) EXPECT_OK(c->Ping());  // the others are served
 }
 
+TEST(ConnectionLimitsTest, OneNamespaceCannotTakeEveryConnection) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start(
+      {.config_toml =
+           Config("max_connections = 8") +
+           "max_connections = 2\n"  // namespace "a": 2 of the daemon's 8
+           "[[namespace]]\nname = \"b\"\ntoken = \"token-of-b\"\n"
+           "host_bytes = \"4MiB\"\nshards = 1\n"}));
+  std::vector<std::unique_ptr<Client>> a;
+  for (int i = 0; i < 2; ++i) {
+    auto c = ClientOfA(d);
+    ASSERT_OK(c);
+    a.push_back(std::move(c).value());
+  }
+  auto third = ClientOfA(d);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("namespace 'a'"), std::string::npos)
+      << third.status().ToString();
+  // Namespace b still gets connections; a gets one back when one closes.
+  auto b = d.Connect("b", "token-of-b");
+  EXPECT_OK(b);
+  a.pop_back();
+  // The daemon counts the close when it sees the hang-up: poll for it.
+  Result<std::unique_ptr<Client>> again = Status::Busy("not tried");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!again.ok() && std::chrono::steady_clock::now() < until) {
+    again = ClientOfA(d);
+  }
+  EXPECT_OK(again);
+}
+
 // A client that pipelines requests and never reads the replies: the daemon
 // stops reading it once max_queued_reply_bytes (8 MiB) of replies wait, so
 // its memory does not grow with the number of requests sent.

@@ -117,6 +117,20 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   c = EmbeddedDefaults();
   c.log_level = "loud";
   EXPECT_FALSE(c.Validate().ok());
+  // NVMe reservations: need the tier, 4 KiB multiples, within capacity.
+  c = EmbeddedDefaults();
+  c.namespaces[0].nvme_bytes = 1 << 20;
+  EXPECT_NE(c.Validate().message().find("needs an [nvme] tier"),
+            std::string_view::npos);
+  c.nvme.path = "/var/tmp/x.data";
+  c.nvme.capacity_bytes = 32 << 20;
+  EXPECT_OK(c.Validate());
+  c.namespaces[0].nvme_bytes = (1 << 20) + 1;
+  EXPECT_NE(c.Validate().message().find("multiple of 4 KiB"),
+            std::string_view::npos);
+  c.namespaces[0].nvme_bytes = 64 << 20;
+  EXPECT_NE(c.Validate().message().find("more than nvme.capacity_bytes"),
+            std::string_view::npos);
 }
 
 TEST(ConfigTest, ParsesByteSizes) {
