@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
 #include "executor/kernels.h"
 #include "executor/kv_format.h"
 #include "executor/model.h"
@@ -99,11 +100,6 @@ constexpr char kToken[] = "bench-token";
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Deterministic token ids (an LCG), never the same prompt for two seeds.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
@@ -84,13 +85,6 @@ std::vector<double> TimeGets(Client& c, const std::vector<SegmentKey>& keys,
     *errors += !s.ok();
   }
   return us;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty()
-             ? 0
-             : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
 int Run(const FloodOptions& o) {

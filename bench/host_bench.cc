@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
@@ -49,16 +50,6 @@ struct SizeCase {
   std::string name;
   uint32_t bytes_per_token;  // x 64 tokens = segment size
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
 
 // An anonymous, pre-faulted, page-aligned buffer.
 class PageBuffer {

@@ -30,6 +30,7 @@
 
 #include "bench/fio_runner.h"
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
@@ -49,11 +50,6 @@ struct LoadBenchOptions {
   std::string fio = "/usr/bin/fio";
   std::string json_path;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
