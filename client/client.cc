@@ -703,6 +703,17 @@ uint16_t TransferHandle::LayersDone() const {
   return static_cast<uint16_t>(std::min<uint32_t>(done, count_));
 }
 
+std::optional<TransferHandle::Times> TransferHandle::times() const {
+  if (!client_ || LayersDone() < count_) return std::nullopt;
+  // layers_done covering the last layer (acquire, in LayersDone) publishes
+  // the stamps written before it.
+  const LoadTicket& t = client_->impl_->Ticket(ticket_);
+  auto at = [](uint64_t ns) {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+  };
+  return Times{at(t.accepted_ns), at(t.first_layer_ns), at(t.last_layer_ns)};
+}
+
 Result<std::vector<Status>> TransferHandle::Wait() {
   if (!client_) return Status::InvalidArgument("empty transfer handle");
   const uint16_t last = first_ + count_ - 1;

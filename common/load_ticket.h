@@ -11,6 +11,12 @@
 //                read error, a checksum failure): such a page is a miss for
 //                that layer, never stale bytes. Written before layers_done
 //                covers their layer.
+//   *_ns         when the daemon accepted the request and when its first
+//                and its last layer were complete: CLOCK_MONOTONIC
+//                nanoseconds (std::chrono::steady_clock on Linux), one clock
+//                for every process of the node. Written before the
+//                layers_done store that publishes the layer they time, so a
+//                client that saw that layer reads them set.
 //
 // The layout is fixed (both sides compile it from this header) and 4 KiB per
 // ticket, so a ticket index names a page-aligned record.
@@ -35,8 +41,11 @@ struct LoadTicket {
   // 1 once the daemon is done with the ticket (a futex word too).
   std::atomic<uint32_t> finished{0};
   uint32_t reserved = 0;
+  uint64_t accepted_ns = 0;
+  uint64_t first_layer_ns = 0;
+  uint64_t last_layer_ns = 0;
   Error errors[kMaxErrors];
-  uint8_t padding[4096 - 16 - kMaxErrors * sizeof(Error)];
+  uint8_t padding[4096 - 40 - kMaxErrors * sizeof(Error)];
 };
 static_assert(sizeof(LoadTicket) == 4096);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

@@ -433,6 +433,12 @@ Status TierKvCache::WaitForLayer(int64_t layer, int64_t num_tokens) {
     DecodeLoaded(next_wait_layer_, load_pages_);
   }
   if (next_wait_layer_ == geometry().num_layers) {
+    if (auto t = load_.times()) {
+      using Seconds = std::chrono::duration<double>;
+      stats_.load_first_layer_seconds +=
+          Seconds(t->first_layer - t->accepted).count();
+      stats_.load_seconds += Seconds(t->last_layer - t->accepted).count();
+    }
     load_ = TransferHandle();  // every layer is in place
   }
   return Status::OK();

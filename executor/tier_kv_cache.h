@@ -79,6 +79,12 @@ struct TierKvCacheStats {
   // Time WaitForLayer spent blocked on a Load: the part of the loads the
   // computation did not hide.
   double layer_wait_seconds = 0;
+  // The Loads as the daemon timed them (TransferHandle::times): from
+  // accepting each Load to its first layer in place, and to its last.
+  // layer_wait_seconds / load_seconds is the share of the loads' time the
+  // computation did not run over.
+  double load_first_layer_seconds = 0;
+  double load_seconds = 0;
   bool degraded = false;  // the daemon is no longer used
 };
 

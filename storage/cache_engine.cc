@@ -543,6 +543,14 @@ LoadTicket& TicketAt(MappedRegion& region, uint32_t index) {
                                         uint64_t{index} * sizeof(LoadTicket));
 }
 
+// A LoadTicket time stamp: steady_clock is CLOCK_MONOTONIC on Linux, the
+// clock the client reads too.
+uint64_t MonotonicNanos(std::chrono::steady_clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch())
+          .count());
+}
+
 // Publishes that `layers` layers are complete and wakes every waiter (the
 // client futex-waits on the word in its own mapping of the same memfd).
 void PublishLayers(LoadTicket& ticket, uint32_t layers) {
@@ -577,8 +585,11 @@ Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
                     pool.slot_bytes, segment));
   }
   if (pool.slot_count == 0) return Status::InvalidArgument("pool of 0 slots");
-  auto region = MappedRegion::Map(
-      fd, pool.offset + uint64_t{pool.slot_count} * pool.slot_bytes);
+  // Only the pool's own bytes, with the page tables filled now: every
+  // Load writes them after.
+  auto region = MappedRegion::Map(fd, pool.offset,
+                                  uint64_t{pool.slot_count} * pool.slot_bytes,
+                                  /*prefault=*/true);
   if (!region.ok()) return region.status();
   MutexLock lock(&owners_mu_);
   auto [it, inserted] = owners_[owner].pools.emplace(
@@ -657,6 +668,7 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   LoadTicket& ticket = TicketAt(*job->tickets, t.ticket);
   ticket.error_count.store(0, std::memory_order_relaxed);
   ticket.finished.store(0, std::memory_order_relaxed);
+  ticket.first_layer_ns = ticket.last_layer_ns = 0;
   ticket.layers_done.store(0, std::memory_order_release);
   job->layout = std::move(layout);
   job->t = std::move(t);
@@ -689,6 +701,8 @@ Status CacheEngine::StartTransfer(
   if (!job.ok()) return job.status();
   (*job)->load = load;
   (*job)->accepted = accepted;
+  TicketAt(*(*job)->tickets, (*job)->t.ticket).accepted_ns =
+      MonotonicNanos(accepted);
   if (!Submit([this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
@@ -767,16 +781,18 @@ void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
   while (job.published < job.t.num_layers && job.layer_done[job.published]) {
     ++job.published;
   }
-  // Recorded before the last layer is published, so a client whose Wait
-  // returned sees this transfer in the stats.
-  if (before < job.t.num_layers && job.published == job.t.num_layers) {
-    (job.load ? load_latency_ : store_latency_)
-        .Record(std::chrono::steady_clock::now() - job.accepted);
+  if (job.published == before) return;
+  // Recorded before the layers are published, so a client whose Wait
+  // returned sees them (the ticket's times, this transfer in the stats).
+  LoadTicket& ticket = TicketAt(*job.tickets, job.t.ticket);
+  const auto now = std::chrono::steady_clock::now();
+  if (before == 0) ticket.first_layer_ns = MonotonicNanos(now);
+  if (job.published == job.t.num_layers) {
+    ticket.last_layer_ns = MonotonicNanos(now);
+    (job.load ? load_latency_ : store_latency_).Record(now - job.accepted);
   }
   // Under mu, so the published count only grows.
-  if (job.published != before) {
-    PublishLayers(TicketAt(*job.tickets, job.t.ticket), job.published);
-  }
+  PublishLayers(ticket, job.published);
 }
 
 void CacheEngine::RecordError(TransferJob& job, uint32_t page, uint16_t layer,

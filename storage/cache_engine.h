@@ -362,8 +362,8 @@ class CacheEngine {
   struct Pool {
     std::shared_ptr<MappedRegion> region;
     PoolLayout layout;
-    std::byte* Slot(uint32_t slot) const {
-      return region->bytes().data() + layout.offset + slot * layout.slot_bytes;
+    std::byte* Slot(uint32_t slot) const {  // region starts at layout.offset
+      return region->bytes().data() + uint64_t{slot} * layout.slot_bytes;
     }
   };
   // What a transfer job needs, resolved under owners_mu_ at submission,

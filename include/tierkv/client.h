@@ -191,6 +191,19 @@ class TransferHandle {
   // handle.
   uint16_t LayersDone() const;
 
+  // When the daemon accepted the transfer, completed its first layer and
+  // completed its last, as it stamped them (steady_clock: CLOCK_MONOTONIC,
+  // one clock for the daemon and this process). Nullopt until the last
+  // layer is complete, and for an empty handle. Never blocks. What a
+  // layer-ordered engine overlaps is last_layer - accepted; its own waits
+  // (tierkv_layer_wait_seconds) are the part it did not.
+  struct Times {
+    std::chrono::steady_clock::time_point accepted;
+    std::chrono::steady_clock::time_point first_layer;
+    std::chrono::steady_clock::time_point last_layer;
+  };
+  std::optional<Times> times() const;
+
  private:
   friend class Client;
   bool LayerReady(uint16_t layer) const;

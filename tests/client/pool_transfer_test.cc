@@ -255,6 +255,7 @@ TEST_F(PoolTransferTest, WaitLayerReturnsWhileALaterLayerIsStalled) {
   EnginePools pools(PoolLayout(), 8);
   ASSERT_OK(pools.RegisterAll(*c));
   const std::vector<uint32_t> slots = {7, 6, 5, 4, 3, 2, 1, 0};
+  const auto issued = std::chrono::steady_clock::now();
   auto load = c->Load(pages, slots);
   ASSERT_OK(load);
 
@@ -283,12 +284,23 @@ TEST_F(PoolTransferTest, WaitLayerReturnsWhileALaterLayerIsStalled) {
   ASSERT_OK(match);
   EXPECT_EQ(match->leading_pages, pages.size());
   EXPECT_EQ(load->LayersDone(), kStalled);
+  EXPECT_FALSE(load->times()) << "stamped before its last layer";
 
+  const auto released = std::chrono::steady_clock::now();
   fifo.Release();
   auto last = load->WaitLayer(5);
   ASSERT_OK(last);
   for (const Status& s : *last) EXPECT_OK(s);
   EXPECT_EQ(load->LayersDone(), 6);
+  // The daemon's stamps, on this process's clock: accepted after the call,
+  // layer 0 before the stall was released, the last layer after.
+  auto times = load->times();
+  ASSERT_TRUE(times);
+  EXPECT_LE(issued, times->accepted);
+  EXPECT_LE(times->accepted, times->first_layer);
+  EXPECT_LT(times->first_layer, released);
+  EXPECT_LT(released, times->last_layer);
+  EXPECT_LE(times->last_layer, std::chrono::steady_clock::now());
   for (size_t i = 0; i < pages.size(); ++i) {
     EXPECT_TRUE(SlotHolds(pools, pages[i], slots[i])) << i;
   }
