@@ -13,15 +13,16 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/private_dirs.h"
 #include "transport/fd_passing.h"
 #include "transport/frame.h"
+#include "transport/in_flight_budget.h"
 #include "transport/protocol.h"
 
 namespace tierkv::transport {
@@ -81,6 +82,7 @@ class UdsServer::Impl {
   Impl(const UdsServerOptions& o, FrameHandler* handler)
       : options(o),
         handler(handler),
+        budget(o.max_in_flight_bytes),
         ios(MakeContexts(o.io_threads)),
         acceptor(*ios[0]) {}
 
@@ -96,7 +98,7 @@ class UdsServer::Impl {
   Status Listen();
   void Accept();
   void Forget(uint64_t id) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     auto it = connections.find(id);
     if (it == connections.end()) return;
     if (it->second.admitted) admitted--;
@@ -106,7 +108,7 @@ class UdsServer::Impl {
   // The connection authenticated (HandlerReply::admit). One already closed
   // for its handshake (no longer in `unadmitted`) stays unadmitted.
   void Admit(uint64_t id) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (unadmitted.erase(id) == 0) return;
     connections[id].admitted = true;
     admitted++;
@@ -114,31 +116,36 @@ class UdsServer::Impl {
   // Tells a connection refused for max_connections why, then it is closed.
   void RefuseFull(LocalSocket& socket);
   // Closes unadmitted connections past the handshake timeout and asks
-  // admitted ones to close if idle past idle_timeout; re-arms itself.
+  // admitted ones to close if idle past idle_timeout, and every one to
+  // close if stalled past stall_timeout; re-arms itself.
   void Sweep();
   void Stop();
 
   const UdsServerOptions options;
   FrameHandler* const handler;  // borrowed
+  // Before `ios`: connections, destroyed with their contexts, outlive no
+  // budget.
+  InFlightBudget budget;
   const std::vector<std::unique_ptr<asio::io_context>> ios;
   asio::local::stream_protocol::acceptor acceptor;  // on ios[0]
   size_t next_context = 0;                          // accept loop only
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>>
       keep_running;
   std::vector<std::thread> threads;
-  std::mutex mu;
+  mutable Mutex mu;
   struct Entry {
     std::weak_ptr<Connection> conn;
     Clock::time_point accepted;
     bool admitted = false;
   };
-  std::unordered_map<uint64_t, Entry> connections;
+  std::unordered_map<uint64_t, Entry> connections GUARDED_BY(mu);
   // Ids of connections not admitted yet; ids grow with accept order, so
   // begin() is the oldest.
-  std::set<uint64_t> unadmitted;
-  size_t admitted = 0;  // connections.size() - unadmitted.size() at most
-  uint64_t next_id = 1;
-  bool stopped = false;
+  std::set<uint64_t> unadmitted GUARDED_BY(mu);
+  // connections.size() - unadmitted.size() at most
+  size_t admitted GUARDED_BY(mu) = 0;
+  uint64_t next_id GUARDED_BY(mu) = 1;
+  bool stopped GUARDED_BY(mu) = false;
   std::optional<asio::steady_timer> sweep_timer;  // on ios[0]
   // The socket file this server created (device, inode), so that Stop
   // removes it only if it is still ours: after a restart on the same path
@@ -196,6 +203,15 @@ class Connection : public std::enable_shared_from_this<Connection>,
       Close();
     }
   }
+  // Closes the connection when it holds in-flight bytes (a charged
+  // payload being received, replies unsent) and moved none for `stall`;
+  // on the connection's strand.
+  void CloseIfStalled(std::chrono::milliseconds stall) {
+    if ((payload_charge_ > 0 || !out_.empty()) &&
+        Clock::now() - last_progress_ >= stall) {
+      Close();
+    }
+  }
 
   void Start() {
     server_.handler->OnConnect(id_);
@@ -244,7 +260,8 @@ class Connection : public std::enable_shared_from_this<Connection>,
   // stack. `reading_` stays set while it runs, so replies completed inline
   // do not start a second reader.
   void ReadHeader() {
-    if (closed_ || reading_) return;
+    // A connection waiting for budget has a header read already.
+    if (closed_ || reading_ || waiting_for_budget_) return;
     reading_ = true;
     header_got_ = 0;
     ReadFrames();
@@ -260,9 +277,13 @@ class Connection : public std::enable_shared_from_this<Connection>,
         if (!n.ok()) return Close();
         if (*n == 0) return WaitReadable();
         header_got_ += *n;
-        last_activity_ = Clock::now();
+        last_activity_ = last_progress_ = Clock::now();
         if (header_got_ < header_.size()) continue;
         if (!OnHeader()) return;
+        if (!ChargePayload()) {
+          reading_ = false;
+          return;  // ResumeWithBudget (or a refusal's reply) goes on
+        }
       }
       if (payload_got_ < payload_len_) {
         // Grow the buffer with what arrives, not with what the header
@@ -281,7 +302,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
         if (!n.ok()) return Close();
         if (*n == 0) return WaitReadable();
         payload_got_ += *n;
-        last_activity_ = Clock::now();
+        last_activity_ = last_progress_ = Clock::now();
         if (payload_got_ < payload_len_) continue;
       }
       Dispatch();
@@ -325,6 +346,69 @@ class Connection : public std::enable_shared_from_this<Connection>,
     return true;
   }
 
+  // Charges the payload just announced to the server's in-flight budget
+  // (see in_flight_budget.h) when it is larger than the allowance. False
+  // when it cannot be read now: the budget has no room (this connection
+  // is woken to retry when some is released) or the connection may not
+  // send that much yet (refused, then closed).
+  bool ChargePayload() {
+    const UdsServerOptions& o = server_.options;
+    if (!admitted_ && payload_len_ > o.max_unauthenticated_payload_bytes) {
+      const Status refused = Status::InvalidArgument(
+          "a request of " + std::to_string(payload_len_) +
+          " B before the connection opened a namespace; at most " +
+          std::to_string(o.max_unauthenticated_payload_bytes) +
+          " B until then");
+      Queue({EncodeFrameHeader(kErrorOpcode, frame_.request_id,
+                               EncodeError(refused)),
+             EncodeError(refused), -1, /*close_after=*/true});
+      return false;
+    }
+    if (payload_len_ <= o.in_flight_allowance_bytes) return true;
+    // The wake-up owns the connection while it waits: nothing else does
+    // (no read or write is pending). Stop drops the wake-ups.
+    const bool charged =
+        server_.budget.ChargeOrWait(payload_len_, [self = shared_from_this()] {
+          asio::post(self->executor(), [self] { self->ResumeWithBudget(); });
+        });
+    if (!charged) {
+      waiting_for_budget_ = true;
+      return false;
+    }
+    payload_charge_ = payload_len_;
+    return true;
+  }
+
+  // Budget was released somewhere: retry the charge of the frame whose
+  // header was read, and read its payload if it fits now.
+  void ResumeWithBudget() {
+    if (!waiting_for_budget_) return;
+    waiting_for_budget_ = false;
+    if (closed_) return MaybeFinishClose();
+    if (!ChargePayload()) return;
+    reading_ = true;  // the header is complete: ReadFrames reads the payload
+    ReadFrames();
+  }
+
+  void ReleasePayloadCharge() {
+    if (payload_charge_ == 0) return;
+    server_.budget.Release(payload_charge_);
+    payload_charge_ = 0;
+  }
+
+  // Keeps the charge for unsent replies equal to what exceeds the
+  // allowance; called whenever out_bytes_ changes.
+  void SyncReplyCharge() {
+    const uint64_t allowance = server_.options.in_flight_allowance_bytes;
+    const uint64_t want = out_bytes_ > allowance ? out_bytes_ - allowance : 0;
+    if (want > reply_charge_) {
+      server_.budget.Charge(want - reply_charge_);
+    } else if (want < reply_charge_) {
+      server_.budget.Release(reply_charge_ - want);
+    }
+    reply_charge_ = want;
+  }
+
   // Hands a complete frame to the handler; replies it gives before
   // returning are sent on return.
   void Dispatch() {
@@ -362,6 +446,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
     if (payload_.capacity() > kKeepPayloadCapacity) {
       std::vector<std::byte>().swap(payload_);
     }
+    ReleasePayloadCharge();
   }
 
   // Reads the next frame unless the in-flight bound is reached (then the
@@ -372,17 +457,24 @@ class Connection : public std::enable_shared_from_this<Connection>,
 
   // Backpressure: a client that keeps sending while it does not read its
   // replies stops being read once max_queued_reply_bytes wait to be sent,
-  // so it cannot make the daemon hold an unbounded reply queue.
+  // so it cannot make the daemon hold an unbounded reply queue; and while
+  // the server's in-flight budget is spent, a connection with a charged
+  // reply queue waits for its client to read it first.
   bool CanReadMore() const {
-    return in_flight_ < server_.options.max_requests_in_flight &&
-           out_bytes_ < server_.options.max_queued_reply_bytes;
+    const UdsServerOptions& o = server_.options;
+    return in_flight_ < o.max_requests_in_flight &&
+           out_bytes_ < o.max_queued_reply_bytes &&
+           (reply_charge_ == 0 || !server_.budget.exhausted());
   }
 
   // A request is answered (on the strand).
   void Complete(uint16_t opcode, uint64_t request_id, HandlerReply reply) {
     in_flight_--;
     last_activity_ = Clock::now();
-    if (reply.admit && !reply.is_error) server_.Admit(id_);
+    if (reply.admit && !reply.is_error) {
+      admitted_ = true;
+      server_.Admit(id_);
+    }
     if (!closed_ && !reply.no_reply) {
       const uint16_t out_opcode =
           reply.is_error ? kErrorOpcode : (opcode | kResponseBit);
@@ -397,12 +489,21 @@ class Connection : public std::enable_shared_from_this<Connection>,
     if (closed_) return;
     out_bytes_ += frame.header.size() + frame.body.size();
     out_.push_back(std::move(frame));
+    SyncReplyCharge();
     if (!writing_) WriteNext();
   }
 
   void PopFront() {
     out_bytes_ -= out_.front().header.size() + out_.front().body.size();
     out_.pop_front();
+    last_progress_ = Clock::now();
+    SyncReplyCharge();
+  }
+
+  void ClearReplies() {
+    out_.clear();
+    out_bytes_ = 0;
+    SyncReplyCharge();
   }
 
   void WriteNext() {
@@ -430,8 +531,7 @@ class Connection : public std::enable_shared_from_this<Connection>,
   void OnWritten(const boost::system::error_code& ec) {
     writing_ = false;
     if (closed_) {
-      out_.clear();  // no write refers to them any more
-      out_bytes_ = 0;
+      ClearReplies();  // no write refers to them any more
       return MaybeFinishClose();
     }
     const bool close_after = out_.front().close_after;
@@ -441,15 +541,16 @@ class Connection : public std::enable_shared_from_this<Connection>,
     MaybeReadMore();  // the reply queue may have drained below its bound
   }
 
+  // Every path that ends a connection comes here, so it returns the
+  // connection's budget (the destructor does not: it may run while the
+  // server tears down its contexts).
   void Close() {
     if (!closed_) {
       closed_ = true;
       boost::system::error_code ignored;
       socket_.close(ignored);
-      if (!writing_) {
-        out_.clear();  // else OnWritten clears them
-        out_bytes_ = 0;
-      }
+      if (!writing_) ClearReplies();  // else OnWritten clears them
+      ReleasePayloadCharge();
     }
     MaybeFinishClose();
   }
@@ -474,13 +575,19 @@ class Connection : public std::enable_shared_from_this<Connection>,
   FrameHeader frame_;
   std::vector<std::byte> payload_;
   bool reading_ = false;
-  uint32_t in_flight_ = 0;  // handed to the handler, not yet answered
+  bool admitted_ = false;  // HandlerReply::admit seen
+  // The frame whose header was read waits for in-flight budget.
+  bool waiting_for_budget_ = false;
+  uint64_t payload_charge_ = 0;  // of the frame being read, to the budget
+  uint64_t reply_charge_ = 0;    // of out_, to the budget
+  uint32_t in_flight_ = 0;       // handed to the handler, not yet answered
   std::deque<OutFrame> out_;
   size_t out_bytes_ = 0;  // header + body bytes in out_
   bool writing_ = false;
   bool closed_ = false;
   bool disconnected_ = false;
   Clock::time_point last_activity_ = Clock::now();  // bytes in or reply out
+  Clock::time_point last_progress_ = Clock::now();  // any byte in or out
   // The thread running OnFrame for this connection (none otherwise), and
   // the replies it gave before returning.
   std::atomic<std::thread::id> dispatch_thread_{};
@@ -544,7 +651,7 @@ void UdsServer::Impl::Accept() {
         }
         std::shared_ptr<Connection> conn, evicted;
         {
-          std::lock_guard lock(mu);
+          MutexLock lock(&mu);
           if (stopped || admitted >= options.max_connections ||
               options.max_unauthenticated_connections == 0) {
             if (!stopped) RefuseFull(socket);
@@ -589,10 +696,10 @@ void UdsServer::Impl::RefuseFull(LocalSocket& socket) {
 }
 
 void UdsServer::Impl::Sweep() {
-  std::vector<std::shared_ptr<Connection>> expired, admitted_conns;
+  std::vector<std::shared_ptr<Connection>> expired, admitted_conns, others;
   const auto now = Clock::now();
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (stopped) return;
     for (auto it = unadmitted.begin(); it != unadmitted.end();) {
       const Entry& e = connections.at(*it);
@@ -600,23 +707,34 @@ void UdsServer::Impl::Sweep() {
       if (auto c = e.conn.lock()) expired.push_back(std::move(c));
       it = unadmitted.erase(it);
     }
-    if (options.idle_timeout.count() > 0) {
+    const bool idle = options.idle_timeout.count() > 0;
+    const bool stall = options.stall_timeout.count() > 0;
+    if (idle || stall) {
       for (auto& [id, e] : connections) {
-        if (!e.admitted) continue;
-        if (auto c = e.conn.lock()) admitted_conns.push_back(std::move(c));
+        if (!e.admitted && !stall) continue;
+        if (auto c = e.conn.lock()) {
+          (e.admitted ? admitted_conns : others).push_back(std::move(c));
+        }
       }
     }
   }
   for (auto& c : expired) asio::post(c->executor(), [c] { c->CloseNow(); });
   for (auto& c : admitted_conns) {
-    asio::post(c->executor(),
-               [c, idle = options.idle_timeout] { c->CloseIfIdle(idle); });
+    asio::post(c->executor(), [c, o = &options] {
+      if (o->idle_timeout.count() > 0) c->CloseIfIdle(o->idle_timeout);
+      if (o->stall_timeout.count() > 0) c->CloseIfStalled(o->stall_timeout);
+    });
+  }
+  for (auto& c : others) {
+    asio::post(c->executor(), [c, stall = options.stall_timeout] {
+      c->CloseIfStalled(stall);
+    });
   }
   // Re-check at a quarter of the shortest timeout (50 ms .. 1 s): a
   // connection is closed at most that late.
   auto period = options.handshake_timeout;
-  if (options.idle_timeout.count() > 0) {
-    period = std::min(period, options.idle_timeout);
+  for (auto t : {options.idle_timeout, options.stall_timeout}) {
+    if (t.count() > 0) period = std::min(period, t);
   }
   period = std::clamp(period / 4, std::chrono::milliseconds(50),
                       std::chrono::milliseconds(1000));
@@ -628,7 +746,7 @@ void UdsServer::Impl::Sweep() {
 
 void UdsServer::Impl::Stop() {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (stopped) return;
     stopped = true;
   }
@@ -642,6 +760,9 @@ void UdsServer::Impl::Stop() {
   for (auto& io : ios) io->stop();
   for (auto& t : threads) t.join();
   threads.clear();
+  // Connections waiting for budget are owned by their wake-ups: destroyed
+  // here, while their io_contexts still exist.
+  budget.DropWaiters();
   struct stat st {};
   if (::lstat(options.path.c_str(), &st) == 0 && st.st_dev == socket_dev &&
       st.st_ino == socket_ino) {
@@ -655,9 +776,15 @@ Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,
     return Status::InvalidArgument("io_threads must be in [1, 64]");
   }
   auto impl = std::make_unique<Impl>(o, handler);
-  if (o.handshake_timeout.count() <= 0 || o.idle_timeout.count() < 0) {
+  if (o.handshake_timeout.count() <= 0 || o.idle_timeout.count() < 0 ||
+      o.stall_timeout.count() < 0) {
     return Status::InvalidArgument(
-        "handshake_timeout must be > 0 and idle_timeout >= 0");
+        "handshake_timeout must be > 0, idle_timeout and stall_timeout >= 0");
+  }
+  if (o.max_in_flight_bytes < o.max_payload_bytes) {
+    return Status::InvalidArgument(
+        "max_in_flight_bytes must be >= max_payload_bytes (one request of "
+        "the largest size must fit)");
   }
   TIERKV_RETURN_IF_ERROR(impl->Listen());
   impl->Accept();
@@ -679,12 +806,16 @@ UdsServer::~UdsServer() { Stop(); }
 void UdsServer::Stop() { impl_->Stop(); }
 
 size_t UdsServer::connection_count() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->connections.size();
 }
 
+uint64_t UdsServer::in_flight_bytes() const { return impl_->budget.charged(); }
+
+size_t UdsServer::in_flight_waiters() const { return impl_->budget.waiters(); }
+
 size_t UdsServer::unauthenticated_count() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->unadmitted.size();
 }
 

@@ -127,6 +127,28 @@ struct UdsServerOptions {
   // connection is not read until its client reads (bounds what a client
   // that sends without reading can make the daemon hold). Default: 8 MiB.
   uint64_t max_queued_reply_bytes = uint64_t{8} << 20;
+  // Request payload and reply bytes that all connections together may hold
+  // (transport/in_flight_budget.h). A request payload larger than
+  // in_flight_allowance_bytes is read only once the whole of it fits in
+  // the budget (the connection waits, holding nothing, until it does); a
+  // connection with more than that many reply bytes unsent is not read
+  // while the budget is spent. REQUIRES: >= max_payload_bytes.
+  // Default: 256 MiB.
+  uint64_t max_in_flight_bytes = uint64_t{256} << 20;
+  // Per connection, a request payload and unsent replies up to this size
+  // are not charged to max_in_flight_bytes, so small control requests
+  // never wait for it (1,024 connections hold at most 64 MiB that way).
+  // Default: 64 KiB.
+  uint64_t in_flight_allowance_bytes = uint64_t{64} << 10;
+  // Largest request payload a connection may send before it is admitted;
+  // a larger one is answered InvalidArgument and the connection closed, so
+  // unauthenticated peers cannot take the in-flight budget. Default: 64 KiB.
+  uint64_t max_unauthenticated_payload_bytes = uint64_t{64} << 10;
+  // A connection holding in-flight bytes (a request payload partly
+  // received, replies its client has not read) that moves no byte for
+  // this long is closed, so a stalled client cannot keep the budget.
+  // 0 disables. Default: 30 s.
+  std::chrono::milliseconds stall_timeout{30000};
   // After running anything, an IO thread keeps polling its sockets for this
   // long before it sleeps in epoll_wait: a client's next small request
   // (a scheduler's Match after Match) is then picked up without a
@@ -152,6 +174,10 @@ class UdsServer {
   size_t connection_count() const;
   // Connections accepted but not admitted yet.
   size_t unauthenticated_count() const;
+  // Bytes charged to max_in_flight_bytes now, and connections waiting for
+  // room in it.
+  uint64_t in_flight_bytes() const;
+  size_t in_flight_waiters() const;
 
   class Impl;  // defined in uds_server.cc
 

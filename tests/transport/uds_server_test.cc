@@ -40,6 +40,11 @@ class EchoHandler : public FrameHandler {
       return;
     }
     if (opcode == 5) return;  // dropped: the Responder answers Internal
+    if (opcode == 8) {        // "authenticates" the connection
+      HandlerReply r{{}, -1, false};
+      r.admit = true;
+      return responder.Send(std::move(r));
+    }
     if (opcode == 6) {
       // Parked until a later request (opcode 7) of any connection.
       {
@@ -87,6 +92,7 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
 
   auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
   ASSERT_OK(ch);
+  ASSERT_OK((*ch)->Call(8, {}));  // large requests need authentication
   std::vector<std::byte> big(3 << 20, std::byte{7});
   auto reply = (*ch)->Call(1, big);
   ASSERT_OK(reply);
@@ -252,6 +258,126 @@ TEST(UdsServerTest, OversizedFramesCloseOnlyTheirConnection) {
   EXPECT_EQ((*bad)->Call(1, big).status().code(), StatusCode::kProtocolError);
   EXPECT_FALSE((*bad)->Call(1, {}).ok()) << "connection is closed";
   EXPECT_OK((*good)->Call(1, std::vector<std::byte>(1024)));
+}
+
+// An authenticated channel to `path`.
+std::unique_ptr<UdsChannel> Admitted(const std::string& path) {
+  auto ch = UdsChannel::Connect(path, std::chrono::seconds(10));
+  EXPECT_OK(ch);
+  if (!ch.ok()) return nullptr;
+  EXPECT_OK((*ch)->Call(8, {}));
+  return std::move(ch).value();
+}
+
+// Waits (bounded) until `done` holds; false if it never did.
+template <typename Pred>
+bool Eventually(Pred done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Header and the first `sent` bytes of an echo request of `payload`.
+std::vector<std::byte> PartialFrame(uint64_t request_id,
+                                    const std::vector<std::byte>& payload,
+                                    size_t sent) {
+  const HeaderBytes h = EncodeFrameHeader(1, request_id, payload);
+  std::vector<std::byte> out(h.size() + sent);
+  std::memcpy(out.data(), h.data(), h.size());
+  std::memcpy(out.data() + h.size(), payload.data(), sent);
+  return out;
+}
+
+// Two 3 MiB requests against a 4 MiB budget: the second is not read until
+// the first one's payload and reply are done with, and small requests are
+// served all along.
+TEST(UdsServerTest, RequestsBeyondTheInFlightBudgetWaitForRoom) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  const uint64_t kMiB = 1 << 20;
+  auto server = UdsServer::Start({.path = dir.File("s.sock"),
+                                  .max_payload_bytes = 4 * kMiB,
+                                  .max_in_flight_bytes = 4 * kMiB},
+                                 &handler);
+  ASSERT_OK(server);
+  auto a = Admitted(dir.File("s.sock"));
+  auto b = Admitted(dir.File("s.sock"));
+  auto c = Admitted(dir.File("s.sock"));
+  ASSERT_TRUE(a && b && c);
+  const int frames_before = handler.frames.load();
+  const std::vector<std::byte> big_a(3 * kMiB, std::byte{1});
+  const std::vector<std::byte> big_b(3 * kMiB, std::byte{2});
+  // A announces 3 MiB and sends one: the server charges all three.
+  ASSERT_OK(a->TEST_SendRaw(PartialFrame(100, big_a, kMiB)));
+  ASSERT_TRUE(Eventually([&] { return (*server)->in_flight_bytes() > 0; }));
+  EXPECT_EQ((*server)->in_flight_bytes(), 3 * kMiB);
+  // B's 3 MiB do not fit beside them: B waits, holding nothing.
+  std::thread b_sender([&] {
+    auto id = b->Send(1, big_b);
+    ASSERT_OK(id);
+    auto reply = b->Receive(*id, 1);
+    ASSERT_OK(reply);
+    EXPECT_EQ(reply->payload, big_b);
+  });
+  ASSERT_TRUE(Eventually([&] { return (*server)->in_flight_waiters() == 1; }));
+  EXPECT_EQ((*server)->in_flight_bytes(), 3 * kMiB);
+  EXPECT_EQ(handler.frames.load(), frames_before);
+  // Small requests need no budget.
+  auto small = c->Call(1, std::vector<std::byte>(1000, std::byte{3}));
+  ASSERT_OK(small);
+  EXPECT_EQ(small->payload.size(), 1000u);
+  // A's remaining bytes arrive: A is answered, then B.
+  ASSERT_OK(a->TEST_SendRaw(std::span(big_a).subspan(kMiB)));
+  uint16_t opcode = 0;
+  auto a_reply = a->TEST_ReadReply(&opcode);
+  ASSERT_OK(a_reply);
+  EXPECT_EQ(a_reply->payload, big_a);
+  b_sender.join();
+  EXPECT_TRUE(Eventually([&] { return (*server)->in_flight_bytes() == 0; }));
+}
+
+// A client that stops sending in the middle of a charged request is hung up
+// after stall_timeout, and what it held goes to the request waiting.
+TEST(UdsServerTest, AStalledRequestIsClosedAndItsBudgetReturned) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  const uint64_t kMiB = 1 << 20;
+  auto server =
+      UdsServer::Start({.path = dir.File("s.sock"),
+                        .max_payload_bytes = 4 * kMiB,
+                        .max_in_flight_bytes = 4 * kMiB,
+                        .stall_timeout = std::chrono::milliseconds(200)},
+                       &handler);
+  ASSERT_OK(server);
+  auto staller = Admitted(dir.File("s.sock"));
+  auto waiter = Admitted(dir.File("s.sock"));
+  ASSERT_TRUE(staller && waiter);
+  const std::vector<std::byte> big(3 * kMiB, std::byte{5});
+  ASSERT_OK(staller->TEST_SendRaw(PartialFrame(7, big, kMiB)));
+  ASSERT_TRUE(Eventually([&] { return (*server)->in_flight_bytes() > 0; }));
+  auto reply = waiter->Call(1, big);  // waits until the staller is gone
+  ASSERT_OK(reply);
+  EXPECT_EQ(reply->payload, big);
+  uint16_t opcode = 0;
+  EXPECT_FALSE(staller->TEST_ReadReply(&opcode).ok()) << "hung up";
+}
+
+TEST(UdsServerTest, UnauthenticatedConnectionsMaySendOnlySmallRequests) {
+  testing::TempDir dir;
+  EchoHandler handler;
+  auto server = UdsServer::Start({.path = dir.File("s.sock")}, &handler);
+  ASSERT_OK(server);
+  auto ch = UdsChannel::Connect(dir.File("s.sock"), std::chrono::seconds(5));
+  ASSERT_OK(ch);
+  EXPECT_OK((*ch)->Call(1, std::vector<std::byte>(64 << 10)));
+  auto big = (*ch)->Call(1, std::vector<std::byte>((64 << 10) + 1));
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE((*ch)->Call(1, {}).ok()) << "connection is closed";
+  EXPECT_EQ((*server)->in_flight_bytes(), 0u);
 }
 
 TEST(UdsServerTest, ManyConcurrentConnections) {
