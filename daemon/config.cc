@@ -204,6 +204,14 @@ Status DaemonConfig::Validate() const {
   if (idle_timeout_ms > 86400000) {
     return Bad("server.idle_timeout_ms", "must be <= 86400000 (0: never)");
   }
+  if (stall_timeout_ms > 86400000) {
+    return Bad("server.stall_timeout_ms", "must be <= 86400000 (0: never)");
+  }
+  if (max_in_flight_bytes < max_frame_bytes) {
+    return Bad("server.max_in_flight_bytes",
+               "must be >= server.max_frame_bytes (one request of the "
+               "largest size must fit)");
+  }
   if (lease_ttl_ms == 0) return Bad("leases.ttl_ms", "must be > 0");
   if (max_leases_per_connection == 0) {
     return Bad("leases.max_per_connection", "must be > 0");
@@ -212,6 +220,15 @@ Status DaemonConfig::Validate() const {
       max_leased_segments_per_namespace == 0) {
     return Bad("leases.max_segments_per_connection",
                "and max_segments_per_namespace must be > 0");
+  }
+  if (max_leased_bytes_percent_per_connection == 0 ||
+      max_leased_bytes_percent_per_connection > 100) {
+    return Bad("leases.max_bytes_percent_per_connection",
+               "must be in [1, 100]");
+  }
+  if (max_leased_bytes_percent_per_namespace == 0 ||
+      max_leased_bytes_percent_per_namespace > 100) {
+    return Bad("leases.max_bytes_percent_per_namespace", "must be in [1, 100]");
   }
   if (max_pin_ttl_ms == 0) return Bad("leases.max_pin_ttl_ms", "must be > 0");
   if (sweep_interval_ms == 0 || sweep_interval_ms > 60000) {
@@ -344,7 +361,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         {"socket", "socket_mode", "socket_group", "io_threads", "poll_us",
          "workers", "worker_queue", "max_frame_bytes", "max_connections",
          "max_unauthenticated_connections", "handshake_timeout_ms",
-         "idle_timeout_ms", "auth_failure_delay_ms"}));
+         "idle_timeout_ms", "stall_timeout_ms", "max_in_flight_bytes",
+         "auth_failure_delay_ms"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -367,6 +385,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                    c.handshake_timeout_ms));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "idle_timeout_ms", c.idle_timeout_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "stall_timeout_ms", c.stall_timeout_ms));
+    TIERKV_RETURN_IF_ERROR(ReadBytes(*server, "server", "max_in_flight_bytes",
+                                     c.max_in_flight_bytes));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "auth_failure_delay_ms",
                                    c.auth_failure_delay_ms));
   }
@@ -379,7 +401,9 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(CheckKeys(
         *leases, "leases",
         {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms", "max_per_connection",
-         "max_segments_per_connection", "max_segments_per_namespace"}));
+         "max_segments_per_connection", "max_segments_per_namespace",
+         "max_bytes_percent_per_connection",
+         "max_bytes_percent_per_namespace"}));
     TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "max_per_connection",
                                    c.max_leases_per_connection));
     TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
@@ -388,6 +412,12 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
                                    "max_segments_per_namespace",
                                    c.max_leased_segments_per_namespace));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
+                                   "max_bytes_percent_per_connection",
+                                   c.max_leased_bytes_percent_per_connection));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",
+                                   "max_bytes_percent_per_namespace",
+                                   c.max_leased_bytes_percent_per_namespace));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*leases, "leases", "ttl_ms", c.lease_ttl_ms));
     TIERKV_RETURN_IF_ERROR(

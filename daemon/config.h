@@ -7,12 +7,13 @@
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
 //               poll_us, workers, worker_queue, max_frame_bytes,
 //               max_connections, max_unauthenticated_connections,
-//               handshake_timeout_ms, idle_timeout_ms,
-//               auth_failure_delay_ms
+//               handshake_timeout_ms, idle_timeout_ms, stall_timeout_ms,
+//               max_in_flight_bytes, auth_failure_delay_ms
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms,
 //               max_per_connection, max_segments_per_connection,
-//               max_segments_per_namespace
+//               max_segments_per_namespace, max_bytes_percent_per_connection,
+//               max_bytes_percent_per_namespace
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
@@ -111,6 +112,14 @@ struct DaemonConfig {
   // An authenticated connection idle this long is closed; 0 never.
   // Default: 0.
   uint32_t idle_timeout_ms = 0;
+  // A connection that holds in-flight bytes (a request partly received,
+  // replies unread) and moves none for this long is closed; 0 never.
+  // Default: 30000 ms.
+  uint32_t stall_timeout_ms = 30000;
+  // Request and reply bytes all connections together may hold
+  // (transport::UdsServerOptions::max_in_flight_bytes); a large request
+  // waits for room. REQUIRES: >= max_frame_bytes. Default: 256 MiB.
+  uint64_t max_in_flight_bytes = uint64_t{256} << 20;
   // A refused OpenNamespace is answered this late, then hung up: token
   // guessing costs a connection and this much per try. Default: 200 ms.
   uint32_t auth_failure_delay_ms = 200;
@@ -127,6 +136,10 @@ struct DaemonConfig {
   uint32_t max_leases_per_connection = 4096;
   uint64_t max_leased_segments_per_connection = uint64_t{1} << 20;
   uint64_t max_leased_segments_per_namespace = uint64_t{4} << 20;
+  // Bytes of those segments, in percent of the namespace's host_bytes: one
+  // connection (Default: 50) and all of the namespace's (Default: 90).
+  uint32_t max_leased_bytes_percent_per_connection = 50;
+  uint32_t max_leased_bytes_percent_per_namespace = 90;
 
   std::string log_level = "info";
   // Written (JSON: pid, socket, metrics_port) once the daemon serves.

@@ -72,7 +72,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   eo.lease_limits = {
       .max_leases_per_owner = config.max_leases_per_connection,
       .max_segments_per_owner = config.max_leased_segments_per_connection,
-      .max_segments_per_tier = config.max_leased_segments_per_namespace};
+      .max_segments_per_tier = config.max_leased_segments_per_namespace,
+      .max_bytes_percent_per_owner =
+          config.max_leased_bytes_percent_per_connection,
+      .max_bytes_percent_per_tier =
+          config.max_leased_bytes_percent_per_namespace};
   eo.max_pin_ttl = std::chrono::milliseconds(config.max_pin_ttl_ms);
   eo.workers = config.workers;
   eo.worker_queue = config.worker_queue;
@@ -157,6 +161,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
        .handshake_timeout =
            std::chrono::milliseconds(config.handshake_timeout_ms),
        .idle_timeout = std::chrono::milliseconds(config.idle_timeout_ms),
+       .max_in_flight_bytes = config.max_in_flight_bytes,
+       .stall_timeout = std::chrono::milliseconds(config.stall_timeout_ms),
        .poll_after_work = std::chrono::microseconds(config.poll_us)},
       d->service_.get());
   if (!server.ok()) return server.status();

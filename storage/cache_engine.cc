@@ -295,12 +295,17 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
       }
     }
   }
-  std::vector<SegmentKey> reserved;
+  std::vector<std::pair<size_t, LeasedSegment>> candidates;
   for (size_t i = 0; i < items.size(); ++i) {
     if (r.items[i].ok() && !r.items[i]->already_stored) {
-      reserved.push_back(items[i].key);
+      candidates.push_back({i, {items[i].key, items[i].size}});
     }
   }
+  std::vector<LeasedSegment> reserved =
+      AdmitLeaseBytes(owner, ns, candidates, [&](size_t i, Status refused) {
+        ns.host_->Abort(items[i].key);
+        r.items[i] = std::move(refused);
+      });
   if (!reserved.empty()) {
     r.lease_id = leases_->Add(owner, LeaseKind::kWrite, ns.host_.get(),
                               std::move(reserved), options_.lease_ttl);
@@ -387,10 +392,18 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
       if (read.items[i].ok()) read.source[i] = Tier::kNvme;
     }
   }
-  std::vector<SegmentKey> leased;
+  std::vector<std::pair<size_t, LeasedSegment>> candidates;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (read.items[i].ok()) leased.push_back(keys[i]);
+    if (read.items[i].ok()) {
+      candidates.push_back({i, {keys[i], read.items[i]->size}});
+    }
   }
+  std::vector<LeasedSegment> leased =
+      AdmitLeaseBytes(owner, ns, candidates, [&](size_t i, Status refused) {
+        ns.host_->Release(keys[i]);
+        read.items[i] = std::move(refused);
+        read.source[i] = Tier::kMiss;
+      });
   if (!leased.empty()) {
     read.lease_id = leases_->Add(owner, LeaseKind::kRead, ns.host_.get(),
                                  std::move(leased), options_.lease_ttl);
@@ -406,7 +419,7 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
                                                options_.max_pin_ttl.count()));
   }
   EnginePin out;
-  std::vector<SegmentKey> pinned;
+  std::vector<std::pair<size_t, LeasedSegment>> candidates;
   const size_t room = LeaseRoom(owner, ns, keys.size());
   Status limit_error;  // the same for every item past the room
   for (const SegmentKey& key : keys) {
@@ -418,8 +431,14 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
     }
     auto found = ns.host_->Acquire(key);
     out.items.push_back(found.status());
-    if (found.ok()) pinned.push_back(key);
+    if (found.ok())
+      candidates.push_back({out.items.size() - 1, {key, found->size}});
   }
+  std::vector<LeasedSegment> pinned =
+      AdmitLeaseBytes(owner, ns, candidates, [&](size_t i, Status refused) {
+        ns.host_->Release(keys[i]);
+        out.items[i] = std::move(refused);
+      });
   if (!pinned.empty()) {
     out.lease_id = leases_->Add(owner, LeaseKind::kPin, ns.host_.get(),
                                 std::move(pinned), ttl);
@@ -436,15 +455,43 @@ Status CacheEngine::LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
                                     size_t want) const {
   const char* limit = nullptr;
   leases_->Room(owner, ns.host_.get(), want, &limit);
+  return LeaseLimitStatus(owner, limit);
+}
+
+Status CacheEngine::LeaseLimitStatus(uint64_t owner, const char* limit) const {
   const LeaseLimits& l = leases_->limits();
   return Status::ResourceExhausted(fmt::format(
       "lease limit reached ({}: this connection holds {} leases over {} "
-      "segments; limits leases.max_per_connection {}, "
+      "segments, {} B; limits leases.max_per_connection {}, "
       "leases.max_segments_per_connection {}, "
-      "leases.max_segments_per_namespace {}); release earlier reads",
+      "leases.max_segments_per_namespace {}, "
+      "leases.max_bytes_percent_per_connection {}, "
+      "leases.max_bytes_percent_per_namespace {}); release earlier reads",
       limit ? limit : "limits", leases_->leases_of(owner),
-      leases_->segments_of(owner), l.max_leases_per_owner,
-      l.max_segments_per_owner, l.max_segments_per_tier));
+      leases_->segments_of(owner), leases_->bytes_of(owner),
+      l.max_leases_per_owner, l.max_segments_per_owner, l.max_segments_per_tier,
+      l.max_bytes_percent_per_owner, l.max_bytes_percent_per_tier));
+}
+
+std::vector<LeasedSegment> CacheEngine::AdmitLeaseBytes(
+    uint64_t owner, const EngineNamespace& ns,
+    const std::vector<std::pair<size_t, LeasedSegment>>& candidates,
+    const std::function<void(size_t item, Status)>& refuse) const {
+  std::vector<uint64_t> sizes;
+  sizes.reserve(candidates.size());
+  for (const auto& [i, segment] : candidates) sizes.push_back(segment.bytes);
+  const char* limit = nullptr;
+  const size_t fit = leases_->FitBytes(owner, ns.host_.get(), sizes, &limit);
+  std::vector<LeasedSegment> admitted;
+  admitted.reserve(fit);
+  for (size_t c = 0; c < fit; ++c) admitted.push_back(candidates[c].second);
+  if (fit < candidates.size()) {
+    const Status refused = LeaseLimitStatus(owner, limit);
+    for (size_t c = fit; c < candidates.size(); ++c) {
+      refuse(candidates[c].first, refused);
+    }
+  }
+  return admitted;
 }
 
 Status CacheEngine::Release(uint64_t owner, uint64_t lease_id) {

@@ -343,6 +343,16 @@ class CacheEngine {
                    size_t want) const;
   Status LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
                          size_t want) const;
+  Status LeaseLimitStatus(uint64_t owner, const char* limit) const;
+  // The leasable part of one request: `candidates` (item index, segment)
+  // in request order, admitted while their bytes fit the lease limits
+  // (LeaseTable::FitBytes). Each one past that goes to `refuse` with the
+  // ResourceExhausted to answer (the caller drops its reference or
+  // reservation). Returns the admitted segments.
+  std::vector<LeasedSegment> AdmitLeaseBytes(
+      uint64_t owner, const EngineNamespace& ns,
+      const std::vector<std::pair<size_t, LeasedSegment>>& candidates,
+      const std::function<void(size_t item, Status)>& refuse) const;
   Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
                    uint64_t size) const;
   // Runs `job` on a worker; false when the queue is full (counted).

@@ -1,3 +1,4 @@
+// LeaseTable: leases by id, usage per owner and per tier.
 #include "storage/lease_table.h"
 
 #include <unordered_set>
@@ -9,17 +10,21 @@ LeaseTable::~LeaseTable() {
   for (auto& [id, lease] : leases_) EndLease(lease);
 }
 
-void LeaseTable::Account(uint64_t owner, const HostTier* tier, ptrdiff_t leases,
-                         ptrdiff_t segments) {
-  // Unsigned wrap-around makes += of a negative delta a subtraction.
+LeaseTable::Usage LeaseTable::UsageOf(std::span<const LeasedSegment> segments,
+                                      size_t leases) {
+  Usage u{leases, segments.size(), 0};
+  for (const LeasedSegment& s : segments) u.bytes += s.bytes;
+  return u;
+}
+
+void LeaseTable::Account(uint64_t owner, const HostTier* tier,
+                         const Usage& delta) {
   Usage& u = owners_[owner];
-  u.leases += static_cast<size_t>(leases);
-  u.segments += static_cast<size_t>(segments);
-  if (u.leases == 0 && u.segments == 0) owners_.erase(owner);
+  u += delta;
+  if (u.empty()) owners_.erase(owner);
   Usage& t = tiers_[tier];
-  t.leases += static_cast<size_t>(leases);
-  t.segments += static_cast<size_t>(segments);
-  if (t.leases == 0 && t.segments == 0) tiers_.erase(tier);
+  t += delta;
+  if (t.empty()) tiers_.erase(tier);
 }
 
 size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
@@ -48,6 +53,41 @@ size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
   return room;
 }
 
+size_t LeaseTable::FitBytes(uint64_t owner, const HostTier* tier,
+                            std::span<const uint64_t> sizes,
+                            const char** limit_name) const {
+  MutexLock lock(&mu_);
+  uint64_t owner_bytes = 0, tier_bytes = 0;
+  if (auto it = owners_.find(owner); it != owners_.end()) {
+    owner_bytes = it->second.bytes;
+  }
+  if (auto it = tiers_.find(tier); it != tiers_.end()) {
+    tier_bytes = it->second.bytes;
+  }
+  const uint64_t capacity = tier->capacity_bytes();
+  auto percent = [capacity](uint32_t p) {  // exact, and no overflow
+    return capacity / 100 * p + capacity % 100 * p / 100;
+  };
+  const uint64_t owner_limit = percent(limits_.max_bytes_percent_per_owner);
+  const uint64_t tier_limit = percent(limits_.max_bytes_percent_per_tier);
+  size_t n = 0;
+  const char* name = nullptr;
+  for (; n < sizes.size(); ++n) {
+    owner_bytes += sizes[n];
+    tier_bytes += sizes[n];
+    if (owner_bytes > owner_limit) {
+      name = "leased bytes per connection";
+      break;
+    }
+    if (tier_bytes > tier_limit) {
+      name = "leased bytes per namespace";
+      break;
+    }
+  }
+  if (limit_name) *limit_name = name;
+  return n;
+}
+
 size_t LeaseTable::leases_of(uint64_t owner) const {
   MutexLock lock(&mu_);
   auto it = owners_.find(owner);
@@ -66,27 +106,32 @@ size_t LeaseTable::segments_of(uint64_t owner) const {
   return it == owners_.end() ? 0 : it->second.segments;
 }
 
+uint64_t LeaseTable::bytes_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.bytes;
+}
+
 void LeaseTable::EndLease(Lease& lease) {
-  Account(lease.owner, lease.tier, -1,
-          -static_cast<ptrdiff_t>(lease.keys.size()));
-  for (const auto& key : lease.keys) {
+  Account(lease.owner, lease.tier, -UsageOf(lease.segments, 1));
+  for (const LeasedSegment& s : lease.segments) {
     if (lease.kind == LeaseKind::kWrite) {
-      lease.tier->Abort(key);
+      lease.tier->Abort(s.key);
     } else {
-      lease.tier->Release(key);
+      lease.tier->Release(s.key);
     }
   }
-  lease.keys.clear();
+  lease.segments.clear();
 }
 
 uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
-                         std::vector<SegmentKey> keys,
+                         std::vector<LeasedSegment> segments,
                          std::chrono::milliseconds ttl) {
   MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
-  Account(owner, tier, 1, static_cast<ptrdiff_t>(keys.size()));
+  Account(owner, tier, UsageOf(segments, 1));
   leases_.emplace(
-      id, Lease{owner, kind, tier, std::move(keys), clock_->Now() + ttl});
+      id, Lease{owner, kind, tier, std::move(segments), clock_->Now() + ttl});
   return id;
 }
 
@@ -116,23 +161,20 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
   }
   Lease& lease = it->second;
   std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
-  std::vector<SegmentKey> remaining;
+  std::vector<LeasedSegment> remaining, done;
   std::unordered_map<SegmentKey, Status> committed;
-  for (const auto& key : lease.keys) {
-    if (to_commit.count(key)) {
-      committed.emplace(key, lease.tier->Commit(key, dirty));
+  for (const LeasedSegment& s : lease.segments) {
+    if (to_commit.count(s.key)) {
+      committed.emplace(s.key, lease.tier->Commit(s.key, dirty));
+      done.push_back(s);
     } else {
-      remaining.push_back(key);
+      remaining.push_back(s);
     }
   }
-  Account(lease.owner, lease.tier, 0,
-          static_cast<ptrdiff_t>(remaining.size()) -
-              static_cast<ptrdiff_t>(lease.keys.size()));
-  lease.keys = std::move(remaining);
-  if (lease.keys.empty()) {
-    Account(lease.owner, lease.tier, -1, 0);
-    leases_.erase(it);
-  }
+  lease.segments = std::move(remaining);
+  const bool ended = lease.segments.empty();
+  Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
+  if (ended) leases_.erase(it);
   for (const auto& key : keys) {
     auto c = committed.find(key);
     if (c == committed.end()) {

@@ -11,11 +11,13 @@
 // pin memory nor hold reserved space forever.
 //
 // Limits (LeaseLimits) bound what one owner, and all owners of one tier
-// (namespace) together, may hold at once: Room() says how many more
-// segments a request may lease, and callers answer the rest
+// (namespace) together, may hold at once, in leases, segments and bytes:
+// Room() says how many more segments a request may lease, FitBytes() how
+// many of them fit the byte limits, and callers answer the rest
 // ResourceExhausted. So no client can make the daemon hold an unbounded
 // lease table by leasing without releasing (leases otherwise live until
-// their TTL). Requests of one owner admitted at the same moment may
+// their TTL), nor pin so much of a namespace's DRAM that its other clients
+// cannot store. Requests of one owner admitted at the same moment may
 // overshoot by their own sizes; nothing grows beyond that.
 //
 // Thread safety: thread-safe. Lock order: LeaseTable, then HostTier shards.
@@ -44,6 +46,18 @@ struct LeaseLimits {
   // Segments all owners of one tier (a namespace) cover together.
   // Default: 4,194,304.
   size_t max_segments_per_tier = size_t{4} << 20;
+  // Bytes of those segments (referenced for reading or pinning, reserved
+  // for writing), in percent of the tier's capacity: what one owner may
+  // hold (Default: 50), and all owners of the tier together (Default: 90,
+  // so a tenth of the tier stays evictable for new writes). 1..100.
+  uint32_t max_bytes_percent_per_owner = 50;
+  uint32_t max_bytes_percent_per_tier = 90;
+};
+
+// A segment a lease covers, with its size (for the byte limits).
+struct LeasedSegment {
+  SegmentKey key;
+  uint64_t bytes = 0;
 };
 
 class LeaseTable {
@@ -56,11 +70,12 @@ class LeaseTable {
   LeaseTable(const LeaseTable&) = delete;
   LeaseTable& operator=(const LeaseTable&) = delete;
 
-  // Records a lease over `keys`, whose references (read/pin) or reservations
-  // (write) the caller has already taken on `tier` (borrowed; must outlive
-  // the lease). Returns the new lease id (never 0).
+  // Records a lease over `segments`, whose references (read/pin) or
+  // reservations (write) the caller has already taken on `tier` (borrowed;
+  // must outlive the lease). Returns the new lease id (never 0).
   uint64_t Add(uint64_t owner, LeaseKind kind, HostTier* tier,
-               std::vector<SegmentKey> keys, std::chrono::milliseconds ttl);
+               std::vector<LeasedSegment> segments,
+               std::chrono::milliseconds ttl);
 
   // Ends a lease held by `owner`. NotFound when no such lease (expired
   // already, or someone else's).
@@ -87,9 +102,15 @@ class LeaseTable {
   // Sets *limit_name to the limit that bites (for messages) when < want.
   size_t Room(uint64_t owner, const HostTier* tier, size_t want,
               const char** limit_name = nullptr) const EXCLUDES(mu_);
-  // Leases and segments `owner` holds now.
+  // How many of `sizes` (a request's segments, in order) fit in the bytes
+  // the limits leave `owner` on `tier` now; *limit_name as for Room.
+  size_t FitBytes(uint64_t owner, const HostTier* tier,
+                  std::span<const uint64_t> sizes,
+                  const char** limit_name = nullptr) const EXCLUDES(mu_);
+  // Leases, segments and bytes `owner` holds now.
   size_t leases_of(uint64_t owner) const EXCLUDES(mu_);
   size_t segments_of(uint64_t owner) const EXCLUDES(mu_);
+  uint64_t bytes_of(uint64_t owner) const EXCLUDES(mu_);
   // Leases held on `tier` (one namespace's), by every owner.
   size_t leases_on(const HostTier* tier) const EXCLUDES(mu_);
 
@@ -100,18 +121,29 @@ class LeaseTable {
     uint64_t owner;
     LeaseKind kind;
     HostTier* tier;  // borrowed
-    std::vector<SegmentKey> keys;
+    std::vector<LeasedSegment> segments;
     Clock::TimePoint expires;
   };
   struct Usage {
     size_t leases = 0;
     size_t segments = 0;
+    uint64_t bytes = 0;
+    Usage& operator+=(const Usage& d) {
+      leases += d.leases;  // unsigned wrap-around: a negated delta subtracts
+      segments += d.segments;
+      bytes += d.bytes;
+      return *this;
+    }
+    Usage operator-() const { return {0 - leases, 0 - segments, 0 - bytes}; }
+    bool empty() const { return leases == 0 && segments == 0 && bytes == 0; }
   };
+  // A usage delta of `segments` (and `leases` leases).
+  static Usage UsageOf(std::span<const LeasedSegment> segments, size_t leases);
   // Drops the lease's references (read/pin) or reservations (write) and
-  // its keys from the usage counts; the caller erases it.
+  // its segments from the usage counts; the caller erases it.
   void EndLease(Lease& lease) REQUIRES(mu_);
-  void Account(uint64_t owner, const HostTier* tier, ptrdiff_t leases,
-               ptrdiff_t segments) REQUIRES(mu_);
+  void Account(uint64_t owner, const HostTier* tier, const Usage& delta)
+      REQUIRES(mu_);
 
   const Clock* clock_;
   const LeaseLimits limits_;

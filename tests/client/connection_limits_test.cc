@@ -3,6 +3,7 @@
 // never come, too many tenants' connections. None of them may lock a real
 // client out or make the daemon hold memory for bytes it has not received.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -116,6 +117,66 @@ TEST(ConnectionLimitsTest, AnnouncedPayloadsCostNothingUntilTheyArrive) {
   ASSERT_OK(conns[0]->TEST_SendRaw(claimed));
   EXPECT_EQ(conns[0]->TEST_ReadReply(nullptr).status().code(),
             StatusCode::kProtocolError);  // a 16 MiB Match is not a Match
+}
+
+// 32 authenticated connections each send 12 MiB of a 16 MiB request and
+// pause. Per connection that is within bounds, together 384 MiB; the
+// daemon's in-flight budget (server.max_in_flight_bytes, 32 MiB here)
+// reads only the requests it has room for, whole, and the others wait
+// without holding anything. Small requests of other clients need no
+// budget and are served at once.
+TEST(ConnectionLimitsTest, InFlightRequestBytesAreBoundedAcrossConnections) {
+  DaemonProcess d;
+  ASSERT_OK(
+      d.Start({.config_toml = Config("max_frame_bytes = \"16MiB\"\n"
+                                     "max_in_flight_bytes = \"32MiB\"\n")}));
+  const uint64_t before = d.RssBytes();
+  const std::vector<std::byte> request(16u << 20, std::byte{0x5a});
+  const transport::HeaderBytes header = transport::EncodeFrameHeader(
+      static_cast<uint16_t>(Opcode::kMatch), 1, request);
+  constexpr size_t kConnections = 32, kSent = 12u << 20;
+  std::vector<std::unique_ptr<UdsChannel>> conns;
+  std::vector<size_t> sent(kConnections, 0);
+  for (size_t i = 0; i < kConnections; ++i) {
+    auto ch = Raw(d);
+    ASSERT_NE(ch, nullptr);
+    ASSERT_OK(OpenNamespace(*ch));
+    ASSERT_OK(ch->TEST_SendRaw(header));
+    conns.push_back(std::move(ch));
+  }
+  // Send what each socket takes, until none has taken anything for 300 ms
+  // (the ones the daemon reads are done by then; the others are full).
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < kConnections; ++i) {
+      if (sent[i] < kSent) {
+        fds.push_back({conns[i]->fd(), POLLOUT, 0});
+        who.push_back(i);
+      }
+    }
+    if (fds.empty() || ::poll(fds.data(), fds.size(), 300) <= 0) break;
+    for (size_t f = 0; f < fds.size(); ++f) {
+      if (!(fds[f].revents & POLLOUT)) continue;
+      const size_t i = who[f];
+      const ssize_t n = ::send(conns[i]->fd(), request.data() + sent[i],
+                               kSent - sent[i], MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) sent[i] += static_cast<size_t>(n);
+    }
+  }
+  size_t read_whole = 0;
+  for (size_t s : sent) read_whole += s == kSent;
+  auto client = ClientOfA(d, std::chrono::seconds(1));
+  ASSERT_OK(client);
+  EXPECT_OK((*client)->Ping());
+  const uint64_t after = d.RssBytes();
+  std::printf(
+      "tierkvd RSS %.1f MiB -> %.1f MiB with 32 connections sending 12 of "
+      "16 MiB each; %zu of them were read\n",
+      before / 1048576.0, after / 1048576.0, read_whole);
+  EXPECT_EQ(read_whole, 2u) << "32 MiB hold two 16 MiB requests";
+  // Two 16 MiB buffers; 384 MiB or more without the budget.
+  EXPECT_LT(after, before + kRssBound - (uint64_t{16} << 20));
 }
 
 // 2,000 connections that never authenticate: the daemon keeps at most
@@ -256,9 +317,11 @@ TEST(ConnectionLimitsTest, ALeaseFloodIsRefusedPastThePerConnectionLimit) {
       {.config_toml = Config("") + "[leases]\nmax_per_connection = 1000\n"}));
   auto writer = ClientOfA(d);
   ASSERT_OK(writer);
-  ASSERT_OK((*writer)->RegisterLayout(OnePartLayout()));
+  // 4 KiB segments: 1,000 leases of one stay under the byte limit (half
+  // of 16 MiB), so the lease count is what bites.
+  ASSERT_OK((*writer)->RegisterLayout(OnePartLayout(/*bytes_per_token=*/64)));
   const auto pages = Pages(1, 0, "a");
-  ASSERT_OK(PutPages(**writer, pages, 64 * 1024)[0].status);
+  ASSERT_OK(PutPages(**writer, pages, 4096)[0].status);
   auto ch = Raw(d);
   ASSERT_NE(ch, nullptr);
   ASSERT_OK(OpenNamespace(*ch));
@@ -299,7 +362,52 @@ TEST(ConnectionLimitsTest, ALeaseFloodIsRefusedPastThePerConnectionLimit) {
   const uint64_t after = d.RssBytes();
   EXPECT_LT(after, before + kRssBound);
   // The writer's own reads are not affected by another connection's limit.
-  EXPECT_TRUE(ReadsBackExact(**writer, pages[0], 64 * 1024));
+  EXPECT_TRUE(ReadsBackExact(**writer, pages[0], 4096));
+}
+
+// One connection may lease at most half of its namespace's DRAM
+// (leases.max_bytes_percent_per_connection): a reader that Gets (and keeps)
+// 200 of 64 KiB = 12.5 MiB of a 16 MiB namespace gets 8 MiB of them, and
+// another client of the namespace can still store 6 MiB of new pages.
+TEST(ConnectionLimitsTest, OneConnectionCannotPinMoreThanHalfItsNamespace) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start({.config_toml = Config("")}));
+  auto writer = ClientOfA(d);
+  ASSERT_OK(writer);
+  ASSERT_OK((*writer)->RegisterLayout(OnePartLayout()));
+  const auto pages = Pages(200, 0, "a");
+  for (const auto& r : PutPages(**writer, pages, 64 * 1024)) {
+    ASSERT_OK(r.status);
+  }
+  auto ch = Raw(d);
+  ASSERT_NE(ch, nullptr);
+  ASSERT_OK(OpenNamespace(*ch));
+  transport::KeysRequest get{0, 0, {}};
+  for (const auto& p : pages) get.keys.push_back(SegmentKey{p, 0, 0});
+  auto reply =
+      ch->Call(static_cast<uint16_t>(Opcode::kGet), transport::Encode(get));
+  ASSERT_OK(reply);
+  transport::GetResponse resp;
+  ASSERT_OK(transport::Decode(reply->payload, resp));
+  ASSERT_EQ(resp.items.size(), 200u);
+  int leased = 0;
+  for (const auto& item : resp.items) {
+    if (item.status.ok()) {
+      ++leased;
+      continue;
+    }
+    EXPECT_EQ(item.status.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(
+        item.status.message().find("leases.max_bytes_percent_per_connection"),
+        std::string::npos)
+        << item.status.ToString();
+  }
+  EXPECT_EQ(leased, 128);                   // 8 MiB
+  const auto fresh = Pages(96, 1000, "a");  // 6 MiB of new pages
+  for (const auto& r : PutPages(**writer, fresh, 64 * 1024)) {
+    EXPECT_OK(r.status);
+  }
+  EXPECT_TRUE(ReadsBackExact(**writer, fresh.back(), 64 * 1024));
 }
 
 // Wrong tokens are answered only after auth_failure_delay_ms and the

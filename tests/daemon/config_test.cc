@@ -40,10 +40,14 @@ max_connections = 100
 max_unauthenticated_connections = 8
 handshake_timeout_ms = 2000
 idle_timeout_ms = 60000
+stall_timeout_ms = 5000
+max_in_flight_bytes = "1GiB"
 [metrics]
 listen = ""
 [leases]
 ttl_ms = 5000
+max_bytes_percent_per_connection = 25
+max_bytes_percent_per_namespace = 75
 [[namespace]]
 name = "glm-5@bf16"
 token = "secret-token"
@@ -62,6 +66,10 @@ hugepages = false
   EXPECT_EQ(c->idle_timeout_ms, 60000u);
   EXPECT_EQ(c->metrics_listen, "");
   EXPECT_EQ(c->lease_ttl_ms, 5000u);
+  EXPECT_EQ(c->stall_timeout_ms, 5000u);
+  EXPECT_EQ(c->max_in_flight_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->max_leased_bytes_percent_per_connection, 25u);
+  EXPECT_EQ(c->max_leased_bytes_percent_per_namespace, 75u);
   ASSERT_EQ(c->namespaces.size(), 1u);
   EXPECT_EQ(c->namespaces[0].host_bytes, uint64_t{2} << 30);
   EXPECT_FALSE(c->namespaces[0].hugepages);
@@ -104,6 +112,15 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   c.handshake_timeout_ms = 0;
   EXPECT_NE(c.Validate().message().find("server.handshake_timeout_ms"),
             std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.max_in_flight_bytes = c.max_frame_bytes - 1;
+  EXPECT_NE(c.Validate().message().find("server.max_in_flight_bytes"),
+            std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.max_leased_bytes_percent_per_connection = 101;
+  EXPECT_NE(
+      c.Validate().message().find("leases.max_bytes_percent_per_connection"),
+      std::string_view::npos);
   c = EmbeddedDefaults();
   c.max_unauthenticated_connections = 0;
   EXPECT_NE(c.Validate().message().find("max_unauthenticated_connections"),

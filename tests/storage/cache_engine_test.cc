@@ -214,6 +214,68 @@ TEST_F(CacheEngineTest, LeasesPinUntilReleasedOrTheOwnerLeaves) {
             StatusCode::kInvalidArgument);
 }
 
+Status StatusOf(const Status& s) { return s; }
+template <typename T>
+Status StatusOf(const Result<T>& r) {
+  return r.status();
+}
+
+// One connection may lease at most half of a namespace's DRAM by default
+// (leases.max_bytes_percent_per_connection): the items of a Get, Pin or
+// Put past that are answered ResourceExhausted, and their references or
+// reservations are dropped, so nothing stays pinned for them.
+TEST_F(CacheEngineTest, LeasesPastHalfTheNamespaceAreRefusedPerItem) {
+  Open(/*with_nvme=*/false);  // 1 MiB
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 40; ++n) {  // 40 pages of 17,440 B: 67%
+    PutPage(n);
+    for (const SegmentKey& k : AllKeys(n)) keys.push_back(k);
+  }
+  // (admitted, refused for bytes) of a batch's per-item results.
+  auto count = [](const auto& items) {
+    size_t ok = 0, refused = 0;
+    for (const auto& item : items) {
+      const Status s = StatusOf(item);
+      if (s.ok()) {
+        ok++;
+      } else if (s.code() == StatusCode::kResourceExhausted) {
+        refused++;
+        EXPECT_NE(
+            s.message().find("leases.max_bytes_percent_per_connection 50"),
+            std::string::npos)
+            << s.ToString();
+      }
+    }
+    return std::pair{ok, refused};
+  };
+  EngineRead read = AcquireNow(keys);
+  const auto [read_ok, read_refused] = count(read.items);
+  EXPECT_EQ(read_ok + read_refused, keys.size());
+  EXPECT_GT(read_refused, 0u);
+  // Admitted in request order: 30 whole pages (523,200 B) fit in 512 KiB,
+  // then not the 31st's first 4096 B.
+  EXPECT_EQ(read_ok, 30u * 6);
+  EXPECT_TRUE(read.items[read_ok - 1].ok());
+  EXPECT_FALSE(read.items[read_ok].ok());
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, read_ok);
+  // Past the limit, a Pin gets nothing either.
+  auto pin = engine_->Pin(kOwner, *ns_, AllKeys(39), std::chrono::seconds(5));
+  ASSERT_OK(pin);
+  EXPECT_EQ(count(pin->items).second, 6u);
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, read_ok);
+  EXPECT_OK(engine_->Release(kOwner, read.lease_id));
+  EXPECT_EQ(ns_->host().Stats().referenced_segments, 0u);
+  // Reservations count too: of 140 new 4 KiB segments (evicting clean
+  // pages for room), 128 are 512 KiB.
+  std::vector<SegmentSize> items;
+  for (uint64_t n = 100; n < 240; ++n) items.push_back({{Page(n), 1, 0}, 4096});
+  EngineReservation r = ReserveNow(items);
+  EXPECT_EQ(count(r.items), std::pair(size_t{128}, size_t{12}));
+  EXPECT_EQ(ns_->host().Stats().reserved_bytes, 128u * 4096);
+  EXPECT_EQ(engine_->ReleaseOwner(kOwner), 1u);
+  EXPECT_EQ(ns_->host().Stats().reserved_bytes, 0u);
+}
+
 TEST_F(CacheEngineTest, NvmeOnlyPagesArePromotedOnAcquireWithOneReadBatch) {
   // 1 MiB of DRAM holds ~58 pages of 17 KiB; 200 more evict these.
   Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);

@@ -1,3 +1,5 @@
+// Tests for storage/lease_table: leases, expiry and the per-owner and
+// per-tier limits.
 #include "storage/lease_table.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +22,8 @@ class LeaseTableTest : public ::testing::Test {
             .value();
   }
   SegmentKey Key(uint64_t n) { return SegmentKey{PageHash{n, n}, 0, 0}; }
+  // Segment n as a lease covers it (every test segment has 64 KiB).
+  LeasedSegment Seg(uint64_t n) { return {Key(n), 65536}; }
   void Put(const SegmentKey& k) {
     ASSERT_OK(tier_->Reserve(k, 65536));
     ASSERT_OK(tier_->Commit(k));
@@ -33,7 +37,7 @@ TEST_F(LeaseTableTest, ExpiredReadLeaseMakesSegmentEvictableAgain) {
   LeaseTable leases(&clock_);
   for (uint64_t i = 0; i < 16; ++i) Put(Key(i));
   ASSERT_OK(tier_->Acquire(Key(0)));
-  leases.Add(/*owner=*/1, LeaseKind::kRead, tier_.get(), {Key(0)},
+  leases.Add(/*owner=*/1, LeaseKind::kRead, tier_.get(), {Seg(0)},
              milliseconds(100));
   EXPECT_EQ(tier_->Stats().referenced_segments, 1u);
   clock_.Advance(milliseconds(99));
@@ -47,7 +51,7 @@ TEST_F(LeaseTableTest, ExpiredWriteLeaseReclaimsReservedSpace) {
   LeaseTable leases(&clock_);
   ASSERT_OK(tier_->Reserve(Key(1), 65536));
   ASSERT_OK(tier_->Reserve(Key(2), 65536));
-  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1), Key(2)},
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Seg(1), Seg(2)},
                            milliseconds(10));
   auto committed = leases.Commit(1, id, std::vector{Key(1)});
   ASSERT_OK(committed[0]);
@@ -61,7 +65,7 @@ TEST_F(LeaseTableTest, ExpiredWriteLeaseReclaimsReservedSpace) {
 TEST_F(LeaseTableTest, OwnersCannotTouchEachOthersLeases) {
   LeaseTable leases(&clock_);
   ASSERT_OK(tier_->Reserve(Key(1), 4096));
-  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1)},
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Seg(1)},
                            milliseconds(1000));
   EXPECT_EQ(leases.Release(2, id).code(), StatusCode::kNotFound);
   EXPECT_EQ(leases.Commit(2, id, std::vector{Key(1)})[0].code(),
@@ -77,7 +81,7 @@ TEST_F(LeaseTableTest, CommittingEveryKeyEndsTheLease) {
   LeaseTable leases(&clock_);
   ASSERT_OK(tier_->Reserve(Key(1), 4096));
   ASSERT_OK(tier_->Reserve(Key(2), 4096));
-  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Key(1), Key(2)},
+  uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(), {Seg(1), Seg(2)},
                            milliseconds(1000));
   auto st = leases.Commit(1, id, std::vector{Key(2), Key(1)});
   EXPECT_OK(st[0]);
@@ -92,8 +96,12 @@ TEST_F(LeaseTableTest, RoomFollowsEachLimitAndComesBackOnRelease) {
                               .max_segments_per_tier = 15});
   for (uint64_t i = 0; i < 8; ++i) Put(Key(i));
   auto lease = [&](uint64_t owner, std::vector<SegmentKey> keys) {
-    for (const auto& k : keys) EXPECT_OK(tier_->Acquire(k));
-    return leases.Add(owner, LeaseKind::kRead, tier_.get(), std::move(keys),
+    std::vector<LeasedSegment> segments;
+    for (const auto& k : keys) {
+      EXPECT_OK(tier_->Acquire(k));
+      segments.push_back({k, 65536});
+    }
+    return leases.Add(owner, LeaseKind::kRead, tier_.get(), std::move(segments),
                       milliseconds(1000));
   };
   EXPECT_EQ(leases.Room(1, tier_.get(), 100), 10u);  // segments per owner
@@ -129,13 +137,49 @@ TEST_F(LeaseTableTest, PartialCommitsReturnTheirShareOfTheRoom) {
   ASSERT_OK(tier_->Reserve(Key(1), 65536));
   ASSERT_OK(tier_->Reserve(Key(2), 65536));
   const uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(),
-                                 {Key(1), Key(2)}, milliseconds(100));
+                                 {Seg(1), Seg(2)}, milliseconds(100));
   EXPECT_EQ(leases.Room(1, tier_.get(), 100), 2u);
   ASSERT_OK(leases.Commit(1, id, std::vector{Key(1)})[0]);
   EXPECT_EQ(leases.Room(1, tier_.get(), 100), 3u);
   ASSERT_OK(leases.Commit(1, id, std::vector{Key(2)})[0]);
   EXPECT_EQ(leases.leases_of(1), 0u);
   EXPECT_EQ(leases.Room(1, tier_.get(), 100), 4u);
+}
+
+// Bytes count against a percentage of the tier's capacity (1 MiB here):
+// one owner up to 50%, all owners of the tier up to 90%, by default.
+TEST_F(LeaseTableTest, LeasedBytesFollowTheirLimitsAndComeBackOnRelease) {
+  LeaseTable leases(&clock_);
+  for (uint64_t i = 0; i < 16; ++i) Put(Key(i));
+  const std::vector<uint64_t> nine(9, 65536);
+  const char* why = nullptr;
+  EXPECT_EQ(leases.FitBytes(1, tier_.get(), nine, &why), 8u);  // 512 KiB
+  EXPECT_STREQ(why, "leased bytes per connection");
+  std::vector<LeasedSegment> first;
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_OK(tier_->Acquire(Key(i)));
+    first.push_back(Seg(i));
+  }
+  const uint64_t a = leases.Add(1, LeaseKind::kRead, tier_.get(),
+                                std::move(first), milliseconds(1000));
+  EXPECT_EQ(leases.bytes_of(1), 512u << 10);
+  EXPECT_EQ(leases.FitBytes(1, tier_.get(), nine, &why), 0u);
+  // Another owner: 90% of 1 MiB is 943,718 B, 512 KiB are taken.
+  EXPECT_EQ(leases.FitBytes(2, tier_.get(), nine, &why), 6u);
+  EXPECT_STREQ(why, "leased bytes per namespace");
+  ASSERT_OK(leases.Release(1, a));
+  EXPECT_EQ(leases.bytes_of(1), 0u);
+  EXPECT_EQ(leases.FitBytes(2, tier_.get(), nine, &why), 8u);
+  // A partial commit returns the committed segment's bytes.
+  ASSERT_OK(tier_->Reserve(Key(20), 65536));
+  ASSERT_OK(tier_->Reserve(Key(21), 65536));
+  const uint64_t w = leases.Add(3, LeaseKind::kWrite, tier_.get(),
+                                {Seg(20), Seg(21)}, milliseconds(1000));
+  EXPECT_EQ(leases.bytes_of(3), 128u << 10);
+  ASSERT_OK(leases.Commit(3, w, std::vector{Key(20)})[0]);
+  EXPECT_EQ(leases.bytes_of(3), 64u << 10);
+  EXPECT_EQ(leases.ReleaseOwner(3), 1u);
+  EXPECT_EQ(leases.bytes_of(3), 0u);
 }
 
 }  // namespace
