@@ -475,7 +475,9 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                {"backpressure_waits", es.backpressure_waits},
                {"backpressure_busy", es.backpressure_busy},
                {"largest_free_bytes", s.largest_free_bytes},
-               {"hugepages", s.hugepages}};
+               {"hugepages", s.hugepages},
+               {"eviction_policy", storage::EvictionPolicyName(
+                                       ns.engine->host().eviction_policy())}};
   auto& m = *ns.metrics;
   j["lookups"] = m.lookups->Value();
   j["lookup_tokens"] = {{"host", m.lookup_tokens_host->Value()},

@@ -438,10 +438,11 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       const toml::table* t = item.as_table();
       if (!t) return Bad("namespace", "entries must be tables");
       NamespaceConfig ns;
-      TIERKV_RETURN_IF_ERROR(CheckKeys(
-          *t, "namespace",
-          {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
-           "prefault", "write_policy", "nvme_bytes", "max_connections"}));
+      TIERKV_RETURN_IF_ERROR(
+          CheckKeys(*t, "namespace",
+                    {"name", "token", "token_file", "host_bytes", "shards",
+                     "hugepages", "prefault", "write_policy", "nvme_bytes",
+                     "max_connections", "eviction_policy"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(
@@ -469,6 +470,16 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         if (!parsed.ok())
           return Bad("namespace.write_policy", parsed.status().message());
         ns.write_policy = *parsed;
+      }
+      std::string eviction;
+      TIERKV_RETURN_IF_ERROR(
+          ReadString(*t, "namespace", "eviction_policy", eviction));
+      if (!eviction.empty()) {
+        auto parsed = storage::ParseEvictionPolicy(eviction);
+        if (!parsed.ok()) {
+          return Bad("namespace.eviction_policy", parsed.status().message());
+        }
+        ns.eviction_policy = *parsed;
       }
       c.namespaces.push_back(std::move(ns));
     }

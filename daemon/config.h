@@ -20,7 +20,7 @@
 //               prefetch_queue, sync_interval_ms, shutdown_persist_ms
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
 //               shards, hugepages, prefault, write_policy, nvme_bytes,
-//               max_connections
+//               max_connections, eviction_policy
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/eviction_policy.h"
 #include "storage/write_policy.h"
 #include "tierkv/status.h"
 
@@ -81,6 +82,11 @@ struct NamespaceConfig {
   // Connections that may have this namespace open at once; more get
   // ResourceExhausted. 0: server.max_connections. Default: 0.
   uint32_t max_connections = 0;
+  // Which DRAM segment goes first when the namespace's arena is full
+  // (storage/eviction_policy.h): "lru", or "2q" (segments used once go
+  // before segments used again). Default: lru.
+  storage::EvictionPolicyKind eviction_policy =
+      storage::EvictionPolicyKind::kLru;
   // NVMe bytes reserved for this namespace (a multiple of 4 KiB): only its
   // own writes evict its segments, and it holds no more. 0: it shares what
   // the reservations leave with the other namespaces without one.

@@ -63,7 +63,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                   .capacity_bytes = nc.host_bytes,
                   .shards = nc.shards,
                   .try_hugepages = nc.hugepages,
-                  .prefault = nc.prefault},
+                  .prefault = nc.prefault,
+                  .eviction_policy = nc.eviction_policy},
          .write_policy = nc.write_policy.value_or(
              d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone)});
   }
@@ -117,7 +118,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     ns->max_connections =
         nc.max_connections > 0 ? nc.max_connections : config.max_connections;
     ns->engine = d->engine_->namespaces()[i].get();
-    ns->metrics = d->metrics_.AddNamespace(nc.name);
+    ns->metrics = d->metrics_.AddNamespace(
+        nc.name, storage::EvictionPolicyName(nc.eviction_policy));
     spdlog::info(
         "namespace '{}': host tier {} MiB in {} shards ({} pages), write "
         "policy {}",

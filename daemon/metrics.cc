@@ -76,7 +76,8 @@ int DaemonMetrics::port() const {
   return ports.empty() ? 0 : ports.front();
 }
 
-NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
+NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns,
+                                              std::string_view policy) {
   auto m = std::make_unique<NamespaceMetrics>();
   auto& lookups = BuildCounter()
                       .Name("tierkv_lookups_total")
@@ -136,8 +137,8 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
   m->put_dedup = &puts.Add({{"namespace", ns}, {"result", "dedup"}});
   m->put_failed = &puts.Add({{"namespace", ns}, {"result", "failed"}});
   m->dedup_hits = &dedup.Add({{"namespace", ns}});
-  m->evictions =
-      &evictions.Add({{"namespace", ns}, {"tier", "host"}, {"policy", "lru"}});
+  m->evictions = &evictions.Add(
+      {{"namespace", ns}, {"tier", "host"}, {"policy", std::string(policy)}});
   m->evicted_bytes = &evicted_bytes.Add({{"namespace", ns}, {"tier", "host"}});
   m->bytes_used =
       &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "used"}});

@@ -72,7 +72,9 @@ class DaemonMetrics {
   // The bound port, or 0 when not serving.
   int port() const;
 
-  NamespaceMetrics* AddNamespace(const std::string& name);
+  // `policy`: the namespace's eviction policy, the `policy` label.
+  NamespaceMetrics* AddNamespace(const std::string& name,
+                                 std::string_view policy);
   // Exports the NVMe tier and mover (see nvme_metrics.h). Both borrowed;
   // call StopServing() before destroying them.
   void AddNvmeTier(const storage::NvmeStore* store,

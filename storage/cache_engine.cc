@@ -282,13 +282,13 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
     for (size_t i : busy) {
       const SegmentSize& item = items[i];
       // Each retry needs a reason: a commit, abort or finished write-back
-      // in the key's shard since the last attempt.
+      // in the tier since the last attempt.
       while (r.items[i].status().code() == StatusCode::kBusy) {
-        const uint64_t seen = ns.host_->ShardGeneration(item.key);
+        const uint64_t seen = ns.host_->Generation();
         r.items[i] = ns.host_->Reserve(item.key, item.size);
         if (r.items[i].status().code() != StatusCode::kBusy) break;
         mover_->Kick();
-        if (!ns.host_->WaitShardChange(item.key, seen, deadline)) break;
+        if (!ns.host_->WaitChange(seen, deadline)) break;
       }
       if (r.items[i].status().code() == StatusCode::kBusy) {
         backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
@@ -937,13 +937,13 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
               std::chrono::steady_clock::now() + options_.write_back_wait;
           backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
         }
-        // Each retry needs a reason: a change in the key's shard.
+        // Each retry needs a reason: a change in the tier.
         while (r.status().code() == StatusCode::kBusy) {
-          const uint64_t seen = ns.host_->ShardGeneration(key);
+          const uint64_t seen = ns.host_->Generation();
           r = ns.host_->Reserve(key, pool.layout.slot_bytes);
           if (r.status().code() != StatusCode::kBusy) break;
           mover_->Kick();
-          if (!ns.host_->WaitShardChange(key, seen, *deadline)) break;
+          if (!ns.host_->WaitChange(seen, *deadline)) break;
         }
         if (r.status().code() == StatusCode::kBusy) {
           backpressure_busy_.fetch_add(1, std::memory_order_relaxed);

@@ -1,5 +1,5 @@
-// HostTier: sharded DRAM index, O(1) clean/dirty LRU and dedup over a memfd
-// arena (see host_tier.h for the contract).
+// HostTier: sharded index over one arena-wide allocator and eviction order
+// (see host_tier.h for the contract).
 #include "storage/host_tier.h"
 
 #include <fmt/format.h>
@@ -7,79 +7,67 @@
 namespace tierkv::storage {
 
 struct HostTier::Shard {
-  Shard(uint32_t index, uint64_t bytes, uint64_t alignment)
-      : index(index), allocator(bytes, alignment) {}
+  using DirtyList = boost::intrusive::list<
+      Entry, boost::intrusive::member_hook<Entry, PolicyState::Hook,
+                                           &Entry::dirty_hook>>;
 
-  // Puts an unreferenced committed entry on its list: the front (most
-  // recent) or the back (next to be evicted or persisted).
-  void LinkLocked(const SegmentKey& key, Entry& e, bool front) REQUIRES(mu) {
-    auto& list = e.dirty ? dirty_lru : clean_lru;
-    e.lru_pos =
-        front ? list.insert(list.begin(), key) : list.insert(list.end(), key);
-    e.in_lru = true;
-    if (!e.dirty) clean_bytes += e.extent.length;
+  explicit Shard(std::unique_ptr<EvictionPolicy> p) : policy(std::move(p)) {}
+  ~Shard() {
+    MutexLock lock(&mu);
+    dirty.clear();  // unlink every hook before the entries go
+    policy.reset();
+  }
+
+  // Dirty list: front = most recently used.
+  void LinkDirtyLocked(Entry& e, uint64_t now, bool first_out) REQUIRES(mu) {
+    e.dirty_rank = first_out ? 0 : now;
+    if (first_out) {
+      dirty.push_back(e);
+    } else {
+      dirty.push_front(e);
+    }
+  }
+  void UnlinkDirtyLocked(Entry& e) REQUIRES(mu) {
+    if (e.dirty_hook.is_linked()) dirty.erase(dirty.iterator_to(e));
+  }
+  // Makes an unreferenced committed entry evictable (clean) or puts it on
+  // the dirty list, as used at `now` (or first in line).
+  void LinkLocked(Entry& e, uint64_t now, bool first) REQUIRES(mu) {
+    if (e.dirty) {
+      LinkDirtyLocked(e, now, first);
+    } else {
+      policy->Link(e.policy, now, first);
+    }
   }
   void UnlinkLocked(Entry& e) REQUIRES(mu) {
-    if (!e.in_lru) return;
-    (e.dirty ? dirty_lru : clean_lru).erase(e.lru_pos);
-    e.in_lru = false;
-    if (!e.dirty) clean_bytes -= e.extent.length;
-  }
-  void TouchLocked(Entry& e) REQUIRES(mu) {
-    if (!e.in_lru) return;
-    auto& list = e.dirty ? dirty_lru : clean_lru;
-    list.splice(list.begin(), list, e.lru_pos);
-  }
-  void EvictCleanTailLocked() REQUIRES(mu) {
-    auto it = entries.find(clean_lru.back());
-    Entry& e = it->second;
-    UnlinkLocked(e);
-    allocator.Free(e.extent);
-    used_bytes -= e.extent.length;
-    segments--;
-    evictions++;
-    evicted_bytes += e.size;
-    entries.erase(it);
-  }
-  // FinishPersist under the lock; false when `key` was not taken.
-  bool FinishPersistLocked(const SegmentKey& key, bool persisted, bool retry)
-      REQUIRES(mu) {
-    auto it = entries.find(key);
-    if (it == entries.end() || !it->second.persisting) return false;
-    Entry& e = it->second;
-    e.persisting = false;
-    persisting_bytes -= e.extent.length;
-    if (persisted || !retry) {
-      e.dirty = false;
-      dirty_segments--;
-      dirty_bytes -= e.size;
+    if (e.dirty) {
+      UnlinkDirtyLocked(e);
+    } else {
+      policy->Unlink(e.policy);
     }
-    // Persisted segments are the oldest of the shard (the dirty tail): they
-    // go to the clean tail, first in line for eviction. A retry goes back to
-    // the dirty tail, first in line for the next batch.
-    if (e.refs == 0) LinkLocked(key, e, /*front=*/false);
-    return true;
+  }
+  // A use at `now`: the policy learns it; a linked dirty entry moves up.
+  void UseLocked(Entry& e, uint64_t now) REQUIRES(mu) {
+    policy->Use(e.policy, now);
+    if (e.dirty_hook.is_linked()) {
+      dirty.erase(dirty.iterator_to(e));
+      LinkDirtyLocked(e, now, /*first_out=*/false);
+    }
   }
 
-  // Free plus clean (evictable) bytes, plus those being written back (they
-  // will be clean soon): what write-back need not clean any more.
-  uint64_t ReadyBytesLocked(uint64_t shard_bytes) const REQUIRES(mu) {
-    return shard_bytes - used_bytes - reserved_bytes + clean_bytes +
-           persisting_bytes;
-  }
-
-  const uint32_t index;
   mutable Mutex mu;
-  // Signalled whenever `generation` advances (commit, abort, write-back).
-  CondVar changed;
-  uint64_t generation GUARDED_BY(mu) = 0;
-  ExtentAllocator allocator GUARDED_BY(mu);
+  // Entries are node-based (stable addresses): the policy's and the dirty
+  // list's hooks live in them. Declared before both lists, so they outlive
+  // them.
   std::unordered_map<SegmentKey, Entry> entries GUARDED_BY(mu);
-  // Unreferenced committed segments; front = most recent.
-  std::list<SegmentKey> clean_lru GUARDED_BY(mu);
-  std::list<SegmentKey> dirty_lru GUARDED_BY(mu);
-  uint64_t clean_bytes GUARDED_BY(mu) = 0;       // extent bytes on clean_lru
-  uint64_t persisting_bytes GUARDED_BY(mu) = 0;  // extent bytes taken
+  std::unique_ptr<EvictionPolicy> policy GUARDED_BY(mu);
+  DirtyList dirty GUARDED_BY(mu);
+  // Read without the lock by reservations and TakeDirty choosing a shard;
+  // written under it (PublishLocked).
+  std::atomic<uint64_t> victim_rank{EvictionPolicy::kNoVictim};
+  std::atomic<uint64_t> dirty_rank{EvictionPolicy::kNoVictim};
+  uint64_t published_clean GUARDED_BY(mu) = 0;
+  // Statistics.
   uint64_t used_bytes GUARDED_BY(mu) = 0;
   uint64_t reserved_bytes GUARDED_BY(mu) = 0;
   uint64_t segments GUARDED_BY(mu) = 0;
@@ -112,6 +100,14 @@ Status HostTierOptions::Validate() const {
     return Status::InvalidArgument(
         "host tier clean_reserve_fraction must be in [0, 1]");
   }
+  if (!(policy_options.protected_fraction >= 0 &&
+        policy_options.protected_fraction <= 1) ||
+      !(policy_options.ghost_factor >= 0 &&
+        policy_options.ghost_factor <= 16)) {
+    return Status::InvalidArgument(
+        "eviction policy: protected_fraction must be in [0, 1] and "
+        "ghost_factor in [0, 16]");
+  }
   return Status::OK();
 }
 
@@ -126,10 +122,13 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& o) {
 }
 
 HostTier::HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena)
-    : options_(o), arena_(std::move(arena)) {
-  shard_bytes_ = (o.capacity_bytes / o.shards) & ~(o.alignment - 1);
+    : options_(o),
+      arena_(std::move(arena)),
+      capacity_bytes_(o.capacity_bytes & ~(o.alignment - 1)),
+      allocator_(capacity_bytes_, o.alignment) {
   for (uint32_t i = 0; i < o.shards; ++i) {
-    shards_.push_back(std::make_unique<Shard>(i, shard_bytes_, o.alignment));
+    shards_.push_back(std::make_unique<Shard>(
+        NewEvictionPolicy(o.eviction_policy, o.policy_options)));
   }
 }
 
@@ -139,49 +138,175 @@ HostTier::Shard& HostTier::ShardFor(const SegmentKey& key) const {
   return *shards_[std::hash<SegmentKey>()(key) % shards_.size()];
 }
 
-uint64_t HostTier::ArenaOffset(const Shard& shard, const Extent& e) const {
-  return shard.index * shard_bytes_ + e.offset;
+void HostTier::PublishLocked(Shard& shard) {
+  shard.mu.AssertHeld();
+  shard.victim_rank.store(shard.policy->VictimRank(),
+                          std::memory_order_relaxed);
+  shard.dirty_rank.store(shard.dirty.empty() ? EvictionPolicy::kNoVictim
+                                             : shard.dirty.back().dirty_rank,
+                         std::memory_order_relaxed);
+  const uint64_t clean = shard.policy->linked_bytes();
+  // Unsigned wrap-around makes the sum of deltas exact.
+  clean_bytes_.fetch_add(clean - shard.published_clean,
+                         std::memory_order_relaxed);
+  shard.published_clean = clean;
+}
+
+void HostTier::AdvanceGeneration() {
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  // A waiter counts itself before it checks the generation (seq_cst both
+  // ways), so either it sees the new value or this sees it waiting.
+  if (generation_waiters_.load(std::memory_order_seq_cst) > 0) {
+    MutexLock lock(&gen_mu_);
+    gen_changed_.SignalAll();
+  }
+}
+
+uint64_t HostTier::Generation() const {
+  return generation_.load(std::memory_order_seq_cst);
+}
+
+bool HostTier::WaitChange(
+    uint64_t seen, std::chrono::steady_clock::time_point deadline) const {
+  MutexLock lock(&gen_mu_);
+  generation_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  bool changed = true;
+  while (generation_.load(std::memory_order_seq_cst) == seen) {
+    if (!gen_changed_.WaitUntil(&gen_mu_, deadline)) {
+      changed = generation_.load(std::memory_order_seq_cst) != seen;
+      break;
+    }
+  }
+  generation_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  return changed;
+}
+
+bool HostTier::EvictOneLocked(Shard& shard) {
+  shard.mu.AssertHeld();
+  PolicyState* victim = shard.policy->Victim();
+  if (victim == nullptr) return false;
+  auto it = shard.entries.find(victim->key);
+  Entry& e = it->second;
+  shard.policy->Unlink(e.policy);
+  shard.policy->Evicted(e.policy);
+  {
+    MutexLock space(&space_mu_);
+    allocator_.Free(e.extent);
+  }
+  used_bytes_.fetch_sub(e.extent.length, std::memory_order_relaxed);
+  shard.used_bytes -= e.extent.length;
+  shard.segments--;
+  shard.evictions++;
+  shard.evicted_bytes += e.size;
+  shard.entries.erase(it);
+  PublishLocked(shard);
+  return true;
+}
+
+Result<Extent> HostTier::MakeRoom(uint64_t size) {
+  while (true) {
+    {
+      MutexLock space(&space_mu_);
+      if (auto extent = allocator_.Allocate(size)) return *extent;
+    }
+    // The tier's next victim: the shard whose candidate ranks first.
+    Shard* best = nullptr;
+    uint64_t best_rank = EvictionPolicy::kNoVictim;
+    for (const auto& shard : shards_) {
+      const uint64_t rank = shard->victim_rank.load(std::memory_order_relaxed);
+      if (rank < best_rank) {
+        best_rank = rank;
+        best = shard.get();
+      }
+    }
+    if (best != nullptr) {
+      MutexLock lock(&best->mu);
+      if (EvictOneLocked(*best)) continue;
+    }
+    // No candidate published (or it went meanwhile): ask every shard under
+    // its lock before giving up.
+    bool evicted = false;
+    for (const auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      if ((evicted = EvictOneLocked(*shard))) break;
+    }
+    if (evicted) continue;
+    if (dirty_segments_.load(std::memory_order_relaxed) > 0) {
+      return Status::Busy(fmt::format(
+          "namespace '{}': DRAM holds only segments not yet written back to "
+          "NVMe; retry when the write-back catches up",
+          options_.name));
+    }
+    return Status::ResourceExhausted(fmt::format(
+        "namespace '{}': no evictable space for {} B (every segment is "
+        "leased, pinned or reserved)",
+        options_.name, size));
+  }
 }
 
 Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
   if (size == 0) return Status::InvalidArgument("segment size is 0");
-  if (size > shard_bytes_) {
-    return Status::InvalidArgument(fmt::format(
-        "segment of {} B exceeds the {} B host shard of namespace '{}'", size,
-        shard_bytes_, options_.name));
+  if (size > capacity_bytes_) {
+    return Status::InvalidArgument(
+        fmt::format("segment of {} B exceeds the {} B host tier of namespace "
+                    "'{}'",
+                    size, capacity_bytes_, options_.name));
   }
   Shard& shard = ShardFor(key);
-  MutexLock lock(&shard.mu);
-  if (auto it = shard.entries.find(key); it != shard.entries.end()) {
-    if (!it->second.committed) {
-      return Status::Busy("segment is being written by another client");
-    }
-    shard.dedup_hits++;
-    shard.TouchLocked(it->second);
-    return Reservation{.already_stored = true};
-  }
-  std::optional<Extent> extent;
-  while (!(extent = shard.allocator.Allocate(size))) {
-    if (shard.clean_lru.empty()) {
-      if (shard.dirty_segments > 0) {
-        shard.backpressure_rejections++;
-        return Status::Busy(fmt::format(
-            "namespace '{}': host shard {} holds only segments not yet "
-            "written back to NVMe; retry when the write-back catches up",
-            options_.name, shard.index));
+  {
+    MutexLock lock(&shard.mu);
+    if (auto it = shard.entries.find(key); it != shard.entries.end()) {
+      if (!it->second.committed) {
+        return Status::Busy("segment is being written by another client");
       }
-      return Status::ResourceExhausted(fmt::format(
-          "namespace '{}': no evictable space for {} B (shard {} has every "
-          "segment leased, pinned or reserved)",
-          options_.name, size, shard.index));
+      shard.dedup_hits++;
+      shard.UseLocked(it->second, Tick());
+      PublishLocked(shard);
+      return Reservation{.already_stored = true};
     }
-    shard.EvictCleanTailLocked();
+    std::optional<Extent> extent;
+    {
+      MutexLock space(&space_mu_);
+      extent = allocator_.Allocate(size);
+    }
+    Entry& e = shard.entries[key];
+    e.policy.key = key;
+    e.size = size;
+    if (extent) {  // the common case: free space, no eviction
+      e.extent = *extent;
+      e.policy.bytes = extent->length;
+      shard.reserved_bytes += extent->length;
+      reserved_bytes_.fetch_add(extent->length, std::memory_order_relaxed);
+      return Reservation{.location = {extent->offset, size}};
+    }
+    // The entry claims the key (another writer gets Busy) while room is
+    // made with this shard unlocked: eviction locks one shard at a time.
   }
-  Entry& e = shard.entries[key];
+  Result<Extent> extent = MakeRoom(size);
+  MutexLock lock(&shard.mu);
+  auto it = shard.entries.find(key);
+  if (!extent.ok()) {
+    if (it != shard.entries.end() && !it->second.committed &&
+        it->second.extent.length == 0) {
+      shard.entries.erase(it);
+    }
+    if (extent.status().code() == StatusCode::kBusy) {
+      shard.backpressure_rejections++;
+    }
+    return extent.status();
+  }
+  if (it == shard.entries.end() || it->second.extent.length != 0) {
+    // Aborted while claimed (its lease expired): give the space back.
+    MutexLock space(&space_mu_);
+    allocator_.Free(*extent);
+    return Status::Busy("segment reservation was aborted meanwhile");
+  }
+  Entry& e = it->second;
   e.extent = *extent;
-  e.size = size;
+  e.policy.bytes = extent->length;
   shard.reserved_bytes += extent->length;
-  return Reservation{.location = {ArenaOffset(shard, *extent), size}};
+  reserved_bytes_.fetch_add(extent->length, std::memory_order_relaxed);
+  return Reservation{.location = {extent->offset, size}};
 }
 
 Status HostTier::Commit(const SegmentKey& key, bool dirty) {
@@ -189,7 +314,8 @@ Status HostTier::Commit(const SegmentKey& key, bool dirty) {
   {
     MutexLock lock(&shard.mu);
     auto it = shard.entries.find(key);
-    if (it == shard.entries.end() || it->second.committed) {
+    if (it == shard.entries.end() || it->second.committed ||
+        it->second.extent.length == 0) {
       return Status::NotFound("segment is not reserved");
     }
     Entry& e = it->second;
@@ -197,16 +323,21 @@ Status HostTier::Commit(const SegmentKey& key, bool dirty) {
     e.dirty = dirty;
     shard.reserved_bytes -= e.extent.length;
     shard.used_bytes += e.extent.length;
+    reserved_bytes_.fetch_sub(e.extent.length, std::memory_order_relaxed);
+    used_bytes_.fetch_add(e.extent.length, std::memory_order_relaxed);
     shard.segments++;
     shard.inserts++;
     if (dirty) {
       shard.dirty_segments++;
       shard.dirty_bytes += e.size;
+      dirty_segments_.fetch_add(1, std::memory_order_relaxed);
     }
-    shard.LinkLocked(key, e, /*front=*/true);
-    shard.generation++;
+    const uint64_t now = Tick();
+    shard.policy->Admit(e.policy, now);
+    shard.LinkLocked(e, now, /*first=*/false);
+    PublishLocked(shard);
   }
-  shard.changed.SignalAll();
+  AdvanceGeneration();
   return Status::OK();
 }
 
@@ -216,31 +347,17 @@ void HostTier::Abort(const SegmentKey& key) {
     MutexLock lock(&shard.mu);
     auto it = shard.entries.find(key);
     if (it == shard.entries.end() || it->second.committed) return;
-    shard.allocator.Free(it->second.extent);
-    shard.reserved_bytes -= it->second.extent.length;
+    const Extent extent = it->second.extent;
+    if (extent.length > 0) {  // else claimed: Reserve sees it gone
+      MutexLock space(&space_mu_);
+      allocator_.Free(extent);
+    }
+    shard.reserved_bytes -= extent.length;
+    reserved_bytes_.fetch_sub(extent.length, std::memory_order_relaxed);
     shard.aborts++;
     shard.entries.erase(it);
-    shard.generation++;
   }
-  shard.changed.SignalAll();
-}
-
-uint64_t HostTier::ShardGeneration(const SegmentKey& key) const {
-  Shard& shard = ShardFor(key);
-  MutexLock lock(&shard.mu);
-  return shard.generation;
-}
-
-bool HostTier::WaitShardChange(const SegmentKey& key, uint64_t seen,
-                               std::chrono::steady_clock::time_point deadline) {
-  Shard& shard = ShardFor(key);
-  MutexLock lock(&shard.mu);
-  while (shard.generation == seen) {
-    if (!shard.changed.WaitUntil(&shard.mu, deadline)) {
-      return shard.generation != seen;
-    }
-  }
-  return true;
+  AdvanceGeneration();
 }
 
 Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
@@ -255,7 +372,9 @@ Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
     shard.UnlinkLocked(e);
     shard.referenced++;
   }
-  return SegmentLocation{ArenaOffset(shard, e.extent), e.size};
+  shard.UseLocked(e, Tick());
+  PublishLocked(shard);
+  return SegmentLocation{e.extent.offset, e.size};
 }
 
 void HostTier::Release(const SegmentKey& key) {
@@ -268,7 +387,8 @@ void HostTier::Release(const SegmentKey& key) {
     shard.referenced--;
     // Released = just used. A segment being persisted re-links when the
     // mover finishes with it.
-    if (!e.persisting) shard.LinkLocked(key, e, /*front=*/true);
+    if (!e.persisting) shard.LinkLocked(e, Tick(), /*first=*/false);
+    PublishLocked(shard);
   }
 }
 
@@ -277,8 +397,17 @@ bool HostTier::Touch(const SegmentKey& key) {
   MutexLock lock(&shard.mu);
   auto it = shard.entries.find(key);
   if (it == shard.entries.end() || !it->second.committed) return false;
-  shard.TouchLocked(it->second);
+  shard.UseLocked(it->second, Tick());
+  PublishLocked(shard);
   return true;
+}
+
+uint64_t HostTier::ReadyBytes() const {
+  const uint64_t taken = used_bytes_.load(std::memory_order_relaxed) +
+                         reserved_bytes_.load(std::memory_order_relaxed);
+  const uint64_t free = taken >= capacity_bytes_ ? 0 : capacity_bytes_ - taken;
+  return free + clean_bytes_.load(std::memory_order_relaxed) +
+         persisting_bytes_.load(std::memory_order_relaxed);
 }
 
 std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
@@ -287,30 +416,36 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
   std::vector<DirtySegment> out;
   uint64_t bytes = 0;
   const auto reserve_bytes = static_cast<uint64_t>(
-      options_.clean_reserve_fraction * static_cast<double>(shard_bytes_));
-  const uint32_t start =
-      next_dirty_shard_.fetch_add(1, std::memory_order_relaxed);
-  for (size_t i = 0; i < shards_.size() && out.size() < max_items; ++i) {
-    Shard& shard = *shards_[(start + i) % shards_.size()];
-    MutexLock lock(&shard.mu);
-    // write_back: a shard below its reserve of ready bytes is cleaned up to
-    // twice the reserve (hysteresis: large batches, not one per Put).
-    if (only_needed && shard.ReadyBytesLocked(shard_bytes_) >= reserve_bytes) {
+      options_.clean_reserve_fraction * static_cast<double>(capacity_bytes_));
+  // write_back: a tier below its reserve of ready bytes is cleaned up to
+  // twice the reserve (hysteresis: large batches, not one per Put).
+  if (only_needed && ReadyBytes() >= reserve_bytes) return out;
+  // Least recently used first across shards, until the batch is full or
+  // the tier is clean enough.
+  while (out.size() < max_items && (out.empty() || bytes < max_bytes) &&
+         (!only_needed || ReadyBytes() < 2 * reserve_bytes)) {
+    Shard* best = nullptr;
+    uint64_t best_rank = EvictionPolicy::kNoVictim;
+    for (const auto& shard : shards_) {
+      const uint64_t rank = shard->dirty_rank.load(std::memory_order_relaxed);
+      if (rank < best_rank) {
+        best_rank = rank;
+        best = shard.get();
+      }
+    }
+    if (best == nullptr) break;
+    MutexLock lock(&best->mu);
+    if (best->dirty.empty()) {
+      PublishLocked(*best);  // raced: republish and look again
       continue;
     }
-    // Oldest first, until the batch is full or the shard is clean enough.
-    while (!shard.dirty_lru.empty() && out.size() < max_items &&
-           (out.empty() || bytes < max_bytes) &&
-           (!only_needed ||
-            shard.ReadyBytesLocked(shard_bytes_) < 2 * reserve_bytes)) {
-      const SegmentKey key = shard.dirty_lru.back();
-      Entry& e = shard.entries.find(key)->second;
-      shard.UnlinkLocked(e);
-      e.persisting = true;
-      shard.persisting_bytes += e.extent.length;
-      out.push_back({key, {ArenaOffset(shard, e.extent), e.size}});
-      bytes += e.size;
-    }
+    Entry& e = best->dirty.back();
+    best->UnlinkDirtyLocked(e);
+    e.persisting = true;
+    persisting_bytes_.fetch_add(e.extent.length, std::memory_order_relaxed);
+    out.push_back({e.policy.key, {e.extent.offset, e.size}});
+    bytes += e.size;
+    PublishLocked(*best);
   }
   return out;
 }
@@ -320,9 +455,23 @@ void HostTier::FinishPersist(const SegmentKey& key, bool persisted,
   Shard& shard = ShardFor(key);
   {
     MutexLock lock(&shard.mu);
-    if (shard.FinishPersistLocked(key, persisted, retry)) shard.generation++;
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || !it->second.persisting) return;
+    Entry& e = it->second;
+    e.persisting = false;
+    persisting_bytes_.fetch_sub(e.extent.length, std::memory_order_relaxed);
+    if (persisted || !retry) {
+      e.dirty = false;
+      shard.dirty_segments--;
+      shard.dirty_bytes -= e.size;
+      dirty_segments_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    // Persisted segments were the tier's oldest dirty ones: first in line
+    // for eviction. A retry is first in line for the next batch.
+    if (e.refs == 0) shard.LinkLocked(e, Tick(), /*first=*/true);
+    PublishLocked(shard);
   }
-  shard.changed.SignalAll();
+  AdvanceGeneration();
 }
 
 std::vector<SegmentInfo> HostTier::List(size_t limit) const {
@@ -339,7 +488,7 @@ std::vector<SegmentInfo> HostTier::List(size_t limit) const {
 
 HostTierStats HostTier::Stats() const {
   HostTierStats s;
-  s.capacity_bytes = shard_bytes_ * shards_.size();
+  s.capacity_bytes = capacity_bytes_;
   s.hugepages = arena_->hugepages_used();
   for (const auto& shard : shards_) {
     MutexLock lock(&shard->mu);
@@ -355,9 +504,9 @@ HostTierStats HostTier::Stats() const {
     s.dirty_segments += shard->dirty_segments;
     s.dirty_bytes += shard->dirty_bytes;
     s.backpressure_rejections += shard->backpressure_rejections;
-    s.largest_free_bytes = std::max(
-        s.largest_free_bytes, shard->allocator.Stats().largest_free_bytes);
   }
+  MutexLock space(&space_mu_);
+  s.largest_free_bytes = allocator_.Stats().largest_free_bytes;
   return s;
 }
 

@@ -1,29 +1,37 @@
 // HostTier: one namespace's segments in host DRAM (DESIGN.md §4, tier T1).
 //
-// The arena (a memfd the client maps) is split into `shards` contiguous
-// regions. A segment key hashes to one shard, which owns that region's extent
-// allocator, its part of the index and its LRU lists, all under one mutex, as
-// in leveldb's ShardedLRUCache: operations on different shards never contend.
-// Consequences, by design: LRU order and capacity are per shard; a segment
-// must fit in one shard (capacity / shards bytes).
+// Space and eviction order are tier-wide; the index is sharded. One extent
+// allocator hands out the whole arena (a memfd the client maps), and a full
+// tier evicts the segment that its eviction policy (eviction_policy.h:
+// `lru`, `2q`) ranks first among every shard's candidate: each shard keeps
+// a policy instance over its own segments and publishes its victim's rank,
+// and a reservation evicts from the shard whose rank is lowest. So `lru`
+// is exact LRU over the tier whatever the shard count (a prefix hit needs
+// every page of the prefix, and shards that evict on their own lose hits:
+// 0.2-1.2 points on Mooncake's trace with 8 of them), while lookups,
+// references and commits of different shards never contend: a key's shard
+// lock guards its entry, the allocator has its own lock (taken inside a
+// shard lock, never the other way round), and eviction takes one shard lock
+// at a time.
 //
 // Segment life cycle:
 //   Reserve -> (client writes bytes at the returned offset) -> Commit
 //           \-> Abort (or expiry of the owning lease) frees the space.
 //   Committed segments are readable; Acquire/Release bracket every read or
-//   pin. A segment with refs > 0 is off the LRU lists and cannot be evicted,
-//   so eviction is O(1): it always takes a list's tail.
+//   pin. A segment with refs > 0 is out of its policy and cannot be
+//   evicted, so eviction is O(shards): it takes a policy's victim.
 // Dedup: Reserve of a committed key reports `already_stored` (a success:
-// nothing is reserved or copied) and touches the LRU.
+// nothing is reserved or copied) and counts as a use.
 //
 // Write-back (dirty segments): a segment committed with `dirty` must reach a
-// lower tier before its memory may be reused. Each shard keeps two LRU
-// lists, clean and dirty; eviction takes only the clean tail, so a dirty
-// segment is never dropped. The tier mover takes the oldest dirty segments
-// with TakeDirty(), persists them and hands them back with FinishPersist().
-// When a reservation needs space and only dirty segments are left, Reserve
-// answers Busy (backpressure, counted in backpressure_rejections) instead of
-// losing data the daemon acknowledged as cached.
+// lower tier before its memory may be reused. Dirty segments stay out of
+// the policy on a dirty list per shard (least recently used at the back);
+// the tier mover takes the tier's oldest with TakeDirty(), persists them
+// and hands them back with FinishPersist(), after which they are evictable
+// first of all. When a reservation needs space and only dirty segments are
+// left, Reserve answers Busy (backpressure, counted in
+// backpressure_rejections) instead of losing data the daemon acknowledged
+// as cached.
 //
 // Thread safety: all methods are thread-safe.
 #pragma once
@@ -38,6 +46,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "storage/eviction_policy.h"
 #include "storage/extent_allocator.h"
 #include "storage/host_arena.h"
 #include "tierkv/status.h"
@@ -49,18 +58,22 @@ struct HostTierOptions {
   std::string name = "default";  // namespace name, for the memfd and logs
   // Bytes of DRAM for this namespace. Default: 1 GiB. Fixed at creation.
   uint64_t capacity_bytes = uint64_t{1} << 30;
-  // Number of index/LRU shards; each owns capacity/shards bytes. Default: 8.
+  // Index shards (lock partitions; space and eviction order are tier-wide).
+  // Default: 8.
   uint32_t shards = 8;
   // Extent alignment; internal waste is < alignment per segment. Default: 64.
   uint64_t alignment = 64;
   bool try_hugepages = true;  // Default: true (falls back to 4 KiB pages)
   bool prefault = true;       // Default: true (commit the arena at start)
-  // Write-back: TakeDirty() with `only_needed` starts on a shard whose free
-  // plus clean (evictable) bytes fall below this fraction of the shard and
-  // cleans it up to twice the fraction, so the mover keeps room ahead of
-  // new Puts, in large batches, without writing what may never be evicted.
+  // Write-back: TakeDirty() with `only_needed` starts when the tier's free
+  // plus clean (evictable) bytes fall below this fraction of it and cleans
+  // up to twice the fraction, so the mover keeps room ahead of new Puts, in
+  // large batches, without writing what may never be evicted.
   // Default: 0.25.
   double clean_reserve_fraction = 0.25;
+  // Which evictable segment goes first. Default: lru.
+  EvictionPolicyKind eviction_policy = EvictionPolicyKind::kLru;
+  EvictionPolicyOptions policy_options;
 
   // InvalidArgument unless capacity >= shards * 1 MiB, 1 <= shards <= 256
   // alignment is a power of two in [8, 4096] and clean_reserve_fraction is
@@ -124,12 +137,12 @@ class HostTier {
   HostTier(const HostTier&) = delete;
   HostTier& operator=(const HostTier&) = delete;
 
-  // Allocates `size` bytes for `key`, evicting clean LRU segments of its
-  // shard when needed. Returns `already_stored` for a committed key (dedup),
-  // Busy when another writer holds a reservation of `key` or when only
-  // dirty segments are left to evict (backpressure: retry once the mover
-  // has persisted some), InvalidArgument (size 0 or larger than a shard) or
-  // ResourceExhausted (every segment is referenced or reserved).
+  // Allocates `size` bytes for `key`, evicting the policy's first clean
+  // segments when needed. Returns `already_stored` for a committed key
+  // (dedup), Busy when another writer holds a reservation of `key` or when
+  // only dirty segments are left to evict (backpressure: retry once the
+  // mover has persisted some), InvalidArgument (size 0 or larger than the
+  // tier) or ResourceExhausted (every segment is referenced or reserved).
   Result<Reservation> Reserve(const SegmentKey& key, uint64_t size);
 
   // Makes a reserved segment readable; `dirty` when it must be persisted
@@ -140,41 +153,42 @@ class HostTier {
   // Drops a reservation and frees its space; no-op unless `key` is reserved.
   void Abort(const SegmentKey& key);
 
-  // Takes a reference on a committed segment (for a read or a pin) and marks
-  // it most recently used. NotFound when absent or not committed.
+  // Takes a reference on a committed segment (for a read or a pin); a use
+  // of it. NotFound when absent or not committed.
   Result<SegmentLocation> Acquire(const SegmentKey& key);
 
-  // Drops a reference taken by Acquire().
+  // Drops a reference taken by Acquire() (the last one makes the segment
+  // evictable again, as just used).
   // REQUIRES: a matching Acquire() on `key`.
   void Release(const SegmentKey& key);
 
-  // True when `key` is committed; marks it most recently used.
+  // True when `key` is committed; a use of it.
   bool Touch(const SegmentKey& key);
 
-  // A counter of `key`'s shard that advances whenever a segment of the
-  // shard is committed, aborted or finishes a write-back: read it before a
-  // Reserve that answered Busy, then WaitShardChange() for a reason to retry.
-  uint64_t ShardGeneration(const SegmentKey& key) const;
-  // Waits until the generation of `key`'s shard differs from `seen`, or
-  // until `deadline`; false on timeout.
-  bool WaitShardChange(const SegmentKey& key, uint64_t seen,
-                       std::chrono::steady_clock::time_point deadline);
+  // A counter that advances whenever a segment of the tier is committed,
+  // aborted or finishes a write-back: read it before a Reserve that
+  // answered Busy, then WaitChange() for a reason to retry.
+  uint64_t Generation() const;
+  // Waits until Generation() differs from `seen`, or until `deadline`;
+  // false on timeout.
+  bool WaitChange(uint64_t seen,
+                  std::chrono::steady_clock::time_point deadline) const;
 
   // Takes up to `max_items` / `max_bytes` (at least one segment when any
-  // qualifies) of the oldest unreferenced dirty segments, visiting shards
-  // from a rotating start. With `only_needed`, only shards whose free plus
-  // clean bytes are below clean_reserve_fraction contribute (write_back);
-  // otherwise every dirty segment qualifies (write_through). Taken segments
-  // cannot be evicted and are not taken again until FinishPersist().
+  // qualifies) of the tier's least recently used unreferenced dirty
+  // segments. With `only_needed`, only while the tier's free plus clean
+  // bytes are below clean_reserve_fraction (write_back); otherwise every
+  // dirty segment qualifies (write_through). Taken segments cannot be
+  // evicted and are not taken again until FinishPersist().
   std::vector<DirtySegment> TakeDirty(size_t max_items, uint64_t max_bytes,
                                       bool only_needed);
 
-  // Ends a TakeDirty() of `key`. `persisted`: the segment is now clean (the
-  // oldest of its shard's clean list). Otherwise it stays dirty when
-  // `retry`, else it is made clean unpersisted (the lower tier cannot take
-  // it; the host copy stays a cache entry rather than wedging the shard).
-  // Finish a batch newest first (reverse TakeDirty order): each finished
-  // segment goes behind those finished before it, so the oldest ends last.
+  // Ends a TakeDirty() of `key`. `persisted`: the segment is now clean and
+  // first in line for eviction. Otherwise it stays dirty (first in line for
+  // the next TakeDirty) when `retry`, else it is made clean unpersisted (the
+  // lower tier cannot take it; the host copy stays a cache entry rather
+  // than wedging the tier). Finish a batch newest first (reverse TakeDirty
+  // order), so the oldest ends first in line.
   void FinishPersist(const SegmentKey& key, bool persisted, bool retry);
 
   // Up to `limit` committed segments, in no particular order.
@@ -182,33 +196,65 @@ class HostTier {
 
   HostTierStats Stats() const;
   const HostArena& arena() const { return *arena_; }
-  uint64_t shard_bytes() const { return shard_bytes_; }
-  uint64_t capacity_bytes() const { return shard_bytes_ * shards_.size(); }
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
   const std::string& name() const { return options_.name; }
+  EvictionPolicyKind eviction_policy() const {
+    return options_.eviction_policy;
+  }
 
  private:
   struct Entry {
-    Extent extent;  // shard-relative
-    uint64_t size = 0;
+    Extent extent;      // arena offsets; length 0 while being claimed
+    uint64_t size = 0;  // bytes asked for
     bool committed = false;
     bool dirty = false;       // must be persisted before eviction
     bool persisting = false;  // taken by TakeDirty, not yet finished
     uint32_t refs = 0;
-    // Position in the clean or dirty list (by `dirty`); valid iff in_lru.
-    std::list<SegmentKey>::iterator lru_pos;
-    bool in_lru = false;
+    PolicyState policy;  // key, bytes; linked into the policy iff evictable
+    // On the shard's dirty list iff dirty, unreferenced and not persisting.
+    PolicyState::Hook dirty_hook;
+    uint64_t dirty_rank = 0;  // tier clock at the last use (0: first out)
   };
   struct Shard;
 
   HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena);
   Shard& ShardFor(const SegmentKey& key) const;
-  uint64_t ArenaOffset(const Shard& shard, const Extent& e) const;
+  uint64_t Tick() { return clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // Space for a reservation: allocates, evicting the tier's first victims
+  // (across shards) until it fits. Called with no lock held.
+  Result<Extent> MakeRoom(uint64_t size);
+  // Evicts `shard`'s victim; false when it has none. REQUIRES: shard.mu.
+  bool EvictOneLocked(Shard& shard);
+  // Publishes the shard's victim ranks and clean bytes after a change.
+  // REQUIRES: shard.mu.
+  void PublishLocked(Shard& shard);
+  // Free + clean + being-persisted bytes: what write-back need not clean.
+  uint64_t ReadyBytes() const;
+  void AdvanceGeneration();
 
   const HostTierOptions options_;
   const std::unique_ptr<HostArena> arena_;
-  uint64_t shard_bytes_;
+  const uint64_t capacity_bytes_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::atomic<uint32_t> next_dirty_shard_{0};  // TakeDirty's rotating start
+
+  // The arena's space; innermost lock (taken inside a shard lock).
+  mutable Mutex space_mu_;
+  ExtentAllocator allocator_ GUARDED_BY(space_mu_);
+
+  std::atomic<uint64_t> clock_{0};  // tier clock: one tick per use
+  // Tier-wide byte counts (extent bytes) for ReadyBytes().
+  std::atomic<uint64_t> used_bytes_{0};
+  std::atomic<uint64_t> reserved_bytes_{0};
+  std::atomic<uint64_t> clean_bytes_{0};
+  std::atomic<uint64_t> persisting_bytes_{0};
+  std::atomic<uint64_t> dirty_segments_{0};
+
+  // Generation(): bumped lock-free; waiters sleep on gen_changed_, and a
+  // bump signals only when someone waits.
+  std::atomic<uint64_t> generation_{0};
+  mutable std::atomic<uint32_t> generation_waiters_{0};
+  mutable Mutex gen_mu_;
+  mutable CondVar gen_changed_;
 };
 
 }  // namespace tierkv::storage

@@ -272,9 +272,9 @@ std::vector<Status> TierMover::PromoteBatch(
     std::chrono::steady_clock::time_point wait_until) {
   std::vector<Status> results(keys.size());
   const uint64_t fingerprint = tiers.Fingerprint();
-  const uint64_t round_bytes = std::max<uint64_t>(
-      1,
-      std::min(options_.promotion_batch_bytes, tiers.host->shard_bytes() / 4));
+  const uint64_t round_bytes =
+      std::max<uint64_t>(1, std::min(options_.promotion_batch_bytes,
+                                     tiers.host->capacity_bytes() / 4));
   std::vector<size_t> todo(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
   while (!todo.empty()) {
@@ -293,7 +293,7 @@ std::vector<Status> TierMover::PromoteBatch(
         next_round.push_back(i);
         continue;
       }
-      const uint64_t generation = tiers.host->ShardGeneration(keys[i]);
+      const uint64_t generation = tiers.host->Generation();
       auto reserved = tiers.host->Reserve(keys[i], *size);
       if (!reserved.ok()) {
         results[i] = reserved.status();
@@ -335,11 +335,10 @@ std::vector<Status> TierMover::PromoteBatch(
     }
     if (!busy.empty() && next_round.empty()) {
       // Busy: another promoter or a client's Put fills the key, or DRAM
-      // holds only unpersisted segments. Retry once the shard changes.
+      // holds only unpersisted segments. Retry once the tier changes.
       Kick();
       if (std::chrono::steady_clock::now() >= wait_until ||
-          !tiers.host->WaitShardChange(keys[busy.front()], busy_generation,
-                                       wait_until)) {
+          !tiers.host->WaitChange(busy_generation, wait_until)) {
         break;  // out of time: those keys stay Busy
       }
     }

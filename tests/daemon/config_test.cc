@@ -54,6 +54,7 @@ token = "secret-token"
 host_bytes = "2GiB"
 shards = 16
 hugepages = false
+eviction_policy = "2q"
 )");
   ASSERT_OK(c);
   EXPECT_OK(c->Validate());
@@ -73,6 +74,8 @@ hugepages = false
   ASSERT_EQ(c->namespaces.size(), 1u);
   EXPECT_EQ(c->namespaces[0].host_bytes, uint64_t{2} << 30);
   EXPECT_FALSE(c->namespaces[0].hugepages);
+  EXPECT_EQ(c->namespaces[0].eviction_policy,
+            storage::EvictionPolicyKind::kTwoQueue);
 }
 
 TEST(ConfigTest, MistakesAreNamed) {
@@ -95,6 +98,12 @@ TEST(ConfigTest, MistakesAreNamed) {
                    "\"12345678\"\nhost_bytes = \"1 furlong\"\n");
   ASSERT_FALSE(size.ok());
   EXPECT_NE(size.status().message().find("host_bytes"), std::string_view::npos);
+  auto policy = Load(dir,
+                     "[[namespace]]\nname = \"a\"\ntoken = "
+                     "\"12345678\"\neviction_policy = \"mru\"\n");
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.status().message().find("namespace.eviction_policy"),
+            std::string_view::npos);
   auto both = Load(dir,
                    "[[namespace]]\nname = \"a\"\ntoken = "
                    "\"12345678\"\ntoken_file = \"/x\"\n");

@@ -1,3 +1,5 @@
+// Tests for storage/host_tier: reservations, references, write-back, and
+// one space and eviction order across shards.
 #include "storage/host_tier.h"
 
 #include <gtest/gtest.h>
@@ -129,7 +131,7 @@ TEST(HostTierTest, WriteBackTakesDirtySegmentsOnlyWhenCleanSpaceRunsShort) {
   for (uint64_t i = 0; i < 8; ++i) {
     PutSegment(**tier, Key(i), 65536, 'd', /*dirty=*/true);
   }
-  // Half the shard is free: nothing needs writing back yet.
+  // Half the tier is free: nothing needs writing back yet.
   EXPECT_TRUE((*tier)->TakeDirty(64, 1 << 20, /*only_needed=*/true).empty());
   for (uint64_t i = 8; i < 14; ++i) {
     PutSegment(**tier, Key(i), 65536, 'd', /*dirty=*/true);
@@ -157,37 +159,67 @@ TEST(HostTierTest, FailedWriteBackRetriesOrGivesUpWithoutLosingTheSegment) {
   EXPECT_TRUE(tier->Touch(Key(1))) << "still cached in DRAM";
 }
 
-TEST(HostTierTest, ShardGenerationAdvancesOnCommitAbortAndWriteBack) {
+TEST(HostTierTest, GenerationAdvancesOnCommitAbortAndWriteBack) {
   auto tier = MakeTier(1 << 20, 1);
   const auto soon = std::chrono::steady_clock::now();
-  uint64_t seen = tier->ShardGeneration(Key(1));
-  EXPECT_FALSE(tier->WaitShardChange(Key(1), seen, soon));
+  uint64_t seen = tier->Generation();
+  EXPECT_FALSE(tier->WaitChange(seen, soon));
   ASSERT_OK(tier->Reserve(Key(1), 4096));
   std::thread committer([&] { EXPECT_OK(tier->Commit(Key(1), true)); });
-  EXPECT_TRUE(tier->WaitShardChange(
-      Key(1), seen, std::chrono::steady_clock::now() + std::chrono::hours(1)));
+  EXPECT_TRUE(tier->WaitChange(
+      seen, std::chrono::steady_clock::now() + std::chrono::hours(1)));
   committer.join();
-  seen = tier->ShardGeneration(Key(1));
+  seen = tier->Generation();
   ASSERT_EQ(tier->TakeDirty(1, 1 << 20, false).size(), 1u);
   tier->FinishPersist(Key(1), /*persisted=*/true, /*retry=*/false);
-  EXPECT_TRUE(tier->WaitShardChange(Key(1), seen, soon));
-  seen = tier->ShardGeneration(Key(2));
+  EXPECT_TRUE(tier->WaitChange(seen, soon));
+  seen = tier->Generation();
   ASSERT_OK(tier->Reserve(Key(2), 4096));
   tier->Abort(Key(2));
-  EXPECT_TRUE(tier->WaitShardChange(Key(2), seen, soon));
+  EXPECT_TRUE(tier->WaitChange(seen, soon));
 }
 
-TEST(HostTierTest, ShardsAreIndependentLruDomains) {
-  auto tier = MakeTier(8 << 20, 8);
-  EXPECT_EQ(tier->shard_bytes(), 1u << 20);
-  EXPECT_EQ(tier->Reserve(Key(1), (1 << 20) + 1).status().code(),
-            StatusCode::kInvalidArgument);
-  // Fill well past capacity; accounting never exceeds it.
-  for (uint64_t i = 0; i < 400; ++i) PutSegment(*tier, Key(i), 65536, 'z');
+// Shards partition the index only: a full tier evicts its least recently
+// used segments whichever shards hold them (a per-shard LRU would evict
+// each shard's own oldest as its keys come), and a segment may be as large
+// as the whole tier.
+TEST(HostTierTest, ShardsShareOneSpaceAndOneLruOrder) {
+  auto tier = MakeTier(8 << 20, 8);  // 128 segments of 64 KiB
+  for (uint64_t i = 0; i < 128; ++i) PutSegment(*tier, Key(i), 65536, 'z');
+  EXPECT_EQ(tier->Stats().evictions, 0u);
+  for (uint64_t i = 0; i < 64; i += 2) ASSERT_TRUE(tier->Touch(Key(i)));
+  // The 64 least recently used are the odd keys below 64 and 64..95.
+  for (uint64_t i = 1000; i < 1064; ++i) PutSegment(*tier, Key(i), 65536, 'n');
+  EXPECT_EQ(tier->Stats().evictions, 64u);
+  for (uint64_t i = 0; i < 128; ++i) {
+    const bool recent = (i < 64 && i % 2 == 0) || i >= 96;
+    EXPECT_EQ(tier->Touch(Key(i)), recent) << i;
+  }
+  // Larger than capacity / shards.
+  PutSegment(*tier, Key(5000), 3 << 20, 'b');
   auto s = tier->Stats();
   EXPECT_LE(s.used_bytes, s.capacity_bytes);
   EXPECT_EQ(s.inserts - s.evictions, s.segments);
-  EXPECT_GE(s.segments, 100u);
+  EXPECT_EQ(tier->Reserve(Key(1), (8 << 20) + 1).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// `2q`: segments stored once go before segments used again, across shards.
+TEST(HostTierTest, TwoQueuePolicyEvictsSegmentsUsedOnceFirst) {
+  auto tier =
+      HostTier::Create({.name = "t",
+                        .capacity_bytes = 8 << 20,
+                        .shards = 8,
+                        .eviction_policy = EvictionPolicyKind::kTwoQueue});
+  ASSERT_OK(tier);
+  for (uint64_t i = 0; i < 128; ++i) PutSegment(**tier, Key(i), 65536, 'z');
+  // The oldest 32 are used again (a prefix matched by a later request).
+  for (uint64_t i = 0; i < 32; ++i) ASSERT_TRUE((*tier)->Touch(Key(i)));
+  for (uint64_t i = 1000; i < 1032; ++i) {
+    PutSegment(**tier, Key(i), 65536, 'n');
+  }
+  for (uint64_t i = 0; i < 32; ++i) EXPECT_TRUE((*tier)->Touch(Key(i))) << i;
+  for (uint64_t i = 32; i < 64; ++i) EXPECT_FALSE((*tier)->Touch(Key(i))) << i;
 }
 
 TEST(HostTierTest, RejectsBadOptions) {

@@ -1,0 +1,104 @@
+// EvictionPolicy: which evictable segment of a host tier shard goes first
+// (DESIGN.md §4: pluggable per namespace; `lru`, `2q`, `topk`).
+//
+// A segment is *evictable* while it is committed, clean (nothing to write
+// back), unreferenced and not being written back; the shard links it into
+// its policy then and unlinks it when that stops. Every segment, evictable
+// or not, carries a PolicyState the policy owns: intrusive list hooks and
+// counters, so every hook is O(1) and allocates nothing (a ghost history,
+// where a policy keeps one, is bounded by the segments the shard holds).
+//
+// A host tier has one policy instance per shard and evicts across shards
+// in one order: it takes the shard whose VictimRank() is lowest, so ranks
+// of one policy kind are comparable between instances. For `lru`, the rank
+// is the victim's last use on the tier's clock: the tier as a whole is
+// exact LRU whatever its shard count.
+//
+// Thread safety: none; every call is made under the owning shard's lock.
+#pragma once
+
+#include <boost/intrusive/list.hpp>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::storage {
+
+// Per-segment state, embedded in the tier's entry.
+struct PolicyState {
+  using Hook = boost::intrusive::list_member_hook<
+      boost::intrusive::link_mode<boost::intrusive::safe_link>>;
+  Hook hook;              // in one of the policy's lists while linked
+  SegmentKey key;         // set by the tier before the first hook
+  uint64_t bytes = 0;     // extent bytes the segment holds
+  uint64_t last_use = 0;  // tier clock at the last Admit / Use
+  uint64_t rank = 0;      // the policy's order key while linked
+  uint32_t uses = 0;      // Admit + Use calls while resident, saturating
+  uint8_t queue = 0;      // which of the policy's lists (policy-defined)
+  bool promoted = false;  // a policy's "seen again" mark (2q)
+  bool linked = false;
+};
+
+using PolicyList = boost::intrusive::list<
+    PolicyState, boost::intrusive::member_hook<PolicyState, PolicyState::Hook,
+                                               &PolicyState::hook>>;
+
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kTwoQueue = 1 };
+
+// "lru" | "2q"; InvalidArgument naming the known ones otherwise.
+Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
+std::string_view EvictionPolicyName(EvictionPolicyKind kind);
+
+class EvictionPolicy {
+ public:
+  // The rank of a shard with nothing evictable.
+  static constexpr uint64_t kNoVictim = UINT64_MAX;
+
+  virtual ~EvictionPolicy() = default;
+  virtual EvictionPolicyKind kind() const = 0;
+
+  // `s` was just stored (committed) at `now`, not yet linked.
+  virtual void Admit(PolicyState& s, uint64_t now) = 0;
+  // `s` was used (matched, read, stored again) at `now`, linked or not.
+  virtual void Use(PolicyState& s, uint64_t now) = 0;
+  // `s` became evictable at `now` (a release counts as a use).
+  // `first_in_line`: it goes before every other segment instead (a segment
+  // just written back to a lower tier: the oldest of the dirty ones, and
+  // the copy below remains).
+  virtual void Link(PolicyState& s, uint64_t now, bool first_in_line) = 0;
+  // `s` stopped being evictable (referenced, or erased).
+  virtual void Unlink(PolicyState& s) = 0;
+  // The segment to evict next, or nullptr; the tier then calls Unlink and
+  // Evicted on it.
+  virtual PolicyState* Victim() = 0;
+  // Victim()'s place in the tier-wide order (lower goes first), kNoVictim
+  // when nothing is evictable.
+  virtual uint64_t VictimRank() const = 0;
+  // `s` leaves the tier to make room (after Unlink).
+  virtual void Evicted(const PolicyState& s) { (void)s; }
+  // Bytes of the linked segments.
+  virtual uint64_t linked_bytes() const = 0;
+};
+
+struct EvictionPolicyOptions {
+  // 2q: the share of a shard's evictable bytes that segments used more
+  // than once (or seen again soon after their eviction) may hold; the rest
+  // is for segments used once. Default: 0.5.
+  double protected_fraction = 0.5;
+  // 2q: keys of segments evicted unused, remembered per shard, as a
+  // multiple of the segments the shard holds (~80 B each). Default: 1.
+  double ghost_factor = 1.0;
+};
+
+std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
+    EvictionPolicyKind kind, const EvictionPolicyOptions& options = {});
+
+// The implementations, one file each (lru_policy.cc, two_queue_policy.cc).
+std::unique_ptr<EvictionPolicy> NewLruPolicy();
+std::unique_ptr<EvictionPolicy> NewTwoQueuePolicy(
+    const EvictionPolicyOptions& options);
+
+}  // namespace tierkv::storage
