@@ -599,6 +599,18 @@ Status Client::Prefetch(std::span<const PageHash> pages) {
   return failure;
 }
 
+Status Client::ReportTopk(std::span<const SelectionReport> reports) {
+  Status failure;
+  ForEachChunk(reports.size(), [&](size_t begin, size_t end) {
+    if (!failure.ok()) return;
+    TopkReportRequest req;
+    req.items.assign(reports.begin() + begin, reports.begin() + end);
+    StatusResponse resp;
+    failure = impl_->Call(Opcode::kReportTopk, Encode(req), resp);
+  });
+  return failure;
+}
+
 namespace {
 
 // Waits until `word` (in memory shared with the daemon) is >= `target`, or

@@ -131,6 +131,8 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
       return responder.Send(Transfer(conn, *ns, op, in));
     case Opcode::kPrefetch:
       return responder.Send(Prefetch(*ns, in));
+    case Opcode::kReportTopk:
+      return responder.Send(ReportTopk(*ns, in));
     default:
       break;
   }
@@ -436,6 +438,12 @@ HandlerReply CacheService::Transfer(uint64_t conn, Namespace& ns, Opcode op,
                           : engine_->Store(conn, *ns.engine, std::move(t))});
 }
 
+HandlerReply CacheService::ReportTopk(Namespace& ns, In in) {
+  TopkReportRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  return Ok(StatusResponse{engine_->ReportTopk(*ns.engine, req.items)});
+}
+
 HandlerReply CacheService::Prefetch(Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
@@ -495,6 +503,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
       {"loads", es.loads},
       {"stores", es.stores},
       {"prefetches", es.prefetches},
+      {"topk_reports", es.topk_reports},
       {"load_seconds",
        {{"count", LatencyHistogram::SampleCount(es.load_latency)},
         {"sum", static_cast<double>(es.load_latency_nanos) * 1e-9}}},

@@ -76,6 +76,7 @@ class CacheService final : public transport::FrameHandler {
   Reply RegisterTickets(uint64_t conn, In in, int fd);
   Reply Transfer(uint64_t conn, Namespace& ns, transport::Opcode op, In in);
   Reply Prefetch(Namespace& ns, In in);
+  Reply ReportTopk(Namespace& ns, In in);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

@@ -52,6 +52,13 @@ std::vector<MetricFamily> TransferMetrics::Collect() const {
   AddValue(calls, {{"op", "prefetch"}}, d(s.prefetches));
   out.push_back(std::move(calls));
 
+  auto reports = Family("tierkv_topk_reports_total",
+                        "Selection counts (page, full layer) engines reported "
+                        "for the topk eviction policy",
+                        MetricType::Counter);
+  AddValue(reports, {}, d(s.topk_reports));
+  out.push_back(std::move(reports));
+
   auto misses = Family("tierkv_transfer_load_misses_total",
                        "Load segments found in no tier or failing their "
                        "checksum (slot not written)",

@@ -81,6 +81,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 17:
       Try<TransferRequest>(in);
       break;
+    case 18:
+      Try<TopkReportRequest>(in);
+      break;
     default:
       (void)DecodeError(in);
       break;

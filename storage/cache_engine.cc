@@ -570,6 +570,7 @@ EngineStats CacheEngine::SharedStats() const {
   s.stores = get(stores_);
   s.transfers = s.loads + s.stores;
   s.prefetches = get(prefetches_);
+  s.topk_reports = get(topk_reports_);
   s.load_latency = load_latency_.Snapshot();
   s.load_latency_nanos = load_latency_.total_nanos();
   s.store_latency = store_latency_.Snapshot();
@@ -975,6 +976,44 @@ Status CacheEngine::Prefetch(EngineNamespace& ns,
   auto m = Match(ns, pages);  // queues the NVMe-only segments it finds
   if (!m.ok()) return m.status();
   prefetches_.fetch_add(1, std::memory_order_relaxed);
+  return Status::OK();
+}
+
+Status CacheEngine::ReportTopk(EngineNamespace& ns,
+                               std::span<const SelectionReport> reports) {
+  const auto layout = ns.layout();
+  if (!layout) return Status::InvalidArgument("register a layout first");
+  const uint32_t layers = layout->num_layers();
+  for (const SelectionReport& r : reports) {
+    if (r.layer >= layers) {
+      return Status::InvalidArgument(fmt::format(
+          "report for layer {} outside the layout's {}", r.layer, layers));
+    }
+  }
+  // A full layer's group: it and the layers after it without index keys.
+  auto has_index_key = [&](uint32_t l) {
+    for (const PartSpec& p : layout->layers[l].parts) {
+      if (p.name == "index_k") return true;
+    }
+    return false;
+  };
+  std::vector<std::pair<SegmentKey, double>> weighted;
+  for (const SelectionReport& r : reports) {
+    if (r.count == 0) continue;
+    for (uint32_t l = r.layer; l < layers; ++l) {
+      if (l > r.layer && has_index_key(l)) break;
+      const auto& parts = layout->layers[l].parts;
+      for (uint8_t p = 0; p < parts.size(); ++p) {
+        const double weight = parts[p].name == "index_k"
+                                  ? r.count * options_.index_key_report_weight
+                                  : r.count;
+        weighted.push_back(
+            {SegmentKey{r.page, static_cast<uint16_t>(l), p}, weight});
+      }
+    }
+  }
+  ns.host_->Report(weighted);
+  topk_reports_.fetch_add(reports.size(), std::memory_order_relaxed);
   return Status::OK();
 }
 

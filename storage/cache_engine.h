@@ -72,6 +72,10 @@ struct CacheEngineOptions {
   // host-tier copy of layer l+1 run while layer l's finishes. 1..64.
   // Default: 2.
   uint32_t transfer_lanes = 2;
+  // ReportTopk: an index_k segment gets its page's selection count times
+  // this (every decode step scans all index keys of a full layer, while it
+  // reads a latent row only when selected). Default: 4.
+  double index_key_report_weight = 4.0;
   // Background demotion and prefetch (used only with an NVMe tier).
   TierMoverOptions mover;
   // Source of time for lease expiry; borrowed. Default: the steady clock.
@@ -190,6 +194,7 @@ struct EngineStats {
   uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
   uint64_t loads = 0, stores = 0;
   uint64_t prefetches = 0;        // Prefetch calls accepted
+  uint64_t topk_reports = 0;      // SelectionReport items received
   uint64_t registered_pools = 0;  // over every connection
   // Time from a Load / Store being accepted until its last layer was
   // published (the client's WaitLayer for it can return), and the summed
@@ -309,6 +314,15 @@ class CacheEngine {
   Status Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
   // Queues promotion NVMe -> DRAM of every NVMe-only segment of `pages`.
   Status Prefetch(EngineNamespace& ns, std::span<const PageHash> pages);
+  // Selection counts from an engine's sparse attention (Client::ReportTopk)
+  // for the namespace's eviction policy: each count goes to the latent
+  // segments of its full layer and of the IndexShare layers after it (up
+  // to the next layer with an "index_k" part), and times
+  // index_key_report_weight to the full layer's index_k segment. Segments
+  // not in DRAM are skipped. InvalidArgument (nothing applied) for a layer
+  // outside the layout or without a registered layout.
+  Status ReportTopk(EngineNamespace& ns,
+                    std::span<const SelectionReport> reports);
 
   // Up to `limit` host segments of `ns`.
   std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
@@ -443,7 +457,7 @@ class CacheEngine {
   std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
       load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
       store_segments_{0}, store_bytes_{0}, store_dedup_{0}, loads_{0},
-      stores_{0}, prefetches_{0};
+      stores_{0}, prefetches_{0}, topk_reports_{0};
   LatencyHistogram load_latency_, store_latency_;
   mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);

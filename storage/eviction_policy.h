@@ -18,6 +18,7 @@
 #pragma once
 
 #include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -31,14 +32,19 @@ namespace tierkv::storage {
 struct PolicyState {
   using Hook = boost::intrusive::list_member_hook<
       boost::intrusive::link_mode<boost::intrusive::safe_link>>;
-  Hook hook;              // in one of the policy's lists while linked
-  SegmentKey key;         // set by the tier before the first hook
-  uint64_t bytes = 0;     // extent bytes the segment holds
-  uint64_t last_use = 0;  // tier clock at the last Admit / Use
-  uint64_t rank = 0;      // the policy's order key while linked
-  uint32_t uses = 0;      // Admit + Use calls while resident, saturating
-  uint8_t queue = 0;      // which of the policy's lists (policy-defined)
-  bool promoted = false;  // a policy's "seen again" mark (2q)
+  using SetHook = boost::intrusive::set_member_hook<
+      boost::intrusive::link_mode<boost::intrusive::safe_link>>;
+  Hook hook;               // in one of the policy's lists while linked
+  SetHook set_hook;        // in the policy's ordered set (topk)
+  SegmentKey key;          // set by the tier before the first hook
+  uint64_t bytes = 0;      // extent bytes the segment holds
+  uint64_t last_use = 0;   // tier clock at the last Admit / Use
+  uint64_t rank = 0;       // the policy's order key while linked
+  uint32_t uses = 0;       // Admit + Use calls while resident, saturating
+  double score = 0;        // topk: decayed uses and reported selections
+  uint64_t scored_at = 0;  // topk: tier clock when `score` was computed
+  uint8_t queue = 0;       // which of the policy's lists (policy-defined)
+  bool promoted = false;   // a policy's "seen again" mark (2q)
   bool linked = false;
 };
 
@@ -46,9 +52,27 @@ using PolicyList = boost::intrusive::list<
     PolicyState, boost::intrusive::member_hook<PolicyState, PolicyState::Hook,
                                                &PolicyState::hook>>;
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kTwoQueue = 1 };
+// Evictable segments ordered by rank (ties in insertion order).
+struct RankOf {
+  using type = uint64_t;
+  uint64_t operator()(const PolicyState& s) const { return s.rank; }
+};
+using PolicySet = boost::intrusive::multiset<
+    PolicyState,
+    boost::intrusive::member_hook<PolicyState, PolicyState::SetHook,
+                                  &PolicyState::set_hook>,
+    boost::intrusive::key_of_value<RankOf>>;
 
-// "lru" | "2q"; InvalidArgument naming the known ones otherwise.
+enum class EvictionPolicyKind : uint8_t { kLru = 0, kTwoQueue = 1, kTopk = 2 };
+
+// Where Link places a segment in the order.
+enum class LinkAt : uint8_t {
+  kNow,      // as used at `now` (a commit, a release: the segment was used)
+  kLastUse,  // where its last use puts it (a segment written back to a
+             // lower tier: nothing used it meanwhile)
+};
+
+// "lru" | "2q" | "topk"; InvalidArgument naming the known ones otherwise.
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 std::string_view EvictionPolicyName(EvictionPolicyKind kind);
 
@@ -64,11 +88,8 @@ class EvictionPolicy {
   virtual void Admit(PolicyState& s, uint64_t now) = 0;
   // `s` was used (matched, read, stored again) at `now`, linked or not.
   virtual void Use(PolicyState& s, uint64_t now) = 0;
-  // `s` became evictable at `now` (a release counts as a use).
-  // `first_in_line`: it goes before every other segment instead (a segment
-  // just written back to a lower tier: the oldest of the dirty ones, and
-  // the copy below remains).
-  virtual void Link(PolicyState& s, uint64_t now, bool first_in_line) = 0;
+  // `s` became evictable, placed as `at` says.
+  virtual void Link(PolicyState& s, uint64_t now, LinkAt at) = 0;
   // `s` stopped being evictable (referenced, or erased).
   virtual void Unlink(PolicyState& s) = 0;
   // The segment to evict next, or nullptr; the tier then calls Unlink and
@@ -79,6 +100,14 @@ class EvictionPolicy {
   virtual uint64_t VictimRank() const = 0;
   // `s` leaves the tier to make room (after Unlink).
   virtual void Evicted(const PolicyState& s) { (void)s; }
+  // Engines reported `weight` selections of `s`'s tokens by their sparse
+  // attention's indexer (Client::ReportTopk) at `now`, linked or not.
+  // Default: ignored.
+  virtual void Report(PolicyState& s, double weight, uint64_t now) {
+    (void)s;
+    (void)weight;
+    (void)now;
+  }
   // Bytes of the linked segments.
   virtual uint64_t linked_bytes() const = 0;
 };
@@ -91,14 +120,25 @@ struct EvictionPolicyOptions {
   // 2q: keys of segments evicted unused, remembered per shard, as a
   // multiple of the segments the shard holds (~80 B each). Default: 1.
   double ghost_factor = 1.0;
+  // topk: a score halves every this many ticks of the tier's clock (one
+  // tick per use, store or report). Default: 65536.
+  double half_life_ticks = 65536;
 };
 
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
     EvictionPolicyKind kind, const EvictionPolicyOptions& options = {});
 
+// For implementations: inserts `s` into `list` (ranks non-increasing from
+// front to back) after the segments ranked above s.rank, walking from both
+// ends at once: O(distance to the nearer end), so a segment of about the
+// newest or oldest rank goes in in O(1).
+void InsertByRank(PolicyList& list, PolicyState& s);
+
 // The implementations, one file each (lru_policy.cc, two_queue_policy.cc).
 std::unique_ptr<EvictionPolicy> NewLruPolicy();
 std::unique_ptr<EvictionPolicy> NewTwoQueuePolicy(
+    const EvictionPolicyOptions& options);
+std::unique_ptr<EvictionPolicy> NewTopkPolicy(
     const EvictionPolicyOptions& options);
 
 }  // namespace tierkv::storage

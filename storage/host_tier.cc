@@ -31,12 +31,14 @@ struct HostTier::Shard {
     if (e.dirty_hook.is_linked()) dirty.erase(dirty.iterator_to(e));
   }
   // Makes an unreferenced committed entry evictable (clean) or puts it on
-  // the dirty list, as used at `now` (or first in line).
-  void LinkLocked(Entry& e, uint64_t now, bool first) REQUIRES(mu) {
+  // the dirty list, as used at `now`, or (`persist_done`) as the mover
+  // leaves it: clean where its last use puts it, dirty first out again.
+  void LinkLocked(Entry& e, uint64_t now, bool persist_done) REQUIRES(mu) {
     if (e.dirty) {
-      LinkDirtyLocked(e, now, first);
+      LinkDirtyLocked(e, now, /*first_out=*/persist_done);
     } else {
-      policy->Link(e.policy, now, first);
+      policy->Link(e.policy, now,
+                   persist_done ? LinkAt::kLastUse : LinkAt::kNow);
     }
   }
   void UnlinkLocked(Entry& e) REQUIRES(mu) {
@@ -334,7 +336,7 @@ Status HostTier::Commit(const SegmentKey& key, bool dirty) {
     }
     const uint64_t now = Tick();
     shard.policy->Admit(e.policy, now);
-    shard.LinkLocked(e, now, /*first=*/false);
+    shard.LinkLocked(e, now, /*persist_done=*/false);
     PublishLocked(shard);
   }
   AdvanceGeneration();
@@ -387,7 +389,7 @@ void HostTier::Release(const SegmentKey& key) {
     shard.referenced--;
     // Released = just used. A segment being persisted re-links when the
     // mover finishes with it.
-    if (!e.persisting) shard.LinkLocked(e, Tick(), /*first=*/false);
+    if (!e.persisting) shard.LinkLocked(e, Tick(), /*persist_done=*/false);
     PublishLocked(shard);
   }
 }
@@ -400,6 +402,17 @@ bool HostTier::Touch(const SegmentKey& key) {
   shard.UseLocked(it->second, Tick());
   PublishLocked(shard);
   return true;
+}
+
+void HostTier::Report(std::span<const std::pair<SegmentKey, double>> reports) {
+  for (const auto& [key, weight] : reports) {
+    Shard& shard = ShardFor(key);
+    MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || !it->second.committed) continue;
+    shard.policy->Report(it->second.policy, weight, Tick());
+    PublishLocked(shard);
+  }
 }
 
 uint64_t HostTier::ReadyBytes() const {
@@ -466,9 +479,10 @@ void HostTier::FinishPersist(const SegmentKey& key, bool persisted,
       shard.dirty_bytes -= e.size;
       dirty_segments_.fetch_sub(1, std::memory_order_relaxed);
     }
-    // Persisted segments were the tier's oldest dirty ones: first in line
-    // for eviction. A retry is first in line for the next batch.
-    if (e.refs == 0) shard.LinkLocked(e, Tick(), /*first=*/true);
+    // A persisted segment is evictable where its last use puts it (the
+    // oldest under write_back, a recent one under write_through); a retry
+    // is first in line for the next batch.
+    if (e.refs == 0) shard.LinkLocked(e, Tick(), /*persist_done=*/true);
     PublishLocked(shard);
   }
   AdvanceGeneration();

@@ -28,8 +28,8 @@
 // the policy on a dirty list per shard (least recently used at the back);
 // the tier mover takes the tier's oldest with TakeDirty(), persists them
 // and hands them back with FinishPersist(), after which they are evictable
-// first of all. When a reservation needs space and only dirty segments are
-// left, Reserve answers Busy (backpressure, counted in
+// where their last use puts them. When a reservation needs space and only dirty
+// segments are left, Reserve answers Busy (backpressure, counted in
 // backpressure_rejections) instead of losing data the daemon acknowledged
 // as cached.
 //
@@ -165,6 +165,11 @@ class HostTier {
   // True when `key` is committed; a use of it.
   bool Touch(const SegmentKey& key);
 
+  // Engines' indexers selected these segments' tokens `weight` times
+  // (EvictionPolicy::Report: the `topk` policy ranks by it); keys not
+  // committed here are skipped.
+  void Report(std::span<const std::pair<SegmentKey, double>> reports);
+
   // A counter that advances whenever a segment of the tier is committed,
   // aborted or finishes a write-back: read it before a Reserve that
   // answered Busy, then WaitChange() for a reason to retry.
@@ -183,12 +188,11 @@ class HostTier {
   std::vector<DirtySegment> TakeDirty(size_t max_items, uint64_t max_bytes,
                                       bool only_needed);
 
-  // Ends a TakeDirty() of `key`. `persisted`: the segment is now clean and
-  // first in line for eviction. Otherwise it stays dirty (first in line for
-  // the next TakeDirty) when `retry`, else it is made clean unpersisted (the
-  // lower tier cannot take it; the host copy stays a cache entry rather
-  // than wedging the tier). Finish a batch newest first (reverse TakeDirty
-  // order), so the oldest ends first in line.
+  // Ends a TakeDirty() of `key`. `persisted`: the segment is now clean,
+  // evictable where its last use puts it in the policy's order. Otherwise
+  // it stays dirty (first in line for the next TakeDirty) when `retry`,
+  // else it is made clean unpersisted (the lower tier cannot take it; the
+  // host copy stays a cache entry rather than wedging the tier).
   void FinishPersist(const SegmentKey& key, bool persisted, bool retry);
 
   // Up to `limit` committed segments, in no particular order.

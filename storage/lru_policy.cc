@@ -1,8 +1,8 @@
 // LruPolicy (`lru`): evicts the segment whose last use is oldest.
 //
 // One list, most recent at the front; a segment's rank is its last use on
-// the tier's clock (0 for one linked first in line), so the tier's merge
-// of its shards' victims by rank is exact LRU over the whole tier.
+// the tier's clock (a release counts as a use), so the tier's merge of its
+// shards' victims by rank is exact LRU over the whole tier.
 #include "storage/eviction_policy.h"
 
 namespace tierkv::storage {
@@ -27,13 +27,13 @@ class LruPolicy final : public EvictionPolicy {
     list_.splice(list_.begin(), list_, list_.iterator_to(s));
   }
 
-  void Link(PolicyState& s, uint64_t now, bool first_in_line) override {
-    if (first_in_line) {
-      s.rank = 0;
-      list_.push_back(s);
-    } else {
+  void Link(PolicyState& s, uint64_t now, LinkAt at) override {
+    if (at == LinkAt::kNow) {
       s.rank = now;
       list_.push_front(s);
+    } else {
+      s.rank = s.last_use;
+      InsertByRank(list_, s);
     }
     s.linked = true;
     bytes_ += s.bytes;

@@ -55,11 +55,11 @@ class TwoQueuePolicy final : public EvictionPolicy {
     s.promoted = true;
     if (!s.linked) return;
     Unlink(s);
-    Link(s, now, /*first_in_line=*/false);
+    Link(s, now, LinkAt::kNow);
   }
 
-  void Link(PolicyState& s, uint64_t now, bool first_in_line) override {
-    LinkInto(s, s.promoted ? kProtected : kProbation, now, first_in_line);
+  void Link(PolicyState& s, uint64_t now, LinkAt at) override {
+    LinkInto(s, s.promoted ? kProtected : kProbation, now, at);
     Rebalance(now);
   }
 
@@ -107,15 +107,14 @@ class TwoQueuePolicy final : public EvictionPolicy {
   }
 
  private:
-  void LinkInto(PolicyState& s, uint8_t queue, uint64_t now,
-                bool first_in_line) {
+  void LinkInto(PolicyState& s, uint8_t queue, uint64_t now, LinkAt at) {
     s.queue = queue;
-    if (first_in_line) {
-      s.rank = 0;
-      queues_[queue].push_back(s);
-    } else {
+    if (at == LinkAt::kNow) {
       s.rank = now;
       queues_[queue].push_front(s);
+    } else {
+      s.rank = s.last_use;
+      InsertByRank(queues_[queue], s);
     }
     s.linked = true;
     bytes_[queue] += s.bytes;
@@ -129,7 +128,7 @@ class TwoQueuePolicy final : public EvictionPolicy {
       PolicyState& s = queues_[kProtected].back();
       Unlink(s);
       s.promoted = false;  // must be used again to come back
-      LinkInto(s, kProbation, now, /*first_in_line=*/false);
+      LinkInto(s, kProbation, now, LinkAt::kNow);
     }
   }
 

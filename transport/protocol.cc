@@ -370,4 +370,25 @@ Status Decode(std::span<const std::byte> in, TransferRequest& out) {
   return r.status();
 }
 
+std::vector<std::byte> Encode(const TopkReportRequest& m) {
+  WireWriter w;
+  w.Int(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.Hash(it.page);
+    w.Int(it.layer);
+    w.Int(it.count);
+  }
+  return w.Take();
+}
+Status Decode(std::span<const std::byte> in, TopkReportRequest& out) {
+  WireReader r(in);
+  out.items.resize(r.Count(kWireHashBytes + 6, kMaxBatchItems));
+  for (auto& it : out.items) {
+    it.page = r.Hash();
+    it.layer = r.Int<uint16_t>();
+    it.count = r.Int<uint32_t>();
+  }
+  return r.status();
+}
+
 }  // namespace tierkv::transport

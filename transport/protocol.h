@@ -38,7 +38,8 @@ enum class Opcode : uint16_t {
   kLoad = 16,             // pages -> slots, layers, ticket -> status (queued)
   kStore = 17,            // slots -> pages, layers, ticket -> status (queued)
   kPrefetch = 18,         // pages -> status (NVMe -> DRAM queued)
-  kLastOpcode = kPrefetch,
+  kReportTopk = 19,       // (page, full layer, count)s -> status
+  kLastOpcode = kReportTopk,
 };
 
 // Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
@@ -189,6 +190,11 @@ struct TransferRequest {
   std::optional<WaitReport> waits;
 };
 
+// kReportTopk: selection counts per page and full layer.
+struct TopkReportRequest {
+  std::vector<SelectionReport> items;
+};
+
 struct StatusResponse {  // kRegisterLayout, kRelease, pools, transfers
   Status status;
 };
@@ -246,6 +252,8 @@ Status Decode(std::span<const std::byte> in, ListResponse& out);
 Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out);
 Status Decode(std::span<const std::byte> in, RegisterTicketsRequest& out);
 Status Decode(std::span<const std::byte> in, TransferRequest& out);
+std::vector<std::byte> Encode(const TopkReportRequest& m);
+Status Decode(std::span<const std::byte> in, TopkReportRequest& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);

@@ -292,6 +292,15 @@ class Client {
   // Queues promotion NVMe -> DRAM of the leading stored pages of `pages`
   // (asynchronous; Match keeps reporting each page's tier).
   Status Prefetch(std::span<const PageHash> pages);
+  // Tells the daemon how often the engine's sparse attention selected
+  // tokens of each page per full layer (SparseWorkingSet's counts, mapped
+  // to page hashes), so a namespace with eviction_policy "topk" keeps the
+  // pages selected most often in DRAM; other policies ignore it. The
+  // counts apply to every layer sharing that full layer's selection
+  // (IndexShare) and, with a larger weight, to its index keys. Send them
+  // every few decode steps, not every step. Pages the daemon does not
+  // hold are ignored. InvalidArgument for a layer outside the layout.
+  Status ReportTopk(std::span<const SelectionReport> reports);
 
   // Daemon information (JSON: version, pid, uptime, namespaces). Works
   // without an opened namespace.

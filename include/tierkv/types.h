@@ -54,6 +54,15 @@ struct PageHash {
   static Result<PageHash> FromHex(std::string_view hex);
 };
 
+// How often sparse attention's indexer selected tokens of `page` on full
+// (indexer) layer `layer` since the last report (Client::ReportTopk): the
+// daemon's `topk` eviction policy keeps what is selected often.
+struct SelectionReport {
+  PageHash page;
+  uint16_t layer = 0;
+  uint32_t count = 0;
+};
+
 // The unit of storage, transfer and eviction: one part of one layer of one
 // page, e.g. (page, layer 7, part "kv").
 struct SegmentKey {

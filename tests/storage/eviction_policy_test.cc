@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <random>
 
 #include "tests/testing/status_matchers.h"
 
@@ -25,7 +26,7 @@ class Segments {
     s.bytes = bytes;
     const uint64_t now = ++clock_;
     policy_.Admit(s, now);
-    policy_.Link(s, now, /*first_in_line=*/false);
+    policy_.Link(s, now, LinkAt::kNow);
     return s;
   }
   void Use(PolicyState& s) { policy_.Use(s, ++clock_); }
@@ -47,7 +48,8 @@ class Segments {
 };
 
 TEST(EvictionPolicyTest, NamesParseBothWays) {
-  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kTwoQueue}) {
+  for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kTwoQueue,
+                    EvictionPolicyKind::kTopk}) {
     auto parsed = ParseEvictionPolicy(EvictionPolicyName(kind));
     ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, kind);
@@ -55,7 +57,7 @@ TEST(EvictionPolicyTest, NamesParseBothWays) {
   }
   auto bad = ParseEvictionPolicy("mru");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("lru, 2q"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("lru, 2q, topk"), std::string::npos);
 }
 
 TEST(LruPolicyTest, EvictsTheLeastRecentlyUsedAndRanksByLastUse) {
@@ -71,23 +73,45 @@ TEST(LruPolicyTest, EvictsTheLeastRecentlyUsedAndRanksByLastUse) {
   // Referenced segments are out of the order; linked again as just used.
   policy->Unlink(b);
   EXPECT_EQ(segs.Evict(), 3u);
-  policy->Link(b, segs.clock(), /*first_in_line=*/false);
+  policy->Link(b, segs.clock(), LinkAt::kNow);
   EXPECT_EQ(segs.Evict(), 1u);
   EXPECT_EQ(segs.Evict(), 2u);
   EXPECT_EQ(policy->Victim(), nullptr);
   EXPECT_EQ(policy->linked_bytes(), 0u);
 }
 
-TEST(LruPolicyTest, FirstInLineGoesBeforeEveryOtherSegment) {
+// A segment back from write-back goes where its last use puts it: the
+// oldest (write_back) at the back, a recent one (write_through) near the
+// front, whichever end is nearer.
+TEST(LruPolicyTest, ASegmentLinkedAtItsLastUseTakesItsPlaceInTheOrder) {
   auto policy = NewLruPolicy();
   Segments segs(*policy);
-  segs.Store(1);
-  PolicyState& persisted = segs.Store(2);
-  policy->Unlink(persisted);  // written back meanwhile (dirty)
-  policy->Link(persisted, segs.clock(), /*first_in_line=*/true);
-  EXPECT_EQ(policy->VictimRank(), 0u);
-  EXPECT_EQ(segs.Evict(), 2u);
-  EXPECT_EQ(segs.Evict(), 1u);
+  PolicyState& oldest = segs.Store(1);
+  policy->Unlink(oldest);  // dirty: off the order while written back
+  for (uint64_t n = 2; n <= 6; ++n) segs.Store(n);
+  PolicyState& recent = segs.Store(7);
+  policy->Unlink(recent);
+  segs.Store(8);
+  policy->Link(recent, segs.clock(), LinkAt::kLastUse);
+  policy->Link(oldest, segs.clock(), LinkAt::kLastUse);
+  EXPECT_EQ(policy->VictimRank(), oldest.last_use);
+  for (uint64_t want : {1, 2, 3, 4, 5, 6, 7, 8}) EXPECT_EQ(segs.Evict(), want);
+}
+
+TEST(EvictionPolicyTest, InsertByRankKeepsRanksDescendingFromTheFront) {
+  std::deque<PolicyState> states(40);
+  PolicyList list;
+  std::mt19937 rng(3);
+  for (auto& s : states) {
+    s.rank = rng() % 50;
+    InsertByRank(list, s);
+    uint64_t previous = UINT64_MAX;
+    for (const PolicyState& x : list) {
+      ASSERT_LE(x.rank, previous);
+      previous = x.rank;
+    }
+  }
+  list.clear();
 }
 
 TEST(TwoQueuePolicyTest, SegmentsUsedOnceGoFirstEvenWhenNewer) {
@@ -134,6 +158,42 @@ TEST(TwoQueuePolicyTest, ProtectedSegmentsKeepToTheirShare) {
   EXPECT_EQ(segs.Evict(), 2u);
   EXPECT_EQ(segs.Evict(), 3u);
   EXPECT_EQ(segs.Evict(), 4u);
+}
+
+TEST(TopkPolicyTest, WhatTheIndexerKeepsSelectingStays) {
+  auto policy = NewTopkPolicy({});
+  Segments segs(*policy);
+  PolicyState& favourite = segs.Store(1);
+  PolicyState& liked = segs.Store(2);
+  segs.Store(3);
+  segs.Store(4);
+  policy->Report(favourite, 10, segs.clock());
+  policy->Report(liked, 5, segs.clock());
+  // Unreported segments go first (the older score first), then by score.
+  for (uint64_t want : {3, 4, 2, 1}) EXPECT_EQ(segs.Evict(), want);
+}
+
+TEST(TopkPolicyTest, AnOldFavouriteFadesAsItsScoreDecays) {
+  auto policy = NewTopkPolicy({.half_life_ticks = 1});
+  Segments segs(*policy);
+  PolicyState& old = segs.Store(1);
+  policy->Report(old, 7, segs.clock());  // score 8 at tick 2
+  for (int i = 0; i < 10; ++i) segs.clock();
+  segs.Store(2);  // score 1 at tick 13: 8 halved 11 times is far less
+  EXPECT_EQ(segs.Evict(), 1u);
+  EXPECT_EQ(segs.Evict(), 2u);
+}
+
+TEST(TopkPolicyTest, ReportsWhileReferencedCountWhenLinkedAgain) {
+  auto policy = NewTopkPolicy({});
+  Segments segs(*policy);
+  PolicyState& read = segs.Store(1);
+  segs.Store(2);
+  policy->Unlink(read);  // being read
+  policy->Report(read, 20, segs.clock());
+  policy->Link(read, segs.clock(), LinkAt::kNow);
+  EXPECT_EQ(segs.Evict(), 2u);
+  EXPECT_EQ(segs.Evict(), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,154 @@
+// SparseWorkingSet: the rows a sparse-attention decode reads, kept close
+// (DESIGN.md §5, data path 3: HiSparse's per-request buffer, with tierkv's
+// prefix cache behind it).
+//
+// DeepSeek Sparse Attention reads, per decode step and layer, the rows of
+// the k tokens its lightning indexer selected (k = 2048 for GLM-5) out of a
+// context of up to 200K tokens. The whole context stays where it already is
+// in this process: the engine's registered pool that tierkvd loaded, or the
+// daemon's host arena mapped here (RowSource says where a token's row is).
+// A working set keeps a fixed number of token slots per IndexShare group in
+// its own buffer (host memory now, HBM with the HBM tier) and, each step,
+// serves the selected tokens from its slots, copies the missed ones in from
+// the source row by row (page + offset, never a whole page), and replaces
+// victims chosen by its policy. There is no RPC per step.
+//
+// IndexShare: the layers that reuse a full layer's selection form one
+// group with one slot map (one set of decisions per step), while every
+// layer keeps its own rows: a group's row buffer is [layers][slots][row].
+// A layer's missed rows are copied when that layer asks for them
+// (Gather), so each copy happens at its layer's turn, as a device buffer
+// would be filled before that layer's attention.
+//
+// Policies (WorkingSetPolicy):
+//   lru   the least recently selected resident token goes first (HiSparse's
+//         exact LRU);
+//   topk  selection frequency with exponential decay: a token's score is
+//         Σ decay^(steps since each selection), so a token the indexer
+//         keeps choosing outranks one chosen once, and an old favourite
+//         fades; ties go to recency. Attention sinks (the first
+//         sink_tokens) and the recent window (the last recent_tokens of the
+//         context) are never evicted: every step reads them. Eviction is
+//         O(log slots) amortized (a lazily updated heap).
+//
+// Selection counts: per (page, full layer), accumulated across steps and
+// taken by TakeSelectionCounts(); an engine hands them to tierkvd
+// (Client::ReportTopk) every few steps, so the daemon keeps the pages the
+// indexer keeps choosing in DRAM.
+//
+// Thread safety: not thread-safe (one decode loop per working set).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "tierkv/status.h"
+
+namespace tierkv {
+
+enum class WorkingSetPolicy : uint8_t { kLru = 0, kTopk = 1 };
+
+// "lru" | "topk"; InvalidArgument otherwise.
+Result<WorkingSetPolicy> ParseWorkingSetPolicy(std::string_view name);
+const char* WorkingSetPolicyName(WorkingSetPolicy policy);
+
+struct WorkingSetOptions {
+  // Token slots per group. REQUIRES: >= every selection's size (k).
+  // Default: 4096 (HiSparse's device_buffer_size is 4096-6144 for k 2048).
+  uint32_t slots = 4096;
+  WorkingSetPolicy policy = WorkingSetPolicy::kLru;  // Default: lru
+  // topk: a score's factor per step, in (0, 1). Default: 0.9 (a selection
+  // weighs half after ~7 steps).
+  double decay = 0.9;
+  // topk: tokens [0, sink_tokens) are never evicted. Default: 4.
+  uint32_t sink_tokens = 4;
+  // topk: the last recent_tokens of the context are never evicted.
+  // Default: 64.
+  uint32_t recent_tokens = 64;
+  // Tokens per page, for selection counts. Default: 64.
+  uint32_t page_tokens = 64;
+};
+
+// Where token `token`'s row of layer `layer` is now, in this process's
+// memory: exactly the layer's row_bytes. An empty span means the row does
+// not exist (a bug in the caller: Select fails with NotFound).
+using RowSource =
+    std::function<std::span<const std::byte>(uint16_t layer, int32_t token)>;
+
+struct WorkingSetLayout {
+  // For each layer, the full layer whose selection it reads (a full layer
+  // maps to itself; an IndexShare layer to the last full layer before it).
+  std::vector<uint16_t> group_of_layer;
+  // Bytes of one row of each layer (its KV format's latent row).
+  std::vector<uint32_t> row_bytes;
+};
+
+struct WorkingSetStats {
+  uint64_t steps = 0;      // Select calls
+  uint64_t selected = 0;   // ids over all Select calls
+  uint64_t hits = 0;       // of those, already resident
+  uint64_t misses = 0;     // copied in (each for every layer of the group)
+  uint64_t bytes_in = 0;   // row bytes copied from the source
+  uint64_t evictions = 0;  // resident tokens replaced
+};
+
+// Selected-token counts of one page on one full layer.
+struct SelectionCount {
+  uint32_t page = 0;   // token / page_tokens
+  uint16_t layer = 0;  // a full layer
+  uint32_t count = 0;
+};
+
+class SparseWorkingSet {
+ public:
+  // InvalidArgument for an empty layout, mismatched vectors, a group
+  // layer that is not a full layer, slots == 0, decay outside (0, 1).
+  // `source` must outlive the working set.
+  static Result<std::unique_ptr<SparseWorkingSet>> Create(
+      const WorkingSetLayout& layout, const WorkingSetOptions& options,
+      RowSource source);
+  ~SparseWorkingSet();
+
+  SparseWorkingSet(const SparseWorkingSet&) = delete;
+  SparseWorkingSet& operator=(const SparseWorkingSet&) = delete;
+
+  // One step of full layer `group`: makes `ids` (its selection, unique,
+  // each < context_tokens) resident for every layer of the group, evicting
+  // by the policy. `context_tokens` is the number of tokens visible now
+  // (for the recent window). InvalidArgument for a layer that is not a
+  // full layer, duplicate or out-of-range ids, or more ids than slots;
+  // NotFound when the source has no row for a missed id (nothing changes
+  // for the rows already resident).
+  Status Select(uint16_t group, std::span<const int32_t> ids,
+                int64_t context_tokens);
+
+  // Copies the rows of `layer`'s group's last selection, in selection
+  // order, into `out` (ids × row_bytes), first copying in the rows that
+  // selection missed for this layer. InvalidArgument when `out` has the
+  // wrong size or the group has no selection yet.
+  Status Gather(uint16_t layer, std::span<std::byte> out);
+
+  // Forgets every resident token and score (a new request or a truncated
+  // context); keeps the buffers.
+  void Reset();
+
+  // Counts per (page, full layer) of the selections since the last call,
+  // and clears them.
+  std::vector<SelectionCount> TakeSelectionCounts();
+
+  WorkingSetStats stats() const;
+  const WorkingSetOptions& options() const;
+
+  class Impl;
+
+ private:
+  explicit SparseWorkingSet(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierkv

@@ -1,0 +1,261 @@
+// Tests for the sparse working set (include/tierkv/sparse_working_set.h,
+// client/sparse_working_set.cc and its slot policies): rows served in
+// selection order from the slots, row copies only for misses, lru and topk
+// replacement, protection, IndexShare groups and clear errors.
+#include "tierkv/sparse_working_set.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+// Rows of a 3-layer model: layer 0 full, layer 1 shares its selection,
+// layer 2 full; rows of 8, 8 and 16 bytes derived from (layer, token).
+class Rows {
+ public:
+  explicit Rows(int32_t tokens) {
+    const uint32_t bytes[] = {8, 8, 16};
+    for (uint16_t l = 0; l < 3; ++l) {
+      rows_[l].resize(static_cast<size_t>(tokens) * bytes[l]);
+      for (size_t i = 0; i < rows_[l].size(); ++i) {
+        rows_[l][i] = static_cast<std::byte>((i * 7 + l * 31) & 0xff);
+      }
+      row_bytes_[l] = bytes[l];
+    }
+  }
+  static WorkingSetLayout Layout() { return {{0, 0, 2}, {8, 8, 16}}; }
+  RowSource Source() {
+    return [this](uint16_t layer, int32_t token) -> std::span<const std::byte> {
+      const size_t b = row_bytes_[layer];
+      if (token < 0 ||
+          (static_cast<size_t>(token) + 1) * b > rows_[layer].size() ||
+          missing_.count(token)) {
+        return {};
+      }
+      return std::span(rows_[layer]).subspan(static_cast<size_t>(token) * b, b);
+    };
+  }
+  // What Gather must produce for `ids` of `layer`.
+  std::vector<std::byte> Expected(uint16_t layer,
+                                  const std::vector<int32_t>& ids) const {
+    std::vector<std::byte> out;
+    for (int32_t id : ids) {
+      const auto* row = rows_[layer].data() + size_t(id) * row_bytes_[layer];
+      out.insert(out.end(), row, row + row_bytes_[layer]);
+    }
+    return out;
+  }
+  void Remove(int32_t token) { missing_[token] = true; }
+
+ private:
+  std::vector<std::byte> rows_[3];
+  size_t row_bytes_[3];
+  std::map<int32_t, bool> missing_;
+};
+
+std::vector<std::byte> GatherOf(SparseWorkingSet& ws, uint16_t layer,
+                                size_t ids, size_t row_bytes) {
+  std::vector<std::byte> out(ids * row_bytes);
+  EXPECT_OK(ws.Gather(layer, out));
+  return out;
+}
+
+std::unique_ptr<SparseWorkingSet> Make(Rows& rows, WorkingSetOptions o) {
+  auto ws = SparseWorkingSet::Create(Rows::Layout(), o, rows.Source());
+  EXPECT_OK(ws);
+  return ws.ok() ? std::move(ws).value() : nullptr;
+}
+
+TEST(SparseWorkingSetTest, ServesEachLayerItsRowsInSelectionOrder) {
+  Rows rows(1000);
+  auto ws = Make(rows, {.slots = 16});
+  const std::vector<int32_t> a = {900, 3, 41, 7};
+  ASSERT_OK(ws->Select(0, a, 1000));
+  EXPECT_EQ(GatherOf(*ws, 0, a.size(), 8), rows.Expected(0, a));
+  EXPECT_EQ(GatherOf(*ws, 1, a.size(), 8), rows.Expected(1, a))
+      << "the shared layer reads its own rows for its full layer's ids";
+  const std::vector<int32_t> b = {5, 6};
+  ASSERT_OK(ws->Select(2, b, 1000));
+  EXPECT_EQ(GatherOf(*ws, 2, b.size(), 16), rows.Expected(2, b));
+  // Group 0's selection is untouched by group 2's.
+  EXPECT_EQ(GatherOf(*ws, 1, a.size(), 8), rows.Expected(1, a));
+}
+
+TEST(SparseWorkingSetTest, OnlyMissedRowsAreCopiedAndEachOnce) {
+  Rows rows(100);
+  auto ws = Make(rows, {.slots = 8});
+  const std::vector<int32_t> a = {1, 2, 3};
+  ASSERT_OK(ws->Select(0, a, 100));
+  GatherOf(*ws, 0, 3, 8);
+  GatherOf(*ws, 1, 3, 8);
+  GatherOf(*ws, 0, 3, 8);  // gathered again: nothing more to copy
+  EXPECT_EQ(ws->stats().misses, 3u);
+  EXPECT_EQ(ws->stats().bytes_in, 3u * (8 + 8));
+  const std::vector<int32_t> b = {3, 4, 1};
+  ASSERT_OK(ws->Select(0, b, 100));
+  EXPECT_EQ(GatherOf(*ws, 0, 3, 8), rows.Expected(0, b));
+  EXPECT_EQ(GatherOf(*ws, 1, 3, 8), rows.Expected(1, b));
+  const WorkingSetStats s = ws->stats();
+  EXPECT_EQ(s.steps, 2u);
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(s.misses, 4u);
+  EXPECT_EQ(s.bytes_in, 4u * (8 + 8));
+}
+
+TEST(SparseWorkingSetTest, LruReplacesTheLeastRecentlySelected) {
+  Rows rows(100);
+  auto ws = Make(rows, {.slots = 4, .policy = WorkingSetPolicy::kLru});
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 1}, 100));
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{2, 3}, 100));
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 4}, 100));  // evicts 1
+  EXPECT_EQ(ws->stats().evictions, 1u);
+  const uint64_t hits = ws->stats().hits;
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 2, 3, 4}, 100));
+  EXPECT_EQ(ws->stats().hits, hits + 4);
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{1}, 100));
+  EXPECT_EQ(ws->stats().hits, hits + 4) << "1 was evicted";
+}
+
+TEST(SparseWorkingSetTest, TopkKeepsWhatTheIndexerKeepsChoosing) {
+  for (auto policy : {WorkingSetPolicy::kLru, WorkingSetPolicy::kTopk}) {
+    Rows rows(100);
+    auto ws = Make(
+        rows,
+        {.slots = 4, .policy = policy, .sink_tokens = 0, .recent_tokens = 0});
+    for (int step = 0; step < 6; ++step) {
+      ASSERT_OK(ws->Select(0, std::vector<int32_t>{10, 11}, 100));
+    }
+    ASSERT_OK(ws->Select(0, std::vector<int32_t>{20, 21}, 100));
+    ASSERT_OK(ws->Select(0, std::vector<int32_t>{30, 31}, 100));
+    const uint64_t hits = ws->stats().hits;
+    ASSERT_OK(ws->Select(0, std::vector<int32_t>{10, 11}, 100));
+    // LRU dropped the favourites for the newcomers; topk kept them.
+    EXPECT_EQ(ws->stats().hits - hits,
+              policy == WorkingSetPolicy::kTopk ? 2u : 0u)
+        << WorkingSetPolicyName(policy);
+  }
+}
+
+TEST(SparseWorkingSetTest, TopkNeverEvictsSinksOrTheRecentWindow) {
+  Rows rows(1000);
+  auto ws = Make(rows, {.slots = 8,
+                        .policy = WorkingSetPolicy::kTopk,
+                        .sink_tokens = 2,
+                        .recent_tokens = 4});
+  int64_t context = 500;
+  ASSERT_OK(
+      ws->Select(0, std::vector<int32_t>{0, 1, 496, 497, 498, 499}, context));
+  // Six newcomers selected once each, then again: sinks (0, 1) and the
+  // window (496..499, still recent) stay; the newcomers churn.
+  for (int32_t base : {100, 200, 300}) {
+    ASSERT_OK(ws->Select(0, std::vector<int32_t>{base, base + 1}, context));
+  }
+  const uint64_t hits = ws->stats().hits;
+  ASSERT_OK(
+      ws->Select(0, std::vector<int32_t>{0, 1, 496, 497, 498, 499}, context));
+  EXPECT_EQ(ws->stats().hits - hits, 6u);
+  // With 8 slots of which 6 are protected, 3 newcomers do not fit: a
+  // clear error, and no half-done selection to gather from.
+  EXPECT_EQ(ws->Select(0, std::vector<int32_t>{450, 451, 452}, context).code(),
+            StatusCode::kResourceExhausted);
+  std::vector<std::byte> out(3 * 8);
+  EXPECT_EQ(ws->Gather(0, out).code(), StatusCode::kInvalidArgument);
+  // Once the window moves on, 496..499 may go.
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{450, 451, 452}, 700));
+  EXPECT_EQ(GatherOf(*ws, 0, 3, 8), rows.Expected(0, {450, 451, 452}));
+}
+
+TEST(SparseWorkingSetTest, BadSelectionsAreRefusedAndChangeNothing) {
+  Rows rows(100);
+  auto ws = Make(rows, {.slots = 4});
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{1, 2}, 100));
+  EXPECT_EQ(ws->Select(1, std::vector<int32_t>{1}, 100).code(),
+            StatusCode::kInvalidArgument)
+      << "layer 1 is a shared layer";
+  EXPECT_EQ(ws->Select(0, std::vector<int32_t>{3, 3}, 100).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ws->Select(0, std::vector<int32_t>{100}, 100).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ws->Select(0, std::vector<int32_t>{1, 2, 3, 4, 5}, 100).code(),
+            StatusCode::kInvalidArgument);
+  rows.Remove(50);
+  EXPECT_EQ(ws->Select(0, std::vector<int32_t>{50}, 100).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(ws->stats().steps, 1u);
+  EXPECT_EQ(GatherOf(*ws, 0, 2, 8), rows.Expected(0, {1, 2}));
+  std::vector<std::byte> wrong(3);
+  EXPECT_EQ(ws->Gather(0, wrong).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ws->Gather(2, std::span<std::byte>()).code(),
+            StatusCode::kInvalidArgument)
+      << "group 2 has no selection yet";
+  EXPECT_FALSE(
+      SparseWorkingSet::Create({{0, 2, 2}, {8, 8, 8}}, {}, rows.Source()).ok())
+      << "layer 1 cannot follow a later layer";
+  EXPECT_FALSE(
+      SparseWorkingSet::Create(Rows::Layout(), {.decay = 1.0}, rows.Source())
+          .ok());
+}
+
+TEST(SparseWorkingSetTest, SelectionCountsArePerPageAndFullLayer) {
+  Rows rows(1000);
+  auto ws = Make(rows, {.slots = 64, .page_tokens = 64});
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 63, 64, 700}, 1000));
+  ASSERT_OK(ws->Select(0, std::vector<int32_t>{1, 701}, 1000));
+  ASSERT_OK(ws->Select(2, std::vector<int32_t>{2}, 1000));
+  const auto counts = ws->TakeSelectionCounts();
+  ASSERT_EQ(counts.size(), 4u);
+  auto at = [&](size_t i) {
+    return std::tuple(counts[i].layer, counts[i].page, counts[i].count);
+  };
+  EXPECT_EQ(at(0), std::tuple(uint16_t{0}, 0u, 3u));
+  EXPECT_EQ(at(1), std::tuple(uint16_t{0}, 1u, 1u));
+  EXPECT_EQ(at(2), std::tuple(uint16_t{0}, 10u, 2u));
+  EXPECT_EQ(at(3), std::tuple(uint16_t{2}, 0u, 1u));
+  EXPECT_TRUE(ws->TakeSelectionCounts().empty());
+}
+
+// Whatever is evicted, every Gather returns exactly the source's rows.
+TEST(SparseWorkingSetTest, RandomSelectionsAlwaysGatherTheSourceRows) {
+  for (auto policy : {WorkingSetPolicy::kLru, WorkingSetPolicy::kTopk}) {
+    Rows rows(3000);
+    auto ws = Make(
+        rows,
+        {.slots = 40, .policy = policy, .sink_tokens = 2, .recent_tokens = 4});
+    std::mt19937 rng(7);
+    int64_t context = 2000;
+    for (int step = 0; step < 300; ++step, ++context) {
+      for (uint16_t full : {uint16_t{0}, uint16_t{2}}) {
+        std::vector<int32_t> ids(static_cast<size_t>(context));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        // A skewed pick: a hot set of 30 tokens plus the current one.
+        ids.resize(std::uniform_int_distribution<size_t>(1, 20)(rng));
+        for (auto& id : ids) {
+          if (rng() % 2) id = static_cast<int32_t>(rng() % 30);
+        }
+        ids.push_back(static_cast<int32_t>(context - 1));
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        ASSERT_OK(ws->Select(full, ids, context));
+        for (uint16_t l = full; l < (full == 0 ? 2 : 3); ++l) {
+          const size_t b = l == 2 ? 16 : 8;
+          ASSERT_EQ(GatherOf(*ws, l, ids.size(), b), rows.Expected(l, ids))
+              << WorkingSetPolicyName(policy) << " step " << step;
+        }
+      }
+    }
+    EXPECT_GT(ws->stats().hits, 0u);
+    EXPECT_GT(ws->stats().evictions, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace tierkv
