@@ -317,7 +317,8 @@ std::vector<Status> CacheEngine::Commit(uint64_t owner, EngineNamespace& ns,
                                         uint64_t lease_id,
                                         std::span<const SegmentKey> keys) {
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
-  std::vector<Status> out = leases_->Commit(owner, lease_id, keys, dirty);
+  std::vector<Status> out =
+      leases_->Commit(owner, lease_id, keys, dirty, DeepestFirst(ns));
   if (dirty && mover_) mover_->Kick();
   return out;
 }
@@ -444,6 +445,10 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
                                 std::move(pinned), ttl);
   }
   return out;
+}
+
+bool CacheEngine::DeepestFirst(const EngineNamespace& ns) {
+  return ns.host_->eviction_policy() != EvictionPolicyKind::kLru;
 }
 
 size_t CacheEngine::LeaseRoom(uint64_t owner, const EngineNamespace& ns,
@@ -927,9 +932,11 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   // Under write-back pressure a Store waits for the mover as a Put does (it
   // runs on a worker, never on an IO thread), up to write_back_wait.
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  const bool deepest_first = DeepestFirst(ns);
   for (const Pool& pool : job.pools[k]) {
     const uint8_t p = pool.layout.part;
-    for (uint32_t i = begin; i < end; ++i) {
+    for (uint32_t n = begin; n < end; ++n) {
+      const uint32_t i = deepest_first ? begin + end - 1 - n : n;
       const SegmentKey key{t.pages[i], l, p};
       auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
       if (r.status().code() == StatusCode::kBusy && mover_) {

@@ -358,6 +358,11 @@ class CacheEngine {
   Status LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
                          size_t want) const;
   Status LeaseLimitStatus(uint64_t owner, const char* limit) const;
+  // Whether a batch's new pages go to the namespace's eviction policy last
+  // to first (a prompt's deepest pages first in line: a page is useful
+  // only with every page before it). Every policy but lru, which stays
+  // textbook LRU (and equal to an independent LRU simulation).
+  static bool DeepestFirst(const EngineNamespace& ns);
   // The leasable part of one request: `candidates` (item index, segment)
   // in request order, admitted while their bytes fit the lease limits
   // (LeaseTable::FitBytes). Each one past that goes to `refuse` with the

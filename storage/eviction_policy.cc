@@ -8,9 +8,10 @@ namespace tierkv::storage {
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
   if (name == "lru") return EvictionPolicyKind::kLru;
   if (name == "2q") return EvictionPolicyKind::kTwoQueue;
+  if (name == "s3fifo") return EvictionPolicyKind::kS3Fifo;
   if (name == "topk") return EvictionPolicyKind::kTopk;
-  return Status::InvalidArgument(
-      fmt::format("unknown eviction policy '{}' (known: lru, 2q, topk)", name));
+  return Status::InvalidArgument(fmt::format(
+      "unknown eviction policy '{}' (known: lru, 2q, s3fifo, topk)", name));
 }
 
 std::string_view EvictionPolicyName(EvictionPolicyKind kind) {
@@ -19,6 +20,8 @@ std::string_view EvictionPolicyName(EvictionPolicyKind kind) {
       return "lru";
     case EvictionPolicyKind::kTwoQueue:
       return "2q";
+    case EvictionPolicyKind::kS3Fifo:
+      return "s3fifo";
     case EvictionPolicyKind::kTopk:
       return "topk";
   }
@@ -52,6 +55,8 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
       return NewLruPolicy();
     case EvictionPolicyKind::kTwoQueue:
       return NewTwoQueuePolicy(options);
+    case EvictionPolicyKind::kS3Fifo:
+      return NewS3FifoPolicy(options);
     case EvictionPolicyKind::kTopk:
       return NewTopkPolicy(options);
   }

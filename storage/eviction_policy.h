@@ -1,20 +1,19 @@
-// EvictionPolicy: which evictable segment of a host tier shard goes first
-// (DESIGN.md §4: pluggable per namespace; `lru`, `2q`, `topk`).
+// EvictionPolicy: which evictable segment of a host tier goes first
+// (DESIGN.md §4: pluggable per namespace; `lru`, `2q`, `s3fifo`, `topk`).
 //
 // A segment is *evictable* while it is committed, clean (nothing to write
-// back), unreferenced and not being written back; the shard links it into
+// back), unreferenced and not being written back; the tier links it into
 // its policy then and unlinks it when that stops. Every segment, evictable
 // or not, carries a PolicyState the policy owns: intrusive list hooks and
-// counters, so every hook is O(1) and allocates nothing (a ghost history,
-// where a policy keeps one, is bounded by the segments the shard holds).
+// counters, so hooks allocate nothing and are O(1) (topk: O(log n); a
+// policy's Victim may move a few segments between its queues first,
+// amortized O(1)). A ghost history, where a policy keeps one, is bounded
+// by the segments the tier holds.
 //
-// A host tier has one policy instance per shard and evicts across shards
-// in one order: it takes the shard whose VictimRank() is lowest, so ranks
-// of one policy kind are comparable between instances. For `lru`, the rank
-// is the victim's last use on the tier's clock: the tier as a whole is
-// exact LRU whatever its shard count.
+// One instance orders a whole tier (every shard of its index), so a
+// policy sees the tier's exact event order and capacity.
 //
-// Thread safety: none; every call is made under the owning shard's lock.
+// Thread safety: none; the tier calls it under one lock.
 #pragma once
 
 #include <boost/intrusive/list.hpp>
@@ -44,6 +43,7 @@ struct PolicyState {
   double score = 0;        // topk: decayed uses and reported selections
   uint64_t scored_at = 0;  // topk: tier clock when `score` was computed
   uint8_t queue = 0;       // which of the policy's lists (policy-defined)
+  uint8_t freq = 0;        // s3fifo: uses since insertion, saturating
   bool promoted = false;   // a policy's "seen again" mark (2q)
   bool linked = false;
 };
@@ -63,7 +63,12 @@ using PolicySet = boost::intrusive::multiset<
                                   &PolicyState::set_hook>,
     boost::intrusive::key_of_value<RankOf>>;
 
-enum class EvictionPolicyKind : uint8_t { kLru = 0, kTwoQueue = 1, kTopk = 2 };
+enum class EvictionPolicyKind : uint8_t {
+  kLru = 0,
+  kTwoQueue = 1,
+  kS3Fifo = 2,
+  kTopk = 3,
+};
 
 // Where Link places a segment in the order.
 enum class LinkAt : uint8_t {
@@ -72,15 +77,13 @@ enum class LinkAt : uint8_t {
              // lower tier: nothing used it meanwhile)
 };
 
-// "lru" | "2q" | "topk"; InvalidArgument naming the known ones otherwise.
+// "lru" | "2q" | "s3fifo" | "topk"; InvalidArgument naming the known ones
+// otherwise.
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 std::string_view EvictionPolicyName(EvictionPolicyKind kind);
 
 class EvictionPolicy {
  public:
-  // The rank of a shard with nothing evictable.
-  static constexpr uint64_t kNoVictim = UINT64_MAX;
-
   virtual ~EvictionPolicy() = default;
   virtual EvictionPolicyKind kind() const = 0;
 
@@ -92,12 +95,9 @@ class EvictionPolicy {
   virtual void Link(PolicyState& s, uint64_t now, LinkAt at) = 0;
   // `s` stopped being evictable (referenced, or erased).
   virtual void Unlink(PolicyState& s) = 0;
-  // The segment to evict next, or nullptr; the tier then calls Unlink and
-  // Evicted on it.
+  // The segment to evict next (linked), or nullptr when none is; the tier
+  // then calls Unlink and Evicted on it, or asks again if it raced.
   virtual PolicyState* Victim() = 0;
-  // Victim()'s place in the tier-wide order (lower goes first), kNoVictim
-  // when nothing is evictable.
-  virtual uint64_t VictimRank() const = 0;
   // `s` leaves the tier to make room (after Unlink).
   virtual void Evicted(const PolicyState& s) { (void)s; }
   // Engines reported `weight` selections of `s`'s tokens by their sparse
@@ -113,13 +113,18 @@ class EvictionPolicy {
 };
 
 struct EvictionPolicyOptions {
-  // 2q: the share of a shard's evictable bytes that segments used more
-  // than once (or seen again soon after their eviction) may hold; the rest
-  // is for segments used once. Default: 0.5.
-  double protected_fraction = 0.5;
-  // 2q: keys of segments evicted unused, remembered per shard, as a
-  // multiple of the segments the shard holds (~80 B each). Default: 1.
+  // The tier's bytes (set by the tier).
+  uint64_t capacity_bytes = 0;
+  // 2q: the share of the evictable bytes that segments used more than
+  // once (or seen again soon after their eviction) may hold; the rest is
+  // for segments used once. Default: 0.7 (two_queue_policy.cc).
+  double protected_fraction = 0.7;
+  // 2q, s3fifo: keys of segments evicted unused, remembered, as a multiple
+  // of the segments the tier holds (~80 B each). Default: 1.
   double ghost_factor = 1.0;
+  // s3fifo: the share of the capacity for segments not yet used again
+  // (the small FIFO). Default: 0.3.
+  double small_fraction = 0.3;
   // topk: a score halves every this many ticks of the tier's clock (one
   // tick per use, store or report). Default: 65536.
   double half_life_ticks = 65536;
@@ -134,9 +139,12 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
 // newest or oldest rank goes in in O(1).
 void InsertByRank(PolicyList& list, PolicyState& s);
 
-// The implementations, one file each (lru_policy.cc, two_queue_policy.cc).
+// The implementations, one file each (lru_policy.cc, two_queue_policy.cc,
+// s3fifo_policy.cc, topk_policy.cc).
 std::unique_ptr<EvictionPolicy> NewLruPolicy();
 std::unique_ptr<EvictionPolicy> NewTwoQueuePolicy(
+    const EvictionPolicyOptions& options);
+std::unique_ptr<EvictionPolicy> NewS3FifoPolicy(
     const EvictionPolicyOptions& options);
 std::unique_ptr<EvictionPolicy> NewTopkPolicy(
     const EvictionPolicyOptions& options);

@@ -6,16 +6,18 @@
 
 namespace tierkv::storage {
 
+namespace {
+constexpr uint64_t kNoDirty = UINT64_MAX;
+}  // namespace
+
 struct HostTier::Shard {
   using DirtyList = boost::intrusive::list<
       Entry, boost::intrusive::member_hook<Entry, PolicyState::Hook,
                                            &Entry::dirty_hook>>;
 
-  explicit Shard(std::unique_ptr<EvictionPolicy> p) : policy(std::move(p)) {}
   ~Shard() {
     MutexLock lock(&mu);
     dirty.clear();  // unlink every hook before the entries go
-    policy.reset();
   }
 
   // Dirty list: front = most recently used.
@@ -26,49 +28,27 @@ struct HostTier::Shard {
     } else {
       dirty.push_front(e);
     }
+    PublishDirtyLocked();
   }
   void UnlinkDirtyLocked(Entry& e) REQUIRES(mu) {
-    if (e.dirty_hook.is_linked()) dirty.erase(dirty.iterator_to(e));
+    if (!e.dirty_hook.is_linked()) return;
+    dirty.erase(dirty.iterator_to(e));
+    PublishDirtyLocked();
   }
-  // Makes an unreferenced committed entry evictable (clean) or puts it on
-  // the dirty list, as used at `now`, or (`persist_done`) as the mover
-  // leaves it: clean where its last use puts it, dirty first out again.
-  void LinkLocked(Entry& e, uint64_t now, bool persist_done) REQUIRES(mu) {
-    if (e.dirty) {
-      LinkDirtyLocked(e, now, /*first_out=*/persist_done);
-    } else {
-      policy->Link(e.policy, now,
-                   persist_done ? LinkAt::kLastUse : LinkAt::kNow);
-    }
-  }
-  void UnlinkLocked(Entry& e) REQUIRES(mu) {
-    if (e.dirty) {
-      UnlinkDirtyLocked(e);
-    } else {
-      policy->Unlink(e.policy);
-    }
-  }
-  // A use at `now`: the policy learns it; a linked dirty entry moves up.
-  void UseLocked(Entry& e, uint64_t now) REQUIRES(mu) {
-    policy->Use(e.policy, now);
-    if (e.dirty_hook.is_linked()) {
-      dirty.erase(dirty.iterator_to(e));
-      LinkDirtyLocked(e, now, /*first_out=*/false);
-    }
+  void PublishDirtyLocked() REQUIRES(mu) {
+    dirty_rank.store(dirty.empty() ? kNoDirty : dirty.back().dirty_rank,
+                     std::memory_order_relaxed);
   }
 
   mutable Mutex mu;
   // Entries are node-based (stable addresses): the policy's and the dirty
-  // list's hooks live in them. Declared before both lists, so they outlive
-  // them.
+  // list's hooks live in them. Declared before the list, so they outlive
+  // it.
   std::unordered_map<SegmentKey, Entry> entries GUARDED_BY(mu);
-  std::unique_ptr<EvictionPolicy> policy GUARDED_BY(mu);
   DirtyList dirty GUARDED_BY(mu);
-  // Read without the lock by reservations and TakeDirty choosing a shard;
-  // written under it (PublishLocked).
-  std::atomic<uint64_t> victim_rank{EvictionPolicy::kNoVictim};
-  std::atomic<uint64_t> dirty_rank{EvictionPolicy::kNoVictim};
-  uint64_t published_clean GUARDED_BY(mu) = 0;
+  // The dirty tail's rank, read without the lock by TakeDirty choosing a
+  // shard; written under it.
+  std::atomic<uint64_t> dirty_rank{kNoDirty};
   // Statistics.
   uint64_t used_bytes GUARDED_BY(mu) = 0;
   uint64_t reserved_bytes GUARDED_BY(mu) = 0;
@@ -129,29 +109,56 @@ HostTier::HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena)
       capacity_bytes_(o.capacity_bytes & ~(o.alignment - 1)),
       allocator_(capacity_bytes_, o.alignment) {
   for (uint32_t i = 0; i < o.shards; ++i) {
-    shards_.push_back(std::make_unique<Shard>(
-        NewEvictionPolicy(o.eviction_policy, o.policy_options)));
+    shards_.push_back(std::make_unique<Shard>());
   }
+  EvictionPolicyOptions po = o.policy_options;
+  po.capacity_bytes = capacity_bytes_;
+  policy_ = NewEvictionPolicy(o.eviction_policy, po);
 }
 
-HostTier::~HostTier() = default;
+HostTier::~HostTier() {
+  MutexLock lock(&policy_mu_);
+  policy_.reset();  // unlinks every entry before the shards drop them
+}
 
 HostTier::Shard& HostTier::ShardFor(const SegmentKey& key) const {
   return *shards_[std::hash<SegmentKey>()(key) % shards_.size()];
 }
 
-void HostTier::PublishLocked(Shard& shard) {
+void HostTier::LinkLocked(Shard& shard, Entry& e, bool persist_done) {
   shard.mu.AssertHeld();
-  shard.victim_rank.store(shard.policy->VictimRank(),
-                          std::memory_order_relaxed);
-  shard.dirty_rank.store(shard.dirty.empty() ? EvictionPolicy::kNoVictim
-                                             : shard.dirty.back().dirty_rank,
-                         std::memory_order_relaxed);
-  const uint64_t clean = shard.policy->linked_bytes();
-  // Unsigned wrap-around makes the sum of deltas exact.
-  clean_bytes_.fetch_add(clean - shard.published_clean,
-                         std::memory_order_relaxed);
-  shard.published_clean = clean;
+  MutexLock lock(&policy_mu_);
+  const uint64_t now = Tick();
+  if (e.dirty) {
+    shard.LinkDirtyLocked(e, now, /*first_out=*/persist_done);
+  } else {
+    policy_->Link(e.policy, now,
+                  persist_done ? LinkAt::kLastUse : LinkAt::kNow);
+  }
+}
+
+void HostTier::UnlinkLocked(Shard& shard, Entry& e) {
+  shard.mu.AssertHeld();
+  if (e.dirty) {
+    shard.UnlinkDirtyLocked(e);
+  } else {
+    MutexLock lock(&policy_mu_);
+    policy_->Unlink(e.policy);
+  }
+}
+
+void HostTier::UseLocked(Shard& shard, Entry& e) {
+  shard.mu.AssertHeld();
+  uint64_t now;
+  {
+    MutexLock lock(&policy_mu_);
+    now = Tick();
+    policy_->Use(e.policy, now);
+  }
+  if (e.dirty_hook.is_linked()) {
+    shard.dirty.erase(shard.dirty.iterator_to(e));
+    shard.LinkDirtyLocked(e, now, /*first_out=*/false);
+  }
 }
 
 void HostTier::AdvanceGeneration() {
@@ -183,14 +190,18 @@ bool HostTier::WaitChange(
   return changed;
 }
 
-bool HostTier::EvictOneLocked(Shard& shard) {
+bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key) {
   shard.mu.AssertHeld();
-  PolicyState* victim = shard.policy->Victim();
-  if (victim == nullptr) return false;
-  auto it = shard.entries.find(victim->key);
+  auto it = shard.entries.find(key);
+  if (it == shard.entries.end()) return false;
   Entry& e = it->second;
-  shard.policy->Unlink(e.policy);
-  shard.policy->Evicted(e.policy);
+  {
+    MutexLock lock(&policy_mu_);
+    // Still evictable? A reader may have taken it since it was chosen.
+    if (!e.policy.linked) return false;
+    policy_->Unlink(e.policy);
+    policy_->Evicted(e.policy);
+  }
   {
     MutexLock space(&space_mu_);
     allocator_.Free(e.extent);
@@ -201,7 +212,6 @@ bool HostTier::EvictOneLocked(Shard& shard) {
   shard.evictions++;
   shard.evicted_bytes += e.size;
   shard.entries.erase(it);
-  PublishLocked(shard);
   return true;
 }
 
@@ -211,28 +221,19 @@ Result<Extent> HostTier::MakeRoom(uint64_t size) {
       MutexLock space(&space_mu_);
       if (auto extent = allocator_.Allocate(size)) return *extent;
     }
-    // The tier's next victim: the shard whose candidate ranks first.
-    Shard* best = nullptr;
-    uint64_t best_rank = EvictionPolicy::kNoVictim;
-    for (const auto& shard : shards_) {
-      const uint64_t rank = shard->victim_rank.load(std::memory_order_relaxed);
-      if (rank < best_rank) {
-        best_rank = rank;
-        best = shard.get();
-      }
+    // The policy's victim, then its entry under its shard's lock (a shard
+    // lock is never taken under the policy's: lock order shard, policy).
+    std::optional<SegmentKey> victim;
+    {
+      MutexLock lock(&policy_mu_);
+      if (PolicyState* v = policy_->Victim()) victim = v->key;
     }
-    if (best != nullptr) {
-      MutexLock lock(&best->mu);
-      if (EvictOneLocked(*best)) continue;
+    if (victim) {
+      Shard& shard = ShardFor(*victim);
+      MutexLock lock(&shard.mu);
+      (void)EvictLocked(shard, *victim);  // else raced: choose again
+      continue;
     }
-    // No candidate published (or it went meanwhile): ask every shard under
-    // its lock before giving up.
-    bool evicted = false;
-    for (const auto& shard : shards_) {
-      MutexLock lock(&shard->mu);
-      if ((evicted = EvictOneLocked(*shard))) break;
-    }
-    if (evicted) continue;
     if (dirty_segments_.load(std::memory_order_relaxed) > 0) {
       return Status::Busy(fmt::format(
           "namespace '{}': DRAM holds only segments not yet written back to "
@@ -262,8 +263,7 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
         return Status::Busy("segment is being written by another client");
       }
       shard.dedup_hits++;
-      shard.UseLocked(it->second, Tick());
-      PublishLocked(shard);
+      UseLocked(shard, it->second);
       return Reservation{.already_stored = true};
     }
     std::optional<Extent> extent;
@@ -334,10 +334,11 @@ Status HostTier::Commit(const SegmentKey& key, bool dirty) {
       shard.dirty_bytes += e.size;
       dirty_segments_.fetch_add(1, std::memory_order_relaxed);
     }
-    const uint64_t now = Tick();
-    shard.policy->Admit(e.policy, now);
-    shard.LinkLocked(e, now, /*persist_done=*/false);
-    PublishLocked(shard);
+    {
+      MutexLock policy(&policy_mu_);
+      policy_->Admit(e.policy, Tick());
+    }
+    LinkLocked(shard, e, /*persist_done=*/false);
   }
   AdvanceGeneration();
   return Status::OK();
@@ -371,11 +372,10 @@ Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
   }
   Entry& e = it->second;
   if (e.refs++ == 0) {
-    shard.UnlinkLocked(e);
+    UnlinkLocked(shard, e);
     shard.referenced++;
   }
-  shard.UseLocked(e, Tick());
-  PublishLocked(shard);
+  UseLocked(shard, e);
   return SegmentLocation{e.extent.offset, e.size};
 }
 
@@ -389,8 +389,7 @@ void HostTier::Release(const SegmentKey& key) {
     shard.referenced--;
     // Released = just used. A segment being persisted re-links when the
     // mover finishes with it.
-    if (!e.persisting) shard.LinkLocked(e, Tick(), /*persist_done=*/false);
-    PublishLocked(shard);
+    if (!e.persisting) LinkLocked(shard, e, /*persist_done=*/false);
   }
 }
 
@@ -399,8 +398,7 @@ bool HostTier::Touch(const SegmentKey& key) {
   MutexLock lock(&shard.mu);
   auto it = shard.entries.find(key);
   if (it == shard.entries.end() || !it->second.committed) return false;
-  shard.UseLocked(it->second, Tick());
-  PublishLocked(shard);
+  UseLocked(shard, it->second);
   return true;
 }
 
@@ -410,8 +408,8 @@ void HostTier::Report(std::span<const std::pair<SegmentKey, double>> reports) {
     MutexLock lock(&shard.mu);
     auto it = shard.entries.find(key);
     if (it == shard.entries.end() || !it->second.committed) continue;
-    shard.policy->Report(it->second.policy, weight, Tick());
-    PublishLocked(shard);
+    MutexLock policy(&policy_mu_);
+    policy_->Report(it->second.policy, weight, Tick());
   }
 }
 
@@ -419,8 +417,12 @@ uint64_t HostTier::ReadyBytes() const {
   const uint64_t taken = used_bytes_.load(std::memory_order_relaxed) +
                          reserved_bytes_.load(std::memory_order_relaxed);
   const uint64_t free = taken >= capacity_bytes_ ? 0 : capacity_bytes_ - taken;
-  return free + clean_bytes_.load(std::memory_order_relaxed) +
-         persisting_bytes_.load(std::memory_order_relaxed);
+  uint64_t clean;
+  {
+    MutexLock lock(&policy_mu_);
+    clean = policy_->linked_bytes();
+  }
+  return free + clean + persisting_bytes_.load(std::memory_order_relaxed);
 }
 
 std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
@@ -438,7 +440,7 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
   while (out.size() < max_items && (out.empty() || bytes < max_bytes) &&
          (!only_needed || ReadyBytes() < 2 * reserve_bytes)) {
     Shard* best = nullptr;
-    uint64_t best_rank = EvictionPolicy::kNoVictim;
+    uint64_t best_rank = kNoDirty;
     for (const auto& shard : shards_) {
       const uint64_t rank = shard->dirty_rank.load(std::memory_order_relaxed);
       if (rank < best_rank) {
@@ -449,7 +451,7 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
     if (best == nullptr) break;
     MutexLock lock(&best->mu);
     if (best->dirty.empty()) {
-      PublishLocked(*best);  // raced: republish and look again
+      best->PublishDirtyLocked();  // raced: republish and look again
       continue;
     }
     Entry& e = best->dirty.back();
@@ -458,7 +460,6 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
     persisting_bytes_.fetch_add(e.extent.length, std::memory_order_relaxed);
     out.push_back({e.policy.key, {e.extent.offset, e.size}});
     bytes += e.size;
-    PublishLocked(*best);
   }
   return out;
 }
@@ -482,8 +483,7 @@ void HostTier::FinishPersist(const SegmentKey& key, bool persisted,
     // A persisted segment is evictable where its last use puts it (the
     // oldest under write_back, a recent one under write_through); a retry
     // is first in line for the next batch.
-    if (e.refs == 0) shard.LinkLocked(e, Tick(), /*persist_done=*/true);
-    PublishLocked(shard);
+    if (e.refs == 0) LinkLocked(shard, e, /*persist_done=*/true);
   }
   AdvanceGeneration();
 }

@@ -1,18 +1,16 @@
 // HostTier: one namespace's segments in host DRAM (DESIGN.md §4, tier T1).
 //
 // Space and eviction order are tier-wide; the index is sharded. One extent
-// allocator hands out the whole arena (a memfd the client maps), and a full
-// tier evicts the segment that its eviction policy (eviction_policy.h:
-// `lru`, `2q`) ranks first among every shard's candidate: each shard keeps
-// a policy instance over its own segments and publishes its victim's rank,
-// and a reservation evicts from the shard whose rank is lowest. So `lru`
-// is exact LRU over the tier whatever the shard count (a prefix hit needs
-// every page of the prefix, and shards that evict on their own lose hits:
-// 0.2-1.2 points on Mooncake's trace with 8 of them), while lookups,
-// references and commits of different shards never contend: a key's shard
-// lock guards its entry, the allocator has its own lock (taken inside a
-// shard lock, never the other way round), and eviction takes one shard lock
-// at a time.
+// allocator hands out the whole arena (a memfd the client maps), and one
+// eviction policy (eviction_policy.h: `lru`, `2q`, `s3fifo`, `topk`)
+// orders every evictable segment of the tier, so a full tier evicts what
+// the policy ranks first whichever shard holds it: `lru` is exact LRU
+// whatever the shard count (shards that evicted on their own lost 0.2-1.2
+// points of prefix hits on Mooncake's trace with 8 of them: a prefix hit
+// needs every page). Shards keep lookups, references and commits of
+// different keys apart; the policy's own lock is held only for O(1) (topk:
+// O(log n)) list updates. Lock order: a shard, then the policy or the
+// allocator; eviction takes one shard lock at a time.
 //
 // Segment life cycle:
 //   Reserve -> (client writes bytes at the returned offset) -> Commit
@@ -223,15 +221,24 @@ class HostTier {
 
   HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena);
   Shard& ShardFor(const SegmentKey& key) const;
-  uint64_t Tick() { return clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
-  // Space for a reservation: allocates, evicting the tier's first victims
-  // (across shards) until it fits. Called with no lock held.
+  // The tier's clock: one tick per policy event, taken under policy_mu_
+  // so ticks follow the order the policy sees.
+  uint64_t Tick() REQUIRES(policy_mu_) { return ++clock_; }
+  // Space for a reservation: allocates, evicting the policy's victims
+  // until it fits. Called with no lock held.
   Result<Extent> MakeRoom(uint64_t size);
-  // Evicts `shard`'s victim; false when it has none. REQUIRES: shard.mu.
-  bool EvictOneLocked(Shard& shard);
-  // Publishes the shard's victim ranks and clean bytes after a change.
-  // REQUIRES: shard.mu.
-  void PublishLocked(Shard& shard);
+  // Evicts `key` if it is still evictable; false otherwise (raced).
+  // REQUIRES: shard.mu (every helper taking a Shard& below does too; the
+  // analysis cannot name a lock reached through a parameter of an
+  // incomplete type, so they assert it).
+  bool EvictLocked(Shard& shard, const SegmentKey& key);
+  // An unreferenced committed entry becomes evictable (clean) or goes on
+  // its shard's dirty list, as just used, or (`persist_done`) as the
+  // mover leaves it: clean where its last use puts it, dirty first out.
+  void LinkLocked(Shard& shard, Entry& e, bool persist_done);
+  void UnlinkLocked(Shard& shard, Entry& e);
+  // A use: the policy learns it; a linked dirty entry moves up.
+  void UseLocked(Shard& shard, Entry& e);
   // Free + clean + being-persisted bytes: what write-back need not clean.
   uint64_t ReadyBytes() const;
   void AdvanceGeneration();
@@ -241,15 +248,23 @@ class HostTier {
   const uint64_t capacity_bytes_;
   std::vector<std::unique_ptr<Shard>> shards_;
 
+  // The eviction order of the whole tier. Every hook runs under policy_mu_,
+  // taken inside a shard lock (never the other way round): the policy
+  // reads and moves PolicyStates of any shard, which are therefore guarded
+  // by policy_mu_, while an entry's existence is guarded by its shard's
+  // lock (it is unlinked, under both, before it is erased). Declared after
+  // the shards: destroyed first, while the entries it links still exist.
+  mutable Mutex policy_mu_;
+  std::unique_ptr<EvictionPolicy> policy_ GUARDED_BY(policy_mu_);
+  uint64_t clock_ GUARDED_BY(policy_mu_) = 0;
+
   // The arena's space; innermost lock (taken inside a shard lock).
   mutable Mutex space_mu_;
   ExtentAllocator allocator_ GUARDED_BY(space_mu_);
 
-  std::atomic<uint64_t> clock_{0};  // tier clock: one tick per use
   // Tier-wide byte counts (extent bytes) for ReadyBytes().
   std::atomic<uint64_t> used_bytes_{0};
   std::atomic<uint64_t> reserved_bytes_{0};
-  std::atomic<uint64_t> clean_bytes_{0};
   std::atomic<uint64_t> persisting_bytes_{0};
   std::atomic<uint64_t> dirty_segments_{0};
 

@@ -1,6 +1,7 @@
 // LeaseTable: leases by id, usage per owner and per tier.
 #include "storage/lease_table.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace tierkv::storage {
@@ -148,7 +149,7 @@ Status LeaseTable::Release(uint64_t owner, uint64_t lease_id) {
 
 std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
                                        std::span<const SegmentKey> keys,
-                                       bool dirty) {
+                                       bool dirty, bool last_first) {
   std::vector<Status> out;
   out.reserve(keys.size());
   MutexLock lock(&mu_);
@@ -164,12 +165,15 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
   std::vector<LeasedSegment> remaining, done;
   std::unordered_map<SegmentKey, Status> committed;
   for (const LeasedSegment& s : lease.segments) {
-    if (to_commit.count(s.key)) {
-      committed.emplace(s.key, lease.tier->Commit(s.key, dirty));
-      done.push_back(s);
-    } else {
-      remaining.push_back(s);
-    }
+    (to_commit.count(s.key) ? done : remaining).push_back(s);
+  }
+  auto commit = [&](const LeasedSegment& s) {
+    committed.emplace(s.key, lease.tier->Commit(s.key, dirty));
+  };
+  if (last_first) {
+    std::for_each(done.rbegin(), done.rend(), commit);
+  } else {
+    std::for_each(done.begin(), done.end(), commit);
   }
   lease.segments = std::move(remaining);
   const bool ended = lease.segments.empty();

@@ -82,12 +82,13 @@ class LeaseTable {
   Status Release(uint64_t owner, uint64_t lease_id);
 
   // Commits `keys` of write lease `lease_id` (HostTier::Commit with
-  // `dirty`), one Status per key: NotFound when a key is not (or no longer)
-  // part of that lease of `owner`. The lease ends once every key is
-  // committed.
+  // `dirty`), in the order they were reserved, or the reverse with
+  // `last_first`; one Status per key: NotFound when a key is not (or no
+  // longer) part of that lease of `owner`. The lease ends once every key
+  // is committed.
   std::vector<Status> Commit(uint64_t owner, uint64_t lease_id,
                              std::span<const SegmentKey> keys,
-                             bool dirty = false);
+                             bool dirty = false, bool last_first = false);
 
   // Ends every lease of `owner`; returns how many.
   size_t ReleaseOwner(uint64_t owner);

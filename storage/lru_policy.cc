@@ -1,8 +1,7 @@
 // LruPolicy (`lru`): evicts the segment whose last use is oldest.
 //
 // One list, most recent at the front; a segment's rank is its last use on
-// the tier's clock (a release counts as a use), so the tier's merge of its
-// shards' victims by rank is exact LRU over the whole tier.
+// the tier's clock (a release counts as a use).
 #include "storage/eviction_policy.h"
 
 namespace tierkv::storage {
@@ -48,10 +47,6 @@ class LruPolicy final : public EvictionPolicy {
 
   PolicyState* Victim() override {
     return list_.empty() ? nullptr : &list_.back();
-  }
-
-  uint64_t VictimRank() const override {
-    return list_.empty() ? kNoVictim : list_.back().rank;
   }
 
   uint64_t linked_bytes() const override { return bytes_; }

@@ -20,8 +20,8 @@
 // which is fixed between a segment's updates: an ordered set (intrusive
 // red-black tree, no allocation) of keys ranks the evictable segments, and
 // every hook is O(log n). A non-negative double orders like its bit
-// pattern, so the key's bits are the rank the tier compares across shards
-// (scores are >= 1 after any update, so keys are >= 0).
+// pattern, so the set is keyed by the key's bits (scores are >= 1 after
+// any update, so keys are >= 0).
 #include <bit>
 #include <cmath>
 
@@ -73,10 +73,6 @@ class TopkPolicy final : public EvictionPolicy {
 
   PolicyState* Victim() override {
     return set_.empty() ? nullptr : &*set_.begin();
-  }
-
-  uint64_t VictimRank() const override {
-    return set_.empty() ? kNoVictim : set_.begin()->rank;
   }
 
   uint64_t linked_bytes() const override { return bytes_; }
