@@ -1,16 +1,30 @@
 // tierkv: command-line client for tierkvd (status, stats, put/get/ls for
-// debugging a namespace, and a synthetic demo workload). See README "CLI".
+// debugging a namespace, a synthetic demo workload, the soak test and trace
+// replay). See README "CLI".
 #include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
 #include "tools/demo_workload.h"
+#include "tools/prefix_cache_sim.h"
+#include "tools/prefix_hit_rules.h"
+#include "tools/prefix_trace.h"
+#include "tools/replay_workload.h"
 #include "tools/soak_workload.h"
 
 namespace {
@@ -25,6 +39,7 @@ struct Connection {
 };
 
 int Fail(const Status& s) {
+  std::fflush(stdout);  // what was printed before the error comes first
   fmt::print(stderr, "tierkv: {}\n", s.ToString());
   return 1;
 }
@@ -83,6 +98,216 @@ int RunSoak(const Connection& conn, tierkv::tools::SoakOptions o,
       report->misses, report->errors);
   for (const auto& e : report->first_errors) fmt::print("  error: {}\n", e);
   return report->errors == 0 ? 0 : 1;
+}
+
+// `tierkv replay`'s settings beyond the per-run ReplayOptions.
+struct ReplayCommand {
+  std::string trace;
+  std::vector<uint64_t> host_blocks = {2048, 4096, 8192};
+  std::vector<std::string> policies = {"lru"};
+  std::string json_path;
+  std::string plot_path;
+  bool no_progress = false;
+};
+
+// A one-line progress bar on stderr, redrawn when the percentage changes.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label) : label_(std::move(label)) {}
+  ~ProgressBar() {
+    if (drawn_) fmt::print(stderr, "\r\033[2K");
+  }
+  void Update(size_t done, size_t total) {
+    const int percent =
+        static_cast<int>(100 * done / std::max<size_t>(total, 1));
+    if (percent == percent_) return;
+    percent_ = percent;
+    drawn_ = true;
+    constexpr int kWidth = 30;
+    const int filled = percent * kWidth / 100;
+    fmt::print(stderr, "\r{} [{}{}] {:3}% {}/{}", label_,
+               std::string(filled, '#'), std::string(kWidth - filled, '.'),
+               percent, done, total);
+  }
+
+ private:
+  const std::string label_;
+  int percent_ = -1;
+  bool drawn_ = false;
+};
+
+// Runs tools/plot_replay.py (Debian's python3-matplotlib) on the report.
+Status PlotReplay(const std::string& report_path, const std::string& png) {
+  const std::string script =
+      std::string(TIERKV_SOURCE_DIR) + "/tools/plot_replay.py";
+  std::vector<std::string> args = {"/usr/bin/python3", script, report_path,
+                                   png};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) !=
+      0) {
+    return Status::NotFound("cannot run /usr/bin/python3");
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Status::Internal(
+        fmt::format("{} failed; it needs Debian's python3-matplotlib "
+                    "(scripts/install-deps.sh installs it)",
+                    script));
+  }
+  return Status::OK();
+}
+
+// `tierkv replay`: the trace through a real tierkvd per (host blocks,
+// policy), next to the offline LRU and Belady bounds; exit 1 on any error.
+int RunReplay(const ReplayCommand& cmd, tierkv::tools::ReplayOptions o) {
+  namespace tools = tierkv::tools;
+  if (cmd.host_blocks.empty() || cmd.policies.empty()) {
+    return Fail(Status::InvalidArgument(
+        "give at least one --host-blocks size and one --policies name"));
+  }
+  for (uint64_t blocks : cmd.host_blocks) {
+    if (blocks == 0) {
+      return Fail(Status::InvalidArgument("--host-blocks must be positive"));
+    }
+  }
+  for (const std::string& policy : cmd.policies) {
+    o.policy = policy;
+    if (Status s = o.Validate(); !s.ok()) return Fail(s);
+  }
+  auto trace = tools::LoadPrefixTrace(cmd.trace);
+  if (!trace.ok()) return Fail(trace.status());
+
+  // Offline bounds for the same total capacity as the daemon's tiers.
+  const auto sim_start = std::chrono::steady_clock::now();
+  const tools::PrefixCacheSimulator sim(*trace);
+  std::map<uint64_t, std::pair<tools::PrefixCacheResult,
+                               tools::PrefixCacheResult>>
+      offline;  // host blocks -> (lru, belady)
+  for (uint64_t blocks : cmd.host_blocks) {
+    const uint64_t capacity = blocks + o.nvme_blocks;
+    offline[blocks] = {sim.Run(tools::OfflinePolicy::kLru, capacity),
+                       sim.Run(tools::OfflinePolicy::kBelady, capacity)};
+  }
+  const double sim_seconds = std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now() - sim_start)
+                                 .count();
+  const tools::PrefixCacheResult& any = offline.begin()->second.first;
+  fmt::print(
+      "trace {}: {} requests, {} input tokens, {} cacheable blocks ({} "
+      "distinct) of {} tokens\n",
+      cmd.trace, any.requests, any.input_tokens, any.accessed_blocks,
+      sim.distinct_blocks(), tools::kTraceBlockTokens);
+  fmt::print("offline LRU and Belady for {} capacities: {:.3f} s\n",
+             cmd.host_blocks.size(), sim_seconds);
+
+  const bool progress = !cmd.no_progress && ::isatty(STDERR_FILENO);
+  std::vector<tools::ReplayResult> runs;
+  for (uint64_t blocks : cmd.host_blocks) {
+    for (const std::string& policy : cmd.policies) {
+      o.policy = policy;
+      o.host_blocks = blocks;
+      std::optional<ProgressBar> bar;
+      if (progress) {
+        bar.emplace(fmt::format("replay {} {} blocks", policy, blocks));
+        o.progress = [&](size_t done, size_t total) {
+          bar->Update(done, total);
+        };
+      }
+      auto run = tools::ReplayPrefixTrace(*trace, o);
+      bar.reset();
+      if (!run.ok()) {
+        return Fail(
+            Status(run.status().code(),
+                   fmt::format("replay {} with {} host blocks: {}", policy,
+                               blocks, run.status().message())));
+      }
+      runs.push_back(std::move(run).value());
+    }
+  }
+
+  fmt::print("\n{:>11} {:<8} {:>8} {:>7} {:>7} {:>11} {:>7} {:>10} {:>8}\n",
+             "host blocks", "policy", "daemon", "host", "nvme", "offline LRU",
+             "Belady", "vs LRU", "replay");
+  nlohmann::json rows = nlohmann::json::array();
+  uint64_t put_failed = 0;
+  uint64_t get_missed = 0;
+  for (const tools::ReplayResult& r : runs) {
+    const auto& [lru, belady] = offline.at(r.options.host_blocks);
+    const double diff = 100 * (r.TokenHitRate() - lru.TokenHitRate());
+    fmt::print(
+        "{:>11} {:<8} {:>7.2f}% {:>6.2f}% {:>6.2f}% {:>10.2f}% {:>6.2f}% "
+        "{:>+6.2f} pts {:>7.1f}s\n",
+        r.options.host_blocks, r.options.policy, 100 * r.TokenHitRate(),
+        100 * r.HostShare(), 100 * r.NvmeShare(), 100 * lru.TokenHitRate(),
+        100 * belady.TokenHitRate(), diff, r.seconds);
+    put_failed += r.put_failed;
+    get_missed += r.get_missed;
+    rows.push_back({{"policy", r.options.policy},
+                    {"host_blocks", r.options.host_blocks},
+                    {"nvme_blocks", r.options.nvme_blocks},
+                    {"shards", r.options.shards},
+                    {"token_hit_rate", r.TokenHitRate()},
+                    {"host_share", r.HostShare()},
+                    {"nvme_share", r.NvmeShare()},
+                    {"host_hit_tokens", r.host_hit_tokens},
+                    {"nvme_hit_tokens", r.nvme_hit_tokens},
+                    {"put_failed", r.put_failed},
+                    {"get_missed", r.get_missed},
+                    {"seconds", r.seconds},
+                    {"offline_lru", lru.TokenHitRate()},
+                    {"belady", belady.TokenHitRate()},
+                    {"vs_offline_lru_points", diff}});
+  }
+  if (o.nvme_blocks > 0) {
+    fmt::print("offline LRU and Belady hold host + nvme = {} more blocks\n",
+               o.nvme_blocks);
+  }
+  if (put_failed + get_missed > 0) {
+    fmt::print(
+        "note: {} Put items not stored (Busy: write-back behind), {} hit "
+        "pages gone by their Get\n",
+        put_failed, get_missed);
+  }
+  nlohmann::json offline_rows = nlohmann::json::array();
+  for (const auto& [blocks, result] : offline) {
+    offline_rows.push_back({{"host_blocks", blocks},
+                            {"capacity_blocks", result.first.capacity_blocks},
+                            {"lru", result.first.TokenHitRate()},
+                            {"belady", result.second.TokenHitRate()}});
+  }
+  const nlohmann::json report = {{"trace", cmd.trace},
+                                 {"requests", any.requests},
+                                 {"input_tokens", any.input_tokens},
+                                 {"cacheable_blocks", any.accessed_blocks},
+                                 {"distinct_blocks", sim.distinct_blocks()},
+                                 {"block_tokens", tools::kTraceBlockTokens},
+                                 {"nvme_blocks", o.nvme_blocks},
+                                 {"shards", o.shards},
+                                 {"speed", o.speed},
+                                 {"offline", offline_rows},
+                                 {"runs", rows}};
+  if (!cmd.json_path.empty()) {
+    std::ofstream out(cmd.json_path);
+    out << report.dump(2) << "\n";
+    if (!out) return Fail(Status::IOError("cannot write " + cmd.json_path));
+  }
+  if (!cmd.plot_path.empty()) {
+    const std::string data = cmd.plot_path + ".json";
+    {
+      std::ofstream out(data);
+      out << report.dump() << "\n";
+      if (!out) return Fail(Status::IOError("cannot write " + data));
+    }
+    Status s = PlotReplay(data, cmd.plot_path);
+    std::filesystem::remove(data);
+    if (!s.ok()) return Fail(s);
+    fmt::print("plot: {}\n", cmd.plot_path);
+  }
+  return 0;
 }
 
 tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
@@ -307,8 +532,47 @@ int main(int argc, char** argv) {
   soak->add_flag("--no-flush", soak_no_flush, "skip Flush (no NVMe tier)");
   soak->add_option("--json", soak_json, "write the report as JSON");
 
+  ReplayCommand replay_cmd;
+  tierkv::tools::ReplayOptions replay_options;
+  auto* replay = app.add_subcommand(
+      "replay",
+      "Replay a Mooncake prefix trace through fresh tierkvds and compare the "
+      "token hit rate with offline LRU and Belady (starts its own daemons)");
+  replay->add_option("trace", replay_cmd.trace, "trace (.jsonl)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  replay
+      ->add_option("--host-blocks", replay_cmd.host_blocks,
+                   "host tier sizes to replay, in 512-token blocks")
+      ->delimiter(',')
+      ->capture_default_str();
+  replay
+      ->add_option(
+          "--nvme-blocks", replay_options.nvme_blocks,
+          "NVMe tier in blocks, write_back (0: none; tierkvd needs at least "
+          "16 MiB, 4096 blocks)")
+      ->capture_default_str();
+  replay
+      ->add_option("--policies", replay_cmd.policies,
+                   "host eviction policies (tierkvd's eviction_policy)")
+      ->delimiter(',')
+      ->capture_default_str();
+  replay->add_option("--shards", replay_options.shards, "host tier shards")
+      ->capture_default_str();
+  replay->add_option("--json", replay_cmd.json_path, "write the report here");
+  replay->add_option("--plot", replay_cmd.plot_path,
+                     "draw hit rate vs capacity into this PNG");
+  replay
+      ->add_option("--speed", replay_options.speed,
+                   "honour the trace's timestamps, this many times faster "
+                   "(0: as fast as possible)")
+      ->capture_default_str();
+  replay->add_flag("--no-progress", replay_cmd.no_progress,
+                   "no progress bar (shown only when stderr is a terminal)");
+
   CLI11_PARSE(app, argc, argv);
 
+  if (replay->parsed()) return RunReplay(replay_cmd, replay_options);
   if (soak->parsed()) {
     soak_options.flush = !soak_no_flush;
     return RunSoak(conn, soak_options, soak_seconds, soak_json);

@@ -1,8 +1,10 @@
 // DaemonProcess: a real tierkvd started for one test, on a socket in a
 // temporary directory, stopped (SIGTERM, then SIGKILL) on destruction.
 //
-// The binary is found through $TIERKV_BIN_DIR (set by CTest) or next to the
-// test binary. Start() waits for the daemon's --ready-file.
+// A thin wrapper over tools::DaemonLauncher (tools/daemon_launcher.h), which
+// does the launching: this adds the test's TempDir and a small default host
+// tier. The binary is found through $TIERKV_BIN_DIR (set by CTest) or next to
+// the test binary. Start() waits for the daemon's --ready-file.
 #pragma once
 
 #include <sys/types.h>
@@ -15,6 +17,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tierkv/client.h"
 #include "tierkv/status.h"
+#include "tools/daemon_launcher.h"
 
 namespace tierkv::testing {
 
@@ -35,17 +38,18 @@ struct DaemonSpec {
 class DaemonProcess {
  public:
   DaemonProcess() = default;
-  ~DaemonProcess();
+  ~DaemonProcess();  // Stop(SIGKILL) if running
 
   Status Start(const DaemonSpec& spec = {});
   // Sends `signal` and waits for exit; returns the exit status (waitpid).
   int Stop(int signal = 15);
 
-  const std::string& socket_path() const { return socket_; }
-  int metrics_port() const { return metrics_port_; }
-  pid_t pid() const { return pid_; }
+  const std::string& socket_path() const { return launcher_.socket_path(); }
+  int metrics_port() const { return launcher_.metrics_port(); }
+  pid_t pid() const { return launcher_.pid(); }
   const TempDir& dir() const { return dir_; }
-  std::string log() const;  // the daemon's stdout+stderr so far
+  // The daemon's stdout+stderr so far.
+  std::string log() const { return launcher_.log(); }
 
   // A client connected and bound to `ns` with the token of `ns` (read
   // from the config or the embedded default token file).
@@ -57,9 +61,7 @@ class DaemonProcess {
 
  private:
   TempDir dir_;
-  std::string socket_;
-  pid_t pid_ = -1;
-  int metrics_port_ = 0;
+  tools::DaemonLauncher launcher_{dir_.path()};  // borrows dir_
 };
 
 // The directory holding tierkvd, tierkv, ... ($TIERKV_BIN_DIR).

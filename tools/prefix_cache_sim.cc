@@ -1,0 +1,212 @@
+// Offline LRU and Belady (MIN) prefix-cache simulators (see
+// prefix_cache_sim.h).
+#include "tools/prefix_cache_sim.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "tools/prefix_hit_rules.h"
+
+namespace tierkv::tools {
+namespace {
+
+constexpr size_t kNeverAgain = std::numeric_limits<size_t>::max();
+constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
+
+// LRU over dense block ids: an intrusive doubly linked list in arrays, so
+// every operation is O(1) without allocation.
+class LruCache {
+ public:
+  LruCache(uint32_t blocks, uint64_t capacity)
+      : capacity_(capacity),
+        prev_(blocks, kNil),
+        next_(blocks, kNil),
+        resident_(blocks, false) {}
+
+  bool Contains(uint32_t block) const { return resident_[block]; }
+
+  // Access `block` (at trace access `index`, unused by LRU).
+  void Access(uint32_t block, size_t /*index*/) {
+    if (resident_[block]) {
+      Unlink(block);
+    } else {
+      resident_[block] = true;
+      ++size_;
+      ++inserted_;
+    }
+    PushMostRecent(block);
+    while (size_ > capacity_) {
+      const uint32_t victim = lru_;
+      Unlink(victim);
+      resident_[victim] = false;
+      --size_;
+      ++evicted_;
+    }
+  }
+
+  uint64_t inserted() const { return inserted_; }
+  uint64_t evicted() const { return evicted_; }
+
+ private:
+  void Unlink(uint32_t block) {
+    (prev_[block] == kNil ? lru_ : next_[prev_[block]]) = next_[block];
+    (next_[block] == kNil ? mru_ : prev_[next_[block]]) = prev_[block];
+    prev_[block] = next_[block] = kNil;
+  }
+  void PushMostRecent(uint32_t block) {
+    prev_[block] = mru_;
+    (mru_ == kNil ? lru_ : next_[mru_]) = block;
+    mru_ = block;
+  }
+
+  const uint64_t capacity_;
+  std::vector<uint32_t> prev_;  // towards the LRU end
+  std::vector<uint32_t> next_;  // towards the MRU end
+  std::vector<bool> resident_;
+  uint32_t lru_ = kNil;
+  uint32_t mru_ = kNil;
+  uint64_t size_ = 0;
+  uint64_t inserted_ = 0;
+  uint64_t evicted_ = 0;
+};
+
+// Belady's MIN: a max-heap of (next use, block) with lazy deletion. An entry
+// is current while its block is resident and its next use is the block's
+// latest; next uses of one block strictly increase, so a stale entry never
+// looks current.
+class MinCache {
+ public:
+  MinCache(uint32_t blocks, uint64_t capacity, std::span<const size_t> next_use)
+      : capacity_(capacity),
+        next_use_(next_use),
+        current_next_(blocks, kNeverAgain),
+        resident_(blocks, false) {}
+
+  bool Contains(uint32_t block) const { return resident_[block]; }
+
+  void Access(uint32_t block, size_t index) {
+    if (!resident_[block]) {
+      resident_[block] = true;
+      ++size_;
+      ++inserted_;
+    }
+    current_next_[block] = next_use_[index];
+    heap_.emplace_back(next_use_[index], block);
+    std::push_heap(heap_.begin(), heap_.end());
+    while (size_ > capacity_) {
+      std::pop_heap(heap_.begin(), heap_.end());
+      const auto [next, victim] = heap_.back();
+      heap_.pop_back();
+      if (!resident_[victim] || current_next_[victim] != next) continue;
+      resident_[victim] = false;
+      --size_;
+      ++evicted_;
+    }
+  }
+
+  uint64_t inserted() const { return inserted_; }
+  uint64_t evicted() const { return evicted_; }
+
+ private:
+  const uint64_t capacity_;
+  const std::span<const size_t> next_use_;
+  std::vector<size_t> current_next_;
+  std::vector<bool> resident_;
+  std::vector<std::pair<size_t, uint32_t>> heap_;
+  uint64_t size_ = 0;
+  uint64_t inserted_ = 0;
+  uint64_t evicted_ = 0;
+};
+
+// Applies the counting rules (prefix_hit_rules.h) with `cache`.
+template <typename Cache>
+void Replay(Cache& cache, std::span<const uint32_t> blocks,
+            std::span<const size_t> request_begin, PrefixCacheResult& out) {
+  for (size_t r = 0; r + 1 < request_begin.size(); ++r) {
+    const size_t begin = request_begin[r];
+    const size_t end = request_begin[r + 1];
+    size_t leading = 0;
+    while (begin + leading < end && cache.Contains(blocks[begin + leading])) {
+      ++leading;
+    }
+    out.hit_blocks += leading;
+    out.hit_tokens += HitTokens(leading);
+    for (size_t i = begin; i < end; ++i) cache.Access(blocks[i], i);
+  }
+  out.inserted_blocks = cache.inserted();
+  out.evicted_blocks = cache.evicted();
+}
+
+}  // namespace
+
+std::string_view OfflinePolicyName(OfflinePolicy policy) {
+  switch (policy) {
+    case OfflinePolicy::kLru:
+      return "lru";
+    case OfflinePolicy::kBelady:
+      return "belady";
+  }
+  return "unknown";
+}
+
+double PrefixCacheResult::TokenHitRate() const {
+  return input_tokens == 0 ? 0.0
+                           : static_cast<double>(hit_tokens) /
+                                 static_cast<double>(input_tokens);
+}
+
+PrefixCacheSimulator::PrefixCacheSimulator(
+    std::span<const TraceRequest> requests) {
+  std::unordered_map<uint64_t, uint32_t> dense;
+  request_begin_.reserve(requests.size() + 1);
+  input_tokens_.reserve(requests.size());
+  for (const TraceRequest& request : requests) {
+    request_begin_.push_back(blocks_.size());
+    input_tokens_.push_back(request.input_length);
+    for (uint64_t id : CacheableBlocks(request)) {
+      auto [it, fresh] = dense.try_emplace(id, distinct_blocks_);
+      if (fresh) ++distinct_blocks_;
+      blocks_.push_back(it->second);
+    }
+  }
+  request_begin_.push_back(blocks_.size());
+  next_use_.assign(blocks_.size(), kNeverAgain);
+  std::vector<size_t> seen_next(distinct_blocks_, kNeverAgain);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    next_use_[i] = seen_next[blocks_[i]];
+    seen_next[blocks_[i]] = i;
+  }
+}
+
+PrefixCacheResult PrefixCacheSimulator::Run(OfflinePolicy policy,
+                                            uint64_t capacity_blocks) const {
+  return policy == OfflinePolicy::kLru ? Lru(capacity_blocks)
+                                       : Belady(capacity_blocks);
+}
+
+PrefixCacheResult PrefixCacheSimulator::Totals(uint64_t capacity_blocks) const {
+  PrefixCacheResult out;
+  out.capacity_blocks = capacity_blocks;
+  out.requests = input_tokens_.size();
+  for (uint64_t tokens : input_tokens_) out.input_tokens += tokens;
+  out.accessed_blocks = blocks_.size();
+  return out;
+}
+
+PrefixCacheResult PrefixCacheSimulator::Lru(uint64_t capacity_blocks) const {
+  PrefixCacheResult out = Totals(capacity_blocks);
+  LruCache cache(distinct_blocks_, capacity_blocks);
+  Replay(cache, blocks_, request_begin_, out);
+  return out;
+}
+
+PrefixCacheResult PrefixCacheSimulator::Belady(uint64_t capacity_blocks) const {
+  PrefixCacheResult out = Totals(capacity_blocks);
+  MinCache cache(distinct_blocks_, capacity_blocks, next_use_);
+  Replay(cache, blocks_, request_begin_, out);
+  return out;
+}
+
+}  // namespace tierkv::tools
