@@ -9,6 +9,11 @@
 //              [--namespace N --token-file F] [--tierkv-required]
 //   tierkv-run serve-sessions --model DIR --tierkv [SOCKET] --sessions 3
 //              --turns 3 [--no-check]
+//   tierkv-run --model DIR --prompt-ids ... --record-topk trace.tk
+//
+// --record-topk writes every decode step's top-k selections, per full
+// indexer layer, as a top-k trace (topk_trace.h), and prints its size and
+// consecutive-step overlap per layer.
 //
 // With --tierkv the KV cache is a TierKvCache: the prompt's stored prefix
 // is loaded from tierkvd instead of prefilled, and every full page is
@@ -41,6 +46,8 @@
 #include "executor/presets.h"
 #include "executor/sessions.h"
 #include "executor/tier_kv_cache.h"
+#include "executor/topk_trace.h"
+#include "executor/topk_trace_recorder.h"
 #include "executor/weights.h"
 
 namespace tierkv::executor {
@@ -222,13 +229,62 @@ void PrintTierkvLine(const KvCache& cache, const GenerateResult& r) {
       s.degraded ? " (degraded: daemon not used)" : "");
 }
 
+// What a recorded trace says about the run that made it.
+std::string TraceSource(const std::string& dir, const ModelConfig& c,
+                        size_t prompt_tokens, const GenerateOptions& gen,
+                        const std::string& attention, bool tierkv) {
+  return fmt::format(
+      "tierkv-run --model {} ({}, {} layers, index_topk {}): prompt {} "
+      "tokens, {} new tokens, {}, attention {}{}",
+      dir, c.model_type, c.num_hidden_layers, c.index_topk, prompt_tokens,
+      gen.max_new_tokens,
+      gen.sampler.greedy
+          ? std::string("greedy")
+          : fmt::format("temperature {} seed {}", gen.sampler.temperature,
+                        gen.sampler.seed),
+      tierkv ? "mqa" : attention, tierkv ? ", tierkv" : "");
+}
+
+void PrintTraceSummary(const std::string& path) {
+  auto s = SummarizeTopkTrace(path);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tierkv-run: reading back %s: %s\n", path.c_str(),
+                 s.status().ToString().c_str());
+    return;
+  }
+  std::vector<std::string> overlap;
+  for (size_t f = 0; f < s->mean_overlap.size(); ++f) {
+    overlap.push_back(
+        fmt::format("{}:{:.3f}", s->header.full_layers[f], s->mean_overlap[f]));
+  }
+  std::printf(
+      "topk trace: %s: %lld decode steps x %zu full layers (k %lld), %llu "
+      "bytes (%.2f bytes/id)\n"
+      "  consecutive-step overlap per full layer: %s\n",
+      path.c_str(), static_cast<long long>(s->steps),
+      s->header.full_layers.size(), static_cast<long long>(s->header.k),
+      static_cast<unsigned long long>(s->file_bytes),
+      s->ids > 0 ? static_cast<double>(s->file_bytes) / s->ids : 0.0,
+      fmt::format("{}", fmt::join(overlap, " ")).c_str());
+}
+
 int RunModel(const std::string& dir, const std::string& prompt_text,
              const GenerateOptions& gen, const std::string& logits_out,
              int threads, const std::string& attention,
-             const TierkvFlags& tierkv) {
+             const TierkvFlags& tierkv, const std::string& record_topk) {
   auto prompt = ParseIds(prompt_text);
   if (!prompt.ok()) return Fail(prompt.status());
+  // Created once the model and its cache exist; declared first because the
+  // model's observer borrows it.
+  std::unique_ptr<TopkTraceRecorder> recorder;
   ModelOptions mo;
+  if (!record_topk.empty()) {
+    mo.observer = [&recorder](int64_t layer, int64_t position,
+                              std::span<const float>,
+                              std::span<const int32_t> selected) {
+      if (recorder) recorder->OnSelection(layer, position, selected);
+    };
+  }
   mo.num_threads = threads;
   if (attention == "mqa") mo.attention_mode = AttentionMode::kAbsorbedMqa;
   if (attention == "mha") mo.attention_mode = AttentionMode::kMha;
@@ -247,6 +303,16 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
       static_cast<int64_t>(prompt->size()) + gen.max_new_tokens;
   auto cache = MakeCache(**model, max_tokens, tierkv);
   if (!cache.ok()) return Fail(cache.status());
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt->size());
+  if (!record_topk.empty()) {
+    auto r = TopkTraceRecorder::Create(
+        record_topk, (*model)->config(), (*cache)->geometry().page_tokens,
+        /*first_decode_position=*/prompt_tokens,
+        TraceSource(dir, (*model)->config(), prompt->size(), gen, attention,
+                    tierkv.enabled));
+    if (!r.ok()) return Fail(r.status());
+    recorder = std::move(r).value();
+  }
   GenerateOptions opts = gen;
   opts.keep_logits = !logits_out.empty();
   auto r = Generate(**model, cache->get(), *prompt, opts);
@@ -266,6 +332,12 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
       static_cast<long long>(r->decode_steps), r->decode_seconds, decode_tps,
       (*model)->num_threads(), KernelIsa());
   PrintTierkvLine(**cache, *r);
+  if (recorder) {
+    if (Status s = recorder->Finish(prompt_tokens + r->decode_steps); !s.ok()) {
+      return Fail(s);
+    }
+    PrintTraceSummary(record_topk);
+  }
   if (!logits_out.empty()) {
     const int64_t vocab = (*model)->config().vocab_size;
     const int64_t rows = static_cast<int64_t>(r->tokens.size());
@@ -350,7 +422,7 @@ int main(int argc, char** argv) {
   using namespace tierkv::executor;
   CLI::App app{"tierkv-run: reference GLM-5 / DeepSeek-V3.2 DSA executor"};
   std::string model_dir, prompt = "1", logits_out, write_dir, preset = "tiny",
-                         dtype = "BF16", attention = "auto";
+                         dtype = "BF16", attention = "auto", record_topk;
   int64_t max_new = 16;
   bool greedy = false, config_only = false;
   double temperature = 0;
@@ -372,6 +444,14 @@ int main(int argc, char** argv) {
                  "write float32 [generated, vocab] logits as .npy");
   app.add_option("--threads", threads, "kernel threads (0 = all cores)")
       ->capture_default_str();
+  app.add_option(
+         "--record-topk", record_topk,
+         "write the top-k selections of every decode step (not the prompt's) "
+         "to FILE, one per full indexer layer, as a top-k trace "
+         "(executor/topk_trace.h); steps with <= index_topk visible tokens, "
+         "which the model does not score, are recorded as every visible "
+         "token")
+      ->type_name("FILE");
   app.add_option("--attention", attention, "auto | mqa | mha")
       ->check(CLI::IsMember({"auto", "mqa", "mha"}))
       ->capture_default_str();
@@ -455,5 +535,5 @@ int main(int argc, char** argv) {
   gen.sampler.temperature = temperature > 0 ? temperature : 1.0;
   gen.sampler.seed = seed;
   return RunModel(model_dir, prompt, gen, logits_out, threads, attention,
-                  tierkv);
+                  tierkv, record_topk);
 }

@@ -9,10 +9,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "executor/generator.h"
+#include "executor/model.h"
+#include "executor/topk_trace.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -206,6 +210,127 @@ TEST_F(TierkvRunTest, UnreachableTierkvdFailsWhenRequiredElseRunsWithout) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tierkv unavailable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("degraded"), std::string::npos) << r.output;
+}
+
+// The steps of a top-k trace file (failing the test on a read error).
+std::vector<tierkv::executor::TopkStep> TraceSteps(const std::string& path) {
+  std::vector<tierkv::executor::TopkStep> steps;
+  auto reader = tierkv::executor::TopkTraceReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+  if (!reader.ok()) return steps;
+  tierkv::executor::TopkStep step;
+  while (true) {
+    auto more = (*reader)->Next(&step);
+    EXPECT_TRUE(more.ok()) << more.status().ToString();
+    if (!more.ok() || !*more) break;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+// The decode-step selections an in-process SelectionObserver sees for the
+// same run: per position >= the prompt length, one per full layer in
+// layer order.
+std::vector<tierkv::executor::TopkStep> ObservedSteps(
+    const std::filesystem::path& model_dir, const std::string& prompt_ids,
+    int64_t new_tokens, tierkv::executor::AttentionMode mode) {
+  using namespace tierkv::executor;
+  std::vector<int32_t> prompt;
+  for (size_t pos = 0; pos < prompt_ids.size();) {
+    const size_t comma = std::min(prompt_ids.find(',', pos), prompt_ids.size());
+    prompt.push_back(std::stoi(prompt_ids.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  const auto first = static_cast<int64_t>(prompt.size());
+  std::map<int64_t, TopkStep> by_position;
+  ModelOptions o;
+  o.attention_mode = mode;
+  o.observer = [&](int64_t, int64_t position, std::span<const float>,
+                   std::span<const int32_t> selected) {
+    if (position < first) return;
+    TopkStep& step = by_position[position];
+    step.context_tokens = position + 1;
+    step.selections.emplace_back(selected.begin(), selected.end());
+  };
+  auto model = Model::Load(model_dir, o);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  if (!model.ok()) return {};
+  auto cache = (*model)->NewCache(first + new_tokens);
+  EXPECT_TRUE(cache.ok());
+  GenerateOptions g;
+  g.max_new_tokens = new_tokens;
+  auto r = Generate(**model, cache->get(), prompt, g);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<TopkStep> steps;
+  for (auto& [position, step] : by_position) steps.push_back(step);
+  return steps;
+}
+
+// --record-topk: one record per decode step (not the prompt's), one
+// selection per full layer, equal to what an observer sees in process.
+TEST_F(TierkvRunTest, RecordTopkWritesEachDecodeStepAsAnObserverSeesIt) {
+  const std::string trace = dir_.File("topk.tk");
+  const std::string prompt = Ids(1, 40);  // > index_topk 16
+  const RunResult r =
+      RunTool("--model " + model_.string() + " --prompt-ids " + prompt +
+              " --max-new-tokens 10 --record-topk " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("9 decode steps x 3 full layers (k 16)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("consecutive-step overlap per full layer: 0:"),
+            std::string::npos)
+      << r.output;
+  auto reader = tierkv::executor::TopkTraceReader::Open(trace);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->header().full_layers, (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_NE((*reader)->header().source.find("prompt 40 tokens"),
+            std::string::npos);
+  const auto steps = TraceSteps(trace);
+  ASSERT_EQ(steps.size(), 9u);
+  for (const auto& step : steps) EXPECT_EQ(step.selections.size(), 3u);
+  EXPECT_EQ(steps, ObservedSteps(model_, prompt, 10,
+                                 tierkv::executor::AttentionMode::kAuto));
+}
+
+// With --tierkv (a prefix loaded from tierkvd, so part of the prompt is
+// never prefilled) the trace equals the one of a run without it.
+TEST_F(TierkvRunTest, RecordTopkWorksWithTierkvd) {
+  tierkv::testing::DaemonProcess daemon;
+  const tierkv::Status started = daemon.Start(
+      {.config_toml = "[[namespace]]\nname = \"topk\"\ntoken = "
+                      "\"token-topk\"\nhost_bytes = \"8MiB\"\nshards = 1\n"});
+  ASSERT_TRUE(started.ok()) << started.ToString() << "\n" << daemon.log();
+  const std::string token_file = dir_.File("topk.token");
+  std::ofstream(token_file) << "token-topk\n";
+  const std::string prompt = Ids(3, 150);
+  auto run = [&](const std::string& trace, bool with_tierkv) {
+    return RunTool("--model " + model_.string() + " --prompt-ids " + prompt +
+                   " --max-new-tokens 9 --attention mqa --record-topk " +
+                   trace +
+                   (with_tierkv ? " --tierkv " + daemon.socket_path() +
+                                      " --namespace topk --token-file " +
+                                      token_file + " --tierkv-required"
+                                : ""));
+  };
+  const std::string plain = dir_.File("plain.tk"), first = dir_.File("a.tk"),
+                    second = dir_.File("b.tk");
+  RunResult r = run(plain, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(first, true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(second, true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tierkv: 128 of 150 prompt tokens loaded"),
+            std::string::npos)
+      << r.output;
+  const auto expected = TraceSteps(plain);
+  ASSERT_EQ(expected.size(), 8u);
+  EXPECT_EQ(TraceSteps(first), expected);
+  EXPECT_EQ(TraceSteps(second), expected);
+  EXPECT_EQ(expected,
+            ObservedSteps(model_, prompt, 9,
+                          tierkv::executor::AttentionMode::kAbsorbedMqa));
 }
 
 }  // namespace
