@@ -141,7 +141,9 @@ class SparseWorkingSet::Impl {
           fmt::format("working set: a selection of {} ids exceeds its {} slots",
                       ids.size(), options.slots));
     }
-    // Validate before changing anything: in range, unique, rows exist.
+    // Validate before changing anything: in range, unique, rows exist in
+    // the full layer (a shared layer writes the newest token's row after
+    // this selection; its Gather finds it then).
     if (g.slot_of_token.size() < static_cast<size_t>(context)) {
       g.slot_of_token.resize(static_cast<size_t>(context), -1);
     }
@@ -157,13 +159,10 @@ class SparseWorkingSet::Impl {
             fmt::format("working set: id {} selected twice", id));
       }
       mark[static_cast<size_t>(id)] = mark_epoch;
-      if (g.slot_of_token[static_cast<size_t>(id)] < 0) {
-        for (uint16_t l : g.layers) {
-          if (source(l, id).size() != layers[l].row_bytes) {
-            return Status::NotFound(fmt::format(
-                "working set: no row of token {} in layer {}", id, l));
-          }
-        }
+      if (g.slot_of_token[static_cast<size_t>(id)] < 0 &&
+          source(full, id).size() != layers[full].row_bytes) {
+        return Status::NotFound(fmt::format(
+            "working set: no row of token {} in layer {}", id, full));
       }
     }
     // Rows still owed by the previous selection go in before slots move.

@@ -31,6 +31,17 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
   TIERKV_RETURN_IF_ERROR(cache->CommitTokens(sequence));
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<float> current = std::move(logits).value();
+  std::unique_ptr<SparseWorkingSet> working_set;
+  if (options.working_set) {
+    auto ws = model.NewWorkingSet(cache, *options.working_set);
+    if (!ws.ok()) return ws.status();
+    working_set = std::move(ws).value();
+  }
+  auto report = [&]() -> Status {
+    if (!working_set || options.report_interval <= 0) return Status::OK();
+    const auto counts = working_set->TakeSelectionCounts();
+    return cache->ReportSelections(counts);
+  };
   auto t1 = Clock::now();
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int32_t token = sampler.Sample(current);
@@ -39,7 +50,8 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
       r.logits.insert(r.logits.end(), current.begin(), current.end());
     }
     if (i + 1 == options.max_new_tokens) break;
-    auto next = model.Forward(std::span<const int32_t>(&token, 1), cache);
+    auto next = model.Forward(std::span<const int32_t>(&token, 1), cache,
+                              /*all_logits=*/false, working_set.get());
     if (!next.ok()) return next.status();
     current = std::move(next).value();
     sequence.push_back(token);
@@ -48,8 +60,14 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
       TIERKV_RETURN_IF_ERROR(cache->CommitTokens(sequence));
     }
     ++r.decode_steps;
+    if (options.report_interval > 0 &&
+        r.decode_steps % options.report_interval == 0) {
+      TIERKV_RETURN_IF_ERROR(report());
+    }
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  TIERKV_RETURN_IF_ERROR(report());
+  if (working_set) r.working_set = working_set->stats();
   return r;
 }
 

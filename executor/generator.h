@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,15 @@ struct GenerateOptions {
   SamplerOptions sampler;
   // Keep the logits that produced each generated token. Default: false.
   bool keep_logits = false;
+  // Decode through a sparse working set of these options
+  // (Model::NewWorkingSet over the cache): each step's sparse attention
+  // reads the selected rows from its slots. Default: none (rows are read
+  // from the cache directly).
+  std::optional<WorkingSetOptions> working_set;
+  // With a working set: hand its selection counts to the cache
+  // (KvCache::ReportSelections; TierKvCache sends them to tierkvd) every
+  // this many decode steps, and at the end; 0 never. Default: 32.
+  int64_t report_interval = 32;
 };
 
 struct GenerateResult {
@@ -30,7 +40,8 @@ struct GenerateResult {
   // and attached ones that did not arrive and were recomputed.
   int64_t prefix_tokens = 0;
   int64_t prefix_tokens_recomputed = 0;
-  int64_t decode_steps = 0;  // Forward calls after the prefill
+  int64_t decode_steps = 0;     // Forward calls after the prefill
+  WorkingSetStats working_set;  // zeros without a working set
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };

@@ -29,6 +29,7 @@
 
 #include "executor/config.h"
 #include "executor/kv_format.h"
+#include "tierkv/sparse_working_set.h"
 #include "tierkv/status.h"
 
 namespace tierkv::executor {
@@ -115,6 +116,14 @@ class KvCache {
   // may be saved. Default: nothing to do.
   virtual Status CommitTokens(std::span<const int32_t> tokens) {
     (void)tokens;
+    return Status::OK();
+  }
+  // How often sparse attention selected tokens of each page per full layer
+  // (SparseWorkingSet counts), for a store that ranks pages by it
+  // (TierKvCache tells tierkvd). Pages not saved are skipped. Default:
+  // nothing to do.
+  virtual Status ReportSelections(std::span<const SelectionCount> counts) {
+    (void)counts;
     return Status::OK();
   }
 

@@ -67,8 +67,52 @@ Result<std::unique_ptr<KvCache>> Model::NewCache(int64_t max_tokens,
   return std::unique_ptr<KvCache>(std::move(cache).value());
 }
 
+Result<std::unique_ptr<SparseWorkingSet>> Model::NewWorkingSet(
+    KvCache* cache, const WorkingSetOptions& options) const {
+  const ModelConfig& c = config_;
+  // topk never evicts sinks or the recent window: with fewer slots than
+  // those plus a selection, a step could find nothing to replace.
+  const int64_t protected_tokens =
+      options.policy == WorkingSetPolicy::kTopk
+          ? int64_t{options.sink_tokens} + options.recent_tokens
+          : 0;
+  if (options.slots < c.index_topk + protected_tokens) {
+    return Status::InvalidArgument(fmt::format(
+        "working set: {} slots cannot hold a selection of index_topk {} "
+        "beside {} protected tokens (sinks + recent window)",
+        options.slots, c.index_topk, protected_tokens));
+  }
+  WorkingSetLayout layout;
+  int64_t full = -1;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.indexer_full[l]) full = l;
+    if (full < 0) {
+      return Status::InvalidArgument(
+          fmt::format("working set: layer {} has no full layer before it", l));
+    }
+    layout.group_of_layer.push_back(static_cast<uint16_t>(full));
+    layout.row_bytes.push_back(static_cast<uint32_t>(c.latent_dim() * 4));
+  }
+  const int64_t ld = c.latent_dim();
+  const int64_t page_tokens = cache->geometry().page_tokens;
+  RowSource source = [cache, ld, page_tokens](
+                         uint16_t layer,
+                         int32_t token) -> std::span<const std::byte> {
+    if (token < 0 || token >= cache->num_tokens(layer, KvPart::kLatent)) {
+      return {};
+    }
+    auto page = cache->PageView(layer, KvPart::kLatent, token / page_tokens);
+    if (!page.ok()) return {};
+    return std::as_bytes(
+        page->subspan(static_cast<size_t>((token % page_tokens) * ld),
+                      static_cast<size_t>(ld)));
+  };
+  return SparseWorkingSet::Create(layout, options, std::move(source));
+}
+
 Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
-                                          KvCache* cache, bool all_logits) {
+                                          KvCache* cache, bool all_logits,
+                                          SparseWorkingSet* working_set) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return Status::InvalidArgument("Forward: empty token chunk");
@@ -114,7 +158,8 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
     if (l + 1 < c.num_hidden_layers) cache->Prefetch(l + 1, start);
     // Layer() waits for layer l's cached rows itself, once its projections
     // are done: they need only x, and overlap the load.
-    TIERKV_RETURN_IF_ERROR(Layer(l, start, n, use_mha, cache, &selection, &x));
+    TIERKV_RETURN_IF_ERROR(
+        Layer(l, start, n, use_mha, cache, working_set, &selection, &x));
   }
   const int64_t first = all_logits ? 0 : n - 1;
   const int64_t rows = n - first;
@@ -127,9 +172,11 @@ Result<std::vector<float>> Model::Forward(std::span<const int32_t> tokens,
 }
 
 Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
-                    KvCache* cache,
+                    KvCache* cache, SparseWorkingSet* working_set,
                     std::vector<std::vector<int32_t>>* selection,
                     std::vector<float>* xp) {
+  // A decode step reads its selected rows through the working set.
+  const bool via_working_set = working_set && n == 1 && !use_mha;
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[l];
   const AttentionWeights& aw = lw.attn;
@@ -216,6 +263,10 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
       sel = TopKIndices(scores, c.index_topk);
       if (options_.observer) options_.observer(l, start + t, scores, sel);
     }
+    if (via_working_set) {
+      TIERKV_RETURN_IF_ERROR(working_set->Select(static_cast<uint16_t>(l),
+                                                 (*selection)[0], start + 1));
+    }
   } else if (static_cast<int64_t>(selection->size()) != n) {
     return Status::Internal(
         fmt::format("shared layer {} has no earlier full layer", l));
@@ -258,7 +309,14 @@ Status Model::Layer(int64_t l, int64_t start, int64_t n, bool use_mha,
     const std::vector<int32_t>& sel = (*selection)[t];
     const int64_t s_count = static_cast<int64_t>(sel.size());
     sel_latent.resize(static_cast<size_t>(s_count * ld));
-    TIERKV_RETURN_IF_ERROR(cache->Gather(l, KvPart::kLatent, sel, sel_latent));
+    if (via_working_set) {
+      TIERKV_RETURN_IF_ERROR(
+          working_set->Gather(static_cast<uint16_t>(l),
+                              std::as_writable_bytes(std::span(sel_latent))));
+    } else {
+      TIERKV_RETURN_IF_ERROR(
+          cache->Gather(l, KvPart::kLatent, sel, sel_latent));
+    }
     if (use_mha) {
       const float* qt = q.data() + t * heads * qk;
       float* out = attn.data() + t * heads * d.v;

@@ -31,6 +31,7 @@
 #include "executor/rope.h"
 #include "executor/thread_pool.h"
 #include "executor/weights.h"
+#include "tierkv/sparse_working_set.h"
 #include "tierkv/status.h"
 
 namespace tierkv::executor {
@@ -91,13 +92,31 @@ class Model {
   // ([vocab]) of the last token, or of every token ([n, vocab]) when
   // `all_logits`. Returns InvalidArgument for an empty chunk or a token id
   // outside the vocabulary, and the cache's errors.
+  //
+  // `working_set` (from NewWorkingSet on the same cache): a decode step
+  // (one token, absorbed MQA) then reads its sparse attention rows through
+  // it: each full layer hands its selection to the working set, and every
+  // layer gathers its selected latent rows from the working set's slots
+  // (which copy misses from the cache). Same rows, same order: the same
+  // logits, bit for bit. Other chunks ignore it.
   Result<std::vector<float>> Forward(std::span<const int32_t> tokens,
-                                     KvCache* cache, bool all_logits = false);
+                                     KvCache* cache, bool all_logits = false,
+                                     SparseWorkingSet* working_set = nullptr);
+
+  // A working set over `cache`'s latent rows as attention reads them (fp32,
+  // decoded), one group per full indexer layer with the IndexShare layers
+  // after it. `cache` is borrowed and must outlive it; rows Written later
+  // are visible to it. InvalidArgument as SparseWorkingSet::Create, or
+  // when options.slots is below index_topk (plus, for topk, its sinks and
+  // recent window): a step could then find no slot to replace.
+  Result<std::unique_ptr<SparseWorkingSet>> NewWorkingSet(
+      KvCache* cache, const WorkingSetOptions& options) const;
 
  private:
   Model(ModelConfig config, ModelWeights weights, const ModelOptions& options);
   Status Layer(int64_t layer, int64_t start, int64_t n, bool use_mha,
-               KvCache* cache, std::vector<std::vector<int32_t>>* selection,
+               KvCache* cache, SparseWorkingSet* working_set,
+               std::vector<std::vector<int32_t>>* selection,
                std::vector<float>* x);
 
   ModelConfig config_;

@@ -529,6 +529,24 @@ Status TierKvCache::CommitTokens(std::span<const int32_t> tokens) {
   return Status::OK();
 }
 
+Status TierKvCache::ReportSelections(std::span<const SelectionCount> counts) {
+  if (!client_) return Status::OK();
+  std::vector<SelectionReport> reports;
+  reports.reserve(counts.size());
+  for (const SelectionCount& c : counts) {
+    // Only pages the daemon was given have a name there.
+    if (static_cast<int64_t>(c.page) >= stored_pages_) continue;
+    reports.push_back({hashes_[c.page], c.layer, c.count});
+  }
+  if (reports.empty()) return Status::OK();
+  if (Status s = client_->ReportTopk(reports); !s.ok()) {
+    if (IsTransportFailure(s)) return Degrade(s);
+    return s;
+  }
+  stats_.selections_reported += static_cast<int64_t>(reports.size());
+  return Status::OK();
+}
+
 void TierKvCache::WaitForStores() {
   for (TransferHandle& h : stores_) {
     if (!CountStoreFailures(h)) {

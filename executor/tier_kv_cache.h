@@ -74,6 +74,8 @@ struct TierKvCacheStats {
   // Of those, pages the daemon could not store (e.g. Busy: no DRAM even
   // after waiting for write-back); a later request recomputes them.
   int64_t pages_store_failed = 0;
+  // Selection counts sent to tierkvd (ReportSelections), items.
+  int64_t selections_reported = 0;
   uint64_t bytes_loaded = 0;
   uint64_t bytes_stored = 0;
   // Time WaitForLayer spent blocked on a Load: the part of the loads the
@@ -108,6 +110,7 @@ class TierKvCache final : public KvCache {
   int64_t num_tokens(int64_t layer, KvPart part) const override;
   Status Truncate(int64_t num_tokens) override;
 
+  Status ReportSelections(std::span<const SelectionCount> counts) override;
   Status WaitForLayer(int64_t layer, int64_t num_tokens) override;
   Result<int64_t> AttachPrefix(std::span<const int32_t> prompt) override;
   Result<int64_t> RecoverPrefix(const Status& forward_error) override;

@@ -122,15 +122,18 @@ class SparseWorkingSet {
   // by the policy. `context_tokens` is the number of tokens visible now
   // (for the recent window). InvalidArgument for a layer that is not a
   // full layer, duplicate or out-of-range ids, or more ids than slots;
-  // NotFound when the source has no row for a missed id (nothing changes
-  // for the rows already resident).
+  // NotFound when the source has no row of the full layer for a missed id
+  // (nothing changes); ResourceExhausted when every slot is selected or
+  // protected (the ids placed so far stay resident; there is no selection
+  // to gather until the next successful Select).
   Status Select(uint16_t group, std::span<const int32_t> ids,
                 int64_t context_tokens);
 
   // Copies the rows of `layer`'s group's last selection, in selection
   // order, into `out` (ids × row_bytes), first copying in the rows that
   // selection missed for this layer. InvalidArgument when `out` has the
-  // wrong size or the group has no selection yet.
+  // wrong size or the group has no selection; NotFound when the source
+  // has no row of a missed id in this layer (that id leaves the slots).
   Status Gather(uint16_t layer, std::span<std::byte> out);
 
   // Forgets every resident token and score (a new request or a truncated
