@@ -184,13 +184,8 @@ class SparseWorkingSet::Impl {
     for (size_t i : missed) {
       if (g.free_slots.empty()) {
         const std::optional<uint32_t> victim = g.policy->Victim();
-        if (!victim) {
-          // The tokens placed so far stay resident (their rows are owed
-          // as usual); the selection itself did not happen.
-          return Status::ResourceExhausted(fmt::format(
-              "working set: {} slots are all selected or protected (sinks "
-              "{}, recent window {}); give it more slots",
-              options.slots, options.sink_tokens, options.recent_tokens));
+        if (!victim) {  // slots >= ids: a resident token is not selected
+          return Status::Internal("working set: no slot to replace");
         }
         Evict(g, *victim);
         stats.evictions++;

@@ -70,17 +70,11 @@ Result<std::unique_ptr<KvCache>> Model::NewCache(int64_t max_tokens,
 Result<std::unique_ptr<SparseWorkingSet>> Model::NewWorkingSet(
     KvCache* cache, const WorkingSetOptions& options) const {
   const ModelConfig& c = config_;
-  // topk never evicts sinks or the recent window: with fewer slots than
-  // those plus a selection, a step could find nothing to replace.
-  const int64_t protected_tokens =
-      options.policy == WorkingSetPolicy::kTopk
-          ? int64_t{options.sink_tokens} + options.recent_tokens
-          : 0;
-  if (options.slots < c.index_topk + protected_tokens) {
-    return Status::InvalidArgument(fmt::format(
-        "working set: {} slots cannot hold a selection of index_topk {} "
-        "beside {} protected tokens (sinks + recent window)",
-        options.slots, c.index_topk, protected_tokens));
+  if (options.slots < c.index_topk) {
+    return Status::InvalidArgument(
+        fmt::format("working set: {} slots cannot hold a selection of "
+                    "index_topk {}",
+                    options.slots, c.index_topk));
   }
   WorkingSetLayout layout;
   int64_t full = -1;

@@ -107,8 +107,7 @@ class Model {
   // decoded), one group per full indexer layer with the IndexShare layers
   // after it. `cache` is borrowed and must outlive it; rows Written later
   // are visible to it. InvalidArgument as SparseWorkingSet::Create, or
-  // when options.slots is below index_topk (plus, for topk, its sinks and
-  // recent window): a step could then find no slot to replace.
+  // when options.slots is below index_topk (a selection must fit).
   Result<std::unique_ptr<SparseWorkingSet>> NewWorkingSet(
       KvCache* cache, const WorkingSetOptions& options) const;
 

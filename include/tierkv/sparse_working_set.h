@@ -23,13 +23,14 @@
 // Policies (WorkingSetPolicy):
 //   lru   the least recently selected resident token goes first (HiSparse's
 //         exact LRU);
-//   topk  selection frequency with exponential decay: a token's score is
-//         Σ decay^(steps since each selection), so a token the indexer
-//         keeps choosing outranks one chosen once, and an old favourite
-//         fades; ties go to recency. Attention sinks (the first
+//   topk  how often a token comes back into the selection, with
+//         exponential decay: a token's score is Σ decay^(steps since each
+//         return), a run of consecutive selections counting once, so a
+//         token the indexer keeps choosing again outranks one it chose
+//         once, and an old favourite fades; ties go to recency. Attention sinks (the first
 //         sink_tokens) and the recent window (the last recent_tokens of the
-//         context) are never evicted: every step reads them. Eviction is
-//         O(log slots) amortized (a lazily updated heap).
+//         context) go last: DSA selects them nearly every step. Eviction
+//         is O(log slots) amortized (a lazily updated heap).
 //
 // Selection counts: per (page, full layer), accumulated across steps and
 // taken by TakeSelectionCounts(); an engine hands them to tierkvd
@@ -62,12 +63,13 @@ struct WorkingSetOptions {
   // Default: 4096 (HiSparse's device_buffer_size is 4096-6144 for k 2048).
   uint32_t slots = 4096;
   WorkingSetPolicy policy = WorkingSetPolicy::kLru;  // Default: lru
-  // topk: a score's factor per step, in (0, 1). Default: 0.9 (a selection
-  // weighs half after ~7 steps).
-  double decay = 0.9;
-  // topk: tokens [0, sink_tokens) are never evicted. Default: 4.
+  // topk: a score's factor per step, in (0, 1). Default: 0.99 (a return
+  // weighs half after ~69 steps).
+  double decay = 0.99;
+  // topk: tokens [0, sink_tokens) go only when every other resident token
+  // is selected. Default: 4.
   uint32_t sink_tokens = 4;
-  // topk: the last recent_tokens of the context are never evicted.
+  // topk: the same for the last recent_tokens of the context.
   // Default: 64.
   uint32_t recent_tokens = 64;
   // Tokens per page, for selection counts. Default: 64.
@@ -123,9 +125,7 @@ class SparseWorkingSet {
   // (for the recent window). InvalidArgument for a layer that is not a
   // full layer, duplicate or out-of-range ids, or more ids than slots;
   // NotFound when the source has no row of the full layer for a missed id
-  // (nothing changes); ResourceExhausted when every slot is selected or
-  // protected (the ids placed so far stay resident; there is no selection
-  // to gather until the next successful Select).
+  // (nothing changes).
   Status Select(uint16_t group, std::span<const int32_t> ids,
                 int64_t context_tokens);
 
