@@ -332,6 +332,18 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
       static_cast<long long>(r->decode_steps), r->decode_seconds, decode_tps,
       (*model)->num_threads(), KernelIsa());
   PrintTierkvLine(**cache, *r);
+  if (gen.working_set) {
+    const WorkingSetStats& w = r->working_set;
+    std::printf(
+        "working set (%s, %u slots): %llu of %llu selected rows were "
+        "resident (%.1f%%), %llu misses, %.2f MB copied in, %llu evictions\n",
+        WorkingSetPolicyName(gen.working_set->policy), gen.working_set->slots,
+        static_cast<unsigned long long>(w.hits),
+        static_cast<unsigned long long>(w.selected),
+        w.selected ? 100.0 * static_cast<double>(w.hits) / w.selected : 0.0,
+        static_cast<unsigned long long>(w.misses), w.bytes_in / 1e6,
+        static_cast<unsigned long long>(w.evictions));
+  }
   if (recorder) {
     if (Status s = recorder->Finish(prompt_tokens + r->decode_steps); !s.ok()) {
       return Fail(s);
@@ -425,6 +437,9 @@ int main(int argc, char** argv) {
                          dtype = "BF16", attention = "auto", record_topk;
   int64_t max_new = 16;
   bool greedy = false, config_only = false;
+  uint32_t working_set_slots = 0;
+  std::string working_set_policy = "topk";
+  int64_t report_interval = GenerateOptions{}.report_interval;
   double temperature = 0;
   uint64_t seed = 0;
   int threads = 0;
@@ -452,6 +467,19 @@ int main(int argc, char** argv) {
          "which the model does not score, are recorded as every visible "
          "token")
       ->type_name("FILE");
+  app.add_option("--working-set", working_set_slots,
+                 "decode's sparse attention reads its selected rows through "
+                 "a working set of this many token slots per IndexShare "
+                 "group (>= index_topk; 0: read the KV cache directly)")
+      ->capture_default_str();
+  app.add_option("--working-set-policy", working_set_policy,
+                 "lru | topk (tokens that keep coming back stay)")
+      ->check(CLI::IsMember({"lru", "topk"}))
+      ->capture_default_str();
+  app.add_option("--report-interval", report_interval,
+                 "with --working-set and --tierkv: send the selection counts "
+                 "to tierkvd every N decode steps (0: never)")
+      ->capture_default_str();
   app.add_option("--attention", attention, "auto | mqa | mha")
       ->check(CLI::IsMember({"auto", "mqa", "mha"}))
       ->capture_default_str();
@@ -534,6 +562,12 @@ int main(int argc, char** argv) {
   gen.sampler.greedy = !(temperature > 0);
   gen.sampler.temperature = temperature > 0 ? temperature : 1.0;
   gen.sampler.seed = seed;
+  if (working_set_slots > 0) {
+    gen.working_set = tierkv::WorkingSetOptions{
+        .slots = working_set_slots,
+        .policy = *tierkv::ParseWorkingSetPolicy(working_set_policy)};
+  }
+  gen.report_interval = report_interval;
   return RunModel(model_dir, prompt, gen, logits_out, threads, attention,
                   tierkv, record_topk);
 }

@@ -333,4 +333,30 @@ TEST_F(TierkvRunTest, RecordTopkWorksWithTierkvd) {
                           tierkv::executor::AttentionMode::kAbsorbedMqa));
 }
 
+// --working-set: decode reads its sparse attention rows through a working
+// set smaller than the context (tiny: index_topk 16; 24 slots for 90+
+// tokens), with the same logits, and says what the working set did.
+TEST_F(TierkvRunTest, AWorkingSetSmallerThanTheContextGivesTheSameLogits) {
+  std::string ids;
+  for (int i = 0; i < 90; ++i) ids += (i ? "," : "") + std::to_string(i % 97);
+  const std::string base = "--model " + model_.string() + " --prompt-ids " +
+                           ids + " --max-new-tokens 40 --logits-out ";
+  const std::string direct = (dir_.path() / "direct.npy").string();
+  ASSERT_EQ(RunTool(base + direct).exit_code, 0);
+  for (const std::string policy : {"lru", "topk"}) {
+    const std::string npy = (dir_.path() / (policy + ".npy")).string();
+    const RunResult r = RunTool(base + npy + " --working-set 24 " +
+                                "--working-set-policy " + policy);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("working set (" + policy + ", 24 slots)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(ReadAll(npy), ReadAll(direct)) << policy;
+  }
+  const RunResult small = RunTool(base + direct + " --working-set 8");
+  EXPECT_NE(small.exit_code, 0);
+  EXPECT_NE(small.output.find("index_topk 16"), std::string::npos)
+      << small.output;
+}
+
 }  // namespace
