@@ -101,6 +101,7 @@ class DaemonMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string listen_;  // as Serve() was given it
   std::shared_ptr<prometheus::Collectable> nvme_;
   std::shared_ptr<prometheus::Collectable> engine_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;

@@ -796,8 +796,10 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
   }
   // acq_rel: the last lane out sees every other lane's writes to the pools.
   if (job->lanes.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    PublishFinished(TicketAt(*job->tickets, job->t.ticket));
+    // Queued before the ticket says finished, so a finished Load's
+    // promotion is already on the mover's queue.
     if (job->load) PromoteLoaded(*job);
+    PublishFinished(TicketAt(*job->tickets, job->t.ticket));
   }
 }
 
