@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/eviction_policy.h"
+#include "storage/eviction_policy_kind.h"
 #include "storage/write_policy.h"
 #include "tierkv/status.h"
 

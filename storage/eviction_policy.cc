@@ -1,32 +1,8 @@
-// EvictionPolicy: names and the factory.
+// EvictionPolicy: the factory and the ordered insertion policies share.
 #include "storage/eviction_policy.h"
 
-#include <fmt/format.h>
 
 namespace tierkv::storage {
-
-Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
-  if (name == "lru") return EvictionPolicyKind::kLru;
-  if (name == "2q") return EvictionPolicyKind::kTwoQueue;
-  if (name == "s3fifo") return EvictionPolicyKind::kS3Fifo;
-  if (name == "topk") return EvictionPolicyKind::kTopk;
-  return Status::InvalidArgument(fmt::format(
-      "unknown eviction policy '{}' (known: lru, 2q, s3fifo, topk)", name));
-}
-
-std::string_view EvictionPolicyName(EvictionPolicyKind kind) {
-  switch (kind) {
-    case EvictionPolicyKind::kLru:
-      return "lru";
-    case EvictionPolicyKind::kTwoQueue:
-      return "2q";
-    case EvictionPolicyKind::kS3Fifo:
-      return "s3fifo";
-    case EvictionPolicyKind::kTopk:
-      return "topk";
-  }
-  return "unknown";
-}
 
 void InsertByRank(PolicyList& list, PolicyState& s) {
   auto front = list.begin();

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string_view>
 
+#include "storage/eviction_policy_kind.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -63,24 +64,12 @@ using PolicySet = boost::intrusive::multiset<
                                   &PolicyState::set_hook>,
     boost::intrusive::key_of_value<RankOf>>;
 
-enum class EvictionPolicyKind : uint8_t {
-  kLru = 0,
-  kTwoQueue = 1,
-  kS3Fifo = 2,
-  kTopk = 3,
-};
-
 // Where Link places a segment in the order.
 enum class LinkAt : uint8_t {
   kNow,      // as used at `now` (a commit, a release: the segment was used)
   kLastUse,  // where its last use puts it (a segment written back to a
              // lower tier: nothing used it meanwhile)
 };
-
-// "lru" | "2q" | "s3fifo" | "topk"; InvalidArgument naming the known ones
-// otherwise.
-Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
-std::string_view EvictionPolicyName(EvictionPolicyKind kind);
 
 class EvictionPolicy {
  public:
