@@ -65,10 +65,17 @@ class S3FifoPolicy final : public EvictionPolicy {
     if (s.freq < kMaxFreq) ++s.freq;
   }
 
-  // FIFO: a segment keeps its place in its queue while it is referenced
-  // or written back (its rank), whatever `at` says.
-  void Link(PolicyState& s, uint64_t, LinkAt) override {
-    InsertByRank(queues_[s.queue], s);
+  // A segment released by a reader (kNow) goes back at its queue's newest
+  // end, as a reinsertion (a read is a use; finding its old place could
+  // walk half the queue); one back from write-back (kLastUse) takes its old
+  // place, near the oldest end.
+  void Link(PolicyState& s, uint64_t, LinkAt at) override {
+    if (at == LinkAt::kNow) {
+      s.rank = ++insertions_;
+      queues_[s.queue].push_front(s);
+    } else {
+      InsertByRank(queues_[s.queue], s);
+    }
     s.linked = true;
     bytes_[s.queue] += s.bytes;
   }
@@ -96,7 +103,6 @@ class S3FifoPolicy final : public EvictionPolicy {
       } else {
         oldest.freq--;
       }
-      oldest.rank = ++insertions_;
       Link(oldest, 0, LinkAt::kNow);
     }
     return nullptr;

@@ -191,14 +191,19 @@ TEST(S3FifoPolicyTest, ASegmentStoredAgainAfterItsEvictionGoesToMain) {
   for (uint64_t want : {2, 3, 4, 5, 1}) EXPECT_EQ(segs.Evict(), want);
 }
 
-TEST(S3FifoPolicyTest, AReferencedSegmentKeepsItsPlaceInTheFifo) {
+// A reader's release is a reinsertion (O(1)); a segment back from
+// write-back takes its old place.
+TEST(S3FifoPolicyTest, ReleasedSegmentsGoBackNewestWrittenBackOnesInPlace) {
   auto policy = NewS3FifoPolicy({.capacity_bytes = 1000});
   Segments segs(*policy);
   PolicyState& first = segs.Store(1);
-  segs.Store(2);
+  PolicyState& second = segs.Store(2);
+  segs.Store(3);
   policy->Unlink(first);  // being read
   policy->Link(first, segs.clock(), LinkAt::kNow);
-  EXPECT_EQ(segs.Evict(), 1u) << "still the oldest in small";
+  policy->Unlink(second);  // being written back
+  policy->Link(second, segs.clock(), LinkAt::kLastUse);
+  for (uint64_t want : {2, 3, 1}) EXPECT_EQ(segs.Evict(), want);
 }
 
 TEST(TopkPolicyTest, WhatTheIndexerKeepsSelectingStays) {
