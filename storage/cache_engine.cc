@@ -380,16 +380,21 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
     std::vector<SegmentKey> wanted;
     wanted.reserve(missing.size());
     for (size_t i : missing) wanted.push_back(keys[i]);
+    // Held: a promoted segment is referenced from its commit on, so a
+    // concurrent reservation cannot evict it before this read takes it.
     const std::vector<Status> promoted = mover_->PromoteBatch(
         ns.tiers_, wanted,
-        std::chrono::steady_clock::now() + options_.write_back_wait);
+        std::chrono::steady_clock::now() + options_.write_back_wait,
+        /*hold=*/true);
     for (size_t m = 0; m < missing.size(); ++m) {
       const size_t i = missing[m];
       if (!promoted[m].ok()) {
         read.items[i] = promoted[m];
         continue;
       }
+      // The read's own reference, then the promotion's handed back.
       read.items[i] = ns.host_->Acquire(keys[i]);
+      ns.host_->Release(keys[i]);
       if (read.items[i].ok()) read.source[i] = Tier::kNvme;
     }
   }

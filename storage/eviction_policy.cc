@@ -1,7 +1,6 @@
 // EvictionPolicy: the factory and the ordered insertion policies share.
 #include "storage/eviction_policy.h"
 
-
 namespace tierkv::storage {
 
 void InsertByRank(PolicyList& list, PolicyState& s) {

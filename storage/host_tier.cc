@@ -311,7 +311,7 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
   return Reservation{.location = {extent->offset, size}};
 }
 
-Status HostTier::Commit(const SegmentKey& key, bool dirty) {
+Status HostTier::Commit(const SegmentKey& key, bool dirty, bool acquire) {
   Shard& shard = ShardFor(key);
   {
     MutexLock lock(&shard.mu);
@@ -338,7 +338,12 @@ Status HostTier::Commit(const SegmentKey& key, bool dirty) {
       MutexLock policy(&policy_mu_);
       policy_->Admit(e.policy, Tick());
     }
-    LinkLocked(shard, e, /*persist_done=*/false);
+    if (acquire) {
+      e.refs = 1;
+      shard.referenced++;
+    } else {
+      LinkLocked(shard, e, /*persist_done=*/false);
+    }
   }
   AdvanceGeneration();
   return Status::OK();

@@ -144,9 +144,12 @@ class HostTier {
   Result<Reservation> Reserve(const SegmentKey& key, uint64_t size);
 
   // Makes a reserved segment readable; `dirty` when it must be persisted
-  // below before eviction (write_back / write_through). NotFound when `key`
+  // below before eviction (write_back / write_through); with `acquire` it
+  // is referenced at once (as by Acquire: Release it), so it is never
+  // evictable between its commit and its first read. NotFound when `key`
   // is not reserved.
-  Status Commit(const SegmentKey& key, bool dirty = false);
+  Status Commit(const SegmentKey& key, bool dirty = false,
+                bool acquire = false);
 
   // Drops a reservation and frees its space; no-op unless `key` is reserved.
   void Abort(const SegmentKey& key);

@@ -269,7 +269,7 @@ uint64_t TierMover::PersistDirty(
 
 std::vector<Status> TierMover::PromoteBatch(
     const TierPair& tiers, std::span<const SegmentKey> keys,
-    std::chrono::steady_clock::time_point wait_until) {
+    std::chrono::steady_clock::time_point wait_until, bool hold) {
   std::vector<Status> results(keys.size());
   const uint64_t fingerprint = tiers.Fingerprint();
   const uint64_t round_bytes =
@@ -304,7 +304,12 @@ std::vector<Status> TierMover::PromoteBatch(
         continue;
       }
       results[i] = Status::OK();
-      if (reserved->already_stored) continue;  // another promoter won
+      if (reserved->already_stored) {  // another promoter won
+        if (hold && !tiers.host->Acquire(keys[i]).ok()) {
+          results[i] = Status::NotFound("segment evicted again meanwhile");
+        }
+        continue;
+      }
       reads.push_back({keys[i],
                        {tiers.host->arena().base() + reserved->location.offset,
                         reserved->location.size}});
@@ -317,7 +322,8 @@ std::vector<Status> TierMover::PromoteBatch(
         const size_t i = read_of[r];
         if (got[r].ok() && *got[r] == reads[r].dst.size()) {
           // Clean: NVMe holds it, so eviction may drop the host copy.
-          results[i] = tiers.host->Commit(keys[i], /*dirty=*/false);
+          results[i] =
+              tiers.host->Commit(keys[i], /*dirty=*/false, /*acquire=*/hold);
         } else {
           tiers.host->Abort(keys[i]);
           results[i] =

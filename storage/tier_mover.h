@@ -128,10 +128,15 @@ class TierMover {
   // is in the host tier afterwards (also if it already was, or another
   // promoter won); NotFound when NVMe does not have it (or it failed its
   // checksum); Busy or ResourceExhausted when the host tier had no room
-  // for it in time.
+  // for it in time. With `hold`, every OK key also holds a reference on
+  // its host segment (as HostTier::Acquire), taken when it was committed,
+  // so nothing evicts it before the caller reads it (a promotion racing a
+  // full tier under a score-based policy lost its segment in that gap);
+  // the caller Releases it. A key found stored but gone before it could be
+  // referenced is NotFound.
   std::vector<Status> PromoteBatch(
       const TierPair& tiers, std::span<const SegmentKey> keys,
-      std::chrono::steady_clock::time_point wait_until = {});
+      std::chrono::steady_clock::time_point wait_until = {}, bool hold = false);
 
   // Writes host segments `keys` to NVMe now with one NvmeStore::Write. One
   // Status per key: OK when on NVMe (now or before); NotFound when in

@@ -22,8 +22,19 @@
 // every hook is O(log n). A non-negative double orders like its bit
 // pattern, so the set is keyed by the key's bits (scores are >= 1 after
 // any update, so keys are >= 0).
+//
+// History: an evicted segment's score is remembered (a ghost: key, score,
+// when; ~80 B) for ghost_factor x the segments the tier holds, oldest
+// forgotten first, and a segment stored again (promoted back from NVMe)
+// starts from that score, decayed, plus one. Without it a page the indexer
+// keeps selecting that once left DRAM comes back at score 1, below every
+// segment that was resident at a report, and is the next victim: reports
+// reach only resident segments, so the resident set at the first reports
+// stays, selected or not.
 #include <bit>
 #include <cmath>
+#include <deque>
+#include <unordered_map>
 
 #include "storage/eviction_policy.h"
 
@@ -33,7 +44,8 @@ namespace {
 class TopkPolicy final : public EvictionPolicy {
  public:
   explicit TopkPolicy(const EvictionPolicyOptions& o)
-      : half_life_(o.half_life_ticks > 0 ? o.half_life_ticks : 65536) {}
+      : half_life_(o.half_life_ticks > 0 ? o.half_life_ticks : 65536),
+        ghost_factor_(o.ghost_factor) {}
   ~TopkPolicy() override { set_.clear(); }
 
   EvictionPolicyKind kind() const override { return EvictionPolicyKind::kTopk; }
@@ -43,6 +55,29 @@ class TopkPolicy final : public EvictionPolicy {
     s.uses = 1;
     s.score = 1;
     s.scored_at = now;
+    resident_++;
+    if (auto it = ghost_.find(s.key); it != ghost_.end()) {
+      s.score += Decayed(it->second.score, it->second.scored_at, now);
+      ghost_.erase(it);
+    }
+  }
+
+  void Evicted(const PolicyState& s) override {
+    resident_--;
+    if (ghost_factor_ <= 0) return;
+    ghost_[s.key] = {s.score, s.scored_at, ++ghost_seq_};
+    ghost_order_.push_back({s.key, ghost_seq_});
+    const auto limit =
+        static_cast<size_t>(ghost_factor_ * static_cast<double>(resident_ + 1));
+    while (ghost_order_.size() > limit) {
+      const auto& [key, seq] = ghost_order_.front();
+      // Only the newest remembering of a key may forget it.
+      if (auto it = ghost_.find(key);
+          it != ghost_.end() && it->second.seq == seq) {
+        ghost_.erase(it);
+      }
+      ghost_order_.pop_front();
+    }
   }
 
   void Use(PolicyState& s, uint64_t now) override {
@@ -78,9 +113,12 @@ class TopkPolicy final : public EvictionPolicy {
   uint64_t linked_bytes() const override { return bytes_; }
 
  private:
+  double Decayed(double score, uint64_t at, uint64_t now) const {
+    return score * std::exp2(-static_cast<double>(now - at) / half_life_);
+  }
+
   void Add(PolicyState& s, double weight, uint64_t now) {
-    const double elapsed = static_cast<double>(now - s.scored_at);
-    s.score = s.score * std::exp2(-elapsed / half_life_) + weight;
+    s.score = Decayed(s.score, s.scored_at, now) + weight;
     s.scored_at = now;
     if (!s.linked) return;
     set_.erase(set_.iterator_to(s));
@@ -95,9 +133,20 @@ class TopkPolicy final : public EvictionPolicy {
     return std::bit_cast<uint64_t>(key);
   }
 
+  struct Ghost {
+    double score = 0;
+    uint64_t scored_at = 0;
+    uint64_t seq = 0;  // of its newest remembering
+  };
+
   const double half_life_;
+  const double ghost_factor_;
   PolicySet set_;  // ascending rank: the victim first
   uint64_t bytes_ = 0;
+  uint64_t resident_ = 0;  // admitted and not evicted
+  std::unordered_map<SegmentKey, Ghost> ghost_;
+  std::deque<std::pair<SegmentKey, uint64_t>> ghost_order_;
+  uint64_t ghost_seq_ = 0;
 };
 
 }  // namespace

@@ -27,9 +27,9 @@
 //         exponential decay: a token's score is Σ decay^(steps since each
 //         return), a run of consecutive selections counting once, so a
 //         token the indexer keeps choosing again outranks one it chose
-//         once, and an old favourite fades; ties go to recency. Attention sinks (the first
-//         sink_tokens) and the recent window (the last recent_tokens of the
-//         context) go last: DSA selects them nearly every step. Eviction
+//         once, and an old favourite fades; ties go to recency. Attention sinks
+//         (the first sink_tokens) and the recent window (the last recent_tokens
+//         of the context) go last: DSA selects them nearly every step. Eviction
 //         is O(log slots) amortized (a lazily updated heap).
 //
 // Selection counts: per (page, full layer), accumulated across steps and

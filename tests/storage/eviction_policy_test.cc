@@ -230,6 +230,23 @@ TEST(TopkPolicyTest, AnOldFavouriteFadesAsItsScoreDecays) {
   EXPECT_EQ(segs.Evict(), 2u);
 }
 
+// A page the indexer keeps selecting that once left DRAM comes back with
+// its score (remembered while the tier holds as many others), not at 1.
+TEST(TopkPolicyTest, AnEvictedSegmentStoredAgainKeepsItsScore) {
+  auto policy = NewTopkPolicy({});
+  Segments segs(*policy);
+  PolicyState& hot = segs.Store(1);
+  policy->Report(hot, 10, segs.clock());
+  segs.Store(2);
+  segs.Store(3);
+  for (uint64_t want : {2, 3, 1}) EXPECT_EQ(segs.Evict(), want);
+  PolicyState& back = segs.Store(1);  // promoted back from NVMe
+  EXPECT_GT(back.score, 10);
+  segs.Store(4);
+  EXPECT_EQ(segs.Evict(), 4u);
+  EXPECT_EQ(segs.Evict(), 1u);
+}
+
 TEST(TopkPolicyTest, ReportsWhileReferencedCountWhenLinkedAgain) {
   auto policy = NewTopkPolicy({});
   Segments segs(*policy);

@@ -150,6 +150,28 @@ TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
   EXPECT_EQ(mover.Stats().prefetch_batches, 1u);
 }
 
+// A held promotion is referenced from its commit on: a full tier evicts
+// everything else before it, until the reader releases it.
+TEST_F(TierMoverTest, AHeldPromotionCannotBeEvictedBeforeItIsRead) {
+  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteThrough)});
+  PutHost(0, /*dirty=*/true);
+  mover.Kick();
+  mover.TEST_Drain();
+  ASSERT_TRUE(NvmeHolds(0));
+  for (uint64_t n = 100; n < 160; ++n) PutHost(n);  // 0 leaves DRAM
+  ASSERT_FALSE(host_->Touch(Key(0)));
+  const SegmentKey key = Key(0);
+  ASSERT_OK(mover.PromoteBatch(*Tiers(), std::span(&key, 1), {},
+                               /*hold=*/true)[0]);
+  EXPECT_EQ(host_->Stats().referenced_segments, 1u);
+  for (uint64_t n = 200; n < 300; ++n) PutHost(n);  // the tier turns over
+  EXPECT_TRUE(HostHolds(0));
+  host_->Release(key);
+  EXPECT_EQ(host_->Stats().referenced_segments, 0u);
+  for (uint64_t n = 300; n < 400; ++n) PutHost(n);
+  EXPECT_FALSE(host_->Touch(key)) << "evictable again once released";
+}
+
 TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
   auto host =
       HostTier::Create({.name = "ns", .capacity_bytes = 64 << 20, .shards = 4});
