@@ -20,10 +20,9 @@
 // batch's new pages to non-LRU policies last to first (CacheEngine), and
 // FIFO order then evicts a prompt's tail before its head (in simulation of
 // Mooncake's trace, worth 0.5-1 point over forward order).
-#include <deque>
-#include <unordered_map>
 
 #include "storage/eviction_policy.h"
+#include "storage/ghost_list.h"
 
 namespace tierkv::storage {
 namespace {
@@ -52,9 +51,8 @@ class S3FifoPolicy final : public EvictionPolicy {
     s.uses = 1;
     s.freq = 0;
     resident_++;
-    auto it = ghost_.find(s.key);
-    s.promoted = it != ghost_.end();  // evicted unused, wanted again
-    if (s.promoted) ghost_.erase(it);
+    s.promoted =
+        ghost_.Take(s.key).has_value();  // evicted unused, wanted again
     s.queue = s.promoted ? kMain : kSmall;
     s.rank = ++insertions_;  // FIFO position, kept while referenced
   }
@@ -111,18 +109,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   void Evicted(const PolicyState& s) override {
     resident_--;
     if (s.queue != kSmall) return;
-    ghost_[s.key] = ++ghost_seq_;
-    ghost_order_.push_back({s.key, ghost_seq_});
-    const auto limit = static_cast<size_t>(options_.ghost_factor *
-                                           static_cast<double>(resident_ + 1));
-    while (ghost_order_.size() > limit) {
-      const auto& [key, seq] = ghost_order_.front();
-      // Only the newest remembering of a key may forget it.
-      if (auto it = ghost_.find(key); it != ghost_.end() && it->second == seq) {
-        ghost_.erase(it);
-      }
-      ghost_order_.pop_front();
-    }
+    ghost_.Remember(s.key, {}, GhostLimit(options_.ghost_factor, resident_));
   }
 
   uint64_t linked_bytes() const override {
@@ -135,10 +122,8 @@ class S3FifoPolicy final : public EvictionPolicy {
   PolicyList queues_[2];  // front: newest (highest rank)
   uint64_t bytes_[2] = {0, 0};
   uint64_t insertions_ = 0;
-  uint64_t resident_ = 0;                           // admitted and not evicted
-  std::unordered_map<SegmentKey, uint64_t> ghost_;  // key -> newest seq
-  std::deque<std::pair<SegmentKey, uint64_t>> ghost_order_;
-  uint64_t ghost_seq_ = 0;
+  uint64_t resident_ = 0;  // admitted and not evicted
+  GhostList<Unit> ghost_;  // keys evicted unused
 };
 
 }  // namespace

@@ -33,10 +33,9 @@
 // stays, selected or not.
 #include <bit>
 #include <cmath>
-#include <deque>
-#include <unordered_map>
 
 #include "storage/eviction_policy.h"
+#include "storage/ghost_list.h"
 
 namespace tierkv::storage {
 namespace {
@@ -56,28 +55,15 @@ class TopkPolicy final : public EvictionPolicy {
     s.score = 1;
     s.scored_at = now;
     resident_++;
-    if (auto it = ghost_.find(s.key); it != ghost_.end()) {
-      s.score += Decayed(it->second.score, it->second.scored_at, now);
-      ghost_.erase(it);
+    if (auto ghost = ghost_.Take(s.key)) {
+      s.score += Decayed(ghost->score, ghost->scored_at, now);
     }
   }
 
   void Evicted(const PolicyState& s) override {
     resident_--;
-    if (ghost_factor_ <= 0) return;
-    ghost_[s.key] = {s.score, s.scored_at, ++ghost_seq_};
-    ghost_order_.push_back({s.key, ghost_seq_});
-    const auto limit =
-        static_cast<size_t>(ghost_factor_ * static_cast<double>(resident_ + 1));
-    while (ghost_order_.size() > limit) {
-      const auto& [key, seq] = ghost_order_.front();
-      // Only the newest remembering of a key may forget it.
-      if (auto it = ghost_.find(key);
-          it != ghost_.end() && it->second.seq == seq) {
-        ghost_.erase(it);
-      }
-      ghost_order_.pop_front();
-    }
+    ghost_.Remember(s.key, {s.score, s.scored_at},
+                    GhostLimit(ghost_factor_, resident_));
   }
 
   void Use(PolicyState& s, uint64_t now) override {
@@ -136,17 +122,14 @@ class TopkPolicy final : public EvictionPolicy {
   struct Ghost {
     double score = 0;
     uint64_t scored_at = 0;
-    uint64_t seq = 0;  // of its newest remembering
   };
 
   const double half_life_;
   const double ghost_factor_;
   PolicySet set_;  // ascending rank: the victim first
   uint64_t bytes_ = 0;
-  uint64_t resident_ = 0;  // admitted and not evicted
-  std::unordered_map<SegmentKey, Ghost> ghost_;
-  std::deque<std::pair<SegmentKey, uint64_t>> ghost_order_;
-  uint64_t ghost_seq_ = 0;
+  uint64_t resident_ = 0;   // admitted and not evicted
+  GhostList<Ghost> ghost_;  // scores of evicted segments
 };
 
 }  // namespace

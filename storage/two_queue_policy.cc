@@ -23,10 +23,9 @@
 // protected share there of 0.5-0.8 (0.5 fell 0.3 points below LRU at 2K),
 // and on synthetic multi-turn traces the policies stay within ±1 point of
 // LRU, more often above.
-#include <deque>
-#include <unordered_map>
 
 #include "storage/eviction_policy.h"
+#include "storage/ghost_list.h"
 
 namespace tierkv::storage {
 namespace {
@@ -51,9 +50,7 @@ class TwoQueuePolicy final : public EvictionPolicy {
     s.uses = 1;
     resident_++;
     // Evicted unused not long ago and stored again: it is reused after all.
-    auto it = ghost_.find(s.key);
-    s.promoted = it != ghost_.end();
-    if (s.promoted) ghost_.erase(it);
+    s.promoted = ghost_.Take(s.key).has_value();
   }
 
   void Use(PolicyState& s, uint64_t now) override {
@@ -87,18 +84,7 @@ class TwoQueuePolicy final : public EvictionPolicy {
   void Evicted(const PolicyState& s) override {
     resident_--;
     if (s.queue != kProbation) return;
-    ghost_[s.key] = ++ghost_seq_;
-    ghost_order_.push_back({s.key, ghost_seq_});
-    const auto limit = static_cast<size_t>(options_.ghost_factor *
-                                           static_cast<double>(resident_ + 1));
-    while (ghost_order_.size() > limit) {
-      const auto& [key, seq] = ghost_order_.front();
-      // Only the newest remembering of a key may forget it.
-      if (auto it = ghost_.find(key); it != ghost_.end() && it->second == seq) {
-        ghost_.erase(it);
-      }
-      ghost_order_.pop_front();
-    }
+    ghost_.Remember(s.key, {}, GhostLimit(options_.ghost_factor, resident_));
   }
 
   uint64_t linked_bytes() const override {
@@ -134,10 +120,8 @@ class TwoQueuePolicy final : public EvictionPolicy {
   const EvictionPolicyOptions options_;
   PolicyList queues_[2];  // front: most recently used
   uint64_t bytes_[2] = {0, 0};
-  uint64_t resident_ = 0;                           // admitted and not evicted
-  std::unordered_map<SegmentKey, uint64_t> ghost_;  // key -> newest seq
-  std::deque<std::pair<SegmentKey, uint64_t>> ghost_order_;
-  uint64_t ghost_seq_ = 0;
+  uint64_t resident_ = 0;  // admitted and not evicted
+  GhostList<Unit> ghost_;  // keys evicted unused
 };
 
 }  // namespace

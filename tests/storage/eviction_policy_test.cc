@@ -7,6 +7,7 @@
 #include <deque>
 #include <random>
 
+#include "storage/ghost_list.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {
@@ -257,6 +258,21 @@ TEST(TopkPolicyTest, ReportsWhileReferencedCountWhenLinkedAgain) {
   policy->Link(read, segs.clock(), LinkAt::kNow);
   EXPECT_EQ(segs.Evict(), 2u);
   EXPECT_EQ(segs.Evict(), 1u);
+}
+
+TEST(GhostListTest, RemembersTheNewestKeysUpToItsLimit) {
+  GhostList<int> ghosts;
+  auto key = [](uint64_t n) { return SegmentKey{PageHash{n, n}, 0, 0}; };
+  ghosts.Remember(key(1), 10, 2);
+  ghosts.Remember(key(2), 20, 2);
+  ghosts.Remember(key(1), 11, 2);  // newest now; its old memory is stale
+  ghosts.Remember(key(3), 30, 2);  // over the limit: key 2 is forgotten
+  EXPECT_EQ(ghosts.Take(key(2)), std::nullopt);
+  EXPECT_EQ(ghosts.Take(key(1)), 11);
+  EXPECT_EQ(ghosts.Take(key(1)), std::nullopt);  // taking forgets
+  EXPECT_EQ(ghosts.Take(key(3)), 30);
+  EXPECT_EQ(GhostLimit(0.0, 100), 0u);
+  EXPECT_EQ(GhostLimit(2.0, 9), 20u);
 }
 
 }  // namespace
