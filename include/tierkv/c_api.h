@@ -1,0 +1,232 @@
+/* tierkv C API: libtierkv_c.so, the stable ABI over tierkv::Client.
+ *
+ * For engines and languages that cannot link C++ (the Python package
+ * `tierkv` binds exactly this file with ctypes). Every function is a thin,
+ * non-throwing wrapper of the tierkv::Client call of the same name
+ * (include/tierkv/client.h documents the semantics; this file documents
+ * only what the C shape adds).
+ *
+ * Conventions
+ *  - Every call returns a tierkv_status (0 = TIERKV_OK). On any other value
+ *    tierkv_last_error() returns "<code>: <message>" with the daemon's own
+ *    words; it is thread-local and valid until this thread's next tierkv_*
+ *    call.
+ *  - Batch calls take struct-of-arrays inputs of `n` items and write one
+ *    status per item into `statuses` (n bytes, tierkv_status values). Such a
+ *    call returns TIERKV_OK when every item is OK, otherwise the first
+ *    failing item's status, with its message in tierkv_last_error().
+ *  - Handles are opaque. A lease or transfer keeps its client alive, so
+ *    tierkv_client_close may be called at any time: the connection closes
+ *    when the last handle made from it is freed. Every pointer argument is
+ *    checked (NULL with n > 0 is TIERKV_INVALID_ARGUMENT, never a crash);
+ *    sizes are checked against the registered layout.
+ *  - Strings out: (buf, cap, *len): up to cap - 1 bytes and a NUL are
+ *    written, *len gets the full length; call again with a larger buffer
+ *    when *len >= cap.
+ *  - Thread safety: as tierkv::Client (all calls thread-safe); a lease or
+ *    transfer handle must not be used after it is freed.
+ */
+#ifndef TIERKV_C_API_H_
+#define TIERKV_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define TIERKV_C_EXPORT __attribute__((visibility("default")))
+#else
+#define TIERKV_C_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as tierkv::StatusCode (include/tierkv/status.h). */
+typedef enum tierkv_status {
+  TIERKV_OK = 0,
+  TIERKV_NOT_FOUND = 1,
+  TIERKV_ALREADY_EXISTS = 2,
+  TIERKV_INVALID_ARGUMENT = 3,
+  TIERKV_PERMISSION_DENIED = 4,
+  TIERKV_RESOURCE_EXHAUSTED = 5,
+  TIERKV_BUSY = 6,
+  TIERKV_IO_ERROR = 7,
+  TIERKV_CORRUPTION = 8,
+  TIERKV_SHUTDOWN = 9,
+  TIERKV_PROTOCOL_ERROR = 10,
+  TIERKV_INTERNAL = 11,
+  TIERKV_UNAVAILABLE = 12
+} tierkv_status;
+
+/* Same values as tierkv::Tier. */
+enum {
+  TIERKV_TIER_HBM = 0,
+  TIERKV_TIER_HOST = 1,
+  TIERKV_TIER_NVME = 2,
+  TIERKV_TIER_PEER = 3,
+  TIERKV_TIER_MISS = 255
+};
+
+typedef struct tierkv_page_hash {
+  uint64_t lo;
+  uint64_t hi;
+} tierkv_page_hash;
+
+typedef struct tierkv_client tierkv_client;
+typedef struct tierkv_read_lease tierkv_read_lease;
+typedef struct tierkv_transfer tierkv_transfer;
+
+/* Version of this header's ABI; bumped on any incompatible change. */
+#define TIERKV_C_ABI_VERSION 1
+TIERKV_C_EXPORT uint32_t tierkv_abi_version(void);
+
+/* "<code>: <message>" of this thread's last failed call ("" if none). */
+TIERKV_C_EXPORT const char* tierkv_last_error(void);
+/* Stable lowercase name of a status, e.g. "not_found". */
+TIERKV_C_EXPORT const char* tierkv_status_name(tierkv_status status);
+
+/* ---- Page hashes (include/tierkv/page_hash.h) -------------------------- */
+
+TIERKV_C_EXPORT tierkv_status tierkv_root_page_hash(const char* namespace_name,
+                                                    tierkv_page_hash* out);
+/* Hashes of the floor(n_tokens / page_tokens) full pages of `tokens`,
+ * chained from `root`, into out[0 .. out_cap); *n_out gets the count (an
+ * out_cap smaller than the count is TIERKV_INVALID_ARGUMENT). */
+TIERKV_C_EXPORT tierkv_status tierkv_page_hash_chain(
+    const tierkv_page_hash* root, const uint32_t* tokens, size_t n_tokens,
+    uint32_t page_tokens, const void* salt, size_t salt_len,
+    tierkv_page_hash* out, size_t out_cap, size_t* n_out);
+
+/* ---- Connection --------------------------------------------------------- */
+
+typedef struct tierkv_client_options {
+  const char* socket_path;          /* NULL: "/run/tierkv/tierkv.sock" */
+  uint32_t timeout_ms;              /* 0: 10000 */
+  int32_t prefault_arena;           /* <0: default (yes); 0 no; >0 yes */
+  uint32_t max_transfers_in_flight; /* 0: 64 */
+} tierkv_client_options;
+
+/* Connects; `options` may be NULL (every default). */
+TIERKV_C_EXPORT tierkv_status tierkv_client_connect(
+    const tierkv_client_options* options, tierkv_client** out);
+/* Drops this reference; NULL is a no-op. */
+TIERKV_C_EXPORT void tierkv_client_close(tierkv_client* client);
+
+TIERKV_C_EXPORT tierkv_status tierkv_open_namespace(tierkv_client* client,
+                                                    const char* name,
+                                                    const char* token);
+
+/* Layout: `num_layers` layers; layer l has parts_per_layer[l] parts, taken
+ * in order from the flat arrays part_names / bytes_per_token. */
+TIERKV_C_EXPORT tierkv_status tierkv_register_layout(
+    tierkv_client* client, uint32_t page_tokens, uint32_t num_layers,
+    const uint32_t* parts_per_layer, const char* const* part_names,
+    const uint32_t* bytes_per_token);
+/* The namespace's layout as JSON: {"page_tokens":64,"layers":[[["kv",656],
+ * ["index_k",132]],...]}; TIERKV_NOT_FOUND when none is registered. */
+TIERKV_C_EXPORT tierkv_status tierkv_layout_json(tierkv_client* client,
+                                                 char* buf, size_t cap,
+                                                 size_t* len);
+
+/* leading_pages: pages [0, *leading_pages) are fully stored. tiers (may be
+ * NULL): n bytes, each a TIERKV_TIER_* value. */
+TIERKV_C_EXPORT tierkv_status tierkv_match(tierkv_client* client,
+                                           const tierkv_page_hash* pages,
+                                           size_t n, uint32_t* leading_pages,
+                                           uint8_t* tiers);
+
+/* Segments (pages[i], layers[i], parts[i]). already_stored (may be NULL): n
+ * bytes, 1 where an OK item was deduplicated. */
+TIERKV_C_EXPORT tierkv_status
+tierkv_put(tierkv_client* client, const tierkv_page_hash* pages,
+           const uint16_t* layers, const uint8_t* parts,
+           const void* const* data, const uint64_t* sizes, size_t n,
+           uint8_t* statuses, uint8_t* already_stored);
+TIERKV_C_EXPORT tierkv_status tierkv_get(tierkv_client* client,
+                                         const tierkv_page_hash* pages,
+                                         const uint16_t* layers,
+                                         const uint8_t* parts, void* const* dst,
+                                         const uint64_t* sizes, size_t n,
+                                         uint8_t* statuses);
+TIERKV_C_EXPORT tierkv_status tierkv_flush(tierkv_client* client,
+                                           const tierkv_page_hash* pages,
+                                           const uint16_t* layers,
+                                           const uint8_t* parts, size_t n,
+                                           uint8_t* statuses);
+
+/* Zero-copy reads: a lease on n segments of the mapped arena. */
+TIERKV_C_EXPORT tierkv_status tierkv_acquire(tierkv_client* client,
+                                             const tierkv_page_hash* pages,
+                                             const uint16_t* layers,
+                                             const uint8_t* parts, size_t n,
+                                             tierkv_read_lease** out);
+/* Item i: its status, and its bytes (NULL, 0 for a miss). */
+TIERKV_C_EXPORT tierkv_status
+tierkv_read_lease_item(const tierkv_read_lease* lease, size_t i,
+                       const void** data, uint64_t* size);
+/* Releases the lease now (the daemon may reuse the bytes); the handle, and
+ * the arena mapping its views point into, stay valid until freed.
+ * Releasing twice is OK. */
+TIERKV_C_EXPORT tierkv_status
+tierkv_read_lease_release(tierkv_read_lease* lease);
+/* Releases the lease if still held and frees the handle; NULL is a no-op. */
+TIERKV_C_EXPORT void tierkv_read_lease_free(tierkv_read_lease* lease);
+
+/* ---- Registered pools and per-layer transfers -------------------------- */
+
+/* A memfd pool (tierkv::PoolSpec, kind memfd). */
+TIERKV_C_EXPORT tierkv_status tierkv_register_pool(
+    tierkv_client* client, int fd, uint64_t offset, uint64_t slot_bytes,
+    uint32_t slot_count, uint16_t layer, uint8_t part);
+
+/* Load / Store of pages[i] <-> slot slots[i] for layers
+ * [first_layer, first_layer + layer_count) (count 0: through the last). */
+TIERKV_C_EXPORT tierkv_status tierkv_load(tierkv_client* client,
+                                          const tierkv_page_hash* pages,
+                                          const uint32_t* slots, size_t n,
+                                          uint16_t first_layer,
+                                          uint16_t layer_count,
+                                          tierkv_transfer** out);
+TIERKV_C_EXPORT tierkv_status tierkv_store(tierkv_client* client,
+                                           const tierkv_page_hash* pages,
+                                           const uint32_t* slots, size_t n,
+                                           uint16_t first_layer,
+                                           uint16_t layer_count,
+                                           tierkv_transfer** out);
+/* Blocks until `layer` is done; statuses: one per page (the n given). */
+TIERKV_C_EXPORT tierkv_status tierkv_transfer_wait_layer(
+    tierkv_transfer* transfer, uint16_t layer, uint8_t* statuses);
+/* Blocks until every layer is done. */
+TIERKV_C_EXPORT tierkv_status tierkv_transfer_wait(tierkv_transfer* transfer,
+                                                   uint8_t* statuses);
+/* Layers complete now (never blocks). */
+TIERKV_C_EXPORT uint16_t
+tierkv_transfer_layers_done(const tierkv_transfer* transfer);
+/* Waits (up to the client timeout) until the daemon is done with the
+ * transfer, then frees the handle; NULL is a no-op. */
+TIERKV_C_EXPORT void tierkv_transfer_free(tierkv_transfer* transfer);
+
+TIERKV_C_EXPORT tierkv_status tierkv_prefetch(tierkv_client* client,
+                                              const tierkv_page_hash* pages,
+                                              size_t n);
+/* Selection counts per (page, full layer); see Client::ReportTopk. */
+TIERKV_C_EXPORT tierkv_status tierkv_report_topk(tierkv_client* client,
+                                                 const tierkv_page_hash* pages,
+                                                 const uint16_t* layers,
+                                                 const uint32_t* counts,
+                                                 size_t n);
+
+/* ---- Introspection ------------------------------------------------------ */
+
+TIERKV_C_EXPORT tierkv_status tierkv_ping(tierkv_client* client, char* buf,
+                                          size_t cap, size_t* len);
+TIERKV_C_EXPORT tierkv_status tierkv_stats_json(tierkv_client* client,
+                                                char* buf, size_t cap,
+                                                size_t* len);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TIERKV_C_API_H_ */
