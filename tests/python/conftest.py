@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tierkvd_process import Tierkvd  # noqa: E402
+from tierkv.testing import Tierkvd
 
 TOKEN = "python-test-token"
 

@@ -3,7 +3,7 @@
 import subprocess
 
 from conftest import TOKEN
-from tierkvd_process import bin_dir
+from tierkv.testing import bin_dir
 
 
 def test_a_c_program_stores_and_reads_through_the_c_api(daemon):

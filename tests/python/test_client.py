@@ -160,7 +160,7 @@ def test_flush_persists_across_a_restart(daemon, tmp_path):
 
 def test_wait_layer_releases_the_gil_while_the_daemon_holds_a_layer(tmp_path):
     from conftest import CONFIG
-    from tierkvd_process import Tierkvd
+    from tierkv.testing import Tierkvd
 
     fifo = str(tmp_path / "stall.fifo")
     os.mkfifo(fifo)

@@ -1,24 +1,34 @@
-"""A real tierkvd for Python tests (the Python twin of
-tests/testing/daemon_process.h): started on a socket in a test directory,
-ready when it has written its --ready-file, stopped with SIGTERM (then
-SIGKILL). The binary comes from $TIERKV_BIN_DIR (set by CTest and
-scripts/test.sh) or build/bin."""
+"""tierkv.testing: a real tierkvd for tests and benchmarks (the Python twin
+of tests/testing/daemon_process.h), e.g. in an engine's own test suite:
+
+    with tierkv.testing.Tierkvd(tmp_path, config_toml) as d:
+        client = tierkv.connect(d.socket, namespace="default", token=...)
+
+It starts on a socket in the given directory, is ready when it has written
+its --ready-file, and stops with SIGTERM (then SIGKILL). The binary comes
+from $TIERKV_BIN_DIR, else `tierkvd` on PATH, else the source tree's
+build/bin."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def bin_dir() -> Path:
-    return Path(os.environ.get("TIERKV_BIN_DIR", REPO / "build" / "bin"))
+    """Where tierkvd (and the other tierkv binaries) are."""
+    if os.environ.get("TIERKV_BIN_DIR"):
+        return Path(os.environ["TIERKV_BIN_DIR"])
+    on_path = shutil.which("tierkvd")
+    if on_path:
+        return Path(on_path).parent
+    # build/python/tierkv/testing.py -> build/bin
+    return Path(__file__).resolve().parents[2] / "bin"
 
 
 class Tierkvd:
@@ -41,6 +51,8 @@ class Tierkvd:
         if not os.access(binary, os.X_OK):
             raise FileNotFoundError(
                 f"no tierkvd at {binary} (build it, or set TIERKV_BIN_DIR)")
+        if self.proc is not None:
+            raise RuntimeError("this Tierkvd is running already")
         ready = self.dir / "ready.json"
         ready.unlink(missing_ok=True)
         argv = [str(binary), "--socket", self.socket, "--metrics",
