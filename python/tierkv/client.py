@@ -140,6 +140,13 @@ def _buffers(data, n: int, writable: bool) -> Tuple[np.ndarray, np.ndarray,
     return ptrs, sizes, keep
 
 
+def _finish(status: int, statuses: np.ndarray, check_items: bool) -> None:
+    """Raises for a batch call: always when the call failed as a whole (no
+    item has a status), else for the first failing item if check_items."""
+    if status != 0 and (check_items or not statuses.any()):
+        check(status, statuses if statuses.any() else None)
+
+
 # ---- page hashes -------------------------------------------------------------
 
 
@@ -539,8 +546,8 @@ class Client:
             st = lib.tierkv_put(h, _ptr(p), _ptr(l), _ptr(q), _ptr(ptrs),
                                 _ptr(sizes), n, _ptr(statuses), _ptr(dedup))
         del keep
+        _finish(st, statuses, check_items)
         if check_items:
-            check(st, statuses)
             return dedup.astype(bool)
         return dedup.astype(bool), statuses
 
@@ -558,8 +565,42 @@ class Client:
             st = lib.tierkv_get(h, _ptr(p), _ptr(l), _ptr(q), _ptr(ptrs),
                                 _ptr(sizes), n, _ptr(statuses))
         del keep
-        if check_items:
-            check(st, statuses)
+        _finish(st, statuses, check_items)
+        return statuses
+
+    # -- raw addresses: for engines that hand out pointers into their own
+    # pools (SGLang's get_page_buffer_meta, vLLM's kv_caches data_ptr) --
+
+    def put_raw(self, pages, layers, parts, addresses, sizes) -> np.ndarray:
+        """Put from raw addresses: segment i is sizes[i] bytes at
+        addresses[i]. The caller guarantees that memory is readable for the
+        call's duration (no check is possible). Returns (already_stored,
+        statuses), never raises per item."""
+        p, l, q = self._keys(pages, layers, parts)
+        n = len(p)
+        ptrs = _int_array(addresses, n, np.uint64, "addresses")
+        lens = _int_array(sizes, n, np.uint64, "sizes")
+        statuses = np.zeros(n, dtype=np.uint8)
+        dedup = np.zeros(n, dtype=np.uint8)
+        with self._use() as h:
+            st = lib.tierkv_put(h, _ptr(p), _ptr(l), _ptr(q), _ptr(ptrs),
+                                _ptr(lens), n, _ptr(statuses), _ptr(dedup))
+        _finish(st, statuses, False)
+        return dedup.astype(bool), statuses
+
+    def get_raw(self, pages, layers, parts, addresses, sizes) -> np.ndarray:
+        """Get into raw addresses (writable memory of sizes[i] bytes, which
+        the caller guarantees). Returns one status per item; never raises
+        per item (only for a malformed call as a whole)."""
+        p, l, q = self._keys(pages, layers, parts)
+        n = len(p)
+        ptrs = _int_array(addresses, n, np.uint64, "addresses")
+        lens = _int_array(sizes, n, np.uint64, "sizes")
+        statuses = np.zeros(n, dtype=np.uint8)
+        with self._use() as h:
+            st = lib.tierkv_get(h, _ptr(p), _ptr(l), _ptr(q), _ptr(ptrs),
+                                _ptr(lens), n, _ptr(statuses))
+        _finish(st, statuses, False)
         return statuses
 
     def flush(self, pages, layers, parts, *,
@@ -570,8 +611,7 @@ class Client:
         with self._use() as h:
             st = lib.tierkv_flush(h, _ptr(p), _ptr(l), _ptr(q), len(p),
                                   _ptr(statuses))
-        if check_items:
-            check(st, statuses)
+        _finish(st, statuses, check_items)
         return statuses
 
     def acquire(self, pages, layers, parts) -> ReadLease:

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# engines-venv.sh — build the Python virtualenv that tierkv's engine-integration
+# tests use to import SGLang's HiCache storage API and vLLM's KV-connector API.
+#
+# Usage: scripts/engines-venv.sh [VENV_DIR]      (default: <repo>/build/engines-venv)
+#
+# What it installs (every package pinned with ==):
+#   * torch 2.14.1, the default (CUDA) wheel from PyPI, together with the NVIDIA
+#     runtime wheels it depends on. It imports and runs on a machine without a GPU.
+#   * sglang 0.5.23 and vllm 0.33.0 with --no-deps: their full dependency sets
+#     pull in GPU kernels, servers and tens of GB. We install only the light
+#     packages that the modules below need at import time:
+#       sglang.srt.mem_cache.hicache_storage        (HiCacheStorage, HiCacheStorageConfig, PoolName, PoolTransfer)
+#       sglang.srt.mem_cache.storage.backend_factory (StorageBackendFactory)
+#       sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller
+#       sglang.srt.mem_cache.memory_pool_host, sglang.srt.mem_cache.pool_host.{mla,dsa}
+#       vllm.config, vllm.distributed.kv_transfer.kv_connector.v1.base,
+#       vllm.v1.core.sched.scheduler (a real Scheduler can be built on CPU)
+#   * pytest and numpy.
+#
+# Idempotent: after a complete install it writes a stamp file holding the pin
+# list. A later run with the same pins finds the stamp and exits at once, with no
+# network access. Changing a pin below invalidates the stamp; the next run
+# reinstalls into the same venv: pins already satisfied there are not fetched again,
+# and pip's default cache (~/.cache/pip) is left on for the rest. (Behind a proxy
+# that strips HTTP cache headers, pip caches nothing; the venv and the stamp are
+# then the only reuse, and a brand-new venv downloads everything again.)
+#
+# Cost: first run about 3 min here (about 3 GB of wheels); a run with the stamp in
+# place takes well under a second. Disk: about 6.9 GB, mostly torch, triton and
+# the NVIDIA runtime wheels.
+set -euo pipefail
+
+# Debian's interpreter (python3.11); `python3-venv` provides the venv module.
+PYTHON=/usr/bin/python3
+
+# Bump when the install procedure changes without a pin change, so old stamps
+# stop matching.
+STAMP_FORMAT=1
+
+# torch and the packages it depends on. Installed *with* dependency resolution
+# so that pip picks the NVIDIA wheels that torch itself pins; the explicit pins
+# here fix the versions torch only bounds.
+TORCH_PKGS=(
+  torch==2.14.1
+  triton==3.8.0
+  cuda-bindings==13.5.0
+  cuda-pathfinder==1.9.1
+  nvidia-nvjitlink==13.5.37
+  filelock==4.3.1
+  fsspec==2026.9.0
+  jinja2==3.1.6
+  MarkupSafe==3.0.4
+  mpmath==1.3.0
+  networkx==3.6.1
+  setuptools==84.2.1
+  sympy==1.14.0
+  typing-extensions==4.16.0
+)
+
+# Installed with --no-deps: the engines themselves plus the minimal set of
+# dependencies their control-plane modules import. Where sglang and vllm pin
+# different versions, the vllm-compatible one is chosen (noted inline).
+NODEPS_PKGS=(
+  sglang==0.5.23
+  vllm==0.33.0
+  torchvision==0.29.1            # sglang.srt.configs imports it; matches torch 2.14
+  apache-tvm-ffi==0.1.11         # sglang kernels/ops import tvm_ffi; xgrammar needs it too
+  xgrammar==0.2.8                # vllm pins 0.2.8 (sglang 0.2.7)
+  llguidance==1.7.6
+  compressed-tensors==0.18.0     # sglang pins 0.18.0 (vllm 0.17.0); imports fine for both
+  transformers==5.19.0
+  tokenizers==0.23.2
+  huggingface_hub==2.4.0
+  httpx2==2.16.2
+  httpcore2==2.16.2
+  truststore==0.10.5
+  h11==0.16.0
+  safetensors==0.8.0
+  sentencepiece==0.2.1
+  gguf==0.19.0
+  openai==3.57.0                 # vllm needs >=2.25 (sglang pins 2.8.0, not on our import path)
+  oss-harmony==0.0.11            # provides the openai_harmony module
+  fastapi==0.136.3
+  starlette==1.10.0
+  annotated-doc==0.0.7
+  anyio==4.16.0
+  sniffio==1.3.1
+  idna==3.20
+  pydantic==2.14.4
+  pydantic_core==2.50.5
+  annotated-types==0.8.0
+  typing-inspection==0.4.5
+  aiohttp==3.14.5
+  aiohappyeyeballs==2.7.1
+  aiosignal==1.4.0
+  attrs==26.1.0
+  frozenlist==1.8.0
+  multidict==7.2.1
+  propcache==0.5.4
+  yarl==1.25.1
+  requests==2.34.2
+  urllib3==2.8.0
+  certifi==2026.10.19.post1
+  charset-normalizer==3.5.3
+  ipython==9.18.1                # sglang/utils.py imports IPython at module level
+  traitlets==5.16.1
+  Pygments==2.21.0
+  pillow==13.0.0
+  numpy==2.4.6
+  orjson==3.13.0
+  msgspec==0.23.0
+  psutil==7.2.2
+  pybase64==1.5.1
+  pyzmq==27.3.0
+  regex==2026.11.19
+  cbor2==6.3.0
+  cachetools==8.0.2
+  cloudpickle==3.1.3
+  blake3==1.0.11
+  py-cpuinfo==9.0.0
+  prometheus_client==0.26.0
+  partial-json-parser==0.2.1.1.post7
+  packaging==26.4
+  PyYAML==6.0.4
+  tqdm==4.70.1
+  dill==0.4.1
+  einops==0.8.2
+  loguru==0.7.3
+  uvloop==0.23.0
+  pytest==9.2.0
+  iniconfig==2.3.1
+  pluggy==1.7.0
+)
+
+# Modules that must import for the venv to count as complete.
+SMOKE_IMPORTS=(
+  sglang.srt.mem_cache.hicache_storage
+  sglang.srt.mem_cache.storage.backend_factory
+  sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller
+  sglang.srt.mem_cache.memory_pool_host
+  sglang.srt.mem_cache.pool_host.mla
+  sglang.srt.mem_cache.pool_host.dsa
+  vllm.config
+  vllm.distributed.kv_transfer.kv_connector.v1.base
+  vllm.v1.core.sched.scheduler
+  pytest
+  numpy
+)
+
+log() { printf '[engines-venv] %s\n' "$*"; }
+die() { printf '[engines-venv] error: %s\n' "$*" >&2; exit 1; }
+
+# Resolve the venv path: an argument is taken relative to the caller's working
+# directory, the default relative to the repository root.
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${1:-$repo_root/build/engines-venv}
+mkdir -p "$(dirname "$venv")"
+venv=$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")
+
+stamp=$venv/.engines-venv.stamp
+py=$venv/bin/python
+
+# The stamp records everything that determines the venv's contents.
+expected_stamp=$(
+  printf 'format=%s\n' "$STAMP_FORMAT"
+  printf 'python=%s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
+  printf '%s\n' "${TORCH_PKGS[@]}" "${NODEPS_PKGS[@]}"
+)
+
+# Fast path: complete venv with the same pins. No network, no pip.
+if [[ -x $py && -f $stamp ]] && [[ "$(cat "$stamp")" == "$expected_stamp" ]]; then
+  log "up to date: $venv"
+  exit 0
+fi
+
+# Serialize concurrent runs (a developer and CI on the same machine) on a lock
+# file beside the venv; the winner builds, the other re-checks the stamp.
+exec 9>"$venv.lock"
+flock 9
+if [[ -x $py && -f $stamp ]] && [[ "$(cat "$stamp")" == "$expected_stamp" ]]; then
+  log "up to date: $venv (built by a concurrent run)"
+  exit 0
+fi
+
+[[ -x $PYTHON ]] || die "$PYTHON not found (apt-get install python3)"
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
+  || die "the venv module is incomplete (apt-get install python3-venv)"
+
+# Invalidate first: a run that dies part-way must not leave a matching stamp.
+rm -f "$stamp"
+
+# pip's output goes to a log in the venv; it is shown only when a step fails.
+pip_log=$venv/.engines-venv.pip.log
+run_logged() {
+  if ! "$@" >>"$pip_log" 2>&1; then
+    tail -n 40 "$pip_log" >&2
+    die "step failed; full log: $pip_log"
+  fi
+}
+
+if [[ -x $py ]]; then
+  log "step 1/5: reusing venv $venv"
+else
+  log "step 1/5: creating venv $venv with $PYTHON"
+  "$PYTHON" -m venv "$venv"
+fi
+: >"$pip_log"
+
+# Plain `pip install` against PyPI: the default torch wheel is the CUDA build.
+# pip's default cache (~/.cache/pip) is left on, so a rebuild reuses wheels.
+pip_install=("$py" -m pip install --no-input --disable-pip-version-check)
+
+log "step 2/5: installing torch and its CUDA runtime wheels (~3 GB download on a cold cache)"
+run_logged "${pip_install[@]}" "${TORCH_PKGS[@]}"
+
+log "step 3/5: installing sglang, vllm and their light dependencies (--no-deps)"
+run_logged "${pip_install[@]}" --no-deps "${NODEPS_PKGS[@]}"
+
+log "step 4/5: checking that the engine modules import on this machine"
+# HF_HUB_OFFLINE: nothing here may reach the Hugging Face hub.
+smoke=$(printf 'import %s\n' "${SMOKE_IMPORTS[@]}")
+run_logged env HF_HUB_OFFLINE=1 "$py" -c "$smoke"
+
+log "step 5/5: writing stamp $stamp"
+printf '%s\n' "$expected_stamp" >"$stamp.tmp"
+mv "$stamp.tmp" "$stamp"
+log "done: $venv ($(du -sh "$venv" | cut -f1))"

@@ -1,0 +1,235 @@
+"""tierkv.sglang.TierkvHiCacheStorage created the way SGLang creates it
+(StorageBackendFactory's "dynamic" path), over SGLang's own host pools
+(MLATokenToKVPoolHost, DSAIndexerPoolHost) built on CPU from fake device
+pools, moving pages through a real tierkvd bit-exact."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+sglang = pytest.importorskip(
+    "sglang.srt.mem_cache.hicache_storage",
+    reason="SGLang 0.5.23 does not import here (scripts/engines-venv.sh)")
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import MLABufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorageConfig, PoolName, PoolTransfer)
+from sglang.srt.mem_cache.pool_host.base import (  # noqa: E402
+    host_memory_budget_scope)
+from sglang.srt.mem_cache.pool_host.dsa import (  # noqa: E402
+    DSAIndexerPoolHost, make_dsa_indexer_pool_decl)
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import (  # noqa: E402
+    StorageBackendFactory)
+
+import tierkv  # noqa: E402
+from conftest import TOKEN  # noqa: E402
+from tierkv.sglang import TierkvHiCacheStorage  # noqa: E402
+
+LAYERS, DEV_TOKENS, PAGE = 3, 512, 64
+# DeepSeek-V3.2 / GLM-5 FP8 MLA row (FlashMLA): 512 fp8 + 4 fp32 scales +
+# 64 bf16 RoPE = 656 bytes; indexer key: 128 fp8 + 1 fp32 scale = 132 bytes.
+FP8_ROW, INDEX_ROW = 656, 132
+
+
+def mla_host(layout: str, fp8: bool = True, allocator: str = "default"):
+    dtype = torch.uint8 if fp8 else torch.bfloat16
+    dim = FP8_ROW if fp8 else 576
+    dev = [torch.zeros(DEV_TOKENS, 1, dim, dtype=dtype) for _ in range(LAYERS)]
+    info = MLABufferInfo(
+        buffers=tuple(dev),
+        data_ptrs=torch.tensor([t.data_ptr() for t in dev], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS,
+        page_size=PAGE, kv_lora_rank=512, qk_rope_head_dim=64,
+        kv_cache_dim=dim, dtype=dtype, device=torch.device("cpu"),
+        packed_fp8=fp8)
+    with host_memory_budget_scope(1 << 30):
+        return MLATokenToKVPoolHost(
+            info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE,
+            layout=layout, pin_memory=False, device="cpu",
+            allocator_type=allocator, device_capacity_tokens=DEV_TOKENS,
+            # SGLang's assembler passes the packed FP8 row width this way.
+            override_kv_cache_dim=dim if fp8 else None,
+            start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
+
+
+def indexer_host(anchor):
+    pages = DEV_TOKENS // PAGE + 1
+    fake_device_pool = types.SimpleNamespace(
+        index_page_size=PAGE, page_size=PAGE, index_head_dim=128,
+        quant_block_size=128, skip_topk_layers=[False] * LAYERS,
+        layer_num=LAYERS, start_layer=0, end_layer=LAYERS,
+        layer_shard_enabled=False, device="cpu", store_dtype=torch.uint8,
+        index_k_with_scale_buffer=[
+            torch.zeros(pages, PAGE * INDEX_ROW, dtype=torch.uint8)
+            for _ in range(LAYERS)])
+    with host_memory_budget_scope(1 << 30):
+        return DSAIndexerPoolHost(make_dsa_indexer_pool_decl(fake_device_pool),
+                                  anchor, pin_memory=False, device="cpu",
+                                  allocator_type="default")
+
+
+def storage_config(daemon, tp_rank=0, tp_size=1, mla=True, **extra):
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
+        attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
+        enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="zai-org/GLM-5-FP8",
+        extra_config={"backend_name": "tierkv", "module_path": "tierkv.sglang",
+                      "class_name": "TierkvHiCacheStorage", "interface_v1": 1,
+                      "socket": daemon.socket, "namespace": "default",
+                      "token": TOKEN, **extra})
+
+
+def create(daemon, host, pools=(), **kw):
+    """As HiCacheController / HybridCacheController.attach_storage_backend."""
+    backend = StorageBackendFactory.create_backend(
+        "dynamic", storage_config(daemon, **kw), host)
+    assert isinstance(backend, TierkvHiCacheStorage)
+    backend.register_mem_pool_host(host)
+    for name, pool in pools:
+        backend.register_mem_host_pool_v2(pool, name)
+    backend.on_host_pools_registered()
+    return backend
+
+
+def fill(buffer: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    raw = buffer.view(torch.uint8).view(-1)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+    return buffer.clone()
+
+
+KEYS = ["a1" * 32, "b2" * 32, "c3" * 32]  # SGLang keys: hex page hashes
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first",
+                                    "page_first_direct"])
+def test_mla_fp8_pages_round_trip_zero_copy_v1(daemon, layout):
+    host = mla_host(layout)
+    backend = create(daemon, host)
+    idx = host.alloc(len(KEYS) * PAGE)
+    want = fill(host.kv_buffer, 1)
+    assert backend.batch_set_v1(KEYS, idx) == [True] * 3
+    assert backend.batch_set_v1(KEYS, idx) == [True] * 3  # dedup
+    host.kv_buffer.zero_()
+    assert backend.batch_exists(KEYS + ["d4" * 32]) == 3
+    assert backend.batch_get_v1(KEYS, idx) == [True] * 3
+    for i in range(len(KEYS)):
+        page = int(idx[i * PAGE])
+        assert torch.equal(host.get_data_page(page),
+                           fill_view(want, host, page))
+    # Pieces per page: one per layer for layer_first, else one per page.
+    layers = backend.layout.num_layers
+    assert layers == (LAYERS if layout == "layer_first" else 1)
+    assert backend.batch_get_v1(["e5" * 32], host.alloc(PAGE)) == [False]
+
+
+def fill_view(want: torch.Tensor, host, page: int) -> torch.Tensor:
+    """The data page `page` of the saved buffer `want` (same layout)."""
+    saved, host.kv_buffer = host.kv_buffer, want
+    try:
+        return host.get_data_page(page).clone()
+    finally:
+        host.kv_buffer = saved
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_dsa_kv_and_indexer_pages_travel_together_bit_exact(daemon, layout):
+    anchor = mla_host(layout)
+    index = indexer_host(anchor)
+    backend = create(daemon, anchor, [(PoolName.KV, anchor),
+                                      (PoolName.INDEXER, index)])
+    assert [p for p, _ in backend.layout.layers[0]] == ["kv", "indexer"]
+    if layout == "page_first":  # one zero-copy piece per page and pool
+        assert backend.layout.layers[0] == (("kv", LAYERS * FP8_ROW),
+                                            ("indexer", LAYERS * INDEX_ROW))
+    else:  # KV per layer in place; the indexer pool's flat page, copied
+        assert backend.layout.num_layers == LAYERS
+        assert backend.layout.layers[0][1] == ("indexer", LAYERS * INDEX_ROW)
+        assert backend.layout.layers[1] == (("kv", FP8_ROW),)
+    idx = anchor.alloc(len(KEYS) * PAGE)
+    kv = fill(anchor.kv_buffer, 2)
+    ik = fill(index.index_k_with_scale_buffer, 3)
+    transfers = lambda keys, ix: [  # noqa: E731
+        PoolTransfer(name=PoolName.KV, host_indices=ix, keys=keys),
+        PoolTransfer(name=PoolName.INDEXER, host_indices=ix, keys=keys)]
+    done = backend.batch_set_v2(transfers(KEYS, idx))
+    assert done == {"kv": [True] * 3, "indexer": [True] * 3}
+    # A fourth page with KV but no index keys is not a hit: SGLang never
+    # gets a page whose indexer keys are missing (sglang#17085).
+    lone = anchor.alloc(PAGE)
+    backend.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=lone,
+                                       keys=["f6" * 32])])
+    hit = backend.batch_exists_v2(KEYS + ["f6" * 32], transfers(KEYS, idx))
+    assert hit.kv_hit_pages == 3
+    assert hit.extra_pool_hit_pages["indexer"] == 3
+    anchor.kv_buffer.zero_()
+    index.index_k_with_scale_buffer.zero_()
+    got = backend.batch_get_v2(transfers(KEYS, idx))
+    assert got == {"kv": [True] * 3, "indexer": [True] * 3}
+    for i in range(3):
+        page = int(idx[i * PAGE])
+        assert torch.equal(anchor.get_data_page(page),
+                           fill_view(kv, anchor, page))
+        saved, index.index_k_with_scale_buffer = (
+            index.index_k_with_scale_buffer, ik)
+        want_index = index.get_data_page(page).clone()
+        index.index_k_with_scale_buffer = saved
+        assert torch.equal(index.get_data_page(page), want_index)
+
+
+def test_pages_survive_a_daemon_restart(daemon):
+    host = mla_host("page_first")
+    backend = create(daemon, host)
+    idx = host.alloc(2 * PAGE)
+    want = fill(host.kv_buffer, 4)
+    assert backend.batch_set_v1(KEYS[:2], idx) == [True, True]
+    backend.close()
+    daemon.stop()
+    daemon.start()  # same NVMe file: write_through made the pages durable
+    host.kv_buffer.zero_()
+    backend = create(daemon, host)
+    assert backend.batch_exists(KEYS[:2]) == 2
+    assert backend.batch_get_v1(KEYS[:2], idx) == [True, True]
+    rows = slice(int(idx[0]), int(idx[0]) + 2 * PAGE)
+    assert torch.equal(host.kv_buffer[rows], want[rows])
+    stats = backend.get_stats()
+    assert stats["namespace"] == "default"
+
+
+def test_mla_tp_ranks_share_pages_and_mha_ranks_do_not(daemon):
+    host0, host1 = mla_host("page_first"), mla_host("page_first")
+    rank0 = create(daemon, host0, tp_rank=0, tp_size=2)
+    rank1 = create(daemon, host1, tp_rank=1, tp_size=2)
+    idx = host0.alloc(PAGE)
+    want = fill(host0.kv_buffer, 5)
+    assert rank0.batch_set_v1(KEYS[:1], idx) == [True]
+    # MLA KV is the same on every TP rank: rank 1 finds rank 0's page.
+    assert rank1.batch_exists(KEYS[:1]) == 1
+    idx1 = host1.alloc(PAGE)
+    assert rank1.batch_get_v1(KEYS[:1], idx1) == [True]
+    assert torch.equal(host1.kv_buffer[int(idx1[0]):int(idx1[0]) + PAGE],
+                       want[int(idx[0]):int(idx[0]) + PAGE])
+    # Non-MLA models shard heads by TP rank: keys carry the rank.
+    assert "_1_2" in TierkvHiCacheStorage._rank_suffix(
+        storage_config(daemon, tp_rank=1, tp_size=2, mla=False))
+    assert "_1_2" not in rank1.suffix
+
+
+def test_bad_configuration_is_a_clear_error(daemon):
+    host = mla_host("page_first")
+    with pytest.raises(tierkv.PermissionDeniedError):
+        StorageBackendFactory.create_backend(
+            "dynamic", storage_config(daemon, token="wrong"), host)
+    backend = create(daemon, host)
+    with pytest.raises(ValueError, match="does not support host pool"):
+        backend.register_mem_host_pool_v2(host, PoolName.MAMBA)
+    with pytest.raises(NotImplementedError, match="interface_v1"):
+        backend.batch_get(KEYS, None)
+    # Another host layout in the same namespace: a different tierkv layout.
+    with pytest.raises(tierkv.InvalidArgumentError):
+        create(daemon, mla_host("layer_first"))
