@@ -6,7 +6,13 @@
 #      test doubles, and the executor's thread pool (no tests run); and the
 #      libFuzzer targets (fuzz/), each run for TIERKV_FUZZ_SECONDS (20);
 #   2. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
-#      io_uring), and scripts/soak.sh for TIERKV_SOAK_SECONDS (30);
+#      io_uring; the Python package's pytest suite), and scripts/soak.sh for
+#      TIERKV_SOAK_SECONDS (30); then the engine adapters' tests
+#      (tests/engines: SGLang's and vLLM's real classes) in the virtualenv
+#      scripts/engines-venv.sh keeps in build/engines-venv (~7 GB, ~3 min
+#      to build once). If that virtualenv cannot be built (no PyPI), the
+#      engine tests are reported as not run and the rest goes on, unless
+#      TIERKV_REQUIRE_ENGINES=1 (CI sets it: .ci/run);
 #   3. ThreadSanitizer build of the storage, transport and test-double tests;
 #   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
 #      is instrumented too; the benchmarks are not built there).
@@ -52,6 +58,19 @@ scripts/build.sh build
 ctest --test-dir build -j2 --output-on-failure --timeout 600
 # A short soak of the real daemon (the acceptance run is 10 min, 64 clients).
 TIERKV_BIN_DIR=build/bin scripts/soak.sh --seconds "${TIERKV_SOAK_SECONDS:-30}" --clients 16
+
+echo "== [2/4] engine adapters: SGLang 0.5.23, vLLM 0.33.0 ($(( $(date +%s) - start )) s so far)"
+engines_start=$(date +%s)
+if scripts/engines-venv.sh build/engines-venv; then
+  HF_HUB_OFFLINE=1 PYTHONPATH=build/python TIERKV_BIN_DIR=build/bin \
+    build/engines-venv/bin/python -m pytest -q -p no:cacheprovider tests/engines
+  echo "engine tests: $(( $(date +%s) - engines_start )) s (virtualenv included)"
+elif [[ ${TIERKV_REQUIRE_ENGINES:-0} == 1 ]]; then
+  echo "engine tests: the virtualenv could not be built (above); required here"
+  exit 1
+else
+  echo "engine tests: NOT RUN - the virtualenv could not be built (above)"
+fi
 
 if ((!quick)); then
   echo "== [3/4] ThreadSanitizer: storage, transport, test doubles ($(( $(date +%s) - start )) s so far)"
