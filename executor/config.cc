@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -25,16 +27,27 @@ Status ReadInt(const json& j, const char* key, bool required, int64_t* out) {
     if (required) return KeyError(key, "is required but missing");
     return Status::OK();
   }
-  if (!it->is_number_integer()) {
-    if (it->is_number_float() &&
-        std::floor(it->get<double>()) == it->get<double>()) {
-      *out = static_cast<int64_t>(it->get<double>());
+  // Integral floats (64.0) are accepted; anything outside int64 is an
+  // error, not a cast (a double past 2^63 converts with undefined
+  // behaviour; found by fuzz/model_config_fuzzer).
+  constexpr double kTwo63 = 9223372036854775808.0;
+  if (it->is_number_float()) {
+    const double v = it->get<double>();
+    if (std::floor(v) == v && v >= -kTwo63 && v < kTwo63) {
+      *out = static_cast<int64_t>(v);
       return Status::OK();
     }
-    return KeyError(key, fmt::format("must be an integer, got {}", it->dump()));
+  } else if (it->is_number_unsigned()) {
+    const uint64_t v = it->get<uint64_t>();
+    if (v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      *out = static_cast<int64_t>(v);
+      return Status::OK();
+    }
+  } else if (it->is_number_integer()) {
+    *out = it->get<int64_t>();
+    return Status::OK();
   }
-  *out = it->get<int64_t>();
-  return Status::OK();
+  return KeyError(key, fmt::format("must be an integer, got {}", it->dump()));
 }
 
 Status ReadDouble(const json& j, const char* key, bool required, double* out) {

@@ -143,6 +143,23 @@ TEST(ModelConfig, MissingRequiredKeyIsNamedInTheError) {
       << c.status().ToString();
 }
 
+// Found by fuzz/model_config_fuzzer: 3.3e54 was cast to int64 (undefined
+// behaviour) instead of being rejected.
+TEST(ModelConfig, IntegersOutsideInt64AreRejectedNotCast) {
+  for (const json& v : {json(3.26667e54), json(-1e19), json(1e300),
+                        json(uint64_t{18446744073709551615u})}) {
+    json j = Glm52Json();
+    j["hidden_size"] = v;
+    auto c = ParseModelConfig(j);
+    ASSERT_FALSE(c.ok()) << v.dump();
+    EXPECT_NE(c.status().message().find("hidden_size"), std::string::npos)
+        << c.status().ToString();
+  }
+  json j = Glm52Json();
+  j["hidden_size"] = 6144.0;  // an integral float is still an integer
+  EXPECT_TRUE(ParseModelConfig(j).ok());
+}
+
 TEST(ModelConfig, WrongTypeAndUnknownModelTypeAreRejected) {
   json j = Glm52Json();
   j["hidden_size"] = "big";
