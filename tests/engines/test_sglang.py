@@ -14,13 +14,15 @@ sglang = pytest.importorskip(
     reason="SGLang 0.5.23 does not import here (scripts/engines-venv.sh)")
 
 import torch  # noqa: E402
-from sglang.srt.mem_cache.device_pool_info import MLABufferInfo  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo)
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageConfig, PoolName, PoolTransfer)
 from sglang.srt.mem_cache.pool_host.base import (  # noqa: E402
     host_memory_budget_scope)
 from sglang.srt.mem_cache.pool_host.dsa import (  # noqa: E402
     DSAIndexerPoolHost, make_dsa_indexer_pool_decl)
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import (  # noqa: E402
     StorageBackendFactory)
@@ -54,6 +56,26 @@ def mla_host(layout: str, fp8: bool = True, allocator: str = "default"):
             # SGLang's assembler passes the packed FP8 row width this way.
             override_kv_cache_dim=dim if fp8 else None,
             start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
+
+
+def mha_host(layout: str, heads: int = 2, head_dim: int = 64):
+    """A plain MHA model's host pool (K and V per layer, TP-sharded heads)."""
+    def per_layer():
+        return tuple(torch.zeros(DEV_TOKENS, heads, head_dim,
+                                 dtype=torch.bfloat16) for _ in range(LAYERS))
+    k, v = per_layer(), per_layer()
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts],  # noqa: E731
+                                   dtype=torch.uint64)
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                          layout=KVBufferLayout.NHD),
+        page_size=PAGE, head_num=heads, head_dim=head_dim,
+        v_head_dim=head_dim, dtype=torch.bfloat16, device=torch.device("cpu"))
+    with host_memory_budget_scope(1 << 30):
+        return MHATokenToKVPoolHost(
+            info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+            device_capacity_tokens=DEV_TOKENS, start_layer=0,
+            end_layer=LAYERS)
 
 
 def indexer_host(anchor):
@@ -218,6 +240,28 @@ def test_mla_tp_ranks_share_pages_and_mha_ranks_do_not(daemon):
     assert "_1_2" in TierkvHiCacheStorage._rank_suffix(
         storage_config(daemon, tp_rank=1, tp_size=2, mla=False))
     assert "_1_2" not in rank1.suffix
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_mha_pages_round_trip_per_tp_rank(daemon, layout):
+    # Plain MHA: K and V of every layer; each TP rank holds its own heads,
+    # so ranks name their pages apart (a second namespace layout would
+    # clash, so the two ranks here share geometry).
+    host0, host1 = mha_host(layout), mha_host(layout)
+    rank0 = create(daemon, host0, mla=False, tp_rank=0, tp_size=2)
+    rank1 = create(daemon, host1, mla=False, tp_rank=1, tp_size=2)
+    pieces = 2 * LAYERS if layout == "layer_first" else 2
+    assert rank0.layout.num_layers == pieces  # K and V pieces
+    idx = host0.alloc(2 * PAGE)
+    want = fill(host0.kv_buffer, 6)
+    assert rank0.batch_set_v1(KEYS[:2], idx) == [True, True]
+    assert rank1.batch_exists(KEYS[:2]) == 0  # rank 1's heads differ
+    host0.kv_buffer.zero_()
+    assert rank0.batch_get_v1(KEYS[:2], idx) == [True, True]
+    for i in range(2):  # bytes, not bf16 values: random bits hold NaNs
+        page = int(idx[i * PAGE])
+        assert torch.equal(host0.get_data_page(page).view(torch.uint8),
+                           fill_view(want, host0, page).view(torch.uint8))
 
 
 def test_bad_configuration_is_a_clear_error(daemon):
