@@ -720,8 +720,9 @@ std::optional<TransferHandle::Times> TransferHandle::times() const {
   // layers_done covering the last layer (acquire, in LayersDone) publishes
   // the stamps written before it.
   const LoadTicket& t = client_->impl_->Ticket(ticket_);
-  auto at = [](uint64_t ns) {
-    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+  auto at = [](const std::atomic<uint64_t>& ns) {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::nanoseconds(ns.load(std::memory_order_relaxed)));
   };
   return Times{at(t.accepted_ns), at(t.first_layer_ns), at(t.last_layer_ns)};
 }

@@ -41,13 +41,19 @@ struct LoadTicket {
   // 1 once the daemon is done with the ticket (a futex word too).
   std::atomic<uint32_t> finished{0};
   uint32_t reserved = 0;
-  uint64_t accepted_ns = 0;
-  uint64_t first_layer_ns = 0;
-  uint64_t last_layer_ns = 0;
+  // Stamps (CLOCK_MONOTONIC ns), published by the release store of
+  // layers_done. Atomic (relaxed) although that order suffices: the daemon
+  // rewrites them when a client reuses the ticket, and the client and the
+  // daemon map the ticket at different addresses, which a race detector
+  // cannot see through (a plain field was a ThreadSanitizer report).
+  std::atomic<uint64_t> accepted_ns{0};
+  std::atomic<uint64_t> first_layer_ns{0};
+  std::atomic<uint64_t> last_layer_ns{0};
   Error errors[kMaxErrors];
   uint8_t padding[4096 - 40 - kMaxErrors * sizeof(Error)];
 };
 static_assert(sizeof(LoadTicket) == 4096);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 }  // namespace tierkv

@@ -726,7 +726,8 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   LoadTicket& ticket = TicketAt(*job->tickets, t.ticket);
   ticket.error_count.store(0, std::memory_order_relaxed);
   ticket.finished.store(0, std::memory_order_relaxed);
-  ticket.first_layer_ns = ticket.last_layer_ns = 0;
+  ticket.first_layer_ns.store(0, std::memory_order_relaxed);
+  ticket.last_layer_ns.store(0, std::memory_order_relaxed);
   ticket.layers_done.store(0, std::memory_order_release);
   job->layout = std::move(layout);
   job->t = std::move(t);
@@ -759,8 +760,8 @@ Status CacheEngine::StartTransfer(
   if (!job.ok()) return job.status();
   (*job)->load = load;
   (*job)->accepted = accepted;
-  TicketAt(*(*job)->tickets, (*job)->t.ticket).accepted_ns =
-      MonotonicNanos(accepted);
+  TicketAt(*(*job)->tickets, (*job)->t.ticket)
+      .accepted_ns.store(MonotonicNanos(accepted), std::memory_order_relaxed);
   if (!Submit([this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
@@ -846,9 +847,11 @@ void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
   // returned sees them (the ticket's times, this transfer in the stats).
   LoadTicket& ticket = TicketAt(*job.tickets, job.t.ticket);
   const auto now = std::chrono::steady_clock::now();
-  if (before == 0) ticket.first_layer_ns = MonotonicNanos(now);
+  if (before == 0) {
+    ticket.first_layer_ns.store(MonotonicNanos(now), std::memory_order_relaxed);
+  }
   if (job.published == job.t.num_layers) {
-    ticket.last_layer_ns = MonotonicNanos(now);
+    ticket.last_layer_ns.store(MonotonicNanos(now), std::memory_order_relaxed);
     (job.load ? load_latency_ : store_latency_).Record(now - job.accepted);
   }
   // Under mu, so the published count only grows.
