@@ -1,0 +1,150 @@
+// DeviceBackend's validating public methods and Open (see device_backend.h).
+#include "storage/device_backend.h"
+
+#include <fmt/format.h>
+
+namespace tierkv::storage {
+
+Result<DeviceBackendKind> ParseDeviceBackendKind(std::string_view name) {
+  if (name == "auto") return DeviceBackendKind::kAuto;
+  if (name == "cuda") return DeviceBackendKind::kCuda;
+  if (name == "emulated") return DeviceBackendKind::kEmulated;
+  return Status::InvalidArgument(fmt::format(
+      "device backend '{}': expected auto, cuda or emulated", name));
+}
+
+Result<std::unique_ptr<DeviceBackend>> DeviceBackend::Open(
+    const DeviceBackendOptions& options, std::string* fell_back) {
+  if (options.streams == 0 || options.streams > 64) {
+    return Status::InvalidArgument("device streams must be in [1, 64]");
+  }
+  switch (options.kind) {
+    case DeviceBackendKind::kEmulated:
+      return OpenEmulatedBackend(options);
+    case DeviceBackendKind::kCuda:
+      return Status::Unavailable(
+          "the CUDA device backend is not built into this tierkvd (no nvcc "
+          "at build time); use backend \"emulated\" or \"auto\"");
+    case DeviceBackendKind::kAuto:
+      if (fell_back != nullptr) {
+        *fell_back =
+            "no CUDA backend in this build: HBM is emulated in host "
+            "memory";
+      }
+      return OpenEmulatedBackend(options);
+  }
+  return Status::InvalidArgument("unknown device backend kind");
+}
+
+DeviceBackend::DeviceBackend(std::string name, uint32_t streams)
+    : name_(std::move(name)), streams_(streams) {}
+
+Status DeviceBackend::CheckStream(StreamId stream) const {
+  if (stream >= streams_) {
+    return Status::InvalidArgument(fmt::format(
+        "stream {} of a backend with {} streams", stream, streams_));
+  }
+  return Status::OK();
+}
+
+Status DeviceBackend::CheckRegion(const DeviceRegion& region) const {
+  const uint64_t pool_bytes = PoolBytes(region.pool);
+  if (pool_bytes == 0) {
+    return Status::InvalidArgument(
+        fmt::format("no device pool {}", region.pool));
+  }
+  if (region.offset > pool_bytes || region.bytes > pool_bytes - region.offset) {
+    return Status::InvalidArgument(
+        fmt::format("device region [{}, +{}) outside pool {} of {} bytes",
+                    region.offset, region.bytes, region.pool, pool_bytes));
+  }
+  return Status::OK();
+}
+
+Result<DevicePool> DeviceBackend::AllocatePool(uint64_t bytes) {
+  if (bytes == 0) return Status::InvalidArgument("a device pool of 0 bytes");
+  return AllocatePoolImpl(bytes);
+}
+
+Status DeviceBackend::FreePool(uint32_t pool) {
+  if (PoolBytes(pool) == 0) {
+    return Status::InvalidArgument(fmt::format("no device pool {}", pool));
+  }
+  return FreePoolImpl(pool);
+}
+
+Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
+                                   std::span<const std::byte> src) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
+  if (src.size() != dst.bytes || (src.data() == nullptr && !src.empty())) {
+    return Status::InvalidArgument(
+        fmt::format("copy of {} host bytes into a {}-byte device region",
+                    src.size(), dst.bytes));
+  }
+  return CopyToDeviceImpl(stream, dst, src);
+}
+
+Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
+                                 DeviceRegion src) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(src));
+  if (dst.size() != src.bytes || (dst.data() == nullptr && !dst.empty())) {
+    return Status::InvalidArgument(
+        fmt::format("copy of a {}-byte device region into {} host bytes",
+                    src.bytes, dst.size()));
+  }
+  return CopyToHostImpl(stream, dst, src);
+}
+
+Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
+                                 std::span<const std::byte* const> rows,
+                                 uint32_t row_bytes) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
+  if (row_bytes == 0 || dst.bytes != rows.size() * uint64_t{row_bytes}) {
+    return Status::InvalidArgument(fmt::format(
+        "gather of {} rows of {} bytes into a {}-byte device region",
+        rows.size(), row_bytes, dst.bytes));
+  }
+  for (const std::byte* row : rows) {
+    if (row == nullptr)
+      return Status::InvalidArgument("a gathered row is NULL");
+  }
+  return GatherRowsImpl(stream, dst, rows, row_bytes);
+}
+
+Result<DeviceEvent> DeviceBackend::RecordEvent(StreamId stream) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  return RecordEventImpl(stream);
+}
+
+Status DeviceBackend::WaitEvent(DeviceEvent event,
+                                std::chrono::milliseconds timeout) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(event.stream));
+  return WaitEventImpl(event, timeout);
+}
+
+bool DeviceBackend::EventDone(DeviceEvent event) {
+  return event.stream < streams_ && EventDoneImpl(event);
+}
+
+Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
+  if (PoolBytes(pool) == 0) {
+    return Status::InvalidArgument(fmt::format("no device pool {}", pool));
+  }
+  return ExportPoolImpl(pool);
+}
+
+Result<ImportedPool> DeviceBackend::ImportPool(const IpcHandle& handle) {
+  return ImportPoolImpl(handle);
+}
+
+Status DeviceBackend::CloseImported(ImportedPool& imported) {
+  if (imported.base == nullptr) {
+    return Status::InvalidArgument("the imported pool is closed");
+  }
+  return CloseImportedImpl(imported);
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,175 @@
+// DeviceBackend: the seam under the HBM tier (T0), as Device is under NVMe.
+//
+// A backend owns device memory pools (allocated once each, carved up by the
+// tier), moves bytes host <-> device asynchronously on in-order streams,
+// gathers scattered host rows (the sparse working set's misses) into a
+// contiguous device buffer, marks progress with events, and exports a pool
+// to another process of the node (CUDA IPC). Backends:
+//   EmulatedBackend (storage/emulated_backend.cc): host memory in memfds,
+//     one worker thread per stream; the same asynchronous semantics and the
+//     same errors, so every line of the tier runs and is tested without a
+//     GPU. Its IPC handle names the memfd (pid + fd), opened through /proc.
+//   CudaBackend: cudaMalloc once per pool, streams and events, cudaIpc*
+//     handles, a row-gather kernel (compiled when nvcc is present).
+//
+// The public methods are non-virtual: they validate every argument (pool
+// ids, bounds, stream ids, sizes) and only then call the protected *Impl
+// hooks, so a backend never sees a malformed request.
+//
+// Ordering: operations on one stream run in submission order; streams are
+// independent. Host memory passed to an asynchronous call must stay valid
+// and unchanged until an event recorded after the call has completed.
+// Errors of asynchronous work are sticky per stream: WaitEvent returns the
+// first error since the stream's previous event, then clears it.
+//
+// Thread safety: thread-safe; one stream may be fed from several threads
+// (their operations are ordered as the calls return).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tierkv/status.h"
+
+namespace tierkv::storage {
+
+enum class DeviceBackendKind : uint8_t { kAuto, kCuda, kEmulated };
+
+// "auto", "cuda" or "emulated"; InvalidArgument otherwise.
+Result<DeviceBackendKind> ParseDeviceBackendKind(std::string_view name);
+
+struct DeviceBackendOptions {
+  DeviceBackendKind kind = DeviceBackendKind::kAuto;
+  int device = 0;        // CUDA device ordinal
+  uint32_t streams = 2;  // in-order queues; 1..64
+  // Emulated only: total bytes its pools may hold (an allocation past it
+  // is ResourceExhausted, as cudaMalloc's cudaErrorMemoryAllocation is).
+  // Default: 1 GiB.
+  uint64_t emulated_capacity_bytes = uint64_t{1} << 30;
+  // Emulated only, fault injection for tests: copies and gathers after the
+  // first `emulated_failing_copies_after` fail with IOError, as a device
+  // copy error would (0: never).
+  uint64_t emulated_failing_copies_after = 0;
+};
+
+// A pool of device memory, allocated once.
+struct DevicePool {
+  uint32_t id = 0;
+  uint64_t bytes = 0;
+};
+
+// Bytes [offset, offset + bytes) of a pool.
+struct DeviceRegion {
+  uint32_t pool = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+using StreamId = uint32_t;
+
+// A point in a stream: done once every operation submitted to the stream
+// before it is done.
+struct DeviceEvent {
+  StreamId stream = 0;
+  uint64_t sequence = 0;
+};
+
+// An exported pool, as 64 opaque bytes any process of the node may import
+// (CUDA: cudaIpcMemHandle_t, 64 bytes).
+struct IpcHandle {
+  std::array<std::byte, 64> bytes{};
+};
+
+// An imported pool in this process: `base` addresses its bytes (host memory
+// for the emulated backend, a device pointer for CUDA).
+struct ImportedPool {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  uint64_t token = 0;  // backend bookkeeping
+};
+
+class DeviceBackend {
+ public:
+  // The backend `options.kind` names. kAuto: CUDA when it was compiled in
+  // and a device is present, else emulated (`fell_back` says why, for the
+  // caller's log line). kCuda without a usable device: Unavailable.
+  static Result<std::unique_ptr<DeviceBackend>> Open(
+      const DeviceBackendOptions& options, std::string* fell_back = nullptr);
+
+  virtual ~DeviceBackend() = default;
+  DeviceBackend(const DeviceBackend&) = delete;
+  DeviceBackend& operator=(const DeviceBackend&) = delete;
+
+  std::string_view name() const { return name_; }
+  uint32_t streams() const { return streams_; }
+
+  // ResourceExhausted when the device has no room; InvalidArgument for 0.
+  Result<DevicePool> AllocatePool(uint64_t bytes);
+  // REQUIRES: no operation on the pool is in flight (wait for its events).
+  Status FreePool(uint32_t pool);
+
+  // Asynchronous copies and gathers (see Ordering above).
+  Status CopyToDevice(StreamId stream, DeviceRegion dst,
+                      std::span<const std::byte> src);
+  Status CopyToHost(StreamId stream, std::span<std::byte> dst,
+                    DeviceRegion src);
+  // rows[i] (row_bytes of host memory each) -> dst row i; dst.bytes must be
+  // rows.size() * row_bytes. The sparse working set's miss path.
+  Status GatherRows(StreamId stream, DeviceRegion dst,
+                    std::span<const std::byte* const> rows, uint32_t row_bytes);
+
+  Result<DeviceEvent> RecordEvent(StreamId stream);
+  // Blocks until `event` is done; returns the stream's first error since
+  // its previous event (then cleared), or IOError after `timeout`.
+  Status WaitEvent(DeviceEvent event, std::chrono::milliseconds timeout);
+  bool EventDone(DeviceEvent event);
+
+  Result<IpcHandle> ExportPool(uint32_t pool);
+  // In any process of the node, including another backend instance.
+  // InvalidArgument for a malformed handle, NotFound when its pool (or
+  // process) is gone.
+  Result<ImportedPool> ImportPool(const IpcHandle& handle);
+  Status CloseImported(ImportedPool& imported);
+
+ protected:
+  DeviceBackend(std::string name, uint32_t streams);
+
+  // The pool's size, or 0 when no such pool exists.
+  virtual uint64_t PoolBytes(uint32_t pool) const = 0;
+
+  virtual Result<DevicePool> AllocatePoolImpl(uint64_t bytes) = 0;
+  virtual Status FreePoolImpl(uint32_t pool) = 0;
+  virtual Status CopyToDeviceImpl(StreamId stream, DeviceRegion dst,
+                                  std::span<const std::byte> src) = 0;
+  virtual Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
+                                DeviceRegion src) = 0;
+  virtual Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
+                                std::span<const std::byte* const> rows,
+                                uint32_t row_bytes) = 0;
+  virtual Result<DeviceEvent> RecordEventImpl(StreamId stream) = 0;
+  virtual Status WaitEventImpl(DeviceEvent event,
+                               std::chrono::milliseconds timeout) = 0;
+  virtual bool EventDoneImpl(DeviceEvent event) = 0;
+  virtual Result<IpcHandle> ExportPoolImpl(uint32_t pool) = 0;
+  virtual Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) = 0;
+  virtual Status CloseImportedImpl(ImportedPool& imported) = 0;
+
+ private:
+  Status CheckStream(StreamId stream) const;
+  Status CheckRegion(const DeviceRegion& region) const;
+
+  const std::string name_;
+  const uint32_t streams_;
+};
+
+// The emulated backend, directly (tests and the "emulated" config value).
+Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
+    const DeviceBackendOptions& options);
+
+}  // namespace tierkv::storage

@@ -1,0 +1,346 @@
+// EmulatedBackend: DeviceBackend in host memory (see device_backend.h).
+//
+// A pool is a memfd mapped into this process, so it can be exported to
+// another process of the node as CUDA IPC exports device memory. Each stream
+// is a worker thread running its operations in order; an event is the
+// stream's count of submitted operations at the time it was recorded, done
+// once that many have completed. Errors are sticky per stream until a
+// WaitEvent returns them.
+//
+// IPC handle (64 bytes): magic "TKVHBM01", the exporting pid, the memfd's
+// descriptor number in it, the pool size and a random nonce that is also in
+// the memfd's name. An importer opens /proc/<pid>/fd/<fd> (same user, as
+// CUDA IPC is same node) and refuses a descriptor whose name lacks the
+// nonce, so a reused descriptor number can never map another file.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "storage/device_backend.h"
+
+namespace tierkv::storage {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'K', 'V', 'H', 'B', 'M', '0', '1'};
+
+struct HandleFields {
+  char magic[8];
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+  uint64_t nonce;
+  uint32_t pool;
+  uint8_t reserved[28];
+};
+static_assert(sizeof(HandleFields) == sizeof(IpcHandle::bytes));
+
+std::string MemfdName(uint64_t nonce) {
+  return fmt::format("tierkv-hbm-{:016x}", nonce);
+}
+
+Status Errno(std::string_view what) {
+  return Status::IOError(fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+// One in-order queue with its worker thread.
+class Stream {
+ public:
+  Stream() : worker_([this] { Run(); }) {}
+  ~Stream() {
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      cv_.SignalAll();
+    }
+    worker_.join();
+  }
+
+  void Submit(std::function<Status()> op) {
+    MutexLock lock(&mu_);
+    ops_.push_back(std::move(op));
+    ++submitted_;
+    cv_.SignalAll();
+  }
+
+  uint64_t Record() {
+    MutexLock lock(&mu_);
+    return submitted_;
+  }
+
+  bool Done(uint64_t sequence) {
+    MutexLock lock(&mu_);
+    return completed_ >= sequence;
+  }
+
+  Status Wait(uint64_t sequence, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    MutexLock lock(&mu_);
+    while (completed_ < sequence) {
+      if (!cv_.WaitUntil(&mu_, deadline) && completed_ < sequence) {
+        return Status::IOError(
+            fmt::format("device event not done after {} ms", timeout.count()));
+      }
+    }
+    Status error = error_;
+    error_ = Status::OK();
+    return error;
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      std::function<Status()> op;
+      {
+        MutexLock lock(&mu_);
+        while (ops_.empty() && !stopping_) cv_.Wait(&mu_);
+        if (ops_.empty()) return;  // stopping, and everything ran
+        op = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      Status s = op();
+      MutexLock lock(&mu_);
+      if (!s.ok() && error_.ok()) error_ = s;
+      ++completed_;
+      cv_.SignalAll();
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<Status()>> ops_ GUARDED_BY(mu_);
+  uint64_t submitted_ GUARDED_BY(mu_) = 0;
+  uint64_t completed_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::thread worker_;  // last: starts after the fields it reads exist
+};
+
+class EmulatedBackend final : public DeviceBackend {
+ public:
+  explicit EmulatedBackend(const DeviceBackendOptions& o)
+      : DeviceBackend("emulated", o.streams),
+        capacity_(o.emulated_capacity_bytes),
+        failing_after_(o.emulated_failing_copies_after) {
+    for (uint32_t i = 0; i < o.streams; ++i) {
+      streams_.push_back(std::make_unique<Stream>());
+    }
+  }
+
+  ~EmulatedBackend() override {
+    streams_.clear();  // joins the workers: nothing touches a pool after
+    MutexLock lock(&mu_);
+    for (auto& [id, pool] : pools_) Unmap(pool);
+  }
+
+ protected:
+  struct Pool {
+    int fd = -1;
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    uint64_t nonce = 0;
+  };
+
+  uint64_t PoolBytes(uint32_t pool) const override {
+    MutexLock lock(&mu_);
+    auto it = pools_.find(pool);
+    return it == pools_.end() ? 0 : it->second.bytes;
+  }
+
+  Result<DevicePool> AllocatePoolImpl(uint64_t bytes) override {
+    MutexLock lock(&mu_);
+    if (bytes > capacity_ - used_) {
+      return Status::ResourceExhausted(
+          fmt::format("device out of memory: {} bytes asked, {} of {} free",
+                      bytes, capacity_ - used_, capacity_));
+    }
+    Pool pool;
+    pool.nonce = rng_();
+    pool.fd = ::memfd_create(MemfdName(pool.nonce).c_str(), MFD_CLOEXEC);
+    if (pool.fd < 0) return Errno("memfd_create (device pool)");
+    if (::ftruncate(pool.fd, static_cast<off_t>(bytes)) != 0) {
+      Status s = Errno("ftruncate (device pool)");
+      ::close(pool.fd);
+      return s;
+    }
+    void* base =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pool.fd, 0);
+    if (base == MAP_FAILED) {
+      Status s = Errno("mmap (device pool)");
+      ::close(pool.fd);
+      return s;
+    }
+    pool.base = static_cast<std::byte*>(base);
+    pool.bytes = bytes;
+    const uint32_t id = next_id_++;
+    pools_.emplace(id, pool);
+    used_ += bytes;
+    return DevicePool{id, bytes};
+  }
+
+  Status FreePoolImpl(uint32_t id) override {
+    MutexLock lock(&mu_);
+    auto it = pools_.find(id);
+    if (it == pools_.end()) return Status::InvalidArgument("no such pool");
+    used_ -= it->second.bytes;
+    Unmap(it->second);
+    pools_.erase(it);
+    return Status::OK();
+  }
+
+  Status CopyToDeviceImpl(StreamId stream, DeviceRegion dst,
+                          std::span<const std::byte> src) override {
+    std::byte* to = Address(dst);
+    streams_[stream]->Submit([this, to, src] {
+      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      std::memcpy(to, src.data(), src.size());
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
+                        DeviceRegion src) override {
+    const std::byte* from = Address(src);
+    streams_[stream]->Submit([this, from, dst] {
+      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      std::memcpy(dst.data(), from, dst.size());
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
+                        std::span<const std::byte* const> rows,
+                        uint32_t row_bytes) override {
+    std::byte* to = Address(dst);
+    // The row list is the caller's and may go away: copy it (as the CUDA
+    // backend copies it to the device).
+    std::vector<const std::byte*> list(rows.begin(), rows.end());
+    streams_[stream]->Submit([this, to, list = std::move(list), row_bytes] {
+      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      for (size_t i = 0; i < list.size(); ++i) {
+        std::memcpy(to + i * row_bytes, list[i], row_bytes);
+      }
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
+    return DeviceEvent{stream, streams_[stream]->Record()};
+  }
+
+  Status WaitEventImpl(DeviceEvent event,
+                       std::chrono::milliseconds timeout) override {
+    return streams_[event.stream]->Wait(event.sequence, timeout);
+  }
+
+  bool EventDoneImpl(DeviceEvent event) override {
+    return streams_[event.stream]->Done(event.sequence);
+  }
+
+  Result<IpcHandle> ExportPoolImpl(uint32_t id) override {
+    MutexLock lock(&mu_);
+    const Pool& pool = pools_.at(id);
+    HandleFields f{};
+    std::memcpy(f.magic, kMagic, sizeof(kMagic));
+    f.pid = static_cast<int32_t>(::getpid());
+    f.fd = pool.fd;
+    f.bytes = pool.bytes;
+    f.nonce = pool.nonce;
+    f.pool = id;
+    IpcHandle handle;
+    std::memcpy(handle.bytes.data(), &f, sizeof(f));
+    return handle;
+  }
+
+  Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
+    HandleFields f;
+    std::memcpy(&f, handle.bytes.data(), sizeof(f));
+    if (std::memcmp(f.magic, kMagic, sizeof(kMagic)) != 0 || f.pid <= 0 ||
+        f.fd < 0 || f.bytes == 0) {
+      return Status::InvalidArgument("not an emulated device pool handle");
+    }
+    const std::string path = fmt::format("/proc/{}/fd/{}", f.pid, f.fd);
+    char target[256] = {};
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n < 0 || std::string_view(target, static_cast<size_t>(n))
+                         .find(MemfdName(f.nonce)) == std::string_view::npos) {
+      return Status::NotFound(
+          fmt::format("device pool {} of process {} is gone", f.pool, f.pid));
+    }
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Errno("open " + path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != f.bytes) {
+      ::close(fd);
+      return Status::NotFound("the device pool changed size");
+    }
+    void* base =
+        ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);  // the mapping keeps the memory
+    if (base == MAP_FAILED) return Errno("mmap (imported device pool)");
+    return ImportedPool{base, f.bytes, f.nonce};
+  }
+
+  Status CloseImportedImpl(ImportedPool& imported) override {
+    if (::munmap(imported.base, imported.bytes) != 0) return Errno("munmap");
+    imported = {};
+    return Status::OK();
+  }
+
+ private:
+  static void Unmap(Pool& pool) {
+    ::munmap(pool.base, pool.bytes);
+    ::close(pool.fd);
+  }
+
+  // REQUIRES: the region was checked (the public method did).
+  std::byte* Address(const DeviceRegion& region) const {
+    MutexLock lock(&mu_);
+    return pools_.at(region.pool).base + region.offset;
+  }
+
+  Status InjectedFault() {
+    if (failing_after_ == 0) return Status::OK();
+    if (copies_.fetch_add(1, std::memory_order_relaxed) + 1 > failing_after_) {
+      return Status::IOError("device copy failed (injected fault)");
+    }
+    return Status::OK();
+  }
+
+  const uint64_t capacity_;
+  const uint64_t failing_after_;
+  std::atomic<uint64_t> copies_{0};
+  mutable Mutex mu_;
+  std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
+  uint64_t used_ GUARDED_BY(mu_) = 0;
+  uint32_t next_id_ GUARDED_BY(mu_) = 1;
+  std::mt19937_64 rng_ GUARDED_BY(mu_){std::random_device{}()};
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
+    const DeviceBackendOptions& options) {
+  if (options.streams == 0 || options.streams > 64) {
+    return Status::InvalidArgument("device streams must be in [1, 64]");
+  }
+  return std::unique_ptr<DeviceBackend>(new EmulatedBackend(options));
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,200 @@
+// DeviceBackend on the emulated backend: ordered asynchronous copies and
+// events, row gather, argument checks, allocation failure, injected copy
+// errors, and a pool exported to another process.
+#include "storage/device_backend.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::storage {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout{10000};
+
+std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+std::unique_ptr<DeviceBackend> Emulated(DeviceBackendOptions o = {}) {
+  o.kind = DeviceBackendKind::kEmulated;
+  auto b = DeviceBackend::Open(o);
+  EXPECT_OK(b);
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+TEST(DeviceBackendTest, AutoWithoutCudaFallsBackToEmulatedAndSaysSo) {
+  std::string why;
+  auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kAuto}, &why);
+  ASSERT_OK(b);
+  EXPECT_EQ((*b)->name(), "emulated");
+  EXPECT_NE(why.find("emulated"), std::string::npos) << why;
+  EXPECT_EQ(
+      DeviceBackend::Open({.kind = DeviceBackendKind::kCuda}).status().code(),
+      StatusCode::kUnavailable);
+  EXPECT_EQ(ParseDeviceBackendKind("gpu").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseDeviceBackendKind("auto"), DeviceBackendKind::kAuto);
+}
+
+TEST(DeviceBackendTest, CopiesOnAStreamRunInOrderAndAnEventCoversThem) {
+  auto b = Emulated();
+  auto pool = b->AllocatePool(1 << 20);
+  ASSERT_OK(pool);
+  const auto first = Pattern(4096, 1), second = Pattern(4096, 2);
+  std::vector<std::byte> back(4096);
+  const DeviceRegion r{pool->id, 8192, 4096};
+  // Overwrite, then read back: the read must see the second write.
+  ASSERT_OK(b->CopyToDevice(0, r, first));
+  ASSERT_OK(b->CopyToDevice(0, r, second));
+  ASSERT_OK(b->CopyToHost(0, back, r));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  EXPECT_TRUE(b->EventDone(*done));
+  EXPECT_EQ(back, second);
+  // An event on an idle stream is done at once.
+  auto idle = b->RecordEvent(1);
+  ASSERT_OK(idle);
+  EXPECT_TRUE(b->EventDone(*idle));
+}
+
+TEST(DeviceBackendTest, GatherRowsPacksScatteredHostRowsInSelectionOrder) {
+  // 2048 rows of 656 bytes (DeepSeek-V3.2 FP8 latent rows) picked in a
+  // random order from a 16K-row host "arena".
+  constexpr uint32_t kRow = 656, kRows = 2048, kArenaRows = 16384;
+  const auto arena = Pattern(size_t{kRow} * kArenaRows, 3);
+  std::vector<uint32_t> pick(kArenaRows);
+  std::iota(pick.begin(), pick.end(), 0u);
+  std::shuffle(pick.begin(), pick.end(), std::mt19937(4));
+  pick.resize(kRows);
+  std::vector<const std::byte*> rows;
+  for (uint32_t p : pick) rows.push_back(arena.data() + size_t{p} * kRow);
+  auto b = Emulated();
+  auto pool = b->AllocatePool(size_t{kRow} * kRows);
+  ASSERT_OK(pool);
+  const DeviceRegion all{pool->id, 0, size_t{kRow} * kRows};
+  ASSERT_OK(b->GatherRows(1, all, rows, kRow));
+  rows.clear();  // the backend keeps its own copy of the row list
+  std::vector<std::byte> back(all.bytes);
+  ASSERT_OK(b->CopyToHost(1, back, all));
+  auto done = b->RecordEvent(1);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  for (uint32_t i = 0; i < kRows; ++i) {
+    ASSERT_EQ(std::memcmp(back.data() + size_t{i} * kRow,
+                          arena.data() + size_t{pick[i]} * kRow, kRow),
+              0)
+        << "row " << i;
+  }
+}
+
+TEST(DeviceBackendTest, EveryArgumentIsCheckedBeforeAnythingRuns) {
+  auto b = Emulated({.streams = 2});
+  auto pool = b->AllocatePool(4096);
+  ASSERT_OK(pool);
+  std::vector<std::byte> host(4096);
+  const auto invalid = StatusCode::kInvalidArgument;
+  EXPECT_EQ(b->AllocatePool(0).status().code(), invalid);
+  EXPECT_EQ(b->CopyToDevice(2, {pool->id, 0, 4096}, host).code(), invalid);
+  EXPECT_EQ(b->CopyToDevice(0, {pool->id, 1, 4096}, host).code(), invalid);
+  EXPECT_EQ(b->CopyToDevice(0, {pool->id, ~uint64_t{0}, 2}, host).code(),
+            invalid);
+  EXPECT_EQ(b->CopyToDevice(0, {pool->id + 7, 0, 4096}, host).code(), invalid);
+  EXPECT_EQ(
+      b->CopyToHost(0, std::span(host).first(100), {pool->id, 0, 4096}).code(),
+      invalid);
+  const std::byte* null_row[] = {host.data(), nullptr};
+  EXPECT_EQ(b->GatherRows(0, {pool->id, 0, 64}, null_row, 32).code(), invalid);
+  EXPECT_EQ(b->GatherRows(0, {pool->id, 0, 65}, null_row, 32).code(), invalid);
+  EXPECT_EQ(b->RecordEvent(9).status().code(), invalid);
+  EXPECT_EQ(b->FreePool(pool->id + 7).code(), invalid);
+  EXPECT_EQ(b->ExportPool(pool->id + 7).status().code(), invalid);
+  IpcHandle junk;
+  EXPECT_EQ(b->ImportPool(junk).status().code(), invalid);
+  EXPECT_EQ(DeviceBackend::Open({.streams = 0}).status().code(), invalid);
+}
+
+TEST(DeviceBackendTest, AllocationPastCapacityFailsAndFreeingGivesItBack) {
+  auto b = Emulated({.emulated_capacity_bytes = 1 << 20});
+  auto a = b->AllocatePool(768 << 10);
+  ASSERT_OK(a);
+  EXPECT_EQ(b->AllocatePool(512 << 10).status().code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_OK(b->FreePool(a->id));
+  EXPECT_OK(b->AllocatePool(1 << 20));
+}
+
+TEST(DeviceBackendTest, ACopyErrorIsReportedByTheNextEventOnly) {
+  auto b = Emulated({.emulated_failing_copies_after = 1});
+  auto pool = b->AllocatePool(4096);
+  ASSERT_OK(pool);
+  const auto data = Pattern(4096, 5);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, 4096}, data));  // copy 1: fine
+  auto ok = b->RecordEvent(0);
+  ASSERT_OK(ok);
+  EXPECT_OK(b->WaitEvent(*ok, kTimeout));
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, 4096}, data));  // copy 2: fails
+  auto failed = b->RecordEvent(0);
+  ASSERT_OK(failed);
+  Status s = b->WaitEvent(*failed, kTimeout);
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  auto after = b->RecordEvent(0);  // nothing new: the error was reported
+  ASSERT_OK(after);
+  EXPECT_OK(b->WaitEvent(*after, kTimeout));
+}
+
+TEST(DeviceBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
+  auto b = Emulated();
+  auto pool = b->AllocatePool(1 << 16);
+  ASSERT_OK(pool);
+  const auto data = Pattern(1 << 16, 6);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, data.size()}, data));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  auto handle = b->ExportPool(pool->id);
+  ASSERT_OK(handle);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The importer: its own backend, the handle's bytes only.
+    auto importer = OpenEmulatedBackend({.streams = 1});
+    if (!importer.ok()) ::_exit(2);
+    auto imported = (*importer)->ImportPool(*handle);
+    if (!imported.ok() || imported->bytes != data.size()) ::_exit(3);
+    auto* bytes = static_cast<std::byte*>(imported->base);
+    if (std::memcmp(bytes, data.data(), data.size()) != 0) ::_exit(4);
+    bytes[0] = std::byte{0x5a};  // visible to the exporter: shared memory
+    if (!(*importer)->CloseImported(*imported).ok()) ::_exit(5);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::vector<std::byte> back(1);
+  ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, 1}));
+  auto read = b->RecordEvent(0);
+  ASSERT_OK(read);
+  ASSERT_OK(b->WaitEvent(*read, kTimeout));
+  EXPECT_EQ(back[0], std::byte{0x5a});
+  // A freed pool cannot be imported any more.
+  ASSERT_OK(b->FreePool(pool->id));
+  EXPECT_EQ(b->ImportPool(*handle).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tierkv::storage
