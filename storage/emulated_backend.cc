@@ -55,21 +55,24 @@ Status Errno(std::string_view what) {
   return Status::IOError(fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
-// One in-order queue with its worker thread.
+// One in-order queue with its worker thread, started by the first
+// operation: a backend that only imports pools (an engine process) starts
+// no threads, which also keeps it usable in a child after fork().
 class Stream {
  public:
-  Stream() : worker_([this] { Run(); }) {}
+  Stream() = default;
   ~Stream() {
     {
       MutexLock lock(&mu_);
       stopping_ = true;
       cv_.SignalAll();
     }
-    worker_.join();
+    if (worker_.joinable()) worker_.join();
   }
 
   void Submit(std::function<Status()> op) {
     MutexLock lock(&mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
     ops_.push_back(std::move(op));
     ++submitted_;
     cv_.SignalAll();
@@ -125,7 +128,7 @@ class Stream {
   uint64_t completed_ GUARDED_BY(mu_) = 0;
   Status error_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::thread worker_;  // last: starts after the fields it reads exist
+  std::thread worker_ GUARDED_BY(mu_);
 };
 
 class EmulatedBackend final : public DeviceBackend {
