@@ -19,8 +19,8 @@ AuthThrottle::~AuthThrottle() {
 }
 
 void AuthThrottle::Refuse(transport::Responder responder,
-                          transport::HandlerReply reply) {
-  reply.close_after = true;
+                          transport::HandlerReply reply, bool hang_up) {
+  reply.close_after = hang_up;
   {
     MutexLock lock(&mu_);
     if (!stop_ && delay_.count() > 0 && waiting_.size() < kMaxWaiting) {

@@ -1,9 +1,13 @@
-// AuthThrottle: answers refused OpenNamespace requests late and hangs up
-// after them, so guessing a namespace token costs a new connection and
-// `delay` per guess. With at most max_unauthenticated_connections open at
-// once (UdsServerOptions), that bounds guesses to cap / delay per second
-// (64 / 200 ms = 320/s by default) instead of the ~20,000/s one connection
-// managed without it. Legitimate clients are not slowed: only refusals wait.
+// AuthThrottle: answers refusals late. Refused OpenNamespace requests are
+// answered late and hung up after, so guessing a namespace token costs a
+// new connection and `delay` per guess. With at most
+// max_unauthenticated_connections open at once (UdsServerOptions), that bounds
+// guesses to cap / delay per second (64 / 200 ms = 320/s by default) instead of
+// the ~20,000/s one connection managed without it. Legitimate clients are not
+// slowed: only refusals wait. The daemon keeps a second one for requests
+// refused for a resource limit (a Get whose every segment hit a lease limit),
+// without the hang-up: a client that keeps asking past its limit then waits
+// instead of spinning the daemon's IO threads (tierkv-bench flood).
 //
 // Thread safety: Refuse() may be called from any thread.
 #pragma once
@@ -27,11 +31,11 @@ class AuthThrottle {
   AuthThrottle(const AuthThrottle&) = delete;
   AuthThrottle& operator=(const AuthThrottle&) = delete;
 
-  // Sends `reply` through `responder` after the delay, then closes the
-  // connection. When kMaxWaiting refusals already wait, this one is
-  // answered at once (memory stays bounded).
-  void Refuse(transport::Responder responder, transport::HandlerReply reply)
-      EXCLUDES(mu_);
+  // Sends `reply` through `responder` after the delay, then (hang_up)
+  // closes the connection. When kMaxWaiting refusals already wait, this
+  // one is answered at once (memory stays bounded).
+  void Refuse(transport::Responder responder, transport::HandlerReply reply,
+              bool hang_up = true) EXCLUDES(mu_);
 
   static constexpr size_t kMaxWaiting = 4096;
 

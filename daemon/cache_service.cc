@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace tierkv::daemon {
@@ -41,7 +42,8 @@ CacheService::CacheService(
       namespaces_(namespaces),
       metrics_(metrics),
       started_(std::chrono::steady_clock::now()),
-      throttle_(options.auth_failure_delay) {}
+      throttle_(options.auth_failure_delay),
+      lease_throttle_(options.lease_refusal_delay) {}
 
 void CacheService::OnConnect(uint64_t connection_id) {
   metrics_->connections().Increment();
@@ -324,7 +326,7 @@ void CacheService::Get(uint64_t conn, Namespace& ns, In in,
       conn, *ns.engine, std::move(req.keys),
       // std::function needs a copyable callable: share the move-only
       // Responder.
-      [&ns, r = std::make_shared<Responder>(std::move(responder))](
+      [this, &ns, r = std::make_shared<Responder>(std::move(responder))](
           storage::EngineRead read) {
         GetResponse resp;
         resp.lease_id = read.lease_id;
@@ -347,6 +349,16 @@ void CacheService::Get(uint64_t conn, Namespace& ns, In in,
         ns.metrics->get_hits_nvme->Increment(static_cast<double>(from_nvme));
         ns.metrics->get_misses->Increment(
             static_cast<double>(read.items.size() - hits));
+        const bool all_refused =
+            !read.items.empty() &&
+            std::all_of(read.items.begin(), read.items.end(), [](auto& item) {
+              return item.status().code() == StatusCode::kResourceExhausted;
+            });
+        if (all_refused) {
+          // Past a lease limit: answered late (AuthThrottle, no hang-up).
+          return lease_throttle_.Refuse(std::move(*r), Ok(resp),
+                                        /*hang_up=*/false);
+        }
         r->Send(Ok(resp));
       });
 }

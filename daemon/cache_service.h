@@ -36,6 +36,11 @@ struct CacheServiceOptions {
   // A refused OpenNamespace (unknown namespace or wrong token) is answered
   // this late, then the connection is closed (AuthThrottle). Default: 200 ms.
   std::chrono::milliseconds auth_failure_delay{200};
+  // A Get whose every segment was refused for a lease limit
+  // (ResourceExhausted) is answered this late, so a client that keeps
+  // asking past its limits waits instead of spinning the daemon's IO
+  // threads. Default: 10 ms.
+  std::chrono::milliseconds lease_refusal_delay{10};
 };
 
 class CacheService final : public transport::FrameHandler {
@@ -97,6 +102,7 @@ class CacheService final : public transport::FrameHandler {
   std::atomic<int64_t> last_refusal_log_s_{-1};  // seconds since started_
   std::atomic<uint64_t> refusals_unlogged_{0};
   AuthThrottle throttle_;
+  AuthThrottle lease_throttle_;  // Gets refused for a lease limit
 
   Mutex mu_;
   std::unordered_map<uint64_t, Namespace*> opened_ GUARDED_BY(mu_);

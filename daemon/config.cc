@@ -198,6 +198,9 @@ Status DaemonConfig::Validate() const {
   if (handshake_timeout_ms == 0 || handshake_timeout_ms > 3600000) {
     return Bad("server.handshake_timeout_ms", "must be in [1, 3600000]");
   }
+  if (lease_refusal_delay_ms > 10000) {
+    return Bad("leases.refusal_delay_ms", "must be <= 10000");
+  }
   if (auth_failure_delay_ms > 10000) {
     return Bad("server.auth_failure_delay_ms", "must be <= 10000");
   }
@@ -402,8 +405,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         *leases, "leases",
         {"ttl_ms", "max_pin_ttl_ms", "sweep_interval_ms", "max_per_connection",
          "max_segments_per_connection", "max_segments_per_namespace",
-         "max_bytes_percent_per_connection",
-         "max_bytes_percent_per_namespace"}));
+         "max_bytes_percent_per_connection", "max_bytes_percent_per_namespace",
+         "refusal_delay_ms"}));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "refusal_delay_ms",
+                                   c.lease_refusal_delay_ms));
     TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases", "max_per_connection",
                                    c.max_leases_per_connection));
     TIERKV_RETURN_IF_ERROR(ReadInt(*leases, "leases",

@@ -13,7 +13,7 @@
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms,
 //               max_per_connection, max_segments_per_connection,
 //               max_segments_per_namespace, max_bytes_percent_per_connection,
-//               max_bytes_percent_per_namespace
+//               max_bytes_percent_per_namespace, refusal_delay_ms
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
@@ -146,6 +146,10 @@ struct DaemonConfig {
   // connection (Default: 50) and all of the namespace's (Default: 90).
   uint32_t max_leased_bytes_percent_per_connection = 50;
   uint32_t max_leased_bytes_percent_per_namespace = 90;
+  // A Get whose every segment a lease limit refused is answered this late
+  // (CacheServiceOptions::lease_refusal_delay); 0 answers at once.
+  // 0..10000. Default: 10 ms.
+  uint32_t lease_refusal_delay_ms = 10;
 
   std::string log_level = "info";
   // Written (JSON: pid, socket, metrics_port) once the daemon serves.

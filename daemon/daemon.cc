@@ -131,7 +131,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   d->service_ = std::make_unique<CacheService>(
       CacheServiceOptions{.version_info = "tierkvd 0.1.0",
                           .auth_failure_delay = std::chrono::milliseconds(
-                              config.auth_failure_delay_ms)},
+                              config.auth_failure_delay_ms),
+                          .lease_refusal_delay = std::chrono::milliseconds(
+                              config.lease_refusal_delay_ms)},
       d->engine_.get(), &d->namespaces_, &d->metrics_);
   if (d->nvme_) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());

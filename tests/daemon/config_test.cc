@@ -48,6 +48,7 @@ listen = ""
 ttl_ms = 5000
 max_bytes_percent_per_connection = 25
 max_bytes_percent_per_namespace = 75
+refusal_delay_ms = 25
 [[namespace]]
 name = "glm-5@bf16"
 token = "secret-token"
@@ -71,6 +72,7 @@ eviction_policy = "2q"
   EXPECT_EQ(c->max_in_flight_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->max_leased_bytes_percent_per_connection, 25u);
   EXPECT_EQ(c->max_leased_bytes_percent_per_namespace, 75u);
+  EXPECT_EQ(c->lease_refusal_delay_ms, 25u);
   ASSERT_EQ(c->namespaces.size(), 1u);
   EXPECT_EQ(c->namespaces[0].host_bytes, uint64_t{2} << 30);
   EXPECT_FALSE(c->namespaces[0].hugepages);
@@ -130,6 +132,10 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   EXPECT_NE(
       c.Validate().message().find("leases.max_bytes_percent_per_connection"),
       std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.lease_refusal_delay_ms = 60000;
+  EXPECT_NE(c.Validate().message().find("leases.refusal_delay_ms"),
+            std::string_view::npos);
   c = EmbeddedDefaults();
   c.max_unauthenticated_connections = 0;
   EXPECT_NE(c.Validate().message().find("max_unauthenticated_connections"),
