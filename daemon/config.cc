@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/private_dirs.h"
+#include "storage/device_backend.h"
 
 namespace tierkv::daemon {
 namespace {
@@ -198,6 +199,16 @@ Status DaemonConfig::Validate() const {
   if (handshake_timeout_ms == 0 || handshake_timeout_ms > 3600000) {
     return Bad("server.handshake_timeout_ms", "must be in [1, 3600000]");
   }
+  if (!storage::ParseDeviceBackendKind(hbm.backend).ok()) {
+    return Bad("hbm.backend", "must be auto, cuda or emulated");
+  }
+  if (hbm.streams == 0 || hbm.streams > 64) {
+    return Bad("hbm.streams", "must be in [1, 64]");
+  }
+  if (hbm.device < 0) return Bad("hbm.device", "must be >= 0");
+  if (hbm.capacity_bytes % 4096 != 0) {
+    return Bad("hbm.capacity_bytes", "must be a multiple of 4 KiB");
+  }
   if (lease_refusal_delay_ms > 10000) {
     return Bad("leases.refusal_delay_ms", "must be <= 10000");
   }
@@ -328,9 +339,18 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                                e.description()));
   }
   DaemonConfig c = base;
-  TIERKV_RETURN_IF_ERROR(
-      CheckKeys(root, "top level",
-                {"server", "metrics", "leases", "log", "nvme", "namespace"}));
+  TIERKV_RETURN_IF_ERROR(CheckKeys(
+      root, "top level",
+      {"server", "metrics", "leases", "log", "nvme", "hbm", "namespace"}));
+  if (auto* hbm = root["hbm"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(CheckKeys(
+        *hbm, "hbm", {"backend", "device", "capacity_bytes", "streams"}));
+    TIERKV_RETURN_IF_ERROR(ReadString(*hbm, "hbm", "backend", c.hbm.backend));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "device", c.hbm.device));
+    TIERKV_RETURN_IF_ERROR(
+        ReadBytes(*hbm, "hbm", "capacity_bytes", c.hbm.capacity_bytes));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "streams", c.hbm.streams));
+  }
   if (auto* nvme = root["nvme"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(
         *nvme, "nvme",

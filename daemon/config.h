@@ -18,6 +18,8 @@
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
 //               direct_io, sync, recreate_damaged_catalog, mover_workers,
 //               prefetch_queue, sync_interval_ms, shutdown_persist_ms
+//   [hbm]       backend ("auto"|"cuda"|"emulated"), device, capacity_bytes
+//               (0 disables), streams
 //   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
 //               shards, hugepages, prefault, write_policy, nvme_bytes,
 //               max_connections, eviction_policy
@@ -65,6 +67,19 @@ struct NvmeConfig {
   // 30000 ms.
   uint32_t shutdown_persist_ms = 30000;
   bool enabled() const { return !path.empty(); }
+};
+
+// The HBM tier (T0): device memory behind a DeviceBackend
+// (storage/device_backend.h). So far the daemon opens the backend and
+// allocates the pool; caching pages in it is the rest of issue 10.
+struct HbmConfig {
+  // "auto" (CUDA when built in and a device is present, else emulated in
+  // host memory), "cuda" or "emulated". Default: auto.
+  std::string backend = "auto";
+  int32_t device = 0;           // CUDA device ordinal. Default: 0
+  uint64_t capacity_bytes = 0;  // 0 disables the tier. Default: disabled
+  uint32_t streams = 2;         // copy streams, 1..64. Default: 2
+  bool enabled() const { return capacity_bytes > 0; }
 };
 
 struct NamespaceConfig {
@@ -156,6 +171,7 @@ struct DaemonConfig {
   std::string ready_file;
 
   NvmeConfig nvme;
+  HbmConfig hbm;
   std::vector<NamespaceConfig> namespaces;
 
   // InvalidArgument naming the first bad field.

@@ -50,12 +50,43 @@ Status Daemon::OpenNvmeTier() {
   return Status::OK();
 }
 
+Status Daemon::OpenHbmTier() {
+  const HbmConfig& c = config_.hbm;
+  auto kind = storage::ParseDeviceBackendKind(c.backend);
+  if (!kind.ok()) return kind.status();
+  std::string fell_back;
+  auto backend = storage::DeviceBackend::Open(
+      {.kind = *kind,
+       .device = c.device,
+       .streams = c.streams,
+       .emulated_capacity_bytes = c.capacity_bytes},
+      &fell_back);
+  if (!backend.ok()) {
+    return Status(backend.status().code(),
+                  "HBM tier: " + std::string(backend.status().message()));
+  }
+  hbm_ = std::move(backend).value();
+  auto pool = hbm_->AllocatePool(c.capacity_bytes);  // once (cudaMalloc)
+  if (!pool.ok()) {
+    return Status(pool.status().code(),
+                  "HBM tier: " + std::string(pool.status().message()));
+  }
+  hbm_pool_ = *pool;
+  spdlog::info(
+      "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams; it "
+      "caches no pages yet (the daemon's HBM tier is work in progress)",
+      hbm_->name(), fell_back.empty() ? "" : " - ", fell_back,
+      c.capacity_bytes >> 20, c.device, c.streams);
+  return Status::OK();
+}
+
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   TIERKV_RETURN_IF_ERROR(config.Validate());
   auto stall = LayerStallFromEnvironment();
   if (!stall.ok()) return stall.status();
   std::unique_ptr<Daemon> d(new Daemon(config));
   if (config.nvme.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenNvmeTier());
+  if (config.hbm.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenHbmTier());
   std::vector<storage::NamespaceOptions> spaces;
   for (const auto& nc : config.namespaces) {
     spaces.push_back(

@@ -17,6 +17,7 @@
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
 #include "storage/cache_engine.h"
+#include "storage/device_backend.h"
 #include "storage/nvme_store.h"
 #include "transport/uds_server.h"
 
@@ -40,10 +41,14 @@ class Daemon {
   void SweepLoop();
 
   Status OpenNvmeTier();
+  Status OpenHbmTier();
 
   const DaemonConfig config_;
   DaemonMetrics metrics_;
   std::unique_ptr<storage::NvmeStore> nvme_;  // null without an NVMe tier
+  // The HBM tier's device and its one pool (null without [hbm]).
+  std::unique_ptr<storage::DeviceBackend> hbm_;
+  storage::DevicePool hbm_pool_;
   std::unique_ptr<storage::CacheEngine> engine_;
   std::vector<std::unique_ptr<Namespace>> namespaces_;
   std::unique_ptr<CacheService> service_;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "daemon/host_memory.h"
+#include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -110,6 +111,43 @@ TEST(ConfigTest, MistakesAreNamed) {
                    "[[namespace]]\nname = \"a\"\ntoken = "
                    "\"12345678\"\ntoken_file = \"/x\"\n");
   EXPECT_FALSE(both.ok());
+}
+
+TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
+  testing::TempDir dir;
+  auto c = Load(dir,
+                "[hbm]\nbackend = \"emulated\"\ndevice = 1\n"
+                "capacity_bytes = \"64MiB\"\nstreams = 4\n");
+  ASSERT_OK(c);
+  EXPECT_EQ(c->hbm.backend, "emulated");
+  EXPECT_EQ(c->hbm.device, 1);
+  EXPECT_EQ(c->hbm.capacity_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c->hbm.streams, 4u);
+  EXPECT_TRUE(c->hbm.enabled());
+  EXPECT_FALSE(EmbeddedDefaults().hbm.enabled());  // off unless configured
+  for (const char* bad :
+       {"[hbm]\nbackend = \"gpu\"\n", "[hbm]\nstreams = 0\n",
+        "[hbm]\ncapacity_bytes = 1000\n", "[hbm]\nsize = 1\n"}) {
+    auto r = Load(dir, bad);
+    ASSERT_FALSE(r.ok() && r->Validate().ok()) << bad;
+    const Status s = r.ok() ? r->Validate() : r.status();
+    EXPECT_NE(s.message().find("hbm"), std::string_view::npos) << s.ToString();
+  }
+}
+
+// With no GPU (or no CUDA backend built), [hbm] backend = "auto" starts
+// the daemon on the emulated backend and says so.
+TEST(ConfigTest, DaemonWithAnAutoHbmTierSaysItEmulates) {
+  tierkv::testing::DaemonProcess d;
+  ASSERT_OK(
+      d.Start({.config_toml = "[hbm]\nbackend = \"auto\"\ncapacity_bytes = "
+                              "\"16MiB\"\n[[namespace]]\nname = \"default\"\n"
+                              "token = \"hbm-test-token\"\nhost_bytes = "
+                              "\"8MiB\"\nshards = 1\n"}));
+  const std::string log = d.log();
+  EXPECT_NE(log.find("HBM tier: emulated backend"), std::string::npos) << log;
+  auto client = d.Connect("default", "hbm-test-token");
+  EXPECT_OK(client);
 }
 
 TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
