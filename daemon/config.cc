@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "common/private_dirs.h"
-#include "storage/device_backend.h"
+#include "storage/device_backend_kind.h"
 
 namespace tierkv::daemon {
 namespace {

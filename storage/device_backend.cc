@@ -5,14 +5,6 @@
 
 namespace tierkv::storage {
 
-Result<DeviceBackendKind> ParseDeviceBackendKind(std::string_view name) {
-  if (name == "auto") return DeviceBackendKind::kAuto;
-  if (name == "cuda") return DeviceBackendKind::kCuda;
-  if (name == "emulated") return DeviceBackendKind::kEmulated;
-  return Status::InvalidArgument(fmt::format(
-      "device backend '{}': expected auto, cuda or emulated", name));
-}
-
 Result<std::unique_ptr<DeviceBackend>> DeviceBackend::Open(
     const DeviceBackendOptions& options, std::string* fell_back) {
   if (options.streams == 0 || options.streams > 64) {

@@ -35,14 +35,10 @@
 #include <string>
 #include <string_view>
 
+#include "storage/device_backend_kind.h"
 #include "tierkv/status.h"
 
 namespace tierkv::storage {
-
-enum class DeviceBackendKind : uint8_t { kAuto, kCuda, kEmulated };
-
-// "auto", "cuda" or "emulated"; InvalidArgument otherwise.
-Result<DeviceBackendKind> ParseDeviceBackendKind(std::string_view name);
 
 struct DeviceBackendOptions {
   DeviceBackendKind kind = DeviceBackendKind::kAuto;
