@@ -117,6 +117,7 @@ class TierkvConnector(KVConnectorBase_V1):
         # Scheduler side: per request, its pages and how many are saved.
         self._pages: Dict[str, np.ndarray] = {}
         self._saved: Dict[str, int] = {}
+        self._matched: Dict[str, int] = {}  # leading pages tierkv holds
         self._pending_loads: Dict[str, _Transfer] = {}
         self._warned_no_layout = False
         # Worker side.
@@ -160,6 +161,7 @@ class TierkvConnector(KVConnectorBase_V1):
         except tierkv.TierkvError as e:
             logger.warning("tierkv: match failed, computing instead: %s", e)
             return 0, False
+        self._matched[request.request_id] = hit
         matched = hit * self.block_size
         return max(0, matched - num_computed_tokens), False
 
@@ -169,8 +171,18 @@ class TierkvConnector(KVConnectorBase_V1):
             return
         pages = self._pages[request.request_id]
         block_ids = blocks.get_block_ids()[0]
-        first = request.num_computed_tokens // self.block_size
+        # The external tokens are the last ones tierkv matched: pages
+        # [hit - count, hit). (Derived from the match, not from
+        # request.num_computed_tokens, which the scheduler may not have
+        # advanced past the locally cached prefix yet.)
         count = num_external_tokens // self.block_size
+        first = self._matched.get(request.request_id, 0) - count
+        if first < 0:  # not what get_num_new_matched_tokens answered
+            logger.warning("tierkv: %s: %d external tokens beyond the %d "
+                           "matched pages; not loading", request.request_id,
+                           num_external_tokens,
+                           self._matched.get(request.request_id, 0))
+            return
         self._pending_loads[request.request_id] = _Transfer(
             request.request_id, pages[first:first + count],
             list(block_ids[first:first + count]))
@@ -213,6 +225,7 @@ class TierkvConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         self._pages.pop(request.request_id, None)
         self._saved.pop(request.request_id, None)
+        self._matched.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
         return False, None  # saves finished within the step: blocks free
 

@@ -164,6 +164,34 @@ def model_dir(tmp_path):
 PROMPT = [int(x) for x in np.random.default_rng(7).integers(2, 1000, 3 * BLOCK + 10)]
 
 
+def compute_and_store(engine, req_id, prompt):
+    """Runs `prompt` on `engine`, whose 'forward pass' fills each newly
+    scheduled block with random bytes; the connector saves the full prompt
+    blocks. Returns ({(layer name, block): bytes}, the prompt's blocks)."""
+    rng = np.random.default_rng(1)
+    written = {}
+
+    def compute(name, out):
+        for rid in out.num_scheduled_tokens:
+            for b in engine.blocks_of(rid):
+                if (name, b) not in written:
+                    block = engine.kv[name][b].view(torch.uint8).view(-1)
+                    data = torch.from_numpy(rng.integers(
+                        0, 256, block.numel(), dtype=np.uint8))
+                    block.copy_(data)
+                    written[name, b] = data.clone()
+
+    engine.scheduler.add_request(request(req_id, prompt))
+    out = engine.step(compute)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0  # cold
+    saves = out.kv_connector_metadata.saves
+    assert [len(t.pages) for t in saves] == [len(prompt) // BLOCK]
+    blocks = engine.blocks_of(req_id)[:len(prompt) // BLOCK]
+    while engine.scheduler.has_unfinished_requests():
+        engine.step()
+    return written, blocks
+
+
 def test_layer_names_map_to_kv_and_index_key_parts():
     m = layer_parts(["model.layers.0.self_attn.attn",
                      "model.layers.0.self_attn.indexer.k_cache",
@@ -182,27 +210,7 @@ def test_scheduler_matches_what_another_engine_stored_and_loads_it_bit_exact(
     # The layout registered for both caches of each layer: latent + index.
     assert first.worker.layout.layers[0] == (("kv", 656),
                                              ("indexer.k_cache", 132))
-    rng = np.random.default_rng(1)
-    written = {}
-
-    def compute(name, out):  # the forward pass writes this step's blocks
-        for req_id in out.num_scheduled_tokens:
-            for b in first.blocks_of(req_id):
-                if (name, b) not in written:
-                    block = first.kv[name][b].view(torch.uint8).view(-1)
-                    data = torch.from_numpy(rng.integers(
-                        0, 256, block.numel(), dtype=np.uint8))
-                    block.copy_(data)
-                    written[name, b] = data.clone()
-
-    first.scheduler.add_request(request("r1", PROMPT))
-    out = first.step(compute)
-    assert out.scheduled_new_reqs[0].num_computed_tokens == 0  # cold
-    saves = out.kv_connector_metadata.saves
-    assert [len(t.pages) for t in saves] == [3]  # 3 full prompt blocks
-    first_blocks = first.blocks_of("r1")[:3]
-    while first.scheduler.has_unfinished_requests():
-        first.step()
+    written, first_blocks = compute_and_store(first, "r1", PROMPT)
 
     # A second engine (another process, say) with empty KV caches.
     second = Engine(model_dir, daemon)
@@ -228,6 +236,29 @@ def test_scheduler_matches_what_another_engine_stored_and_loads_it_bit_exact(
     for src, dst in zip(first_blocks, loads[0].blocks):
         assert torch.equal(third.kv[name][dst].view(torch.uint8).view(-1),
                            written[name, src])
+
+
+def test_a_local_prefix_hit_loads_only_the_pages_after_it(model_dir, daemon):
+    # Engine 2 has block 0 in its own prefix cache (from a shorter request)
+    # and tierkv holds blocks 0-2: only pages 1 and 2 come from tierkv, into
+    # the request's blocks 1 and 2.
+    written, first_blocks = compute_and_store(Engine(model_dir, daemon), "r1",
+                                              PROMPT)
+    second = Engine(model_dir, daemon)
+    second.scheduler.add_request(request("warm", PROMPT[:BLOCK + 5]))
+    while second.scheduler.has_unfinished_requests():
+        second.step()
+    second.scheduler.add_request(request("full", PROMPT))
+    out = second.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 3 * BLOCK
+    loads = out.kv_connector_metadata.loads
+    assert [len(t.pages) for t in loads] == [2]
+    blocks = second.blocks_of("full")
+    assert loads[0].blocks == blocks[1:3]
+    for name in second.kv:
+        for src, dst in zip(first_blocks[1:3], blocks[1:3]):
+            got = second.kv[name][dst].view(torch.uint8).view(-1)
+            assert torch.equal(got, written[name, src]), (name, src, dst)
 
 
 def test_a_prompt_shorter_than_a_block_or_unknown_matches_nothing(
