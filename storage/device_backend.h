@@ -9,8 +9,9 @@
 //     one worker thread per stream; the same asynchronous semantics and the
 //     same errors, so every line of the tier runs and is tested without a
 //     GPU. Its IPC handle names the memfd (pid + fd), opened through /proc.
-//   CudaBackend: cudaMalloc once per pool, streams and events, cudaIpc*
-//     handles, a row-gather kernel (compiled when nvcc is present).
+//   CudaBackend (not written yet; Open answers Unavailable for "cuda"):
+//     cudaMalloc once per pool, streams and events, cudaIpc* handles, a
+//     row-gather kernel, compiled when nvcc is present.
 //
 // The public methods are non-virtual: they validate every argument (pool
 // ids, bounds, stream ids, sizes) and only then call the protected *Impl
