@@ -1,7 +1,9 @@
 // EmulatedBackend: DeviceBackend in host memory (see device_backend.h).
 //
-// A pool is a memfd mapped into this process, so it can be exported to
-// another process of the node as CUDA IPC exports device memory. Each stream
+// A pool is a memfd mapped into this process (MappedRegion), so it can be
+// exported to another process of the node as CUDA IPC exports device
+// memory; it is sealed against resizing, so no importer can shrink it under
+// this process (whose next copy would then fault). Each stream
 // is a worker thread running its operations in order; an event is the
 // stream's count of submitted operations at the time it was recorded, done
 // once that many have completed. Errors are sticky per stream until a
@@ -30,6 +32,7 @@
 
 #include "common/mutex.h"
 #include "storage/device_backend.h"
+#include "storage/mapped_region.h"
 
 namespace tierkv::storage {
 namespace {
@@ -145,13 +148,13 @@ class EmulatedBackend final : public DeviceBackend {
   ~EmulatedBackend() override {
     streams_.clear();  // joins the workers: nothing touches a pool after
     MutexLock lock(&mu_);
-    for (auto& [id, pool] : pools_) Unmap(pool);
+    for (auto& [id, pool] : pools_) ::close(pool.fd);
   }
 
  protected:
   struct Pool {
-    int fd = -1;
-    std::byte* base = nullptr;
+    int fd = -1;  // kept open: the IPC handle names it
+    std::shared_ptr<MappedRegion> region;
     uint64_t bytes = 0;
     uint64_t nonce = 0;
   };
@@ -171,21 +174,26 @@ class EmulatedBackend final : public DeviceBackend {
     }
     Pool pool;
     pool.nonce = rng_();
-    pool.fd = ::memfd_create(MemfdName(pool.nonce).c_str(), MFD_CLOEXEC);
+    pool.fd = ::memfd_create(MemfdName(pool.nonce).c_str(),
+                             MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (pool.fd < 0) return Errno("memfd_create (device pool)");
+    Status made;
     if (::ftruncate(pool.fd, static_cast<off_t>(bytes)) != 0) {
-      Status s = Errno("ftruncate (device pool)");
-      ::close(pool.fd);
-      return s;
+      made = Errno("ftruncate (device pool)");
+    } else if (::fcntl(pool.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) !=
+               0) {
+      made = Errno("seal (device pool)");
+    } else {
+      auto region = MappedRegion::Map(pool.fd, bytes);
+      if (region.ok())
+        pool.region = std::move(region).value();
+      else
+        made = region.status();
     }
-    void* base =
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pool.fd, 0);
-    if (base == MAP_FAILED) {
-      Status s = Errno("mmap (device pool)");
+    if (!made.ok()) {
       ::close(pool.fd);
-      return s;
+      return made;
     }
-    pool.base = static_cast<std::byte*>(base);
     pool.bytes = bytes;
     const uint32_t id = next_id_++;
     pools_.emplace(id, pool);
@@ -198,8 +206,8 @@ class EmulatedBackend final : public DeviceBackend {
     auto it = pools_.find(id);
     if (it == pools_.end()) return Status::InvalidArgument("no such pool");
     used_ -= it->second.bytes;
-    Unmap(it->second);
-    pools_.erase(it);
+    ::close(it->second.fd);
+    pools_.erase(it);  // unmaps
     return Status::OK();
   }
 
@@ -306,15 +314,10 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
  private:
-  static void Unmap(Pool& pool) {
-    ::munmap(pool.base, pool.bytes);
-    ::close(pool.fd);
-  }
-
   // REQUIRES: the region was checked (the public method did).
   std::byte* Address(const DeviceRegion& region) const {
     MutexLock lock(&mu_);
-    return pools_.at(region.pool).base + region.offset;
+    return pools_.at(region.pool).region->bytes().data() + region.offset;
   }
 
   Status InjectedFault() {

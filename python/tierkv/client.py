@@ -288,8 +288,7 @@ class ReadLease:
     bytes: finish reading first (a `with` block releases on exit).
     """
 
-    def __init__(self, client: "Client", handle: int, n: int):
-        self._client = client
+    def __init__(self, handle: int, n: int):
         self._h = handle
         self._released = False
         self._views: List[Optional[np.ndarray]] = []
@@ -621,7 +620,7 @@ class Client:
         with self._use() as h:
             check(lib.tierkv_acquire(h, _ptr(p), _ptr(l), _ptr(q), len(p),
                                      byref(handle)))
-        return ReadLease(self, handle.value, len(p))
+        return ReadLease(handle.value, len(p))
 
     # -- registered pools and per-layer transfers --
 
