@@ -3,6 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+
+#if TIERKV_WITH_CUDA
+#include "storage/cuda/cuda_backend.h"
+#endif
+
 namespace tierkv::storage {
 
 Result<std::unique_ptr<DeviceBackend>> DeviceBackend::Open(
@@ -14,19 +20,37 @@ Result<std::unique_ptr<DeviceBackend>> DeviceBackend::Open(
     case DeviceBackendKind::kEmulated:
       return OpenEmulatedBackend(options);
     case DeviceBackendKind::kCuda:
+#if TIERKV_WITH_CUDA
+      return OpenCudaBackend(options);
+#else
       return Status::Unavailable(
           "the CUDA device backend is not built into this tierkvd (no nvcc "
           "at build time); use backend \"emulated\" or \"auto\"");
-    case DeviceBackendKind::kAuto:
+#endif
+    case DeviceBackendKind::kAuto: {
+#if TIERKV_WITH_CUDA
+      auto cuda = OpenCudaBackend(options);
+      if (cuda.ok() || cuda.status().code() != StatusCode::kUnavailable) {
+        return cuda;
+      }
+      if (fell_back != nullptr) {
+        *fell_back = fmt::format("{}: HBM is emulated in host memory",
+                                 cuda.status().message());
+      }
+#else
       if (fell_back != nullptr) {
         *fell_back =
             "no CUDA backend in this build: HBM is emulated in host "
             "memory";
       }
+#endif
       return OpenEmulatedBackend(options);
+    }
   }
   return Status::InvalidArgument("unknown device backend kind");
 }
+
+bool DeviceBackend::CudaBuiltIn() { return TIERKV_WITH_CUDA != 0; }
 
 DeviceBackend::DeviceBackend(std::string name, uint32_t streams)
     : name_(std::move(name)), streams_(streams) {}
@@ -104,6 +128,41 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
       return Status::InvalidArgument("a gathered row is NULL");
   }
   return GatherRowsImpl(stream, dst, rows, row_bytes);
+}
+
+Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {
+  if (memory.empty() || memory.data() == nullptr) {
+    return Status::InvalidArgument("registering an empty host range");
+  }
+  const auto begin = reinterpret_cast<uintptr_t>(memory.data());
+  MutexLock lock(&host_mu_);
+  // The first range at or after `begin`, and the one before it.
+  auto next = host_ranges_.lower_bound(begin);
+  const bool overlaps_next =
+      next != host_ranges_.end() && next->first < begin + memory.size();
+  const bool overlaps_prev =
+      next != host_ranges_.begin() &&
+      std::prev(next)->first + std::prev(next)->second > begin;
+  if (overlaps_next || overlaps_prev) {
+    return Status::AlreadyExists(
+        fmt::format("host range [{}, +{}) overlaps a registered one",
+                    static_cast<const void*>(memory.data()), memory.size()));
+  }
+  TIERKV_RETURN_IF_ERROR(RegisterHostImpl(memory));
+  host_ranges_.emplace(begin, memory.size());
+  return Status::OK();
+}
+
+Status DeviceBackend::UnregisterHost(std::byte* data) {
+  MutexLock lock(&host_mu_);
+  auto it = host_ranges_.find(reinterpret_cast<uintptr_t>(data));
+  if (it == host_ranges_.end()) {
+    return Status::NotFound(fmt::format("no registered host range begins at {}",
+                                        static_cast<void*>(data)));
+  }
+  TIERKV_RETURN_IF_ERROR(UnregisterHostImpl({data, it->second}));
+  host_ranges_.erase(it);
+  return Status::OK();
 }
 
 Result<DeviceEvent> DeviceBackend::RecordEvent(StreamId stream) {

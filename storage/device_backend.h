@@ -9,9 +9,10 @@
 //     one worker thread per stream; the same asynchronous semantics and the
 //     same errors, so every line of the tier runs and is tested without a
 //     GPU. Its IPC handle names the memfd (pid + fd), opened through /proc.
-//   CudaBackend (not written yet; Open answers Unavailable for "cuda"):
-//     cudaMalloc once per pool, streams and events, cudaIpc* handles, a
-//     row-gather kernel, compiled when nvcc is present.
+//   CudaBackend (storage/cuda/cuda_backend.cc, compiled when CMake finds
+//     nvcc): cudaMalloc once per pool, cudaHostRegister'ed host memory,
+//     non-blocking streams, events, cudaIpc* handles and a row-gather
+//     kernel (storage/cuda/row_gather.cu).
 //
 // The public methods are non-virtual: they validate every argument (pool
 // ids, bounds, stream ids, sizes) and only then call the protected *Impl
@@ -31,11 +32,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "storage/device_backend_kind.h"
 #include "tierkv/status.h"
 
@@ -78,9 +81,11 @@ struct DeviceEvent {
 };
 
 // An exported pool, as 64 opaque bytes any process of the node may import
-// (CUDA: cudaIpcMemHandle_t, 64 bytes).
+// (CUDA: cudaIpcMemHandle_t, 64 bytes), and the pool's size (a CUDA handle
+// does not carry it).
 struct IpcHandle {
   std::array<std::byte, 64> bytes{};
+  uint64_t pool_bytes = 0;
 };
 
 // An imported pool in this process: `base` addresses its bytes (host memory
@@ -103,6 +108,10 @@ class DeviceBackend {
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
 
+  // True when this build has the CUDA backend (nvcc was found), whether or
+  // not this machine has a device.
+  static bool CudaBuiltIn();
+
   std::string_view name() const { return name_; }
   uint32_t streams() const { return streams_; }
 
@@ -120,6 +129,17 @@ class DeviceBackend {
   // rows.size() * row_bytes. The sparse working set's miss path.
   Status GatherRows(StreamId stream, DeviceRegion dst,
                     std::span<const std::byte* const> rows, uint32_t row_bytes);
+
+  // Pins host memory for DMA (CUDA: cudaHostRegister, mapped into the
+  // device's address space), so copies from and to it run at bus speed and
+  // GatherRows reads rows in it from the device without a staging copy.
+  // Host memory that is not registered still works, through the driver's
+  // staging buffers. AlreadyExists when the range overlaps a registered
+  // one; InvalidArgument for an empty range.
+  Status RegisterHost(std::span<std::byte> memory);
+  // NotFound unless `data` begins a registered range.
+  // REQUIRES: no operation on the range is in flight.
+  Status UnregisterHost(std::byte* data);
 
   Result<DeviceEvent> RecordEvent(StreamId stream);
   // Blocks until `event` is done; returns the stream's first error since
@@ -149,6 +169,8 @@ class DeviceBackend {
   virtual Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                                 std::span<const std::byte* const> rows,
                                 uint32_t row_bytes) = 0;
+  virtual Status RegisterHostImpl(std::span<std::byte> memory) = 0;
+  virtual Status UnregisterHostImpl(std::span<std::byte> memory) = 0;
   virtual Result<DeviceEvent> RecordEventImpl(StreamId stream) = 0;
   virtual Status WaitEventImpl(DeviceEvent event,
                                std::chrono::milliseconds timeout) = 0;
@@ -163,6 +185,9 @@ class DeviceBackend {
 
   const std::string name_;
   const uint32_t streams_;
+  Mutex host_mu_;
+  // Registered host ranges: first byte's address -> bytes.
+  std::map<uintptr_t, uint64_t> host_ranges_ GUARDED_BY(host_mu_);
 };
 
 // The emulated backend, directly (tests and the "emulated" config value).

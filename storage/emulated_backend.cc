@@ -259,6 +259,15 @@ class EmulatedBackend final : public DeviceBackend {
     return streams_[event.stream]->Wait(event.sequence, timeout);
   }
 
+  // Host memory needs no pinning here; the base class keeps the ranges (so
+  // the same overlaps and unknown ranges are refused as on CUDA).
+  Status RegisterHostImpl(std::span<std::byte>) override {
+    return Status::OK();
+  }
+  Status UnregisterHostImpl(std::span<std::byte>) override {
+    return Status::OK();
+  }
+
   bool EventDoneImpl(DeviceEvent event) override {
     return streams_[event.stream]->Done(event.sequence);
   }
@@ -275,6 +284,7 @@ class EmulatedBackend final : public DeviceBackend {
     f.pool = id;
     IpcHandle handle;
     std::memcpy(handle.bytes.data(), &f, sizeof(f));
+    handle.pool_bytes = pool.bytes;
     return handle;
   }
 
@@ -282,7 +292,7 @@ class EmulatedBackend final : public DeviceBackend {
     HandleFields f;
     std::memcpy(&f, handle.bytes.data(), sizeof(f));
     if (std::memcmp(f.magic, kMagic, sizeof(kMagic)) != 0 || f.pid <= 0 ||
-        f.fd < 0 || f.bytes == 0) {
+        f.fd < 0 || f.bytes == 0 || f.bytes != handle.pool_bytes) {
       return Status::InvalidArgument("not an emulated device pool handle");
     }
     const std::string path = fmt::format("/proc/{}/fd/{}", f.pid, f.fd);

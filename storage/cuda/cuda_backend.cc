@@ -1,0 +1,471 @@
+// CudaBackend: DeviceBackend on one CUDA device (see device_backend.h).
+//
+// Pools: one cudaMalloc each; the tier above carves them up. Streams:
+// cudaStreamNonBlocking, so they never wait for the legacy default stream
+// an engine may use in the same process.
+//
+// Events: per stream, a count of events recorded; RecordEvent records a
+// fresh cudaEvent (timing disabled). A stream runs in order, so an event
+// found complete completes every earlier one, whose cudaEvents are then
+// destroyed: the backend holds only the events not yet seen done.
+//
+// Errors: a submission the runtime refuses (cudaMemcpyAsync, the kernel
+// launch) is returned at once as IOError; an error of the work itself shows
+// in cudaEventQuery and is returned by the stream's next WaitEvent (sticky
+// until then), as on the emulated backend. A faulting kernel poisons the
+// whole CUDA context, as in any CUDA process; every later call fails.
+//
+// Threads: the runtime's current device is per thread, so every entry point
+// selects the backend's device first (cudaSetDevice is cheap once the
+// context exists).
+//
+// Host memory: RegisterHost pins a range (cudaHostRegister, portable and
+// mapped) and keeps its device address (cudaHostGetDevicePointer).
+// GatherRows gives the kernel device-readable addresses of rows in
+// registered ranges: the device reads them across the bus, no staging copy.
+// Rows outside registered ranges go by one cudaMemcpyAsync each (correct,
+// slower; the tier registers its arenas).
+//
+// IPC: cudaIpcGetMemHandle / cudaIpcOpenMemHandle. CUDA refuses to open a
+// handle in the process that exported it, so the pools this process
+// exported are kept in a process-wide table and ImportPool answers those
+// with the pool's own address (the same contract as the emulated backend:
+// any process of the node may import, this one included).
+#include "storage/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "storage/cuda/row_gather.h"
+
+namespace tierkv::storage {
+namespace {
+
+using HandleBytes = std::array<std::byte, 64>;
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(HandleBytes));
+
+// ImportedPool::token values.
+constexpr uint64_t kImportedHere = 1;    // a pool this process exported
+constexpr uint64_t kImportedOpened = 2;  // cudaIpcOpenMemHandle
+
+std::string CudaText(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+Status CudaError(std::string_view what, cudaError_t e) {
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it for the next call
+    return Status::ResourceExhausted(fmt::format("{}: {}", what, CudaText(e)));
+  }
+  return Status::IOError(fmt::format("{}: {}", what, CudaText(e)));
+}
+
+// The pools this process exported, by handle (see IPC above).
+struct LocalExports {
+  Mutex mu;
+  std::map<HandleBytes, ImportedPool> pools GUARDED_BY(mu);
+};
+
+LocalExports& Exports() {
+  static LocalExports* exports = new LocalExports;  // never destroyed
+  return *exports;
+}
+
+struct Stream {
+  cudaStream_t handle = nullptr;
+  Mutex mu;
+  uint64_t recorded GUARDED_BY(mu) = 0;      // events recorded so far
+  uint64_t done_through GUARDED_BY(mu) = 0;  // every event <= it is done
+  std::map<uint64_t, cudaEvent_t> pending GUARDED_BY(mu);
+  Status error GUARDED_BY(mu);
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(const DeviceBackendOptions& o)
+      : DeviceBackend("cuda", o.streams), device_(o.device) {}
+
+  ~CudaBackend() override {
+    if (cudaSetDevice(device_) != cudaSuccess) return;
+    for (auto& s : streams_) {
+      cudaStreamSynchronize(s->handle);
+      MutexLock lock(&s->mu);
+      for (auto& [seq, event] : s->pending) cudaEventDestroy(event);
+      cudaStreamDestroy(s->handle);
+    }
+    MutexLock lock(&mu_);
+    for (auto& [id, pool] : pools_) {
+      ForgetExportLocked(pool);
+      cudaFree(pool.base);
+    }
+    for (auto& [begin, range] : host_) {
+      cudaHostUnregister(reinterpret_cast<void*>(begin));
+    }
+  }
+
+  Status Init() {
+    TIERKV_RETURN_IF_ERROR(Use());
+    for (uint32_t i = 0; i < streams(); ++i) {
+      auto s = std::make_unique<Stream>();
+      const cudaError_t e =
+          cudaStreamCreateWithFlags(&s->handle, cudaStreamNonBlocking);
+      if (e != cudaSuccess) return CudaError("cudaStreamCreate", e);
+      streams_.push_back(std::move(s));
+    }
+    return Status::OK();
+  }
+
+ protected:
+  uint64_t PoolBytes(uint32_t id) const override {
+    MutexLock lock(&mu_);
+    auto it = pools_.find(id);
+    return it == pools_.end() ? 0 : it->second.bytes;
+  }
+
+  Result<DevicePool> AllocatePoolImpl(uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    void* base = nullptr;
+    const cudaError_t e = cudaMalloc(&base, bytes);
+    if (e != cudaSuccess) {
+      return CudaError(fmt::format("cudaMalloc of {} bytes", bytes), e);
+    }
+    MutexLock lock(&mu_);
+    const uint32_t id = next_id_++;
+    pools_[id] = Pool{static_cast<std::byte*>(base), bytes, {}, false};
+    return DevicePool{id, bytes};
+  }
+
+  Status FreePoolImpl(uint32_t id) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    MutexLock lock(&mu_);
+    auto it = pools_.find(id);
+    ForgetExportLocked(it->second);
+    const cudaError_t e = cudaFree(it->second.base);
+    pools_.erase(it);
+    return e == cudaSuccess ? Status::OK() : CudaError("cudaFree", e);
+  }
+
+  Status CopyToDeviceImpl(StreamId stream, DeviceRegion dst,
+                          std::span<const std::byte> src) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const cudaError_t e =
+        cudaMemcpyAsync(Address(dst), src.data(), src.size(),
+                        cudaMemcpyHostToDevice, streams_[stream]->handle);
+    return e == cudaSuccess ? Status::OK()
+                            : CudaError("cudaMemcpyAsync host to device", e);
+  }
+
+  Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
+                        DeviceRegion src) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const cudaError_t e =
+        cudaMemcpyAsync(dst.data(), Address(src), dst.size(),
+                        cudaMemcpyDeviceToHost, streams_[stream]->handle);
+    return e == cudaSuccess ? Status::OK()
+                            : CudaError("cudaMemcpyAsync device to host", e);
+  }
+
+  Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
+                        std::span<const std::byte* const> rows,
+                        uint32_t row_bytes) override {
+    if (rows.empty()) return Status::OK();
+    TIERKV_RETURN_IF_ERROR(Use());
+    std::byte* out = Address(dst);
+    const cudaStream_t s = streams_[stream]->handle;
+    std::vector<const std::byte*> mapped(rows.size());
+    bool all_mapped = true;
+    {
+      MutexLock lock(&mu_);
+      for (size_t i = 0; i < rows.size() && all_mapped; ++i) {
+        mapped[i] = DeviceAddressLocked(rows[i], row_bytes);
+        all_mapped = mapped[i] != nullptr;
+      }
+    }
+    if (!all_mapped) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const cudaError_t e = cudaMemcpyAsync(
+            out + i * row_bytes, rows[i], row_bytes, cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) return CudaError("cudaMemcpyAsync (row)", e);
+      }
+      return Status::OK();
+    }
+    // The kernel reads the row addresses from device memory: a
+    // stream-ordered allocation, filled from `mapped` (a pageable copy is
+    // staged before cudaMemcpyAsync returns, so `mapped` may go), freed
+    // after the kernel in stream order.
+    void* list = nullptr;
+    const size_t list_bytes = rows.size() * sizeof(const std::byte*);
+    cudaError_t e = cudaMallocAsync(&list, list_bytes, s);
+    if (e != cudaSuccess) return CudaError("cudaMallocAsync (row list)", e);
+    e = cudaMemcpyAsync(list, mapped.data(), list_bytes, cudaMemcpyHostToDevice,
+                        s);
+    if (e == cudaSuccess) {
+      e = cuda::LaunchGatherRows(
+          out, static_cast<const std::byte* const*>(list),
+          static_cast<uint32_t>(rows.size()), row_bytes, s);
+    }
+    const cudaError_t freed = cudaFreeAsync(list, s);
+    if (e != cudaSuccess) return CudaError("row gather", e);
+    return freed == cudaSuccess ? Status::OK()
+                                : CudaError("cudaFreeAsync (row list)", freed);
+  }
+
+  Status RegisterHostImpl(std::span<std::byte> memory) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    cudaError_t e =
+        cudaHostRegister(memory.data(), memory.size(),
+                         cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e != cudaSuccess) return CudaError("cudaHostRegister", e);
+    void* device = nullptr;
+    e = cudaHostGetDevicePointer(&device, memory.data(), 0);
+    if (e != cudaSuccess) {
+      cudaHostUnregister(memory.data());
+      return CudaError("cudaHostGetDevicePointer", e);
+    }
+    MutexLock lock(&mu_);
+    host_[reinterpret_cast<uintptr_t>(memory.data())] =
+        HostRange{memory.size(), static_cast<std::byte*>(device)};
+    return Status::OK();
+  }
+
+  Status UnregisterHostImpl(std::span<std::byte> memory) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    {
+      MutexLock lock(&mu_);
+      host_.erase(reinterpret_cast<uintptr_t>(memory.data()));
+    }
+    const cudaError_t e = cudaHostUnregister(memory.data());
+    return e == cudaSuccess ? Status::OK() : CudaError("cudaHostUnregister", e);
+  }
+
+  Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    Stream& s = *streams_[stream];
+    cudaEvent_t event = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e != cudaSuccess) return CudaError("cudaEventCreate", e);
+    MutexLock lock(&s.mu);
+    e = cudaEventRecord(event, s.handle);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(event);
+      return CudaError("cudaEventRecord", e);
+    }
+    const uint64_t seq = ++s.recorded;
+    s.pending.emplace(seq, event);
+    return DeviceEvent{stream, seq};
+  }
+
+  Status WaitEventImpl(DeviceEvent event,
+                       std::chrono::milliseconds timeout) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    Stream& s = *streams_[event.stream];
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // Polls rather than cudaEventSynchronize, which has no timeout; the
+    // pause doubles from 1 µs to 50 µs so a short wait costs little.
+    auto pause = std::chrono::microseconds(1);
+    MutexLock lock(&s.mu);
+    if (event.sequence > s.recorded) {
+      return Status::InvalidArgument(
+          fmt::format("event {} of stream {} was never recorded",
+                      event.sequence, event.stream));
+    }
+    while (!PollLocked(s, event.sequence)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Status::IOError(
+            fmt::format("device event {} of stream {} not done after {} ms",
+                        event.sequence, event.stream, timeout.count()));
+      }
+      lock.Unlock();
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(50));
+      lock.Lock();
+    }
+    Status error = std::move(s.error);
+    s.error = Status::OK();
+    return error;
+  }
+
+  bool EventDoneImpl(DeviceEvent event) override {
+    if (!Use().ok()) return false;
+    Stream& s = *streams_[event.stream];
+    MutexLock lock(&s.mu);
+    return event.sequence <= s.recorded && PollLocked(s, event.sequence);
+  }
+
+  Result<IpcHandle> ExportPoolImpl(uint32_t id) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    MutexLock lock(&mu_);
+    Pool& pool = pools_.at(id);
+    if (!pool.exported) {
+      cudaIpcMemHandle_t h;
+      const cudaError_t e = cudaIpcGetMemHandle(&h, pool.base);
+      if (e != cudaSuccess) return CudaError("cudaIpcGetMemHandle", e);
+      std::memcpy(pool.handle.data(), &h, sizeof(h));
+      pool.exported = true;
+      LocalExports& exports = Exports();
+      MutexLock exports_lock(&exports.mu);
+      exports.pools[pool.handle] =
+          ImportedPool{pool.base, pool.bytes, kImportedHere};
+    }
+    IpcHandle handle;
+    handle.bytes = pool.handle;
+    handle.pool_bytes = pool.bytes;
+    return handle;
+  }
+
+  Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
+    if (handle.pool_bytes == 0) {
+      return Status::InvalidArgument("a device pool handle of 0 bytes");
+    }
+    {
+      LocalExports& exports = Exports();
+      MutexLock lock(&exports.mu);
+      auto it = exports.pools.find(handle.bytes);
+      if (it != exports.pools.end()) {
+        if (it->second.bytes != handle.pool_bytes) {
+          return Status::InvalidArgument(
+              "the device pool handle's size does not match the pool");
+        }
+        return it->second;
+      }
+    }
+    TIERKV_RETURN_IF_ERROR(Use());
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.bytes.data(), sizeof(h));
+    void* base = nullptr;
+    const cudaError_t e =
+        cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::NotFound(fmt::format(
+          "cannot open the device pool handle (its pool or process may be "
+          "gone): cudaIpcOpenMemHandle: {}",
+          CudaText(e)));
+    }
+    return ImportedPool{base, handle.pool_bytes, kImportedOpened};
+  }
+
+  Status CloseImportedImpl(ImportedPool& imported) override {
+    if (imported.token == kImportedHere) {
+      imported = {};
+      return Status::OK();
+    }
+    if (imported.token != kImportedOpened) {
+      return Status::InvalidArgument("not a pool this backend imported");
+    }
+    TIERKV_RETURN_IF_ERROR(Use());
+    const cudaError_t e = cudaIpcCloseMemHandle(imported.base);
+    if (e != cudaSuccess) return CudaError("cudaIpcCloseMemHandle", e);
+    imported = {};
+    return Status::OK();
+  }
+
+ private:
+  struct Pool {
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    HandleBytes handle{};
+    bool exported = false;
+  };
+  struct HostRange {
+    uint64_t bytes = 0;
+    std::byte* device = nullptr;  // the range's address on the device
+  };
+
+  Status Use() const {
+    const cudaError_t e = cudaSetDevice(device_);
+    return e == cudaSuccess ? Status::OK() : CudaError("cudaSetDevice", e);
+  }
+
+  // REQUIRES: the region was checked (the public method did).
+  std::byte* Address(const DeviceRegion& region) const {
+    MutexLock lock(&mu_);
+    return pools_.at(region.pool).base + region.offset;
+  }
+
+  // The device address of [p, p + bytes) when it lies in one registered
+  // host range, else nullptr.
+  const std::byte* DeviceAddressLocked(const std::byte* p, uint64_t bytes) const
+      REQUIRES(mu_) {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    auto it = host_.upper_bound(address);
+    if (it == host_.begin()) return nullptr;
+    --it;
+    const uint64_t offset = address - it->first;
+    if (offset > it->second.bytes || bytes > it->second.bytes - offset) {
+      return nullptr;
+    }
+    return it->second.device + offset;
+  }
+
+  void ForgetExportLocked(const Pool& pool) REQUIRES(mu_) {
+    if (!pool.exported) return;
+    LocalExports& exports = Exports();
+    MutexLock lock(&exports.mu);
+    exports.pools.erase(pool.handle);
+  }
+
+  // An event is done once cudaEventQuery says so; events before it on the
+  // stream are then done too (in-order streams) and are destroyed.
+  bool PollLocked(Stream& s, uint64_t sequence) REQUIRES(s.mu) {
+    if (sequence <= s.done_through) return true;
+    const cudaError_t e = cudaEventQuery(s.pending.at(sequence));
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess && s.error.ok()) {
+      s.error = CudaError("device work on the stream", e);
+    }
+    for (auto it = s.pending.begin();
+         it != s.pending.end() && it->first <= sequence;) {
+      cudaEventDestroy(it->second);
+      it = s.pending.erase(it);
+    }
+    s.done_through = sequence;
+    return true;
+  }
+
+  const int device_;
+  mutable Mutex mu_;
+  std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
+  uint32_t next_id_ GUARDED_BY(mu_) = 1;
+  std::map<uintptr_t, HostRange> host_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Stream>> streams_;  // fixed after Init
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
+    const DeviceBackendOptions& options) {
+  if (options.streams == 0 || options.streams > 64) {
+    return Status::InvalidArgument("device streams must be in [1, 64]");
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    // cudaErrorInsufficientDriver (35) is what a machine without the
+    // driver answers: no device, as far as tierkv is concerned.
+    return Status::Unavailable(
+        fmt::format("no CUDA device: cudaGetDeviceCount: {}", CudaText(e)));
+  }
+  if (count == 0) {
+    return Status::Unavailable("no CUDA device: cudaGetDeviceCount found 0");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return Status::InvalidArgument(
+        fmt::format("CUDA device {} does not exist (this machine has {})",
+                    options.device, count));
+  }
+  auto backend = std::make_unique<CudaBackend>(options);
+  TIERKV_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<DeviceBackend>(std::move(backend));
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,244 @@
+// CudaBackend on a real device: copies and events, the row-gather kernel
+// (registered and unregistered host rows, vector and byte paths), an
+// allocation the device cannot hold, IPC export to another process (a
+// re-executed copy of this binary) and back, and an importer that dies
+// holding the handle. Built whenever nvcc is (CI compiles and links it);
+// every test skips on a machine without a device, and tests/gpu/run.sh
+// fails on a skip (TIERKV_REQUIRE_GPU=1).
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "storage/device_backend.h"
+#include "tests/testing/status_matchers.h"
+
+extern char** environ;
+
+namespace tierkv::storage {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTimeout{20000};
+constexpr char kImportEnv[] = "TIERKV_GPU_TEST_IMPORT";
+
+std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// The CUDA backend, or a skip (a failure under TIERKV_REQUIRE_GPU=1).
+std::unique_ptr<DeviceBackend> Cuda(Status* why) {
+  auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kCuda});
+  if (!b.ok()) {
+    *why = b.status();
+    return nullptr;
+  }
+  return std::move(b).value();
+}
+
+#define CUDA_OR_SKIP(b)                                                 \
+  Status cuda_status_;                                                  \
+  auto b = Cuda(&cuda_status_);                                         \
+  if (b == nullptr) {                                                   \
+    if (std::getenv("TIERKV_REQUIRE_GPU") != nullptr) {                 \
+      FAIL() << "no CUDA backend: " << cuda_status_.ToString();         \
+    }                                                                   \
+    GTEST_SKIP() << "no CUDA device here: " << cuda_status_.ToString(); \
+  }
+
+void Sync(DeviceBackend& b, StreamId stream) {
+  auto e = b.RecordEvent(stream);
+  ASSERT_OK(e);
+  ASSERT_OK(b.WaitEvent(*e, kTimeout));
+  EXPECT_TRUE(b.EventDone(*e));
+}
+
+TEST(CudaBackendTest, AutoPicksTheDevice) {
+  CUDA_OR_SKIP(b);
+  EXPECT_TRUE(DeviceBackend::CudaBuiltIn());
+  std::string why;
+  auto autob = DeviceBackend::Open({.kind = DeviceBackendKind::kAuto}, &why);
+  ASSERT_OK(autob);
+  EXPECT_EQ((*autob)->name(), "cuda");
+  EXPECT_TRUE(why.empty()) << why;
+  EXPECT_EQ(
+      DeviceBackend::Open({.kind = DeviceBackendKind::kCuda, .device = 4096})
+          .status()
+          .code(),
+      StatusCode::kInvalidArgument);
+}
+
+TEST(CudaBackendTest, CopiesRoundTripInOrderFromPageableAndPinnedMemory) {
+  CUDA_OR_SKIP(b);
+  auto pool = b->AllocatePool(8 << 20);
+  ASSERT_OK(pool);
+  auto first = Pattern(1 << 20, 1), second = Pattern(1 << 20, 2);
+  ASSERT_OK(b->RegisterHost(second));
+  EXPECT_EQ(b->RegisterHost(std::span(second).subspan(4096, 4096)).code(),
+            StatusCode::kAlreadyExists);
+  std::vector<std::byte> back(1 << 20);
+  const DeviceRegion r{pool->id, 3 << 20, 1 << 20};
+  ASSERT_OK(b->CopyToDevice(0, r, first));   // pageable
+  ASSERT_OK(b->CopyToDevice(0, r, second));  // pinned, overwrites
+  ASSERT_OK(b->CopyToHost(0, back, r));
+  Sync(*b, 0);
+  EXPECT_EQ(back, second);
+  ASSERT_OK(b->UnregisterHost(second.data()));
+  EXPECT_EQ(b->UnregisterHost(second.data()).code(), StatusCode::kNotFound);
+  ASSERT_OK(b->FreePool(pool->id));
+}
+
+// Gathers `count` random rows of `row_bytes` from a host arena, pinned or
+// not, and checks every byte.
+void GatherAndCheck(DeviceBackend& b, uint32_t row_bytes, bool pinned,
+                    uint32_t seed) {
+  constexpr uint32_t kRows = 2048, kArenaRows = 16384;
+  auto arena = Pattern(size_t{row_bytes} * kArenaRows, seed);
+  if (pinned) ASSERT_OK(b.RegisterHost(arena));
+  std::vector<uint32_t> pick(kArenaRows);
+  std::iota(pick.begin(), pick.end(), 0u);
+  std::shuffle(pick.begin(), pick.end(), std::mt19937(seed));
+  pick.resize(kRows);
+  std::vector<const std::byte*> rows;
+  for (uint32_t p : pick) rows.push_back(arena.data() + size_t{p} * row_bytes);
+  auto pool = b.AllocatePool(size_t{row_bytes} * kRows);
+  ASSERT_OK(pool);
+  const DeviceRegion all{pool->id, 0, size_t{row_bytes} * kRows};
+  ASSERT_OK(b.GatherRows(1, all, rows, row_bytes));
+  rows.clear();  // the backend keeps its own copy of the row list
+  std::vector<std::byte> back(all.bytes);
+  ASSERT_OK(b.CopyToHost(1, back, all));
+  Sync(b, 1);
+  for (uint32_t i = 0; i < kRows; ++i) {
+    ASSERT_EQ(
+        std::memcmp(back.data() + size_t{i} * row_bytes,
+                    arena.data() + size_t{pick[i]} * row_bytes, row_bytes),
+        0)
+        << "row " << i << " of " << row_bytes << " bytes, pinned " << pinned;
+  }
+  ASSERT_OK(b.FreePool(pool->id));
+  if (pinned) ASSERT_OK(b.UnregisterHost(arena.data()));
+}
+
+TEST(CudaBackendTest, GatherRowsPacksScatteredRowsInSelectionOrder) {
+  CUDA_OR_SKIP(b);
+  // 656: GLM-5 fp8 latent rows; 1152: bf16 rows; 100: the byte path.
+  for (uint32_t row_bytes : {656u, 1152u, 100u}) {
+    GatherAndCheck(*b, row_bytes, /*pinned=*/true, row_bytes);
+    GatherAndCheck(*b, row_bytes, /*pinned=*/false, row_bytes + 1);
+  }
+}
+
+TEST(CudaBackendTest, AnAllocationTooLargeIsExhaustedAndNotSticky) {
+  CUDA_OR_SKIP(b);
+  EXPECT_EQ(b->AllocatePool(uint64_t{1} << 52).status().code(),
+            StatusCode::kResourceExhausted);
+  auto pool = b->AllocatePool(1 << 20);
+  ASSERT_OK(pool);
+  const auto data = Pattern(1 << 20, 7);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, data.size()}, data));
+  Sync(*b, 0);
+}
+
+// Runs this binary again as the importer: `mode` "check" (verify the
+// pattern, write 0x5a at byte 0, close) or "die" (import, then exit
+// without closing). Returns its exit status.
+int RunImporter(const IpcHandle& h, std::string_view mode) {
+  std::string hex;
+  for (std::byte b : h.bytes) hex += fmt::format("{:02x}", int(b));
+  const std::string env =
+      fmt::format("{}={}:{}:{}", kImportEnv, mode, h.pool_bytes, hex);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(const_cast<char*>(env.c_str()));
+  envp.push_back(nullptr);
+  std::string self(4096, '\0');
+  self.resize(static_cast<size_t>(
+      ::readlink("/proc/self/exe", self.data(), self.size() - 1)));
+  std::string filter = "--gtest_filter=CudaImporterChild.Imports";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()) !=
+      0) {
+    return -1;
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Only in the re-executed child (RunImporter); skipped otherwise.
+TEST(CudaImporterChild, Imports) {
+  const char* arg = std::getenv(kImportEnv);
+  if (arg == nullptr) GTEST_SKIP() << "runs only as an importer child";
+  const std::string_view a(arg);
+  const size_t c1 = a.find(':'), c2 = a.find(':', c1 + 1);
+  const std::string mode(a.substr(0, c1));
+  IpcHandle h;
+  h.pool_bytes = std::stoull(std::string(a.substr(c1 + 1, c2 - c1 - 1)));
+  const std::string hex(a.substr(c2 + 1));
+  ASSERT_EQ(hex.size(), 128u);
+  for (size_t i = 0; i < 64; ++i) {
+    h.bytes[i] = std::byte(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kCuda});
+  ASSERT_OK(b);
+  auto imported = (*b)->ImportPool(h);
+  ASSERT_OK(imported);
+  if (mode == "die") ::_exit(0);  // holding the handle
+  const auto want = Pattern(h.pool_bytes, 9);
+  std::vector<std::byte> got(h.pool_bytes);
+  ASSERT_EQ(cudaMemcpy(got.data(), imported->base, got.size(),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(got, want);
+  const std::byte mark{0x5a};
+  ASSERT_EQ(cudaMemcpy(imported->base, &mark, 1, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_OK((*b)->CloseImported(*imported));
+}
+
+TEST(CudaBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
+  if (std::getenv(kImportEnv) != nullptr) GTEST_SKIP();
+  CUDA_OR_SKIP(b);
+  auto pool = b->AllocatePool(1 << 16);
+  ASSERT_OK(pool);
+  const auto data = Pattern(1 << 16, 9);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, data.size()}, data));
+  Sync(*b, 0);
+  auto handle = b->ExportPool(pool->id);
+  ASSERT_OK(handle);
+  EXPECT_EQ(handle->pool_bytes, data.size());
+  ASSERT_EQ(RunImporter(*handle, "check"), 0);
+  std::vector<std::byte> back(1);
+  ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, 1}));
+  Sync(*b, 0);
+  EXPECT_EQ(back[0], std::byte{0x5a});
+  // This process may import its own pool too: the same memory.
+  auto here = b->ImportPool(*handle);
+  ASSERT_OK(here);
+  EXPECT_EQ(here->bytes, data.size());
+  ASSERT_OK(b->CloseImported(*here));
+  // An importer that dies holding the handle disturbs nothing.
+  ASSERT_EQ(RunImporter(*handle, "die"), 0);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, data.size()}, data));
+  Sync(*b, 0);
+  ASSERT_OK(b->FreePool(pool->id));
+  auto again = b->AllocatePool(1 << 16);
+  EXPECT_OK(again);
+}
+
+}  // namespace
+}  // namespace tierkv::storage
