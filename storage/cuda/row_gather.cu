@@ -17,9 +17,9 @@ __global__ void GatherRowsKernel(std::byte* __restrict__ dst,
   const unsigned lane = threadIdx.x % kThreadsPerWarp;
   const std::byte* src = rows[row];
   std::byte* out = dst + static_cast<uint64_t>(row) * row_bytes;
-  const bool vector =
-      row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool vector = row_bytes % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vector) {
     const auto* s = reinterpret_cast<const uint4*>(src);
     auto* d = reinterpret_cast<uint4*>(out);
