@@ -89,10 +89,13 @@ struct IpcHandle {
 };
 
 // An imported pool in this process: `base` addresses its bytes (host memory
-// for the emulated backend, a device pointer for CUDA).
+// for the emulated backend, a device pointer for CUDA), and the importing
+// backend addresses it as DeviceRegion pool `pool` (copies and gathers into
+// another process's pool, e.g. an engine's KV pool) until CloseImported.
 struct ImportedPool {
   void* base = nullptr;
   uint64_t bytes = 0;
+  uint32_t pool = 0;
   uint64_t token = 0;  // backend bookkeeping
 };
 
@@ -118,6 +121,7 @@ class DeviceBackend {
   // ResourceExhausted when the device has no room; InvalidArgument for 0.
   Result<DevicePool> AllocatePool(uint64_t bytes);
   // REQUIRES: no operation on the pool is in flight (wait for its events).
+  // InvalidArgument for an imported pool (CloseImported ends those).
   Status FreePool(uint32_t pool);
 
   // Asynchronous copies and gathers (see Ordering above).
@@ -152,6 +156,7 @@ class DeviceBackend {
   // InvalidArgument for a malformed handle, NotFound when its pool (or
   // process) is gone.
   Result<ImportedPool> ImportPool(const IpcHandle& handle);
+  // REQUIRES: no operation on imported.pool is in flight.
   Status CloseImported(ImportedPool& imported);
 
  protected:

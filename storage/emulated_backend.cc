@@ -148,15 +148,18 @@ class EmulatedBackend final : public DeviceBackend {
   ~EmulatedBackend() override {
     streams_.clear();  // joins the workers: nothing touches a pool after
     MutexLock lock(&mu_);
-    for (auto& [id, pool] : pools_) ::close(pool.fd);
+    for (auto& [id, pool] : pools_) {
+      if (pool.fd >= 0) ::close(pool.fd);
+    }
   }
 
  protected:
   struct Pool {
-    int fd = -1;  // kept open: the IPC handle names it
+    int fd = -1;  // kept open: the IPC handle names it; -1 when imported
     std::shared_ptr<MappedRegion> region;
     uint64_t bytes = 0;
     uint64_t nonce = 0;
+    bool imported = false;  // another backend's pool, mapped here
   };
 
   uint64_t PoolBytes(uint32_t pool) const override {
@@ -205,6 +208,10 @@ class EmulatedBackend final : public DeviceBackend {
     MutexLock lock(&mu_);
     auto it = pools_.find(id);
     if (it == pools_.end()) return Status::InvalidArgument("no such pool");
+    if (it->second.imported) {
+      return Status::InvalidArgument(
+          fmt::format("device pool {} is imported: close it instead", id));
+    }
     used_ -= it->second.bytes;
     ::close(it->second.fd);
     pools_.erase(it);  // unmaps
@@ -275,6 +282,10 @@ class EmulatedBackend final : public DeviceBackend {
   Result<IpcHandle> ExportPoolImpl(uint32_t id) override {
     MutexLock lock(&mu_);
     const Pool& pool = pools_.at(id);
+    if (pool.imported) {
+      return Status::InvalidArgument(fmt::format(
+          "device pool {} is imported: export it from its owner", id));
+    }
     HandleFields f{};
     std::memcpy(f.magic, kMagic, sizeof(kMagic));
     f.pid = static_cast<int32_t>(::getpid());
@@ -310,15 +321,30 @@ class EmulatedBackend final : public DeviceBackend {
       ::close(fd);
       return Status::NotFound("the device pool changed size");
     }
-    void* base =
-        ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MappedRegion checks the seals, so the exporter cannot shrink it.
+    auto region = MappedRegion::Map(fd, f.bytes);
     ::close(fd);  // the mapping keeps the memory
-    if (base == MAP_FAILED) return Errno("mmap (imported device pool)");
-    return ImportedPool{base, f.bytes, f.nonce};
+    if (!region.ok()) return region.status();
+    MutexLock lock(&mu_);
+    const uint32_t id = next_id_++;
+    Pool pool;
+    pool.region = std::move(region).value();
+    pool.bytes = f.bytes;
+    pool.nonce = f.nonce;
+    pool.imported = true;
+    void* base = pool.region->bytes().data();
+    pools_.emplace(id, std::move(pool));
+    return ImportedPool{base, f.bytes, id, f.nonce};
   }
 
   Status CloseImportedImpl(ImportedPool& imported) override {
-    if (::munmap(imported.base, imported.bytes) != 0) return Errno("munmap");
+    MutexLock lock(&mu_);
+    auto it = pools_.find(imported.pool);
+    if (it == pools_.end() || !it->second.imported ||
+        it->second.nonce != imported.token) {
+      return Status::InvalidArgument("not a pool this backend imported");
+    }
+    pools_.erase(it);  // unmaps
     imported = {};
     return Status::OK();
   }

@@ -30,7 +30,8 @@
 // handle in the process that exported it, so the pools this process
 // exported are kept in a process-wide table and ImportPool answers those
 // with the pool's own address (the same contract as the emulated backend:
-// any process of the node may import, this one included).
+// any process of the node may import, this one included). An imported
+// pool gets a pool id here, so copies and gathers can target it.
 #include "storage/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -103,6 +104,8 @@ class CudaBackend final : public DeviceBackend {
     }
     MutexLock lock(&mu_);
     for (auto& [id, pool] : pools_) {
+      if (pool.opened) cudaIpcCloseMemHandle(pool.base);
+      if (pool.imported) continue;
       ForgetExportLocked(pool);
       cudaFree(pool.base);
     }
@@ -139,7 +142,7 @@ class CudaBackend final : public DeviceBackend {
     }
     MutexLock lock(&mu_);
     const uint32_t id = next_id_++;
-    pools_[id] = Pool{static_cast<std::byte*>(base), bytes, {}, false};
+    pools_[id] = Pool{.base = static_cast<std::byte*>(base), .bytes = bytes};
     return DevicePool{id, bytes};
   }
 
@@ -147,6 +150,10 @@ class CudaBackend final : public DeviceBackend {
     TIERKV_RETURN_IF_ERROR(Use());
     MutexLock lock(&mu_);
     auto it = pools_.find(id);
+    if (it->second.imported) {
+      return Status::InvalidArgument(
+          fmt::format("device pool {} is imported: close it instead", id));
+    }
     ForgetExportLocked(it->second);
     const cudaError_t e = cudaFree(it->second.base);
     pools_.erase(it);
@@ -304,6 +311,10 @@ class CudaBackend final : public DeviceBackend {
     TIERKV_RETURN_IF_ERROR(Use());
     MutexLock lock(&mu_);
     Pool& pool = pools_.at(id);
+    if (pool.imported) {
+      return Status::InvalidArgument(fmt::format(
+          "device pool {} is imported: export it from its owner", id));
+    }
     if (!pool.exported) {
       cudaIpcMemHandle_t h;
       const cudaError_t e = cudaIpcGetMemHandle(&h, pool.base);
@@ -325,6 +336,7 @@ class CudaBackend final : public DeviceBackend {
     if (handle.pool_bytes == 0) {
       return Status::InvalidArgument("a device pool handle of 0 bytes");
     }
+    std::byte* local = nullptr;
     {
       LocalExports& exports = Exports();
       MutexLock lock(&exports.mu);
@@ -334,9 +346,10 @@ class CudaBackend final : public DeviceBackend {
           return Status::InvalidArgument(
               "the device pool handle's size does not match the pool");
         }
-        return it->second;
+        local = static_cast<std::byte*>(it->second.base);
       }
     }
+    if (local != nullptr) return AddImported(local, handle.pool_bytes, false);
     TIERKV_RETURN_IF_ERROR(Use());
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.bytes.data(), sizeof(h));
@@ -350,22 +363,25 @@ class CudaBackend final : public DeviceBackend {
           "gone): cudaIpcOpenMemHandle: {}",
           CudaText(e)));
     }
-    return ImportedPool{base, handle.pool_bytes, kImportedOpened};
+    return AddImported(static_cast<std::byte*>(base), handle.pool_bytes, true);
   }
 
   Status CloseImportedImpl(ImportedPool& imported) override {
-    if (imported.token == kImportedHere) {
-      imported = {};
-      return Status::OK();
-    }
-    if (imported.token != kImportedOpened) {
+    TIERKV_RETURN_IF_ERROR(Use());
+    MutexLock lock(&mu_);
+    auto it = pools_.find(imported.pool);
+    if (it == pools_.end() || !it->second.imported ||
+        it->second.base != imported.base) {
       return Status::InvalidArgument("not a pool this backend imported");
     }
-    TIERKV_RETURN_IF_ERROR(Use());
-    const cudaError_t e = cudaIpcCloseMemHandle(imported.base);
-    if (e != cudaSuccess) return CudaError("cudaIpcCloseMemHandle", e);
+    const bool opened = it->second.opened;
+    void* base = imported.base;
+    pools_.erase(it);
     imported = {};
-    return Status::OK();
+    if (!opened) return Status::OK();
+    const cudaError_t e = cudaIpcCloseMemHandle(base);
+    return e == cudaSuccess ? Status::OK()
+                            : CudaError("cudaIpcCloseMemHandle", e);
   }
 
  private:
@@ -374,7 +390,19 @@ class CudaBackend final : public DeviceBackend {
     uint64_t bytes = 0;
     HandleBytes handle{};
     bool exported = false;
+    bool imported = false;  // another pool's memory, addressed here
+    bool opened = false;    // by cudaIpcOpenMemHandle (closed with it)
   };
+
+  // An imported pool becomes addressable as a DeviceRegion pool.
+  ImportedPool AddImported(std::byte* base, uint64_t bytes, bool opened) {
+    MutexLock lock(&mu_);
+    const uint32_t id = next_id_++;
+    pools_[id] =
+        Pool{.base = base, .bytes = bytes, .imported = true, .opened = opened};
+    return ImportedPool{base, bytes, id,
+                        opened ? kImportedOpened : kImportedHere};
+  }
   struct HostRange {
     uint64_t bytes = 0;
     std::byte* device = nullptr;  // the range's address on the device

@@ -198,8 +198,21 @@ TEST(DeviceBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
     if (!imported.ok() || imported->bytes != data.size()) ::_exit(3);
     auto* bytes = static_cast<std::byte*>(imported->base);
     if (std::memcmp(bytes, data.data(), data.size()) != 0) ::_exit(4);
-    bytes[0] = std::byte{0x5a};  // visible to the exporter: shared memory
-    if (!(*importer)->CloseImported(*imported).ok()) ::_exit(5);
+    // The importer addresses the pool as one of its own, to copy into it
+    // (as tierkvd does into an engine's pool); it cannot free it.
+    const std::byte mark[] = {std::byte{0x5a}};
+    if (!(*importer)->CopyToDevice(0, {imported->pool, 0, 1}, mark).ok()) {
+      ::_exit(5);
+    }
+    auto copied = (*importer)->RecordEvent(0);
+    if (!copied.ok() || !(*importer)->WaitEvent(*copied, kTimeout).ok()) {
+      ::_exit(6);
+    }
+    if ((*importer)->FreePool(imported->pool).code() !=
+        StatusCode::kInvalidArgument) {
+      ::_exit(7);
+    }
+    if (!(*importer)->CloseImported(*imported).ok()) ::_exit(8);
     ::_exit(0);
   }
   int status = 0;
