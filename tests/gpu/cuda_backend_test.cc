@@ -204,9 +204,12 @@ TEST(CudaImporterChild, Imports) {
                        cudaMemcpyDeviceToHost),
             cudaSuccess);
   ASSERT_EQ(got, want);
-  const std::byte mark{0x5a};
-  ASSERT_EQ(cudaMemcpy(imported->base, &mark, 1, cudaMemcpyHostToDevice),
-            cudaSuccess);
+  // Through the backend too: the imported pool is one of its pools here.
+  const std::byte mark[] = {std::byte{0x5a}};
+  ASSERT_OK((*b)->CopyToDevice(0, {imported->pool, 0, 1}, mark));
+  Sync(**b, 0);
+  EXPECT_EQ((*b)->FreePool(imported->pool).code(),
+            StatusCode::kInvalidArgument);
   ASSERT_OK((*b)->CloseImported(*imported));
 }
 
