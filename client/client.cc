@@ -510,6 +510,21 @@ Result<PinLease> Client::Pin(std::span<const SegmentKey> keys,
 }
 
 Status Client::RegisterPool(const PoolSpec& pool) {
+  if (pool.kind == PoolSpec::Kind::kDeviceIpc) {
+    if (pool.device_pool_bytes == 0) {
+      return Status::InvalidArgument("a device pool of 0 bytes");
+    }
+    RegisterPoolRequest req{.layer = pool.layer,
+                            .part = pool.part,
+                            .kind = RegisterPoolRequest::kDeviceIpc,
+                            .offset = pool.offset,
+                            .slot_bytes = pool.slot_bytes,
+                            .slot_count = pool.slot_count,
+                            .device_handle = pool.device_handle,
+                            .device_pool_bytes = pool.device_pool_bytes};
+    StatusResponse resp;
+    return impl_->Call(Opcode::kRegisterPool, Encode(req), resp);
+  }
   if (pool.kind != PoolSpec::Kind::kMemfd) {
     return Status::InvalidArgument("unsupported pool kind");
   }

@@ -408,21 +408,32 @@ HandlerReply CacheService::RegisterPool(uint64_t conn, Namespace& ns, In in,
                                         int fd) {
   RegisterPoolRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  const storage::PoolLayout layout{.layer = req.layer,
+                                   .part = req.part,
+                                   .offset = req.offset,
+                                   .slot_bytes = req.slot_bytes,
+                                   .slot_count = req.slot_count};
+  if (req.kind == RegisterPoolRequest::kDeviceIpc) {
+    if (fd >= 0) {
+      return Ok(StatusResponse{Status::InvalidArgument(
+          "a device pool travels as an IPC handle, not a descriptor")});
+    }
+    storage::IpcHandle handle;
+    handle.bytes = req.device_handle;
+    handle.pool_bytes = req.device_pool_bytes;
+    return Ok(StatusResponse{
+        engine_->RegisterDevicePool(conn, *ns.engine, handle, layout)});
+  }
+  if (req.kind != RegisterPoolRequest::kMemfd) {
+    return Ok(StatusResponse{Status::InvalidArgument(fmt::format(
+        "unknown pool kind {} (0: memfd, 1: device IPC handle)", req.kind))});
+  }
   if (fd < 0) {
     return Ok(StatusResponse{
         Status::InvalidArgument("RegisterPool needs the pool's memfd")});
   }
-  if (req.kind != 0) {
-    return Ok(StatusResponse{Status::InvalidArgument(
-        "unsupported pool kind (this daemon maps memfd pools only)")});
-  }
   return Ok(
-      StatusResponse{engine_->RegisterPool(conn, *ns.engine, fd,
-                                           {.layer = req.layer,
-                                            .part = req.part,
-                                            .offset = req.offset,
-                                            .slot_bytes = req.slot_bytes,
-                                            .slot_count = req.slot_count})});
+      StatusResponse{engine_->RegisterPool(conn, *ns.engine, fd, layout)});
 }
 
 HandlerReply CacheService::RegisterTickets(uint64_t conn, In in, int fd) {

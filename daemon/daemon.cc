@@ -73,8 +73,9 @@ Status Daemon::OpenHbmTier() {
   }
   hbm_pool_ = *pool;
   spdlog::info(
-      "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams; it "
-      "caches no pages yet (the daemon's HBM tier is work in progress)",
+      "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams; "
+      "engines' device pools can be registered; the tier caches no pages of "
+      "its own yet (work in progress)",
       hbm_->name(), fell_back.empty() ? "" : " - ", fell_back,
       c.capacity_bytes >> 20, c.device, c.streams);
   return Status::OK();
@@ -116,6 +117,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   eo.mover.prefetch_queue = config.nvme.prefetch_queue;
   eo.mover.sync_interval =
       std::chrono::milliseconds(config.nvme.sync_interval_ms);
+  eo.device = d->hbm_.get();  // null without [hbm]: device pools refused
   auto engine =
       storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
   if (!engine.ok()) return engine.status();

@@ -627,8 +627,8 @@ void PublishFinished(LoadTicket& ticket) {
 
 }  // namespace
 
-Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
-                                 const PoolLayout& pool) {
+Status CacheEngine::CheckPoolLayout(EngineNamespace& ns,
+                                    const PoolLayout& pool) const {
   const auto layout = ns.layout();
   if (!layout) return Status::InvalidArgument("register a layout first");
   const uint64_t segment = layout->SegmentBytes(pool.layer, pool.part);
@@ -643,21 +643,57 @@ Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
                     pool.slot_bytes, segment));
   }
   if (pool.slot_count == 0) return Status::InvalidArgument("pool of 0 slots");
+  return Status::OK();
+}
+
+Status CacheEngine::AddPool(uint64_t owner, Pool pool) {
+  const PoolLayout layout = pool.layout;
+  MutexLock lock(&owners_mu_);
+  auto [it, inserted] = owners_[owner].pools.emplace(
+      PoolKey(layout.layer, layout.part), std::move(pool));
+  if (!inserted) {
+    return Status::InvalidArgument(
+        fmt::format("layer {} part {} already has a pool on this connection",
+                    layout.layer, layout.part));
+  }
+  return Status::OK();
+}
+
+Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
+                                 const PoolLayout& pool) {
+  TIERKV_RETURN_IF_ERROR(CheckPoolLayout(ns, pool));
   // Only the pool's own bytes, with the page tables filled now: every
   // Load writes them after.
   auto region = MappedRegion::Map(fd, pool.offset,
                                   uint64_t{pool.slot_count} * pool.slot_bytes,
                                   /*prefault=*/true);
   if (!region.ok()) return region.status();
-  MutexLock lock(&owners_mu_);
-  auto [it, inserted] = owners_[owner].pools.emplace(
-      PoolKey(pool.layer, pool.part), Pool{std::move(region).value(), pool});
-  if (!inserted) {
+  return AddPool(owner,
+                 Pool{.region = std::move(region).value(), .layout = pool});
+}
+
+Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
+                                       const IpcHandle& handle,
+                                       const PoolLayout& pool) {
+  if (options_.device == nullptr) {
     return Status::InvalidArgument(
-        fmt::format("layer {} part {} already has a pool on this connection",
-                    pool.layer, pool.part));
+        "this tierkvd has no device backend: device pools need an [hbm] "
+        "section");
   }
-  return Status::OK();
+  TIERKV_RETURN_IF_ERROR(CheckPoolLayout(ns, pool));
+  const uint64_t bytes = uint64_t{pool.slot_count} * pool.slot_bytes;
+  if (pool.offset > handle.pool_bytes ||
+      bytes > handle.pool_bytes - pool.offset) {
+    return Status::InvalidArgument(fmt::format(
+        "pool of {} slots x {} B at offset {} exceeds the {}-byte device "
+        "allocation",
+        pool.slot_count, pool.slot_bytes, pool.offset, handle.pool_bytes));
+  }
+  auto imported = options_.device->ImportPool(handle);
+  if (!imported.ok()) return imported.status();
+  auto device =
+      std::make_shared<ImportedDevicePool>(options_.device, *imported);
+  return AddPool(owner, Pool{.device = std::move(device), .layout = pool});
 }
 
 Status CacheEngine::RegisterTickets(uint64_t owner, int fd, uint32_t count) {
@@ -885,6 +921,10 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   };
   std::vector<ReadOf> read_of;
   for (const Pool& pool : job.pools[k]) {
+    if (pool.device) {
+      LoadUnitToDevice(job, pool, k, begin, end);
+      continue;
+    }
     const uint8_t p = pool.layout.part;
     for (uint32_t i = begin; i < end; ++i) {
       const SegmentKey key{t.pages[i], l, p};
@@ -944,6 +984,10 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   std::optional<std::chrono::steady_clock::time_point> deadline;
   const bool deepest_first = DeepestFirst(ns);
   for (const Pool& pool : job.pools[k]) {
+    if (pool.device) {
+      StoreUnitFromDevice(job, pool, k, begin, end);
+      continue;
+    }
     const uint8_t p = pool.layout.part;
     for (uint32_t n = begin; n < end; ++n) {
       const uint32_t i = deepest_first ? begin + end - 1 - n : n;
@@ -984,6 +1028,162 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
       store_segments_.fetch_add(1, std::memory_order_relaxed);
       store_bytes_.fetch_add(pool.layout.slot_bytes, std::memory_order_relaxed);
     }
+  }
+  if (dirty && mover_) mover_->Kick();
+}
+
+void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
+                                   uint32_t k, uint32_t begin, uint32_t end) {
+  const PoolTransfer& t = job.t;
+  EngineNamespace& ns = *job.ns;
+  DeviceBackend& device = *pool.device->backend;
+  const uint16_t l = t.first_layer + k;
+  const uint8_t p = pool.layout.part;
+  const uint64_t bytes = pool.layout.slot_bytes;
+  const StreamId stream =
+      next_device_stream_.fetch_add(1, std::memory_order_relaxed) %
+      device.streams();
+  // Host segments stay referenced (not evictable) until their copies are
+  // done; NVMe segments are read into a bounce buffer first, copied from it.
+  std::vector<SegmentKey> held;
+  std::vector<uint32_t> copied;  // pages whose copy was submitted
+  uint64_t host_bytes = 0, nvme_bytes = 0, nvme_segments = 0;
+  std::vector<NvmeReadItem> reads;
+  std::vector<uint32_t> read_page;
+  std::vector<std::byte> bounce;
+  auto copy = [&](uint32_t i, std::span<const std::byte> src) {
+    if (Status s =
+            device.CopyToDevice(stream, pool.DeviceSlot(t.slots[i]), src);
+        !s.ok()) {
+      RecordError(job, i, l, p, s.code());
+      return false;
+    }
+    copied.push_back(i);
+    return true;
+  };
+  for (uint32_t i = begin; i < end; ++i) {
+    const SegmentKey key{t.pages[i], l, p};
+    auto loc = ns.host_->Acquire(key);
+    if (loc.ok() && loc->size == bytes) {
+      if (copy(i, {ns.host_->arena().base() + loc->offset, bytes})) {
+        held.push_back(key);
+        host_bytes += bytes;
+      } else {
+        ns.host_->Release(key);
+      }
+      continue;
+    }
+    if (loc.ok()) ns.host_->Release(key);
+    if (nvme_) {
+      read_page.push_back(i);
+    } else {
+      RecordError(job, i, l, p, StatusCode::kNotFound);
+      load_misses_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (!read_page.empty()) {
+    bounce.resize(read_page.size() * bytes);
+    for (size_t r = 0; r < read_page.size(); ++r) {
+      reads.push_back({SegmentKey{t.pages[read_page[r]], l, p},
+                       {bounce.data() + r * bytes, bytes}});
+    }
+    auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
+    std::vector<SegmentKey> read_ok;
+    for (size_t r = 0; r < reads.size(); ++r) {
+      const uint32_t i = read_page[r];
+      if (!got[r].ok() || *got[r] != bytes) {
+        RecordError(
+            job, i, l, p,
+            got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
+        load_misses_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (copy(i, reads[r].dst)) {
+        read_ok.push_back(reads[r].key);
+        nvme_bytes += bytes;
+        ++nvme_segments;
+      }
+    }
+    if (!read_ok.empty()) {
+      MutexLock lock(&job.mu);
+      job.from_nvme.insert(job.from_nvme.end(), read_ok.begin(), read_ok.end());
+    }
+  }
+  // The layer is published only after this wait: what the engine reads
+  // after WaitLayer is on the device.
+  Status done;
+  if (!copied.empty()) {
+    auto event = device.RecordEvent(stream);
+    done = event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
+                      : event.status();
+  }
+  for (const SegmentKey& key : held) ns.host_->Release(key);
+  if (!done.ok()) {
+    for (uint32_t i : copied) RecordError(job, i, l, p, done.code());
+    return;
+  }
+  load_segments_host_.fetch_add(held.size(), std::memory_order_relaxed);
+  load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
+  load_segments_nvme_.fetch_add(nvme_segments, std::memory_order_relaxed);
+  load_bytes_nvme_.fetch_add(nvme_bytes, std::memory_order_relaxed);
+}
+
+void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
+                                      uint32_t k, uint32_t begin,
+                                      uint32_t end) {
+  const PoolTransfer& t = job.t;
+  EngineNamespace& ns = *job.ns;
+  DeviceBackend& device = *pool.device->backend;
+  const uint16_t l = t.first_layer + k;
+  const uint8_t p = pool.layout.part;
+  const uint64_t bytes = pool.layout.slot_bytes;
+  const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  const StreamId stream =
+      next_device_stream_.fetch_add(1, std::memory_order_relaxed) %
+      device.streams();
+  // Reserved segments are copied into straight from the device and
+  // committed once the copies' event is done (aborted if they failed).
+  // Unlike the memfd path, a reservation refused for write-back pressure
+  // is not retried here: the engine's Store says Busy for it.
+  std::vector<std::pair<uint32_t, SegmentKey>> reserved;
+  for (uint32_t i = begin; i < end; ++i) {
+    const SegmentKey key{t.pages[i], l, p};
+    auto r = ns.host_->Reserve(key, bytes);
+    if (!r.ok()) {
+      RecordError(job, i, l, p, r.status().code());
+      continue;
+    }
+    if (r->already_stored) {
+      store_dedup_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    std::span<std::byte> dst{ns.host_->arena().base() + r->location.offset,
+                             bytes};
+    if (Status s = device.CopyToHost(stream, dst, pool.DeviceSlot(t.slots[i]));
+        !s.ok()) {
+      ns.host_->Abort(key);
+      RecordError(job, i, l, p, s.code());
+      continue;
+    }
+    reserved.emplace_back(i, key);
+  }
+  if (reserved.empty()) return;
+  auto event = device.RecordEvent(stream);
+  const Status done =
+      event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
+                 : event.status();
+  for (const auto& [i, key] : reserved) {
+    if (!done.ok()) {
+      ns.host_->Abort(key);
+      RecordError(job, i, l, p, done.code());
+      continue;
+    }
+    if (Status s = ns.host_->Commit(key, dirty); !s.ok()) {
+      RecordError(job, i, l, p, s.code());
+      continue;
+    }
+    store_segments_.fetch_add(1, std::memory_order_relaxed);
+    store_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
   if (dirty && mover_) mover_->Kick();
 }

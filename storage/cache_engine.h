@@ -36,6 +36,7 @@
 
 #include "common/mutex.h"
 #include "storage/clock.h"
+#include "storage/device_backend.h"
 #include "storage/host_tier.h"
 #include "storage/latency_histogram.h"
 #include "storage/lease_table.h"
@@ -78,6 +79,13 @@ struct CacheEngineOptions {
   double index_key_report_weight = 4.0;
   // Background demotion and prefetch (used only with an NVMe tier).
   TierMoverOptions mover;
+  // The device backend engines' device pools are imported into
+  // (RegisterDevicePool); borrowed, must outlive the engine. Default: none
+  // (device pools are refused).
+  DeviceBackend* device = nullptr;
+  // How long one unit of a transfer waits for its device copies.
+  // Default: 30 s.
+  std::chrono::milliseconds device_copy_timeout{30000};
   // Source of time for lease expiry; borrowed. Default: the steady clock.
   const Clock* clock = SteadyClock::Default();
 
@@ -297,6 +305,16 @@ class CacheEngine {
   // the memfd is unsuitable (see MappedRegion::Map).
   Status RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
                       const PoolLayout& pool);
+  // Imports an engine's device pool (an IPC handle of options.device's
+  // kind) as the pool of (layer, part); `pool.offset` is within it. Loads
+  // into it and Stores from it are device copies, each unit of a transfer
+  // waiting for its copies' event before its layer is published. The
+  // import is closed once ReleaseOwner and every transfer using it are
+  // done. InvalidArgument as for RegisterPool, for slots past the
+  // allocation, or without a device backend; NotFound when the handle's
+  // pool (or process) is gone.
+  Status RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
+                            const IpcHandle& handle, const PoolLayout& pool);
   // Maps memfd `fd` as `count` LoadTickets of `owner` (replacing earlier
   // ones). InvalidArgument as for pools, or count 0.
   Status RegisterTickets(uint64_t owner, int fd, uint32_t count);
@@ -388,13 +406,32 @@ class CacheEngine {
                      std::vector<size_t> missing,
                      std::function<void(EngineRead)> done);
 
+  // An engine's device pool imported into options_.device; closed when the
+  // last Pool copy (the owner's, or a running transfer's) lets go.
+  struct ImportedDevicePool {
+    DeviceBackend* backend = nullptr;
+    ImportedPool pool;
+    ImportedDevicePool(DeviceBackend* b, ImportedPool p)
+        : backend(b), pool(p) {}
+    ~ImportedDevicePool() { (void)backend->CloseImported(pool); }
+  };
   struct Pool {
-    std::shared_ptr<MappedRegion> region;
+    std::shared_ptr<MappedRegion> region;        // memfd pools
+    std::shared_ptr<ImportedDevicePool> device;  // device pools
     PoolLayout layout;
     std::byte* Slot(uint32_t slot) const {  // region starts at layout.offset
       return region->bytes().data() + uint64_t{slot} * layout.slot_bytes;
     }
+    DeviceRegion DeviceSlot(uint32_t slot) const {
+      return {device->pool.pool,
+              layout.offset + uint64_t{slot} * layout.slot_bytes,
+              layout.slot_bytes};
+    }
   };
+  // Checks a pool against the namespace's layout (RegisterPool's rules).
+  Status CheckPoolLayout(EngineNamespace& ns, const PoolLayout& pool) const;
+  // Adds `pool` as the owner's pool of (layer, part).
+  Status AddPool(uint64_t owner, Pool pool);
   // What a transfer job needs, resolved under owners_mu_ at submission,
   // and its progress. Each layer is cut into `splits` page ranges (units);
   // up to transfer_lanes workers claim units in order (layer 0's first,
@@ -439,6 +476,12 @@ class CacheEngine {
   // Pages [begin, end) of the job's layer k.
   void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  // LoadLayer / StoreLayer for one device pool: copies on a device stream,
+  // then waits for their event.
+  void LoadUnitToDevice(TransferJob& job, const Pool& pool, uint32_t k,
+                        uint32_t begin, uint32_t end);
+  void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
+                           uint32_t begin, uint32_t end);
   // A unit of layer k is done; once all are, publishes every completed
   // leading layer.
   void FinishUnit(TransferJob& job, uint32_t k);
@@ -468,6 +511,7 @@ class CacheEngine {
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
+  std::atomic<uint32_t> next_device_stream_{0};  // round robin
 };
 
 }  // namespace tierkv::storage

@@ -1,5 +1,7 @@
 #include "transport/protocol.h"
 
+#include <cstring>
+
 namespace tierkv::transport {
 namespace {
 
@@ -321,6 +323,14 @@ std::vector<std::byte> Encode(const RegisterPoolRequest& m) {
   w.Int(m.offset);
   w.Int(m.slot_bytes);
   w.Int(m.slot_count);
+  if (m.kind == RegisterPoolRequest::kDeviceIpc) {
+    for (size_t i = 0; i < m.device_handle.size(); i += 8) {
+      uint64_t word;
+      std::memcpy(&word, m.device_handle.data() + i, 8);
+      w.Int(word);
+    }
+    w.Int(m.device_pool_bytes);
+  }
   return w.Take();
 }
 Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
@@ -331,6 +341,13 @@ Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
   out.offset = r.Int<uint64_t>();
   out.slot_bytes = r.Int<uint64_t>();
   out.slot_count = r.Int<uint32_t>();
+  if (out.kind == RegisterPoolRequest::kDeviceIpc) {
+    for (size_t i = 0; i < out.device_handle.size(); i += 8) {
+      const auto word = r.Int<uint64_t>();
+      std::memcpy(out.device_handle.data() + i, &word, 8);
+    }
+    out.device_pool_bytes = r.Int<uint64_t>();
+  }
   return r.status();
 }
 

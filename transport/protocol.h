@@ -164,14 +164,20 @@ struct ReleaseRequest {
   uint64_t lease_id = 0;
 };
 
-// kRegisterPool: the pool's memfd travels with the request.
+// kRegisterPool: a memfd pool's descriptor travels with the request; a
+// device pool's IPC handle is in it.
 struct RegisterPoolRequest {
+  static constexpr uint8_t kMemfd = 0;
+  static constexpr uint8_t kDeviceIpc = 1;
   uint16_t layer = 0;
   uint8_t part = 0;
-  uint8_t kind = 0;  // 0: memfd (a CUDA IPC handle later, issue 10)
+  uint8_t kind = kMemfd;
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;
   uint32_t slot_count = 0;
+  // kDeviceIpc only (on the wire only for it).
+  std::array<std::byte, 64> device_handle{};
+  uint64_t device_pool_bytes = 0;
 };
 
 // kRegisterTickets: the tickets' memfd travels with the request.

@@ -23,6 +23,7 @@
 // be reconnected; the mapped arena stays valid until the Client is destroyed.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -134,16 +135,27 @@ class PinLease {
 
 // An engine-owned KV pool registered with the daemon (registered-pool
 // mode, DESIGN.md §5): `slot_count` slots of `slot_bytes` bytes starting at
-// `offset` of a memfd, holding segments of one (layer, part). slot_bytes
-// must equal the layout's segment size. The memfd must allow sealing
-// (memfd_create with MFD_ALLOW_SEALING): RegisterPool seals it against
-// shrinking, so the daemon can never fault on a truncated pool.
+// `offset` of the pool's memory, holding segments of one (layer, part).
+// slot_bytes must equal the layout's segment size. Two kinds of memory:
+//   kMemfd: host memory in a memfd, which must allow sealing (memfd_create
+//     with MFD_ALLOW_SEALING): RegisterPool seals it against shrinking, so
+//     the daemon can never fault on a truncated pool.
+//   kDeviceIpc: device memory (HBM) the engine exported: `device_handle`
+//     is a cudaIpcMemHandle_t's 64 bytes (or, on a machine without a GPU,
+//     the handle of tierkvd's emulated device backend), `device_pool_bytes`
+//     the exported allocation's size. The daemon imports it into its [hbm]
+//     device backend (which must be the same kind) and moves bytes with
+//     device copies; per-layer completion waits for the device's events.
+//     The engine keeps the allocation alive while the pool is registered.
 struct PoolSpec {
   enum class Kind : uint8_t {
-    kMemfd = 0,  // host memory; a CUDA IPC handle joins with the HBM tier
+    kMemfd = 0,
+    kDeviceIpc = 1,
   };
   Kind kind = Kind::kMemfd;
-  int fd = -1;  // borrowed; the daemon keeps its own duplicate
+  int fd = -1;  // kMemfd: borrowed; the daemon keeps its own duplicate
+  std::array<std::byte, 64> device_handle{};  // kDeviceIpc
+  uint64_t device_pool_bytes = 0;             // kDeviceIpc
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;
   uint32_t slot_count = 0;

@@ -34,6 +34,7 @@
 // pool gets a pool id here, so copies and gathers can target it.
 #include "storage/cuda/cuda_backend.h"
 
+#include <cuda.h>  // CUresult, CUdeviceptr: types only, no libcuda
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -363,6 +364,17 @@ class CudaBackend final : public DeviceBackend {
           "gone): cudaIpcOpenMemHandle: {}",
           CudaText(e)));
     }
+    // The handle's size comes from the client: check it against the
+    // allocation, or a lying client would make this process's copies run
+    // past the mapping (a device fault poisons the whole context).
+    auto actual = AllocationBytes(base);
+    if (!actual.ok() || *actual < handle.pool_bytes) {
+      cudaIpcCloseMemHandle(base);
+      if (!actual.ok()) return actual.status();
+      return Status::InvalidArgument(fmt::format(
+          "the device pool handle says {} bytes; the allocation has {}",
+          handle.pool_bytes, *actual));
+    }
     return AddImported(static_cast<std::byte*>(base), handle.pool_bytes, true);
   }
 
@@ -407,6 +419,37 @@ class CudaBackend final : public DeviceBackend {
     uint64_t bytes = 0;
     std::byte* device = nullptr;  // the range's address on the device
   };
+
+  // The size of the allocation at `base` (cuMemGetAddressRange; the
+  // runtime API has no equivalent, so the driver's entry point is fetched
+  // through the runtime, without linking libcuda).
+  static Result<uint64_t> AllocationBytes(void* base) {
+    using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+    static GetRange get_range = [] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                           cudaEnableDefault,
+                                           &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        fn = nullptr;
+      }
+      return reinterpret_cast<GetRange>(fn);
+    }();
+    if (get_range == nullptr) {
+      return Status::Unavailable(
+          "cannot check an imported pool's size: the driver has no "
+          "cuMemGetAddressRange");
+    }
+    CUdeviceptr start = 0;
+    size_t bytes = 0;
+    if (get_range(&start, &bytes, reinterpret_cast<CUdeviceptr>(base)) !=
+        CUDA_SUCCESS) {
+      return Status::IOError("cuMemGetAddressRange failed on an imported pool");
+    }
+    return static_cast<uint64_t>(bytes -
+                                 (reinterpret_cast<CUdeviceptr>(base) - start));
+  }
 
   Status Use() const {
     const cudaError_t e = cudaSetDevice(device_);

@@ -1,0 +1,350 @@
+// Engines' device pools (PoolSpec::kDeviceIpc) through a real tierkvd with
+// an [hbm] section, on the emulated device backend (the same API path as
+// CUDA IPC): the engine process allocates and exports its pools, the daemon
+// imports them, Load fills their slots from DRAM and NVMe and Store copies
+// them out; what the engine then reads from its own device pools is what
+// was stored. Bad handles and sizes are refused, and an engine killed with
+// device pools registered leaves the daemon serving.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "storage/device_backend.h"
+#include "tests/client/client_test_util.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tierkv::testing {
+namespace {
+
+using storage::DeviceBackend;
+using storage::DeviceBackendKind;
+constexpr std::chrono::milliseconds kTimeout{10000};
+constexpr char kToken[] = "device-pool-token";
+
+// 4 layers of bf16 latent KV; index keys on layers 0 and 2.
+LayoutSpec DeviceLayout() {
+  LayoutSpec l;
+  l.page_tokens = 64;
+  for (int i = 0; i < 4; ++i) {
+    LayerSpec layer;
+    layer.parts.push_back({"kv", 1152});
+    if (i % 2 == 0) layer.parts.push_back({"index_k", 132});
+    l.layers.push_back(layer);
+  }
+  return l;
+}
+
+// The engine's KV pools in (emulated) device memory: one allocation per
+// (layer, part), exported for the daemon.
+class DevicePools {
+ public:
+  DevicePools(const LayoutSpec& layout, uint32_t slots) : slots_(slots) {
+    auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated});
+    EXPECT_OK(b);
+    backend_ = std::move(b).value();
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        const uint64_t seg = layout.SegmentBytes(l, p);
+        auto pool = backend_->AllocatePool(seg * slots);
+        EXPECT_OK(pool);
+        pools_[{l, p}] = {pool->id, seg};
+      }
+    }
+  }
+  Status RegisterAll(Client& c) {
+    for (auto& [k, pool] : pools_) {
+      auto handle = backend_->ExportPool(pool.id);
+      if (!handle.ok()) return handle.status();
+      TIERKV_RETURN_IF_ERROR(
+          c.RegisterPool({.kind = PoolSpec::Kind::kDeviceIpc,
+                          .device_handle = handle->bytes,
+                          .device_pool_bytes = handle->pool_bytes,
+                          .slot_bytes = pool.slot_bytes,
+                          .slot_count = slots_,
+                          .layer = k.first,
+                          .part = k.second}));
+    }
+    return Status::OK();
+  }
+  // The slot's bytes, copied back from the device.
+  std::vector<std::byte> Read(uint16_t l, uint8_t p, uint32_t slot) {
+    const Pool& pool = pools_.at({l, p});
+    std::vector<std::byte> out(pool.slot_bytes);
+    EXPECT_OK(backend_->CopyToHost(
+        0, out, {pool.id, slot * pool.slot_bytes, pool.slot_bytes}));
+    Sync();
+    return out;
+  }
+  void Write(uint16_t l, uint8_t p, uint32_t slot,
+             std::span<const std::byte> bytes) {
+    const Pool& pool = pools_.at({l, p});
+    EXPECT_OK(backend_->CopyToDevice(
+        0, {pool.id, slot * pool.slot_bytes, pool.slot_bytes}, bytes));
+    Sync();
+  }
+  DeviceBackend& backend() { return *backend_; }
+  uint32_t pool_id(uint16_t l, uint8_t p) const { return pools_.at({l, p}).id; }
+
+ private:
+  struct Pool {
+    uint32_t id = 0;
+    uint64_t slot_bytes = 0;
+  };
+  void Sync() {
+    auto e = backend_->RecordEvent(0);
+    EXPECT_OK(e);
+    if (e.ok()) EXPECT_OK(backend_->WaitEvent(*e, kTimeout));
+  }
+  uint32_t slots_;
+  std::unique_ptr<DeviceBackend> backend_;
+  std::map<std::pair<uint16_t, uint8_t>, Pool> pools_;
+};
+
+class DevicePoolTest : public ::testing::Test {
+ protected:
+  void Start(bool hbm = true) {
+    daemon_ = std::make_unique<DaemonProcess>();
+    std::string toml = fmt::format(
+        "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = \"64MiB\"\n",
+        dir_.path().string());
+    if (hbm) {
+      toml += "[hbm]\nbackend = \"emulated\"\ncapacity_bytes = \"16MiB\"\n";
+    }
+    toml += fmt::format(
+        "[[namespace]]\nname = \"default\"\ntoken = \"{}\"\nhost_bytes = "
+        "\"4MiB\"\nshards = 1\nwrite_policy = \"none\"\n",
+        kToken);
+    ASSERT_OK(daemon_->Start({.config_toml = toml}));
+  }
+  std::unique_ptr<Client> Open() {
+    auto c = daemon_->Connect("default", kToken);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return nullptr;
+    EXPECT_OK((*c)->RegisterLayout(DeviceLayout()));
+    return std::move(c).value();
+  }
+  std::vector<SegmentKey> Keys(const PageHash& page) {
+    std::vector<SegmentKey> keys;
+    const LayoutSpec layout = DeviceLayout();
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        keys.push_back({page, l, p});
+      }
+    }
+    return keys;
+  }
+  void PutAll(Client& c, const std::vector<PageHash>& pages) {
+    const LayoutSpec layout = DeviceLayout();
+    std::vector<std::vector<std::byte>> data;
+    std::vector<SegmentKey> keys;
+    for (const auto& page : pages) {
+      for (const auto& k : Keys(page)) {
+        keys.push_back(k);
+        data.push_back(SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
+      }
+    }
+    std::vector<SegmentWrite> writes;
+    for (size_t i = 0; i < keys.size(); ++i)
+      writes.push_back({keys[i], data[i]});
+    for (const PutResult& r : c.Put(writes)) ASSERT_OK(r);
+  }
+  nlohmann::json Stats(Client& c) {
+    auto s = c.StatsJson();
+    EXPECT_TRUE(s.ok());
+    return nlohmann::json::parse(s.ok() ? *s : "{}");
+  }
+
+  TempDir dir_{"/var/tmp"};  // O_DIRECT needs a disk-backed file
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(DevicePoolTest, LoadFillsTheEnginesDevicePoolsFromDramAndNvme) {
+  Start();
+  auto c = Open();
+  const auto pages = Pages(4);
+  PutAll(*c, pages);
+  std::vector<SegmentKey> first;
+  for (const auto& page : pages) {
+    for (const auto& k : Keys(page)) first.push_back(k);
+  }
+  for (const Status& s : c->Flush(first)) ASSERT_OK(s);
+  const auto recent = Pages(40, 100000);  // 4 MiB of DRAM: evicts pages 0-3
+  PutAll(*c, recent);
+  DevicePools pools(DeviceLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*c));
+
+  // NVMe-only pages 0 and 1, host pages (the newest two), scrambled slots.
+  const std::vector<PageHash> want = {pages[0], recent[39], pages[1],
+                                      recent[38]};
+  const std::vector<uint32_t> slots = {6, 0, 3, 7};
+  auto load = c->Load(want, slots);
+  ASSERT_OK(load);
+  for (uint16_t l = 0; l < 4; ++l) {
+    auto statuses = load->WaitLayer(l);
+    ASSERT_OK(statuses);
+    for (size_t i = 0; i < statuses->size(); ++i) {
+      EXPECT_TRUE((*statuses)[i].ok()) << "layer " << l << " page " << i << ": "
+                                       << (*statuses)[i].ToString();
+    }
+    // Layer l is on the device once WaitLayer(l) returns.
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (uint8_t p = 0; p < (l % 2 == 0 ? 2 : 1); ++p) {
+        const SegmentKey k{want[i], l, p};
+        const auto got = pools.Read(l, p, slots[i]);
+        EXPECT_EQ(got, SegmentBytes(k, got.size())) << k.ToString();
+      }
+    }
+  }
+  auto st = Stats(*c)["transfers"];
+  EXPECT_EQ(st["load_segments"]["nvme"], 12) << st.dump();
+  EXPECT_EQ(st["load_segments"]["host"], 12) << st.dump();
+  EXPECT_EQ(st["registered_pools"], 6);
+
+  // A page stored nowhere: NotFound, its device slot untouched.
+  const std::vector<std::byte> before = pools.Read(1, 0, 1);
+  auto miss = c->Load(Pages(1, 900000), std::vector<uint32_t>{1});
+  ASSERT_OK(miss);
+  auto all = miss->Wait();
+  ASSERT_OK(all);
+  EXPECT_EQ((*all)[0].code(), StatusCode::kNotFound);
+  EXPECT_EQ(pools.Read(1, 0, 1), before);
+}
+
+TEST_F(DevicePoolTest, StoreCopiesDeviceSlotsOutAndDedups) {
+  Start();
+  auto c = Open();
+  DevicePools pools(DeviceLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(*c));
+  const auto pages = Pages(3, 5000);
+  const LayoutSpec layout = DeviceLayout();
+  for (uint32_t i = 0; i < pages.size(); ++i) {
+    for (const auto& k : Keys(pages[i])) {
+      pools.Write(k.layer, k.part, i + 1,
+                  SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
+    }
+  }
+  auto store = c->Store(pages, std::vector<uint32_t>{1, 2, 3});
+  ASSERT_OK(store);
+  auto stored = store->Wait();
+  ASSERT_OK(stored);
+  for (const Status& s : *stored) EXPECT_OK(s);
+  // Read back through the buffer path: the bytes the device held.
+  for (const auto& page : pages) {
+    for (const auto& k : Keys(page)) {
+      std::vector<std::byte> got(layout.SegmentBytes(k.layer, k.part));
+      const SegmentRead read{k, got};
+      ASSERT_OK(c->Get({&read, 1})[0]);
+      EXPECT_EQ(got, SegmentBytes(k, got.size())) << k.ToString();
+    }
+  }
+  auto again = c->Store(pages, std::vector<uint32_t>{1, 2, 3});
+  ASSERT_OK(again);
+  ASSERT_OK(again->Wait());
+  auto st = Stats(*c)["transfers"];
+  EXPECT_EQ(st["store_segments"], 18) << st.dump();
+  EXPECT_EQ(st["store_dedup"], 18) << st.dump();
+}
+
+TEST_F(DevicePoolTest, BadDevicePoolsAreRefusedWithClearErrors) {
+  Start();
+  auto c = Open();
+  DevicePools pools(DeviceLayout(), 4);
+  auto handle = pools.backend().ExportPool(pools.pool_id(0, 0));
+  ASSERT_OK(handle);
+  PoolSpec spec{.kind = PoolSpec::Kind::kDeviceIpc,
+                .device_handle = handle->bytes,
+                .device_pool_bytes = handle->pool_bytes,
+                .slot_bytes = DeviceLayout().SegmentBytes(0, 0),
+                .slot_count = 4,
+                .layer = 0,
+                .part = 0};
+  // More slots than the allocation holds.
+  PoolSpec big = spec;
+  big.slot_count = 5;
+  Status s = c->RegisterPool(big);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("exceeds"), std::string_view::npos) << s.message();
+  // A size that lies about the allocation.
+  PoolSpec lying = spec;
+  lying.device_pool_bytes *= 2;
+  lying.slot_count = 8;
+  EXPECT_EQ(c->RegisterPool(lying).code(), StatusCode::kInvalidArgument);
+  // Garbage handle bytes.
+  PoolSpec junk = spec;
+  junk.device_handle.fill(std::byte{0x42});
+  EXPECT_EQ(c->RegisterPool(junk).code(), StatusCode::kInvalidArgument);
+  // The real one registers once; a second pool for (0, 0) is refused.
+  ASSERT_OK(c->RegisterPool(spec));
+  EXPECT_EQ(c->RegisterPool(spec).code(), StatusCode::kInvalidArgument);
+  // A freed allocation cannot be registered.
+  auto other = pools.backend().AllocatePool(handle->pool_bytes);
+  ASSERT_OK(other);
+  auto gone = pools.backend().ExportPool(other->id);
+  ASSERT_OK(gone);
+  ASSERT_OK(pools.backend().FreePool(other->id));
+  PoolSpec freed = spec;
+  freed.layer = 1;
+  freed.device_handle = gone->bytes;
+  EXPECT_EQ(c->RegisterPool(freed).code(), StatusCode::kNotFound);
+  EXPECT_OK(c->Ping().status());
+}
+
+TEST_F(DevicePoolTest, WithoutAnHbmSectionDevicePoolsAreRefused) {
+  Start(/*hbm=*/false);
+  auto c = Open();
+  DevicePools pools(DeviceLayout(), 2);
+  Status s = pools.RegisterAll(*c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("[hbm]"), std::string_view::npos) << s.message();
+}
+
+TEST_F(DevicePoolTest, AnEngineKilledWithDevicePoolsLeavesTheDaemonServing) {
+  Start();
+  {
+    auto c = Open();
+    PutAll(*c, Pages(8));
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto c = daemon_->Connect("default", kToken);
+    if (!c.ok() || !(*c)->RegisterLayout(DeviceLayout()).ok()) ::_exit(2);
+    DevicePools pools(DeviceLayout(), 8);
+    if (!pools.RegisterAll(**c).ok()) ::_exit(3);
+    std::vector<uint32_t> slots = {0, 1, 2, 3, 4, 5, 6, 7};
+    auto load = (*c)->Load(Pages(8), slots);
+    if (!load.ok()) ::_exit(4);
+    ::raise(SIGKILL);  // mid-Load, holding its exported pools
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  auto c = Open();
+  // The daemon notices the closed socket on its own schedule: ask until the
+  // dead engine's pools are gone (each question is a round trip).
+  nlohmann::json st;
+  for (int i = 0; i < 20000; ++i) {
+    st = Stats(*c);
+    if (st["transfers"]["registered_pools"] == 0) break;
+  }
+  EXPECT_EQ(st["transfers"]["registered_pools"], 0) << st.dump();
+  // It still serves a new engine's device pools.
+  DevicePools pools(DeviceLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*c));
+  auto load = c->Load(Pages(1), std::vector<uint32_t>{5});
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  const SegmentKey k{Pages(1)[0], 3, 0};
+  EXPECT_EQ(pools.Read(3, 0, 5),
+            SegmentBytes(k, DeviceLayout().SegmentBytes(3, 0)));
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << "the daemon exits cleanly";
+}
+
+}  // namespace
+}  // namespace tierkv::testing
