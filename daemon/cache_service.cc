@@ -260,8 +260,12 @@ HandlerReply CacheService::Match(uint64_t conn, Namespace& ns, In in) {
   if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
   const double page_tokens = ns.engine->layout()->page_tokens;
   ns.metrics->lookups->Increment();
-  ns.metrics->lookup_tokens_host->Increment(
-      (match->leading_pages - match->leading_nvme_pages) * page_tokens);
+  ns.metrics->lookup_tokens_host->Increment((match->leading_pages -
+                                             match->leading_nvme_pages -
+                                             match->leading_hbm_pages) *
+                                            page_tokens);
+  ns.metrics->lookup_tokens_hbm->Increment(match->leading_hbm_pages *
+                                           page_tokens);
   ns.metrics->lookup_tokens_nvme->Increment(match->leading_nvme_pages *
                                             page_tokens);
   ns.metrics->lookup_tokens_miss->Increment(
@@ -557,6 +561,26 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                   {"rejections", es.worker_rejections}};
   j["write_policy"] = storage::WritePolicyName(ns.engine->write_policy());
   j["lookup_tokens"]["nvme"] = m.lookup_tokens_nvme->Value();
+  j["lookup_tokens"]["hbm"] = m.lookup_tokens_hbm->Value();
+  j["transfers"]["load_segments"]["hbm"] = es.load_segments_hbm;
+  j["transfers"]["load_bytes"]["hbm"] = es.load_bytes_hbm;
+  if (es.has_hbm) {
+    const storage::HbmTierStats& h = es.hbm;
+    const auto& mine = h.namespaces.at(es.hbm_namespace);
+    j["hbm"] = {{"capacity_bytes", h.capacity_bytes},
+                {"used_bytes", h.used_bytes},
+                {"segments", h.segments},
+                {"hits", h.hits},
+                {"misses", h.misses},
+                {"admissions", h.admissions},
+                {"admission_failures", h.admission_failures},
+                {"evictions", h.evictions},
+                {"evicted_bytes", h.evicted_bytes},
+                {"namespace",
+                 {{"quota_bytes", mine.quota_bytes},
+                  {"used_bytes", mine.used_bytes},
+                  {"segments", mine.segments}}}};
+  }
   j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
   if (es.has_nvme) {
     const storage::NvmeStoreStats& n = es.nvme;

@@ -300,6 +300,13 @@ Status DaemonConfig::Validate() const {
     if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
       return Bad(where, "host_bytes must be at least 1 MiB per shard");
     }
+    if (ns.hbm_bytes > 0 && !hbm.enabled()) {
+      return Bad(where,
+                 "hbm_bytes needs an [hbm] tier (set hbm.capacity_bytes)");
+    }
+    if (ns.hbm_bytes > hbm.capacity_bytes) {
+      return Bad(where, "hbm_bytes exceeds hbm.capacity_bytes");
+    }
     if (ns.nvme_bytes > 0 && !nvme.enabled()) {
       return Bad(where, "nvme_bytes needs an [nvme] tier (set nvme.path)");
     }
@@ -467,7 +474,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           CheckKeys(*t, "namespace",
                     {"name", "token", "token_file", "host_bytes", "shards",
                      "hugepages", "prefault", "write_policy", "nvme_bytes",
-                     "max_connections", "eviction_policy"}));
+                     "hbm_bytes", "max_connections", "eviction_policy"}));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
       TIERKV_RETURN_IF_ERROR(
@@ -481,6 +488,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
       TIERKV_RETURN_IF_ERROR(
           ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBytes(*t, "namespace", "hbm_bytes", ns.hbm_bytes));
       TIERKV_RETURN_IF_ERROR(
           ReadInt(*t, "namespace", "max_connections", ns.max_connections));
       TIERKV_RETURN_IF_ERROR(

@@ -107,6 +107,9 @@ struct NamespaceConfig {
   // the reservations leave with the other namespaces without one.
   // Default: 0.
   uint64_t nvme_bytes = 0;
+  // Most of the HBM tier ([hbm]) this namespace may hold; past it, its own
+  // least recent segments there go first. 0: all of it. Default: 0.
+  uint64_t hbm_bytes = 0;
 };
 
 struct DaemonConfig {

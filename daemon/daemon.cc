@@ -73,9 +73,8 @@ Status Daemon::OpenHbmTier() {
   }
   hbm_pool_ = *pool;
   spdlog::info(
-      "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams; "
-      "engines' device pools can be registered; the tier caches no pages of "
-      "its own yet (work in progress)",
+      "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams: "
+      "it keeps copies of what engines' device pools load and store",
       hbm_->name(), fell_back.empty() ? "" : " - ", fell_back,
       c.capacity_bytes >> 20, c.device, c.streams);
   return Status::OK();
@@ -98,7 +97,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                   .prefault = nc.prefault,
                   .eviction_policy = nc.eviction_policy},
          .write_policy = nc.write_policy.value_or(
-             d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone)});
+             d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone),
+         .hbm_quota_bytes = nc.hbm_bytes});
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);
@@ -118,6 +118,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   eo.mover.sync_interval =
       std::chrono::milliseconds(config.nvme.sync_interval_ms);
   eo.device = d->hbm_.get();  // null without [hbm]: device pools refused
+  eo.hbm_pool = d->hbm_pool_;
   auto engine =
       storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
   if (!engine.ok()) return engine.status();

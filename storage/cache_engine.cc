@@ -34,6 +34,9 @@ Status CacheEngineOptions::Validate() const {
     return Status::InvalidArgument("engine worker_queue must be > 0");
   }
   if (clock == nullptr) return Status::InvalidArgument("engine clock is null");
+  if (hbm_pool.bytes > 0 && device == nullptr) {
+    return Status::InvalidArgument("an HBM pool needs its device backend");
+  }
   return mover.Validate();
 }
 
@@ -52,7 +55,9 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   std::unique_ptr<CacheEngine> engine(new CacheEngine(options, nvme));
   std::unordered_set<std::string> names;
   std::vector<const TierPair*> pairs;
+  std::vector<uint64_t> hbm_quotas;
   for (NamespaceOptions& o : spaces) {
+    hbm_quotas.push_back(o.hbm_quota_bytes);
     if (!names.insert(o.host.name).second) {
       return Status::InvalidArgument("duplicate namespace '" + o.host.name +
                                      "'");
@@ -82,6 +87,7 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     }
     auto ns = std::make_unique<EngineNamespace>();
     ns->host_ = std::move(host).value();
+    ns->index_ = static_cast<uint32_t>(engine->spaces_.size());
     ns->tiers_ = TierPair{
         .ns = o.host.name,
         .host = ns->host_.get(),
@@ -91,6 +97,10 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     };
     pairs.push_back(&ns->tiers_);
     engine->spaces_.push_back(std::move(ns));
+  }
+  if (options.hbm_pool.bytes > 0) {
+    engine->hbm_ = std::make_unique<HbmTier>(options.hbm_pool.bytes,
+                                             std::move(hbm_quotas));
   }
   engine->leases_ =
       std::make_unique<LeaseTable>(options.clock, options.lease_limits);
@@ -179,11 +189,14 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   uint64_t prefetch_bytes = 0;
   for (const PageHash& page : pages) {
     Tier tier = Tier::kHost;
+    // Every segment also in HBM: a Load into a device pool is served there.
+    bool all_hbm = hbm_ != nullptr;
     const size_t mark = promote.size();
     for (uint16_t l = 0; tier != Tier::kMiss && l < layout->num_layers(); ++l) {
       const auto parts = layout->layers[l].parts.size();
       for (uint8_t p = 0; tier != Tier::kMiss && p < parts; ++p) {
         const SegmentKey key{page, l, p};
+        all_hbm = all_hbm && hbm_->Contains(ns.index_, key);
         if (ns.host_->Touch(key)) continue;
         if (nvme_ && nvme_->Contains(ns.name(), key, fingerprint)) {
           tier = Tier::kNvme;
@@ -197,11 +210,13 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
         }
       }
     }
+    if (all_hbm && tier != Tier::kMiss) tier = Tier::kHbm;
     out.tiers.push_back(tier);
     leading = leading && tier != Tier::kMiss;
     if (leading) {
       out.leading_pages++;
       out.leading_nvme_pages += tier == Tier::kNvme;
+      out.leading_hbm_pages += tier == Tier::kHbm;
     } else {
       // Only what the engine will read next.
       for (size_t k = mark; k < promote.size(); ++k) {
@@ -549,6 +564,7 @@ std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,
 EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   EngineStats s = SharedStats();
   s.host = ns.host_->Stats();
+  s.hbm_namespace = ns.index_;
   s.active_leases = leases_->leases_on(ns.host_.get());
   return s;
 }
@@ -568,6 +584,12 @@ EngineStats CacheEngine::SharedStats() const {
   auto get = [](const std::atomic<uint64_t>& a) {
     return a.load(std::memory_order_relaxed);
   };
+  if (hbm_) {
+    s.has_hbm = true;
+    s.hbm = hbm_->Stats();
+  }
+  s.load_segments_hbm = get(load_segments_hbm_);
+  s.load_bytes_hbm = get(load_bytes_hbm_);
   s.load_segments_host = get(load_segments_host_);
   s.load_bytes_host = get(load_bytes_host_);
   s.load_segments_nvme = get(load_segments_nvme_);
@@ -1043,26 +1065,54 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   const StreamId stream =
       next_device_stream_.fetch_add(1, std::memory_order_relaxed) %
       device.streams();
-  // Host segments stay referenced (not evictable) until their copies are
-  // done; NVMe segments are read into a bounce buffer first, copied from it.
-  std::vector<SegmentKey> held;
+  // HBM hits are device-to-device copies. Host segments stay referenced
+  // (not evictable) until their copies are done; NVMe segments are read
+  // into a bounce buffer first, copied from it. What came from below is
+  // admitted into HBM by a device copy from the slot just filled, and
+  // committed there once the event says the bytes are in place.
+  HbmTier* const hbm = hbm_.get();
+  const uint32_t hbm_pool = options_.hbm_pool.id;
+  std::vector<SegmentKey> held, hbm_held, admitted;
   std::vector<uint32_t> copied;  // pages whose copy was submitted
   uint64_t host_bytes = 0, nvme_bytes = 0, nvme_segments = 0;
   std::vector<NvmeReadItem> reads;
   std::vector<uint32_t> read_page;
   std::vector<std::byte> bounce;
+  auto admit = [&](const SegmentKey& key, const DeviceRegion& slot) {
+    if (hbm == nullptr) return;
+    auto at = hbm->Reserve(ns.index_, key, bytes);
+    if (!at.ok()) return;  // no room, or already there
+    if (device.CopyOnDevice(stream, {hbm_pool, *at, bytes}, slot).ok()) {
+      admitted.push_back(key);
+    } else {
+      hbm->Abort(ns.index_, key);
+    }
+  };
   auto copy = [&](uint32_t i, std::span<const std::byte> src) {
-    if (Status s =
-            device.CopyToDevice(stream, pool.DeviceSlot(t.slots[i]), src);
-        !s.ok()) {
+    const DeviceRegion slot = pool.DeviceSlot(t.slots[i]);
+    if (Status s = device.CopyToDevice(stream, slot, src); !s.ok()) {
       RecordError(job, i, l, p, s.code());
       return false;
     }
     copied.push_back(i);
+    admit({t.pages[i], l, p}, slot);
     return true;
   };
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
+    if (hbm != nullptr) {
+      if (auto at = hbm->Acquire(ns.index_, key, bytes)) {
+        if (device
+                .CopyOnDevice(stream, pool.DeviceSlot(t.slots[i]),
+                              {hbm_pool, *at, bytes})
+                .ok()) {
+          hbm_held.push_back(key);
+          copied.push_back(i);
+          continue;
+        }
+        hbm->Release(ns.index_, key);  // served from below instead
+      }
+    }
     auto loc = ns.host_->Acquire(key);
     if (loc.ok() && loc->size == bytes) {
       if (copy(i, {ns.host_->arena().base() + loc->offset, bytes})) {
@@ -1118,10 +1168,20 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
                       : event.status();
   }
   for (const SegmentKey& key : held) ns.host_->Release(key);
+  for (const SegmentKey& key : hbm_held) hbm->Release(ns.index_, key);
+  for (const SegmentKey& key : admitted) {
+    if (done.ok()) {
+      hbm->Commit(ns.index_, key);
+    } else {
+      hbm->Abort(ns.index_, key);
+    }
+  }
   if (!done.ok()) {
     for (uint32_t i : copied) RecordError(job, i, l, p, done.code());
     return;
   }
+  load_segments_hbm_.fetch_add(hbm_held.size(), std::memory_order_relaxed);
+  load_bytes_hbm_.fetch_add(hbm_held.size() * bytes, std::memory_order_relaxed);
   load_segments_host_.fetch_add(held.size(), std::memory_order_relaxed);
   load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
   load_segments_nvme_.fetch_add(nvme_segments, std::memory_order_relaxed);
@@ -1146,6 +1206,7 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   // Unlike the memfd path, a reservation refused for write-back pressure
   // is not retried here: the engine's Store says Busy for it.
   std::vector<std::pair<uint32_t, SegmentKey>> reserved;
+  std::vector<SegmentKey> admitted;  // HBM copies of what is stored
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
     auto r = ns.host_->Reserve(key, bytes);
@@ -1166,12 +1227,33 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
       continue;
     }
     reserved.emplace_back(i, key);
+    // A segment an engine just computed is likely read again soon: keep a
+    // copy in HBM too (device to device, off the PCIe bus).
+    if (hbm_) {
+      if (auto at = hbm_->Reserve(ns.index_, key, bytes); at.ok()) {
+        if (device
+                .CopyOnDevice(stream, {options_.hbm_pool.id, *at, bytes},
+                              pool.DeviceSlot(t.slots[i]))
+                .ok()) {
+          admitted.push_back(key);
+        } else {
+          hbm_->Abort(ns.index_, key);
+        }
+      }
+    }
   }
   if (reserved.empty()) return;
   auto event = device.RecordEvent(stream);
   const Status done =
       event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
                  : event.status();
+  for (const SegmentKey& key : admitted) {
+    if (done.ok()) {
+      hbm_->Commit(ns.index_, key);
+    } else {
+      hbm_->Abort(ns.index_, key);
+    }
+  }
   for (const auto& [i, key] : reserved) {
     if (!done.ok()) {
       ns.host_->Abort(key);

@@ -37,6 +37,7 @@
 #include "common/mutex.h"
 #include "storage/clock.h"
 #include "storage/device_backend.h"
+#include "storage/hbm_tier.h"
 #include "storage/host_tier.h"
 #include "storage/latency_histogram.h"
 #include "storage/lease_table.h"
@@ -83,6 +84,10 @@ struct CacheEngineOptions {
   // (RegisterDevicePool); borrowed, must outlive the engine. Default: none
   // (device pools are refused).
   DeviceBackend* device = nullptr;
+  // The HBM tier (T0): this pool of `device` holds it (allocated once by
+  // the caller). bytes 0: no HBM tier (device pools still work, served
+  // from host DRAM and NVMe).
+  DevicePool hbm_pool;
   // How long one unit of a transfer waits for its device copies.
   // Default: 30 s.
   std::chrono::milliseconds device_copy_timeout{30000};
@@ -96,6 +101,8 @@ struct NamespaceOptions {
   HostTierOptions host;  // host.name is the namespace's name
   // Ignored (treated as kNone) without an NVMe tier. Default: write_back.
   WritePolicy write_policy = WritePolicy::kWriteBack;
+  // Most of the HBM tier this namespace may hold; 0: all of it.
+  uint64_t hbm_quota_bytes = 0;
 };
 
 // One namespace inside the engine. Handed out by the engine, valid for its
@@ -116,6 +123,7 @@ class EngineNamespace {
  private:
   friend class CacheEngine;
   std::unique_ptr<HostTier> host_;
+  uint32_t index_ = 0;  // in the engine (the HBM tier's namespace id)
   TierPair tiers_;
   mutable Mutex layout_mu_;
   std::shared_ptr<const LayoutSpec> layout_ GUARDED_BY(layout_mu_);
@@ -127,7 +135,9 @@ struct EngineMatch {
   // Pages [0, leading_pages) have every segment of the layout stored.
   uint32_t leading_pages = 0;
   uint32_t leading_nvme_pages = 0;  // of those, pages with a segment on NVMe
-  // Per page: the slowest tier holding one of its segments, or kMiss.
+  uint32_t leading_hbm_pages = 0;   // of those, pages wholly in HBM too
+  // Per page: the slowest tier holding one of its segments, or kMiss;
+  // kHbm for a stored page whose every segment the HBM tier holds too.
   std::vector<Tier> tiers;
 };
 
@@ -184,6 +194,9 @@ struct PoolTransfer {
 // namespace, so their counters cover all of them.
 struct EngineStats {
   HostTierStats host;  // the namespace's; empty from SharedStats()
+  bool has_hbm = false;
+  HbmTierStats hbm;            // daemon-wide; hbm.namespaces[i] per namespace
+  uint32_t hbm_namespace = 0;  // Stats(ns): ns's index in hbm.namespaces
   bool has_nvme = false;
   NvmeStoreStats nvme;
   TierMoverStats mover;
@@ -195,6 +208,7 @@ struct EngineStats {
   uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
   uint64_t backpressure_busy = 0;   // items still Busy after waiting
   // Registered-pool transfers: segments and bytes by source tier.
+  uint64_t load_segments_hbm = 0, load_bytes_hbm = 0;  // device pools only
   uint64_t load_segments_host = 0, load_bytes_host = 0;
   uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
   uint64_t load_misses = 0;
@@ -512,6 +526,8 @@ class CacheEngine {
   std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
   std::atomic<uint32_t> next_device_stream_{0};  // round robin
+  std::unique_ptr<HbmTier> hbm_;                 // null without one
+  std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
 };
 
 }  // namespace tierkv::storage

@@ -101,6 +101,18 @@ Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
   return CopyToDeviceImpl(stream, dst, src);
 }
 
+Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
+                                   DeviceRegion src) {
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(src));
+  if (dst.bytes != src.bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "device copy of {} bytes into a {}-byte region", src.bytes, dst.bytes));
+  }
+  return CopyOnDeviceImpl(stream, dst, src);
+}
+
 Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
                                  DeviceRegion src) {
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));

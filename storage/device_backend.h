@@ -129,6 +129,9 @@ class DeviceBackend {
                       std::span<const std::byte> src);
   Status CopyToHost(StreamId stream, std::span<std::byte> dst,
                     DeviceRegion src);
+  // Device to device, within a pool or across pools (imported ones too);
+  // the regions must be the same size.
+  Status CopyOnDevice(StreamId stream, DeviceRegion dst, DeviceRegion src);
   // rows[i] (row_bytes of host memory each) -> dst row i; dst.bytes must be
   // rows.size() * row_bytes. The sparse working set's miss path.
   Status GatherRows(StreamId stream, DeviceRegion dst,
@@ -171,6 +174,8 @@ class DeviceBackend {
                                   std::span<const std::byte> src) = 0;
   virtual Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
                                 DeviceRegion src) = 0;
+  virtual Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
+                                  DeviceRegion src) = 0;
   virtual Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                                 std::span<const std::byte* const> rows,
                                 uint32_t row_bytes) = 0;

@@ -240,6 +240,19 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
+                          DeviceRegion src) override {
+    std::byte* to = Address(dst);
+    const std::byte* from = Address(src);
+    const uint64_t n = src.bytes;
+    streams_[stream]->Submit([this, to, from, n] {
+      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      std::memmove(to, from, n);
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                         std::span<const std::byte* const> rows,
                         uint32_t row_bytes) override {

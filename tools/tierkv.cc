@@ -377,6 +377,22 @@ int PrintStats(const std::string& json_text, bool raw) {
       j["put_segments"]["failed"].get<double>());
   fmt::print("  evictions   {} segments, {}\n", h["evictions"].get<uint64_t>(),
              Human(h["evicted_bytes"].get<double>()));
+  if (j.contains("hbm")) {
+    const auto& b = j["hbm"];
+    const auto& mine = b["namespace"];
+    const double hits = b["hits"].get<double>();
+    const double misses = b["misses"].get<double>();
+    fmt::print(
+        "  hbm tier    {} / {} used, {} segments ({} / quota {} this "
+        "namespace); device loads hit {:.0f}, missed {:.0f} (hit rate "
+        "{:.1f}%); {} admitted, {} evicted\n",
+        Human(b["used_bytes"].get<double>()),
+        Human(b["capacity_bytes"].get<double>()), b["segments"].get<uint64_t>(),
+        Human(mine["used_bytes"].get<double>()),
+        Human(mine["quota_bytes"].get<double>()), hits, misses,
+        100.0 * hits / std::max(1.0, hits + misses),
+        b["admissions"].get<uint64_t>(), b["evictions"].get<uint64_t>());
+  }
   if (j.contains("nvme")) {
     const auto& n = j["nvme"];
     fmt::print(
@@ -421,8 +437,9 @@ int PrintStats(const std::string& json_text, bool raw) {
         t.value("prefetches", uint64_t{0}),
         t.value("registered_pools", uint64_t{0}));
     fmt::print(
-        "    loaded    {:.0f} segments / {} from host, {:.0f} / {} from nvme, "
-        "{:.0f} missed; mean {:.3f} ms per Load\n",
+        "    loaded    {:.0f} segments / {} from hbm, {:.0f} / {} from host, "
+        "{:.0f} / {} from nvme, {:.0f} missed; mean {:.3f} ms per Load\n",
+        u("load_segments", "hbm"), Human(u("load_bytes", "hbm")),
         u("load_segments", "host"), Human(u("load_bytes", "host")),
         u("load_segments", "nvme"), Human(u("load_bytes", "nvme")),
         u("load_segments", "miss"),

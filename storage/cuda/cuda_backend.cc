@@ -181,6 +181,16 @@ class CudaBackend final : public DeviceBackend {
                             : CudaError("cudaMemcpyAsync device to host", e);
   }
 
+  Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
+                          DeviceRegion src) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const cudaError_t e =
+        cudaMemcpyAsync(Address(dst), Address(src), src.bytes,
+                        cudaMemcpyDeviceToDevice, streams_[stream]->handle);
+    return e == cudaSuccess ? Status::OK()
+                            : CudaError("cudaMemcpyAsync device to device", e);
+  }
+
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                         std::span<const std::byte* const> rows,
                         uint32_t row_bytes) override {

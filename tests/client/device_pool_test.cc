@@ -216,6 +216,54 @@ TEST_F(DevicePoolTest, LoadFillsTheEnginesDevicePoolsFromDramAndNvme) {
   EXPECT_EQ(pools.Read(1, 0, 1), before);
 }
 
+TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
+  Start();
+  auto c = Open();
+  const auto pages = Pages(2, 7000);
+  PutAll(*c, pages);
+  DevicePools pools(DeviceLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(*c));
+  auto before = c->Match(pages);
+  ASSERT_OK(before);
+  EXPECT_EQ(before->tiers, (std::vector<Tier>{Tier::kHost, Tier::kHost}));
+  auto first = c->Load(pages, std::vector<uint32_t>{0, 1});
+  ASSERT_OK(first);
+  ASSERT_OK(first->Wait());
+  // The first Load copied the pages into HBM on its way to the pools.
+  auto after = c->Match(pages);
+  ASSERT_OK(after);
+  EXPECT_EQ(after->leading_pages, 2u);
+  EXPECT_EQ(after->tiers, (std::vector<Tier>{Tier::kHbm, Tier::kHbm}));
+  auto second = c->Load(pages, std::vector<uint32_t>{2, 3});
+  ASSERT_OK(second);
+  auto statuses = second->Wait();
+  ASSERT_OK(statuses);
+  for (const Status& s : *statuses) EXPECT_OK(s);
+  for (uint32_t i = 0; i < 2; ++i) {
+    for (const auto& k : Keys(pages[i])) {
+      const auto got = pools.Read(k.layer, k.part, 2 + i);
+      EXPECT_EQ(got, SegmentBytes(k, got.size())) << k.ToString();
+    }
+  }
+  auto st = Stats(*c);
+  EXPECT_EQ(st["transfers"]["load_segments"]["host"], 12) << st.dump();
+  EXPECT_EQ(st["transfers"]["load_segments"]["hbm"], 12) << st.dump();
+  EXPECT_EQ(st["hbm"]["segments"], 12) << st.dump();
+  EXPECT_EQ(st["hbm"]["hits"], 12) << st.dump();
+  EXPECT_EQ(st["hbm"]["namespace"]["segments"], 12) << st.dump();
+  EXPECT_EQ(st["lookup_tokens"]["hbm"], 2 * 64) << st.dump();
+  auto text = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_OK(text);
+  for (const char* want :
+       {"tierkv_hbm_lookups_total{tier=\"hbm\",result=\"hit\"} 12",
+        "tierkv_hbm_segments{tier=\"hbm\"} 12",
+        "tierkv_transfer_segments_total{src=\"hbm\",dst=\"pool\"} 12",
+        "tierkv_lookup_tokens_total{namespace=\"default\",tier=\"hbm\"} "
+        "128"}) {
+    EXPECT_NE(text->find(want), std::string::npos) << want;
+  }
+}
+
 TEST_F(DevicePoolTest, StoreCopiesDeviceSlotsOutAndDedups) {
   Start();
   auto c = Open();

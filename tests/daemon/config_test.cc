@@ -133,6 +133,24 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
     const Status s = r.ok() ? r->Validate() : r.status();
     EXPECT_NE(s.message().find("hbm"), std::string_view::npos) << s.ToString();
   }
+  // A namespace's HBM quota: parsed, and only with an [hbm] tier that holds
+  // it.
+  const char* ns = "[[namespace]]\nname = \"a\"\ntoken = \"hbm-quota-token\"\n";
+  auto quota = Load(dir, std::string("[hbm]\ncapacity_bytes = \"64MiB\"\n") +
+                             ns + "hbm_bytes = \"16MiB\"\n");
+  ASSERT_OK(quota);
+  EXPECT_OK(quota->Validate());
+  EXPECT_EQ(quota->namespaces[0].hbm_bytes, uint64_t{16} << 20);
+  for (const std::string bad :
+       {std::string(ns) + "hbm_bytes = \"16MiB\"\n",
+        std::string("[hbm]\ncapacity_bytes = \"64MiB\"\n") + ns +
+            "hbm_bytes = \"128MiB\"\n"}) {
+    auto r = Load(dir, bad);
+    ASSERT_OK(r);
+    const Status s = r->Validate();
+    EXPECT_NE(s.message().find("hbm_bytes"), std::string_view::npos)
+        << s.ToString();
+  }
 }
 
 // With no GPU (or no CUDA backend built), [hbm] backend = "auto" starts

@@ -1,0 +1,112 @@
+// HbmTier: reservations become hits only once committed, LRU eviction of
+// unreferenced entries, references pin, quotas evict the namespace's own
+// entries first, and a failed copy's reservation leaves nothing behind.
+#include "storage/hbm_tier.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+
+namespace tierkv::storage {
+namespace {
+
+SegmentKey Key(uint64_t page, uint16_t layer = 0) {
+  return {PageHash{page, page * 7 + 1}, layer, 0};
+}
+
+// Reserve + Commit, as a finished copy does.
+void Admit(HbmTier& t, uint32_t ns, const SegmentKey& k, uint64_t size) {
+  ASSERT_OK(t.Reserve(ns, k, size));
+  t.Commit(ns, k);
+}
+
+TEST(HbmTierTest, ASegmentIsHitOnlyOnceCommitted) {
+  HbmTier t(1 << 20, {0});
+  auto at = t.Reserve(0, Key(1), 4096);
+  ASSERT_OK(at);
+  EXPECT_FALSE(t.Contains(0, Key(1)));
+  EXPECT_FALSE(t.Acquire(0, Key(1), 4096));  // the copy is not done
+  EXPECT_EQ(t.Reserve(0, Key(1), 4096).status().code(),
+            StatusCode::kAlreadyExists);
+  t.Commit(0, Key(1));
+  EXPECT_TRUE(t.Contains(0, Key(1)));
+  EXPECT_FALSE(t.Contains(1, Key(1)));  // namespaces do not share
+  auto hit = t.Acquire(0, Key(1), 4096);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(*hit, *at);
+  EXPECT_FALSE(t.Acquire(0, Key(1), 8192));  // another size: a miss
+  t.Release(0, Key(1));
+  const HbmTierStats s = t.Stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.segments, 1u);
+  EXPECT_EQ(s.admissions, 1u);
+}
+
+TEST(HbmTierTest, TheLeastRecentUnreferencedSegmentGoesFirst) {
+  // Room for 4 segments of 256 KiB.
+  HbmTier t(1 << 20, {0});
+  for (uint64_t p = 1; p <= 4; ++p) Admit(t, 0, Key(p), 256 << 10);
+  // Page 1 used again (most recent), page 2 referenced (pinned).
+  ASSERT_TRUE(t.Acquire(0, Key(1), 256 << 10));
+  t.Release(0, Key(1));
+  ASSERT_TRUE(t.Acquire(0, Key(2), 256 << 10));
+  Admit(t, 0, Key(5), 256 << 10);  // evicts 3: 2 is pinned, 1 is recent
+  EXPECT_TRUE(t.Contains(0, Key(1)));
+  EXPECT_TRUE(t.Contains(0, Key(2)));
+  EXPECT_FALSE(t.Contains(0, Key(3)));
+  Admit(t, 0, Key(6), 256 << 10);  // then 4
+  EXPECT_FALSE(t.Contains(0, Key(4)));
+  Admit(t, 0, Key(7), 256 << 10);  // then 1; 2 stays pinned
+  EXPECT_FALSE(t.Contains(0, Key(1)));
+  EXPECT_TRUE(t.Contains(0, Key(2)));
+  // Everything left is pinned or reserved: no room, nothing lost.
+  ASSERT_TRUE(t.Acquire(0, Key(5), 256 << 10));
+  ASSERT_TRUE(t.Acquire(0, Key(6), 256 << 10));
+  ASSERT_TRUE(t.Acquire(0, Key(7), 256 << 10));
+  EXPECT_EQ(t.Reserve(0, Key(8), 256 << 10).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.Stats().evictions, 3u);
+  EXPECT_EQ(t.Stats().admission_failures, 1u);
+  t.Release(0, Key(2));
+  EXPECT_OK(t.Reserve(0, Key(8), 256 << 10));  // 2 can go now
+  EXPECT_FALSE(t.Contains(0, Key(2)));
+}
+
+TEST(HbmTierTest, AQuotaEvictsTheNamespacesOwnSegmentsFirst) {
+  // 1 MiB; namespace 0 may hold 512 KiB, namespace 1 all of it.
+  HbmTier t(1 << 20, {512 << 10, 0});
+  Admit(t, 1, Key(100), 256 << 10);  // the oldest in the tier
+  Admit(t, 0, Key(1), 256 << 10);
+  Admit(t, 0, Key(2), 256 << 10);
+  Admit(t, 0, Key(3), 256 << 10);  // over its quota: evicts its own 1
+  EXPECT_FALSE(t.Contains(0, Key(1)));
+  EXPECT_TRUE(t.Contains(1, Key(100)));  // not the other tenant's
+  const HbmTierStats s = t.Stats();
+  EXPECT_EQ(s.namespaces[0].used_bytes, 512u << 10);
+  EXPECT_EQ(s.namespaces[0].quota_bytes, 512u << 10);
+  EXPECT_EQ(s.namespaces[1].used_bytes, 256u << 10);
+  EXPECT_EQ(t.Reserve(0, Key(9), 768 << 10).status().code(),
+            StatusCode::kResourceExhausted);  // larger than the quota
+  // Namespace 1 filling the tier evicts the least recent of all.
+  Admit(t, 1, Key(101), 256 << 10);
+  Admit(t, 1, Key(102), 256 << 10);  // full: evicts 100, the oldest
+  EXPECT_FALSE(t.Contains(1, Key(100)));
+  EXPECT_TRUE(t.Contains(0, Key(2)));
+}
+
+TEST(HbmTierTest, AnAbortedReservationLeavesNothing) {
+  HbmTier t(1 << 20, {0});
+  ASSERT_OK(t.Reserve(0, Key(1), 1 << 20));
+  EXPECT_EQ(t.Reserve(0, Key(2), 4096).status().code(),
+            StatusCode::kResourceExhausted);  // reserved space is not evictable
+  t.Abort(0, Key(1));
+  EXPECT_FALSE(t.Contains(0, Key(1)));
+  EXPECT_EQ(t.Stats().used_bytes, 0u);
+  Admit(t, 0, Key(2), 1 << 20);  // the whole tier is free again
+  t.Abort(0, Key(2));            // a committed segment is not aborted
+  EXPECT_TRUE(t.Contains(0, Key(2)));
+}
+
+}  // namespace
+}  // namespace tierkv::storage
