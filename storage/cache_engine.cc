@@ -102,6 +102,7 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     engine->hbm_ = std::make_unique<HbmTier>(options.hbm_pool.bytes,
                                              std::move(hbm_quotas));
   }
+  if (options.device != nullptr) engine->PinHostArenas();
   engine->leases_ =
       std::make_unique<LeaseTable>(options.clock, options.lease_limits);
   if (nvme) {
@@ -122,10 +123,39 @@ uint64_t CacheEngine::PersistDirty(
   return mover_ ? mover_->PersistDirty(deadline) : 0;
 }
 
+// Host arenas registered with the device backend (cudaHostRegister), so
+// copies between them and device pools are DMA at bus speed rather than
+// staged through the driver's pageable buffers. A refusal (e.g. the
+// memlock limit) costs speed only: said once per namespace.
+void CacheEngine::PinHostArenas() {
+  for (const auto& ns : spaces_) {
+    const HostArena& arena = ns->host_->arena();
+    Status s = options_.device->RegisterHost({arena.base(), arena.size()});
+    ns->pinned_ = s.ok();
+    if (s.ok()) {
+      StorageLog().info(
+          "namespace '{}': {} MiB of host DRAM pinned for the device",
+          ns->name(), arena.size() >> 20);
+    } else {
+      StorageLog().warn(
+          "namespace '{}': host DRAM not pinned for the device ({}); copies "
+          "to device pools go through staging buffers",
+          ns->name(), s.ToString());
+    }
+  }
+}
+
 CacheEngine::~CacheEngine() {
   workers_.reset();  // queued calls complete while everything still exists
   mover_.reset();
   leases_.reset();  // ends leases while the host tiers exist
+  // No copy runs any more (the workers are gone): unpin before the arenas
+  // are unmapped.
+  for (const auto& ns : spaces_) {
+    if (ns->pinned_) {
+      (void)options_.device->UnregisterHost(ns->host_->arena().base());
+    }
+  }
 }
 
 EngineNamespace* CacheEngine::Find(std::string_view name) const {

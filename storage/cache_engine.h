@@ -123,7 +123,8 @@ class EngineNamespace {
  private:
   friend class CacheEngine;
   std::unique_ptr<HostTier> host_;
-  uint32_t index_ = 0;  // in the engine (the HBM tier's namespace id)
+  uint32_t index_ = 0;   // in the engine (the HBM tier's namespace id)
+  bool pinned_ = false;  // its arena is registered with options.device
   TierPair tiers_;
   mutable Mutex layout_mu_;
   std::shared_ptr<const LayoutSpec> layout_ GUARDED_BY(layout_mu_);
@@ -442,6 +443,7 @@ class CacheEngine {
               layout.slot_bytes};
     }
   };
+  void PinHostArenas();
   // Checks a pool against the namespace's layout (RegisterPool's rules).
   Status CheckPoolLayout(EngineNamespace& ns, const PoolLayout& pool) const;
   // Adds `pool` as the owner's pool of (layer, part).

@@ -252,6 +252,10 @@ TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
   EXPECT_EQ(st["hbm"]["hits"], 12) << st.dump();
   EXPECT_EQ(st["hbm"]["namespace"]["segments"], 12) << st.dump();
   EXPECT_EQ(st["lookup_tokens"]["hbm"], 2 * 64) << st.dump();
+  // The arena the host copies come from is registered with the device.
+  EXPECT_NE(daemon_->log().find("host DRAM pinned for the device"),
+            std::string::npos)
+      << daemon_->log();
   auto text = HttpGet(daemon_->metrics_port(), "/metrics");
   ASSERT_OK(text);
   for (const char* want :
