@@ -49,6 +49,35 @@ inline std::vector<PutResult> PutPages(Client& c,
   return c.Put(writes);
 }
 
+// Every segment key of `page` under `layout`, layer by layer, part by part.
+inline std::vector<SegmentKey> LayoutKeys(const LayoutSpec& layout,
+                                          const PageHash& page) {
+  std::vector<SegmentKey> keys;
+  for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+    for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+      keys.push_back({page, l, p});
+    }
+  }
+  return keys;
+}
+
+// Puts every segment of `pages` under `layout` (SegmentBytes contents);
+// returns Put's per-item results.
+inline std::vector<PutResult> PutLayoutPages(
+    Client& c, const LayoutSpec& layout, const std::vector<PageHash>& pages) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<SegmentKey> keys;
+  for (const auto& page : pages) {
+    for (const auto& k : LayoutKeys(layout, page)) {
+      keys.push_back(k);
+      data.push_back(SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
+    }
+  }
+  std::vector<SegmentWrite> writes;
+  for (size_t i = 0; i < keys.size(); ++i) writes.push_back({keys[i], data[i]});
+  return c.Put(writes);
+}
+
 // True when segment (page, 0, 0) reads back exactly as PutPages wrote it.
 inline ::testing::AssertionResult ReadsBackExact(Client& c,
                                                  const PageHash& page,

@@ -130,29 +130,12 @@ class DevicePoolTest : public ::testing::Test {
     return std::move(c).value();
   }
   std::vector<SegmentKey> Keys(const PageHash& page) {
-    std::vector<SegmentKey> keys;
-    const LayoutSpec layout = DeviceLayout();
-    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
-      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
-        keys.push_back({page, l, p});
-      }
-    }
-    return keys;
+    return LayoutKeys(DeviceLayout(), page);
   }
   void PutAll(Client& c, const std::vector<PageHash>& pages) {
-    const LayoutSpec layout = DeviceLayout();
-    std::vector<std::vector<std::byte>> data;
-    std::vector<SegmentKey> keys;
-    for (const auto& page : pages) {
-      for (const auto& k : Keys(page)) {
-        keys.push_back(k);
-        data.push_back(SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
-      }
+    for (const PutResult& r : PutLayoutPages(c, DeviceLayout(), pages)) {
+      ASSERT_OK(r);
     }
-    std::vector<SegmentWrite> writes;
-    for (size_t i = 0; i < keys.size(); ++i)
-      writes.push_back({keys[i], data[i]});
-    for (const PutResult& r : c.Put(writes)) ASSERT_OK(r);
   }
   nlohmann::json Stats(Client& c) {
     auto s = c.StatsJson();

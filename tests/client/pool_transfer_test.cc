@@ -142,30 +142,13 @@ class PoolTransferTest : public ::testing::Test {
     return std::move(c).value();
   }
   std::vector<SegmentKey> Keys(const PageHash& page) {
-    std::vector<SegmentKey> keys;
-    const LayoutSpec layout = PoolLayout();
-    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
-      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
-        keys.push_back({page, l, p});
-      }
-    }
-    return keys;
+    return LayoutKeys(PoolLayout(), page);
   }
   // Puts every segment of `pages` with Put (buffer mode).
   void PutAll(Client& c, const std::vector<PageHash>& pages) {
-    std::vector<std::vector<std::byte>> data;
-    std::vector<SegmentWrite> writes;
-    const LayoutSpec layout = PoolLayout();
-    for (const auto& page : pages) {
-      for (const auto& k : Keys(page)) {
-        data.push_back(SegmentBytes(k, layout.SegmentBytes(k.layer, k.part)));
-      }
+    for (const PutResult& r : PutLayoutPages(c, PoolLayout(), pages)) {
+      ASSERT_OK(r);
     }
-    size_t i = 0;
-    for (const auto& page : pages) {
-      for (const auto& k : Keys(page)) writes.push_back({k, data[i++]});
-    }
-    for (const PutResult& r : c.Put(writes)) ASSERT_OK(r);
   }
   nlohmann::json Stats(Client& c) {
     auto s = c.StatsJson();
