@@ -102,7 +102,13 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     engine->hbm_ = std::make_unique<HbmTier>(options.hbm_pool.bytes,
                                              std::move(hbm_quotas));
   }
-  if (options.device != nullptr) engine->PinHostArenas();
+  if (options.device != nullptr) {
+    engine->PinHostArenas();
+    MutexLock lock(&engine->device_streams_mu_);
+    for (StreamId id = 0; id < options.device->streams(); ++id) {
+      engine->free_device_streams_.push_back(id);
+    }
+  }
   engine->leases_ =
       std::make_unique<LeaseTable>(options.clock, options.lease_limits);
   if (nvme) {
@@ -974,7 +980,9 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   std::vector<ReadOf> read_of;
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {
-      LoadUnitToDevice(job, pool, k, begin, end);
+      const StreamId stream = AcquireDeviceStream();
+      LoadUnitToDevice(job, pool, k, begin, end, stream);
+      ReleaseDeviceStream(stream);
       continue;
     }
     const uint8_t p = pool.layout.part;
@@ -1037,7 +1045,9 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   const bool deepest_first = DeepestFirst(ns);
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {
-      StoreUnitFromDevice(job, pool, k, begin, end);
+      const StreamId stream = AcquireDeviceStream();
+      StoreUnitFromDevice(job, pool, k, begin, end, stream);
+      ReleaseDeviceStream(stream);
       continue;
     }
     const uint8_t p = pool.layout.part;
@@ -1084,17 +1094,33 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   if (dirty && mover_) mover_->Kick();
 }
 
+StreamId CacheEngine::AcquireDeviceStream() {
+  MutexLock lock(&device_streams_mu_);
+  while (free_device_streams_.empty()) {
+    device_streams_cv_.Wait(&device_streams_mu_);
+  }
+  const StreamId stream = free_device_streams_.back();
+  free_device_streams_.pop_back();
+  return stream;
+}
+
+void CacheEngine::ReleaseDeviceStream(StreamId stream) {
+  {
+    MutexLock lock(&device_streams_mu_);
+    free_device_streams_.push_back(stream);
+  }
+  device_streams_cv_.Signal();
+}
+
 void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
-                                   uint32_t k, uint32_t begin, uint32_t end) {
+                                   uint32_t k, uint32_t begin, uint32_t end,
+                                   StreamId stream) {
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   DeviceBackend& device = *pool.device->backend;
   const uint16_t l = t.first_layer + k;
   const uint8_t p = pool.layout.part;
   const uint64_t bytes = pool.layout.slot_bytes;
-  const StreamId stream =
-      next_device_stream_.fetch_add(1, std::memory_order_relaxed) %
-      device.streams();
   // HBM hits are device-to-device copies. Host segments stay referenced
   // (not evictable) until their copies are done; NVMe segments are read
   // into a bounce buffer first, copied from it. What came from below is
@@ -1219,8 +1245,8 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
 }
 
 void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
-                                      uint32_t k, uint32_t begin,
-                                      uint32_t end) {
+                                      uint32_t k, uint32_t begin, uint32_t end,
+                                      StreamId stream) {
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   DeviceBackend& device = *pool.device->backend;
@@ -1228,9 +1254,6 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   const uint8_t p = pool.layout.part;
   const uint64_t bytes = pool.layout.slot_bytes;
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
-  const StreamId stream =
-      next_device_stream_.fetch_add(1, std::memory_order_relaxed) %
-      device.streams();
   // Reserved segments are copied into straight from the device and
   // committed once the copies' event is done (aborted if they failed).
   // Unlike the memfd path, a reservation refused for write-back pressure

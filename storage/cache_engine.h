@@ -492,12 +492,12 @@ class CacheEngine {
   // Pages [begin, end) of the job's layer k.
   void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
-  // LoadLayer / StoreLayer for one device pool: copies on a device stream,
-  // then waits for their event.
+  // LoadLayer / StoreLayer for one device pool: copies on `stream` (the
+  // unit's alone), then waits for their event.
   void LoadUnitToDevice(TransferJob& job, const Pool& pool, uint32_t k,
-                        uint32_t begin, uint32_t end);
+                        uint32_t begin, uint32_t end, StreamId stream);
   void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
-                           uint32_t begin, uint32_t end);
+                           uint32_t begin, uint32_t end, StreamId stream);
   // A unit of layer k is done; once all are, publishes every completed
   // leading layer.
   void FinishUnit(TransferJob& job, uint32_t k);
@@ -527,8 +527,16 @@ class CacheEngine {
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
-  std::atomic<uint32_t> next_device_stream_{0};  // round robin
-  std::unique_ptr<HbmTier> hbm_;                 // null without one
+  // Device streams not in use by a transfer unit. A unit holds one stream
+  // alone from its first copy to its event: a stream's errors are sticky
+  // until the next WaitEvent, so two units sharing one could each see the
+  // other's error (and one publish a layer whose copy failed).
+  StreamId AcquireDeviceStream() EXCLUDES(device_streams_mu_);
+  void ReleaseDeviceStream(StreamId stream) EXCLUDES(device_streams_mu_);
+  Mutex device_streams_mu_;
+  CondVar device_streams_cv_;
+  std::vector<StreamId> free_device_streams_ GUARDED_BY(device_streams_mu_);
+  std::unique_ptr<HbmTier> hbm_;  // null without one
   std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
 };
 

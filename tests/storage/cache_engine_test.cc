@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "common/load_ticket.h"
+#include "storage/device_backend.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -753,6 +754,105 @@ TEST_F(CacheEngineTest, FlushWithoutNvmeIsInvalidArgument) {
   for (const Status& s : FlushNow(AllKeys(0))) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   }
+}
+
+// Device pools on the emulated backend, with a copy fault injected in the
+// daemon's backend: every segment of a unit whose copies failed is an
+// IOError in the ticket, nothing it admitted to HBM stays, and the host
+// copies are untouched.
+class CacheEngineDevicePoolTest : public CacheEnginePoolTest {
+ protected:
+  void OpenWithDevice(uint64_t failing_copies_after) {
+    auto daemon_side = OpenEmulatedBackend(
+        {.streams = 2, .emulated_failing_copies_after = failing_copies_after});
+    ASSERT_OK(daemon_side);
+    daemon_device_ = std::move(daemon_side).value();
+    auto hbm = daemon_device_->AllocatePool(1 << 20);
+    ASSERT_OK(hbm);
+    engine_options_.device = daemon_device_.get();
+    engine_options_.hbm_pool = *hbm;
+    Open(/*with_nvme=*/false);
+    auto engine_side = OpenEmulatedBackend({.streams = 1});
+    ASSERT_OK(engine_side);
+    engine_device_ = std::move(engine_side).value();
+    const LayoutSpec layout = TestLayout();
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        const uint64_t seg = layout.SegmentBytes(l, p);
+        auto pool = engine_device_->AllocatePool(seg * kSlots);
+        ASSERT_OK(pool);
+        auto handle = engine_device_->ExportPool(pool->id);
+        ASSERT_OK(handle);
+        ASSERT_OK(engine_->RegisterDevicePool(
+            kOwner, *ns_, *handle,
+            {.layer = l, .part = p, .slot_bytes = seg, .slot_count = kSlots}));
+      }
+    }
+    tickets_ = std::make_unique<SealedMemfd>(4 * sizeof(LoadTicket));
+    ASSERT_OK(engine_->RegisterTickets(kOwner, tickets_->fd(), 4));
+  }
+  void TearDown() override {
+    engine_.reset();  // closes its imports before the backends go
+  }
+
+  std::unique_ptr<DeviceBackend> daemon_device_, engine_device_;
+};
+
+TEST_F(CacheEngineDevicePoolTest, ACopyErrorFailsItsSegmentsAndAdmitsNothing) {
+  OpenWithDevice(/*failing_copies_after=*/1);  // the first copy only works
+  PutPage(0);
+  PutPage(1);
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(0), Page(1)},
+                           .slots = {0, 1},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 0}));
+  WaitFinished(0);
+  EXPECT_EQ(Ticket(0).layers_done.load(), 4u);
+  // Every unit had a failed copy (the first unit's HBM admission, then
+  // every copy): all 12 segments are errors, none counted as loaded.
+  ASSERT_EQ(Ticket(0).error_count.load(), 12u);
+  for (uint32_t e = 0; e < 12; ++e) {
+    EXPECT_EQ(Ticket(0).errors[e].code,
+              static_cast<uint8_t>(StatusCode::kIOError));
+  }
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.load_segments_host, 0u);
+  ASSERT_TRUE(st.has_hbm);
+  EXPECT_EQ(st.hbm.segments, 0u);
+  EXPECT_EQ(st.hbm.admissions, 0u);
+  EXPECT_EQ(st.hbm.used_bytes, 0u);  // the aborted reservations went
+  EXPECT_TRUE(ns_->host().Touch({Page(0), 0, 0}));  // host copies stay
+  // Nothing in HBM to match, and the pages still match from DRAM.
+  auto m = engine_->Match(*ns_, std::vector<PageHash>{Page(0), Page(1)});
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 2u);
+  EXPECT_EQ(m->tiers, (std::vector<Tier>{Tier::kHost, Tier::kHost}));
+}
+
+TEST_F(CacheEngineDevicePoolTest,
+       ConcurrentLoadsShareTwoStreamsAndAllComplete) {
+  OpenWithDevice(/*failing_copies_after=*/0);  // no fault
+  for (uint64_t n = 0; n < 8; ++n) PutPage(n);
+  // Four Loads at once, their units taking turns on two streams (each
+  // holds one alone from its first copy to its event): all complete, with
+  // no error and every segment admitted to HBM.
+  for (uint32_t t = 0; t < 4; ++t) {
+    ASSERT_OK(engine_->Load(kOwner, *ns_,
+                            {.pages = {Page(2 * t), Page(2 * t + 1)},
+                             .slots = {2 * t, 2 * t + 1},
+                             .first_layer = 0,
+                             .num_layers = 4,
+                             .ticket = t}));
+  }
+  for (uint32_t t = 0; t < 4; ++t) {
+    WaitFinished(t);
+    EXPECT_EQ(Ticket(t).error_count.load(), 0u) << "ticket " << t;
+  }
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.load_segments_host, 48u);
+  EXPECT_EQ(st.hbm.segments, 48u);
 }
 
 }  // namespace
