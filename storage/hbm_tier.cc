@@ -67,20 +67,21 @@ Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
   }
   NamespaceState& n = namespaces_[ns];
   const uint64_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
-  auto no_room = [&](std::string_view why) {
-    ++admission_failures_;
-    return Status::ResourceExhausted(
-        fmt::format("HBM tier: no room for {} B ({})", size, why));
-  };
-  if (rounded > n.quota) return no_room("larger than the namespace's quota");
+  if (rounded > n.quota) {
+    return NoRoomLocked(size, "larger than the namespace's quota");
+  }
   // The namespace's own entries first, down to its quota ...
   while (n.used + rounded > n.quota) {
-    if (!EvictOneLocked(ns)) return no_room("the quota is all referenced");
+    if (!EvictOneLocked(ns)) {
+      return NoRoomLocked(size, "the namespace's quota is all in use");
+    }
   }
   // ... then the whole tier's least recent, until the allocation fits.
   std::optional<Extent> extent;
   while (!(extent = allocator_.Allocate(size))) {
-    if (!EvictOneLocked(std::nullopt)) return no_room("all referenced");
+    if (!EvictOneLocked(std::nullopt)) {
+      return NoRoomLocked(size, "the tier is all in use");
+    }
   }
   Entry e;
   e.extent = *extent;
@@ -107,6 +108,12 @@ void HbmTier::Abort(uint32_t ns, const SegmentKey& key) {
   auto it = entries_.find({ns, key});
   if (it == entries_.end() || it->second.committed) return;
   DropLocked(it);
+}
+
+Status HbmTier::NoRoomLocked(uint64_t size, std::string_view why) {
+  ++admission_failures_;
+  return Status::ResourceExhausted(
+      fmt::format("HBM tier: no room for {} B ({})", size, why));
 }
 
 void HbmTier::LinkLocked(const Key& k, Entry& e) {

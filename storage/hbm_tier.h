@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -107,6 +108,7 @@ class HbmTier {
     std::list<Key> lru;  // front: most recent
   };
 
+  Status NoRoomLocked(uint64_t size, std::string_view why) REQUIRES(mu_);
   void LinkLocked(const Key& k, Entry& e) REQUIRES(mu_);
   void UnlinkLocked(Entry& e) REQUIRES(mu_);
   // Evicts the least recent evictable entry of `ns` (or of the whole tier

@@ -104,8 +104,8 @@ class CudaBackend final : public DeviceBackend {
       cudaStreamDestroy(s->handle);
     }
     MutexLock lock(&mu_);
+    for (auto& [handle, open] : opened_) cudaIpcCloseMemHandle(open.base);
     for (auto& [id, pool] : pools_) {
-      if (pool.opened) cudaIpcCloseMemHandle(pool.base);
       if (pool.imported) continue;
       ForgetExportLocked(pool);
       cudaFree(pool.base);
@@ -360,8 +360,23 @@ class CudaBackend final : public DeviceBackend {
         local = static_cast<std::byte*>(it->second.base);
       }
     }
-    if (local != nullptr) return AddImported(local, handle.pool_bytes, false);
+    if (local != nullptr) {
+      MutexLock lock(&mu_);
+      return AddImportedLocked(local, handle, /*opened=*/false);
+    }
     TIERKV_RETURN_IF_ERROR(Use());
+    // A handle already open here (an engine registering one allocation for
+    // several layers) is shared: CUDA maps a handle once per process.
+    MutexLock lock(&mu_);
+    if (auto it = opened_.find(handle.bytes); it != opened_.end()) {
+      if (handle.pool_bytes > it->second.bytes) {
+        return Status::InvalidArgument(fmt::format(
+            "the device pool handle says {} bytes; the allocation has {}",
+            handle.pool_bytes, it->second.bytes));
+      }
+      ++it->second.refs;
+      return AddImportedLocked(it->second.base, handle, /*opened=*/true);
+    }
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.bytes.data(), sizeof(h));
     void* base = nullptr;
@@ -385,7 +400,9 @@ class CudaBackend final : public DeviceBackend {
           "the device pool handle says {} bytes; the allocation has {}",
           handle.pool_bytes, *actual));
     }
-    return AddImported(static_cast<std::byte*>(base), handle.pool_bytes, true);
+    opened_[handle.bytes] = Opened{static_cast<std::byte*>(base), *actual, 1};
+    return AddImportedLocked(static_cast<std::byte*>(base), handle,
+                             /*opened=*/true);
   }
 
   Status CloseImportedImpl(ImportedPool& imported) override {
@@ -397,11 +414,14 @@ class CudaBackend final : public DeviceBackend {
       return Status::InvalidArgument("not a pool this backend imported");
     }
     const bool opened = it->second.opened;
-    void* base = imported.base;
+    const HandleBytes handle = it->second.handle;
     pools_.erase(it);
     imported = {};
     if (!opened) return Status::OK();
-    const cudaError_t e = cudaIpcCloseMemHandle(base);
+    auto open = opened_.find(handle);
+    if (open == opened_.end() || --open->second.refs > 0) return Status::OK();
+    const cudaError_t e = cudaIpcCloseMemHandle(open->second.base);
+    opened_.erase(open);
     return e == cudaSuccess ? Status::OK()
                             : CudaError("cudaIpcCloseMemHandle", e);
   }
@@ -416,13 +436,23 @@ class CudaBackend final : public DeviceBackend {
     bool opened = false;    // by cudaIpcOpenMemHandle (closed with it)
   };
 
+  // A handle opened by cudaIpcOpenMemHandle, shared by its imports.
+  struct Opened {
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;  // the allocation's, from the driver
+    uint32_t refs = 0;
+  };
+
   // An imported pool becomes addressable as a DeviceRegion pool.
-  ImportedPool AddImported(std::byte* base, uint64_t bytes, bool opened) {
-    MutexLock lock(&mu_);
+  ImportedPool AddImportedLocked(std::byte* base, const IpcHandle& handle,
+                                 bool opened) REQUIRES(mu_) {
     const uint32_t id = next_id_++;
-    pools_[id] =
-        Pool{.base = base, .bytes = bytes, .imported = true, .opened = opened};
-    return ImportedPool{base, bytes, id,
+    pools_[id] = Pool{.base = base,
+                      .bytes = handle.pool_bytes,
+                      .handle = handle.bytes,
+                      .imported = true,
+                      .opened = opened};
+    return ImportedPool{base, handle.pool_bytes, id,
                         opened ? kImportedOpened : kImportedHere};
   }
   struct HostRange {
@@ -517,6 +547,7 @@ class CudaBackend final : public DeviceBackend {
   std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
   uint32_t next_id_ GUARDED_BY(mu_) = 1;
   std::map<uintptr_t, HostRange> host_ GUARDED_BY(mu_);
+  std::map<HandleBytes, Opened> opened_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Stream>> streams_;  // fixed after Init
 };
 
