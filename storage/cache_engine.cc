@@ -1112,6 +1112,39 @@ void CacheEngine::ReleaseDeviceStream(StreamId stream) {
   device_streams_cv_.Signal();
 }
 
+void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
+                                    const DeviceRegion& src, StreamId stream,
+                                    std::vector<SegmentKey>* admitted) {
+  if (!hbm_) return;
+  auto at = hbm_->Reserve(ns.index_, key, src.bytes);
+  if (!at.ok()) return;  // no room, or already there
+  if (options_.device
+          ->CopyOnDevice(stream, {options_.hbm_pool.id, *at, src.bytes}, src)
+          .ok()) {
+    admitted->push_back(key);
+  } else {
+    hbm_->Abort(ns.index_, key);
+  }
+}
+
+void CacheEngine::FinishHbmAdmissions(EngineNamespace& ns,
+                                      std::span<const SegmentKey> admitted,
+                                      bool copied) {
+  for (const SegmentKey& key : admitted) {
+    if (copied) {
+      hbm_->Commit(ns.index_, key);
+    } else {
+      hbm_->Abort(ns.index_, key);
+    }
+  }
+}
+
+Status CacheEngine::WaitDeviceCopies(DeviceBackend& device, StreamId stream) {
+  auto event = device.RecordEvent(stream);
+  return event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
+                    : event.status();
+}
+
 void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
                                    uint32_t k, uint32_t begin, uint32_t end,
                                    StreamId stream) {
@@ -1134,16 +1167,6 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   std::vector<NvmeReadItem> reads;
   std::vector<uint32_t> read_page;
   std::vector<std::byte> bounce;
-  auto admit = [&](const SegmentKey& key, const DeviceRegion& slot) {
-    if (hbm == nullptr) return;
-    auto at = hbm->Reserve(ns.index_, key, bytes);
-    if (!at.ok()) return;  // no room, or already there
-    if (device.CopyOnDevice(stream, {hbm_pool, *at, bytes}, slot).ok()) {
-      admitted.push_back(key);
-    } else {
-      hbm->Abort(ns.index_, key);
-    }
-  };
   auto copy = [&](uint32_t i, std::span<const std::byte> src) {
     const DeviceRegion slot = pool.DeviceSlot(t.slots[i]);
     if (Status s = device.CopyToDevice(stream, slot, src); !s.ok()) {
@@ -1151,7 +1174,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
       return false;
     }
     copied.push_back(i);
-    admit({t.pages[i], l, p}, slot);
+    QueueHbmAdmission(ns, {t.pages[i], l, p}, slot, stream, &admitted);
     return true;
   };
   for (uint32_t i = begin; i < end; ++i) {
@@ -1217,21 +1240,11 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   }
   // The layer is published only after this wait: what the engine reads
   // after WaitLayer is on the device.
-  Status done;
-  if (!copied.empty()) {
-    auto event = device.RecordEvent(stream);
-    done = event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
-                      : event.status();
-  }
+  const Status done =
+      copied.empty() ? Status::OK() : WaitDeviceCopies(device, stream);
   for (const SegmentKey& key : held) ns.host_->Release(key);
   for (const SegmentKey& key : hbm_held) hbm->Release(ns.index_, key);
-  for (const SegmentKey& key : admitted) {
-    if (done.ok()) {
-      hbm->Commit(ns.index_, key);
-    } else {
-      hbm->Abort(ns.index_, key);
-    }
-  }
+  FinishHbmAdmissions(ns, admitted, done.ok());
   if (!done.ok()) {
     for (uint32_t i : copied) RecordError(job, i, l, p, done.code());
     return;
@@ -1282,31 +1295,11 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
     reserved.emplace_back(i, key);
     // A segment an engine just computed is likely read again soon: keep a
     // copy in HBM too (device to device, off the PCIe bus).
-    if (hbm_) {
-      if (auto at = hbm_->Reserve(ns.index_, key, bytes); at.ok()) {
-        if (device
-                .CopyOnDevice(stream, {options_.hbm_pool.id, *at, bytes},
-                              pool.DeviceSlot(t.slots[i]))
-                .ok()) {
-          admitted.push_back(key);
-        } else {
-          hbm_->Abort(ns.index_, key);
-        }
-      }
-    }
+    QueueHbmAdmission(ns, key, pool.DeviceSlot(t.slots[i]), stream, &admitted);
   }
   if (reserved.empty()) return;
-  auto event = device.RecordEvent(stream);
-  const Status done =
-      event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
-                 : event.status();
-  for (const SegmentKey& key : admitted) {
-    if (done.ok()) {
-      hbm_->Commit(ns.index_, key);
-    } else {
-      hbm_->Abort(ns.index_, key);
-    }
-  }
+  const Status done = WaitDeviceCopies(device, stream);
+  FinishHbmAdmissions(ns, admitted, done.ok());
   for (const auto& [i, key] : reserved) {
     if (!done.ok()) {
       ns.host_->Abort(key);

@@ -498,6 +498,17 @@ class CacheEngine {
                         uint32_t begin, uint32_t end, StreamId stream);
   void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
                            uint32_t begin, uint32_t end, StreamId stream);
+  // HBM admission of a segment whose bytes `src` holds (a device pool's
+  // slot): reserves it and queues the device copy on `stream`, adding the
+  // key to `admitted` (nothing without an HBM tier or room).
+  void QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
+                         const DeviceRegion& src, StreamId stream,
+                         std::vector<SegmentKey>* admitted);
+  // After the stream's event: commits what was admitted, or aborts it.
+  void FinishHbmAdmissions(EngineNamespace& ns,
+                           std::span<const SegmentKey> admitted, bool copied);
+  // Records an event on `stream` and waits for it (device_copy_timeout).
+  Status WaitDeviceCopies(DeviceBackend& device, StreamId stream);
   // A unit of layer k is done; once all are, publishes every completed
   // leading layer.
   void FinishUnit(TransferJob& job, uint32_t k);

@@ -125,8 +125,8 @@ class HbmTier {
   std::vector<NamespaceState> namespaces_ GUARDED_BY(mu_);
   uint64_t used_ GUARDED_BY(mu_) = 0;
   uint64_t segments_ GUARDED_BY(mu_) = 0;
-  mutable uint64_t hits_ GUARDED_BY(mu_) = 0;
-  mutable uint64_t misses_ GUARDED_BY(mu_) = 0;
+  uint64_t hits_ GUARDED_BY(mu_) = 0;
+  uint64_t misses_ GUARDED_BY(mu_) = 0;
   uint64_t admissions_ GUARDED_BY(mu_) = 0;
   uint64_t admission_failures_ GUARDED_BY(mu_) = 0;
   uint64_t evictions_ GUARDED_BY(mu_) = 0;

@@ -17,6 +17,21 @@ inline LayoutSpec OnePartLayout(uint32_t bytes_per_token = 1024) {
   return LayoutSpec::Uniform(64, 1, {{"kv", bytes_per_token}});
 }
 
+// GLM-5-shaped, shrunk: `layers` layers of bf16 latent KV (1152 B/token),
+// indexer keys (132 B/token) on every `full_every`-th layer only
+// (IndexShare), 64-token pages.
+inline LayoutSpec IndexShareLayout(int layers, int full_every) {
+  LayoutSpec l;
+  l.page_tokens = 64;
+  for (int i = 0; i < layers; ++i) {
+    LayerSpec layer;
+    layer.parts.push_back({"kv", 1152});
+    if (i % full_every == 0) layer.parts.push_back({"index_k", 132});
+    l.layers.push_back(layer);
+  }
+  return l;
+}
+
 // Pages of a synthetic prompt: `n` pages of tokens starting at `first`.
 inline std::vector<PageHash> Pages(size_t n, uint32_t first = 0,
                                    std::string_view ns = "default") {

@@ -28,17 +28,7 @@ constexpr std::chrono::milliseconds kTimeout{10000};
 constexpr char kToken[] = "device-pool-token";
 
 // 4 layers of bf16 latent KV; index keys on layers 0 and 2.
-LayoutSpec DeviceLayout() {
-  LayoutSpec l;
-  l.page_tokens = 64;
-  for (int i = 0; i < 4; ++i) {
-    LayerSpec layer;
-    layer.parts.push_back({"kv", 1152});
-    if (i % 2 == 0) layer.parts.push_back({"index_k", 132});
-    l.layers.push_back(layer);
-  }
-  return l;
-}
+LayoutSpec DeviceLayout() { return IndexShareLayout(4, 2); }
 
 // The engine's KV pools in (emulated) device memory: one allocation per
 // (layer, part), exported for the daemon.

@@ -28,17 +28,7 @@ namespace {
 
 // GLM-5-shaped, shrunk: 6 layers of bf16 latent KV, indexer keys on the
 // "full" layers 0 and 3 only (IndexShare).
-LayoutSpec PoolLayout() {
-  LayoutSpec l;
-  l.page_tokens = 64;
-  for (int i = 0; i < 6; ++i) {
-    LayerSpec layer;
-    layer.parts.push_back({"kv", 1152});
-    if (i % 3 == 0) layer.parts.push_back({"index_k", 132});
-    l.layers.push_back(layer);
-  }
-  return l;
-}
+LayoutSpec PoolLayout() { return IndexShareLayout(6, 3); }
 
 // An engine's pool memory: one memfd per (layer, part).
 class EnginePools {
