@@ -6,14 +6,30 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "client/slot_policy.h"
+#include "storage/device_backend.h"
 
 namespace tierkv {
 
 using client_internal::SlotPolicy;
+
+namespace {
+
+// A device row gather is a few microseconds of work; a stream that does
+// not finish one in this long is a broken device, reported as IOError.
+constexpr std::chrono::milliseconds kDeviceTimeout{30'000};
+
+// Each layer's slots start on this boundary in the device pool (the row
+// gather's 16-byte vector path needs 16; 256 matches cudaMalloc's).
+constexpr uint64_t kDeviceAlignment = 256;
+
+}  // namespace
 
 Result<WorkingSetPolicy> ParseWorkingSetPolicy(std::string_view name) {
   if (name == "lru") return WorkingSetPolicy::kLru;
@@ -44,7 +60,8 @@ class SparseWorkingSet::Impl {
   struct Layer {
     size_t group = 0;  // index into groups
     uint32_t row_bytes = 0;
-    std::vector<std::byte> rows;  // [slots][row_bytes]
+    std::vector<std::byte> rows;  // [slots][row_bytes]; empty on a device
+    uint64_t device_offset = 0;   // of its slots in the device pool
     // (slot, token) filled by the group's selections but not copied yet.
     std::vector<std::pair<uint32_t, int32_t>> pending;
   };
@@ -65,7 +82,9 @@ class SparseWorkingSet::Impl {
       Layer& layer = layers[l];
       layer.group = group_index[full];
       layer.row_bytes = layout.row_bytes[l];
-      layer.rows.resize(size_t{o.slots} * layer.row_bytes);
+      if (o.memory == WorkingSetMemory::kHost) {
+        layer.rows.resize(size_t{o.slots} * layer.row_bytes);
+      }
       groups[layer.group].layers.push_back(static_cast<uint16_t>(l));
     }
     for (Group& g : groups) {
@@ -99,12 +118,16 @@ class SparseWorkingSet::Impl {
   }
 
   // Copies the rows `layer` still lacks. NotFound when the source has none
-  // for a token: that token's slot is emptied for the whole group.
+  // for a token, or the device copy's error: those tokens' slots are
+  // emptied for the whole group, and the group's selection is no longer
+  // served (Gather and Rows fail until the next Select).
   Status Fill(uint16_t layer_index) {
     Layer& layer = layers[layer_index];
+    Group& g = groups[layer.group];
     Status failed;
+    gather_rows.clear();
+    gather_slots.clear();
     for (const auto& [slot, token] : layer.pending) {
-      Group& g = groups[layer.group];
       if (g.token_of_slot[slot] != token) continue;  // emptied meanwhile
       const std::span<const std::byte> row = source(layer_index, token);
       if (row.size() != layer.row_bytes) {
@@ -113,12 +136,41 @@ class SparseWorkingSet::Impl {
         Evict(g, slot);
         continue;
       }
-      std::memcpy(layer.rows.data() + size_t{slot} * layer.row_bytes,
-                  row.data(), layer.row_bytes);
+      if (device) {
+        gather_rows.push_back(row.data());
+        gather_slots.push_back(slot);
+      } else {
+        std::memcpy(layer.rows.data() + size_t{slot} * layer.row_bytes,
+                    row.data(), layer.row_bytes);
+      }
       stats.bytes_in += layer.row_bytes;
     }
     layer.pending.clear();
+    if (device && !gather_rows.empty()) {
+      Status copied = GatherOnDevice(layer);
+      if (!copied.ok()) {
+        for (uint32_t slot : gather_slots) Evict(g, slot);
+        stats.bytes_in -= gather_rows.size() * uint64_t{layer.row_bytes};
+        failed = std::move(copied);
+      }
+    }
+    if (!failed.ok()) g.has_selection = false;
     return failed;
+  }
+
+  // gather_rows -> their gather_slots of `layer` in the device pool, one
+  // row gather, waited for: the layer's attention reads them next.
+  Status GatherOnDevice(const Layer& layer) {
+    storage::DeviceBackend& b = *device->backend;
+    const storage::DeviceRegion slots{
+        device->pool, layer.device_offset,
+        uint64_t{options.slots} * layer.row_bytes};
+    TIERKV_RETURN_IF_ERROR(
+        b.GatherRows(0, slots, gather_rows, layer.row_bytes, gather_slots));
+    auto done = b.RecordEvent(0);
+    if (!done.ok()) return done.status();
+    stats.gathers++;
+    return b.WaitEvent(*done, kDeviceTimeout);
   }
 
   void Evict(Group& g, uint32_t slot) {
@@ -209,32 +261,123 @@ class SparseWorkingSet::Impl {
     return Status::OK();
   }
 
-  Status Gather(uint16_t layer_index, std::span<std::byte> out) {
+  // The layer, once its group has a selection and the layer's rows of it
+  // are in.
+  Result<Layer*> Ready(uint16_t layer_index) {
     if (layer_index >= layers.size()) {
       return Status::InvalidArgument(
           fmt::format("working set: no layer {}", layer_index));
     }
     Layer& layer = layers[layer_index];
-    Group& g = groups[layer.group];
-    if (!g.has_selection) {
+    if (!groups[layer.group].has_selection) {
       return Status::InvalidArgument(fmt::format(
           "working set: layer {}'s group has no selection (none yet, or the "
           "last one failed)",
           layer_index));
     }
-    if (out.size() != g.ids.size() * size_t{layer.row_bytes}) {
+    TIERKV_RETURN_IF_ERROR(Fill(layer_index));
+    return &layer;
+  }
+
+  Result<WorkingSetRows> Rows(uint16_t layer_index) {
+    auto ready = Ready(layer_index);
+    if (!ready.ok()) return ready.status();
+    const Layer& layer = **ready;
+    WorkingSetRows rows;
+    rows.row_bytes = layer.row_bytes;
+    rows.slots = groups[layer.group].slots;
+    if (device) {
+      rows.base = device->base + layer.device_offset;
+      rows.host_addressable = device->backend->host_addressable();
+    } else {
+      rows.base = layer.rows.data();
+    }
+    return rows;
+  }
+
+  Status Gather(uint16_t layer_index, std::span<std::byte> out) {
+    auto rows = Rows(layer_index);
+    if (!rows.ok()) return rows.status();
+    if (out.size() != rows->slots.size() * size_t{rows->row_bytes}) {
       return Status::InvalidArgument(
           fmt::format("working set: {} B out for {} rows of {} B", out.size(),
-                      g.ids.size(), layer.row_bytes));
+                      rows->slots.size(), rows->row_bytes));
     }
-    TIERKV_RETURN_IF_ERROR(Fill(layer_index));
-    for (size_t i = 0; i < g.slots.size(); ++i) {
-      std::memcpy(out.data() + i * layer.row_bytes,
-                  layer.rows.data() + size_t{g.slots[i]} * layer.row_bytes,
-                  layer.row_bytes);
+    const uint32_t rb = rows->row_bytes;
+    if (rows->host_addressable) {
+      for (size_t i = 0; i < rows->slots.size(); ++i) {
+        std::memcpy(out.data() + i * rb,
+                    rows->base + size_t{rows->slots[i]} * rb, rb);
+      }
+      return Status::OK();
     }
+    // A device the host cannot address: every row back, in order.
+    storage::DeviceBackend& b = *device->backend;
+    const uint64_t offset = layers[layer_index].device_offset;
+    for (size_t i = 0; i < rows->slots.size(); ++i) {
+      TIERKV_RETURN_IF_ERROR(b.CopyToHost(
+          0, out.subspan(i * rb, rb),
+          {device->pool, offset + uint64_t{rows->slots[i]} * rb, rb}));
+    }
+    auto done = b.RecordEvent(0);
+    if (!done.ok()) return done.status();
+    return b.WaitEvent(*done, kDeviceTimeout);
+  }
+
+  // kDevice: opens the backend and allocates one pool for every layer's
+  // slots.
+  Status OpenDevice() {
+    auto kind = storage::ParseDeviceBackendKind(options.device_backend);
+    if (!kind.ok()) return kind.status();
+    uint64_t bytes = 0;
+    for (Layer& layer : layers) {
+      layer.device_offset = bytes;
+      bytes += uint64_t{options.slots} * layer.row_bytes;
+      bytes =
+          (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
+    }
+    storage::DeviceBackendOptions o;
+    o.kind = *kind;
+    o.device = options.device;
+    o.streams = 1;  // one decode loop
+    // The emulated device holds exactly the slots.
+    o.emulated_capacity_bytes = bytes;
+    DeviceSlots d;
+    auto backend = storage::DeviceBackend::Open(o, &fallback);
+    if (!backend.ok()) return backend.status();
+    d.backend = std::move(backend).value();
+    auto pool = d.backend->AllocatePool(bytes);
+    if (!pool.ok()) return pool.status();
+    d.pool = pool->id;
+    auto base = d.backend->PoolBase(d.pool);
+    if (!base.ok()) return base.status();
+    d.base = *base;
+    device = std::move(d);
     return Status::OK();
   }
+
+  Status RegisterSourceMemory(std::span<std::byte> memory) {
+    if (!device) return Status::OK();
+    TIERKV_RETURN_IF_ERROR(device->backend->RegisterHost(memory));
+    device->registered.push_back(memory.data());
+    return Status::OK();
+  }
+
+  ~Impl() {
+    if (!device) return;
+    // Nothing is in flight: every gather and copy was waited for.
+    for (std::byte* range : device->registered) {
+      (void)device->backend->UnregisterHost(range);
+    }
+    (void)device->backend->FreePool(device->pool);
+  }
+
+  struct DeviceSlots {
+    std::unique_ptr<storage::DeviceBackend> backend;
+    uint32_t pool = 0;
+    std::byte* base = nullptr;  // of the pool, in this process
+    std::vector<std::byte*> registered;
+  };
 
   static uint64_t CountKey(uint32_t page, uint16_t layer) {
     return uint64_t{page} << 16 | layer;
@@ -249,6 +392,11 @@ class SparseWorkingSet::Impl {
   uint64_t mark_epoch = 0;
   std::unordered_map<uint64_t, uint32_t> counts;  // CountKey -> selections
   WorkingSetStats stats;
+  std::optional<DeviceSlots> device;  // kDevice only
+  std::string fallback;               // why "auto" emulates
+  // Fill's lists for the device's row gather (kept to reuse their memory).
+  std::vector<const std::byte*> gather_rows;
+  std::vector<uint32_t> gather_slots;
 };
 
 Result<std::unique_ptr<SparseWorkingSet>> SparseWorkingSet::Create(
@@ -279,8 +427,12 @@ Result<std::unique_ptr<SparseWorkingSet>> SparseWorkingSet::Create(
         "working set: slots and page_tokens must be > 0 and decay in (0, 1)");
   }
   if (!source) return Status::InvalidArgument("working set: no row source");
-  return std::unique_ptr<SparseWorkingSet>(new SparseWorkingSet(
-      std::make_unique<Impl>(layout, options, std::move(source))));
+  auto impl = std::make_unique<Impl>(layout, options, std::move(source));
+  if (options.memory == WorkingSetMemory::kDevice) {
+    TIERKV_RETURN_IF_ERROR(impl->OpenDevice());
+  }
+  return std::unique_ptr<SparseWorkingSet>(
+      new SparseWorkingSet(std::move(impl)));
 }
 
 SparseWorkingSet::SparseWorkingSet(std::unique_ptr<Impl> impl)
@@ -295,6 +447,14 @@ Status SparseWorkingSet::Select(uint16_t group, std::span<const int32_t> ids,
 
 Status SparseWorkingSet::Gather(uint16_t layer, std::span<std::byte> out) {
   return impl_->Gather(layer, out);
+}
+
+Result<WorkingSetRows> SparseWorkingSet::Rows(uint16_t layer) {
+  return impl_->Rows(layer);
+}
+
+Status SparseWorkingSet::RegisterSourceMemory(std::span<std::byte> memory) {
+  return impl_->RegisterSourceMemory(memory);
 }
 
 void SparseWorkingSet::Reset() {
@@ -319,6 +479,14 @@ WorkingSetStats SparseWorkingSet::stats() const { return impl_->stats; }
 
 const WorkingSetOptions& SparseWorkingSet::options() const {
   return impl_->options;
+}
+
+std::string_view SparseWorkingSet::buffer_backend() const {
+  return impl_->device ? impl_->device->backend->name() : "host";
+}
+
+std::string_view SparseWorkingSet::buffer_fallback() const {
+  return impl_->fallback;
 }
 
 }  // namespace tierkv

@@ -67,7 +67,11 @@ Result<GenerateResult> Generate(Model& model, KvCache* cache,
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   TIERKV_RETURN_IF_ERROR(report());
-  if (working_set) r.working_set = working_set->stats();
+  if (working_set) {
+    r.working_set = working_set->stats();
+    r.working_set_buffer = working_set->buffer_backend();
+    r.working_set_fallback = working_set->buffer_fallback();
+  }
   return r;
 }
 

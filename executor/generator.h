@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "executor/kv_cache.h"
@@ -42,6 +43,10 @@ struct GenerateResult {
   int64_t prefix_tokens_recomputed = 0;
   int64_t decode_steps = 0;     // Forward calls after the prefill
   WorkingSetStats working_set;  // zeros without a working set
+  // Where its slots were ("host", "emulated", "cuda"), and why "auto"
+  // emulated a device ("" otherwise).
+  std::string working_set_buffer;
+  std::string working_set_fallback;
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };

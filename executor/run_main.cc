@@ -334,14 +334,22 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   PrintTierkvLine(**cache, *r);
   if (gen.working_set) {
     const WorkingSetStats& w = r->working_set;
+    const std::string memory = r->working_set_buffer == "host"
+                                   ? "host memory"
+                                   : r->working_set_buffer + " device memory";
+    if (!r->working_set_fallback.empty()) {
+      std::printf("working set: %s\n", r->working_set_fallback.c_str());
+    }
     std::printf(
-        "working set (%s, %u slots): %llu of %llu selected rows were "
-        "resident (%.1f%%), %llu misses, %.2f MB copied in, %llu evictions\n",
+        "working set (%s, %u slots in %s): %llu of %llu selected rows were "
+        "resident (%.1f%%), %llu misses, %.2f MB copied in (%llu device "
+        "gathers), %llu evictions\n",
         WorkingSetPolicyName(gen.working_set->policy), gen.working_set->slots,
-        static_cast<unsigned long long>(w.hits),
+        memory.c_str(), static_cast<unsigned long long>(w.hits),
         static_cast<unsigned long long>(w.selected),
         w.selected ? 100.0 * static_cast<double>(w.hits) / w.selected : 0.0,
         static_cast<unsigned long long>(w.misses), w.bytes_in / 1e6,
+        static_cast<unsigned long long>(w.gathers),
         static_cast<unsigned long long>(w.evictions));
   }
   if (recorder) {
@@ -439,6 +447,7 @@ int main(int argc, char** argv) {
   bool greedy = false, config_only = false;
   uint32_t working_set_slots = 0;
   std::string working_set_policy = "topk";
+  std::string working_set_memory = "host";
   int64_t report_interval = GenerateOptions{}.report_interval;
   double temperature = 0;
   uint64_t seed = 0;
@@ -475,6 +484,13 @@ int main(int argc, char** argv) {
   app.add_option("--working-set-policy", working_set_policy,
                  "lru | topk (tokens that keep coming back stay)")
       ->check(CLI::IsMember({"lru", "topk"}))
+      ->capture_default_str();
+  app.add_option("--working-set-memory", working_set_memory,
+                 "host | device: where the working set's slots are (device: "
+                 "HBM through the CUDA backend, or a device emulated in host "
+                 "memory when there is no GPU; misses go in by the row "
+                 "gather)")
+      ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
   app.add_option("--report-interval", report_interval,
                  "with --working-set and --tierkv: send the selection counts "
@@ -565,7 +581,10 @@ int main(int argc, char** argv) {
   if (working_set_slots > 0) {
     gen.working_set = tierkv::WorkingSetOptions{
         .slots = working_set_slots,
-        .policy = *tierkv::ParseWorkingSetPolicy(working_set_policy)};
+        .policy = *tierkv::ParseWorkingSetPolicy(working_set_policy),
+        .memory = working_set_memory == "device"
+                      ? tierkv::WorkingSetMemory::kDevice
+                      : tierkv::WorkingSetMemory::kHost};
   }
   gen.report_interval = report_interval;
   return RunModel(model_dir, prompt, gen, logits_out, threads, attention,

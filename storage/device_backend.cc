@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <iterator>
+#include <vector>
 
 #if TIERKV_WITH_CUDA
 #include "storage/cuda/cuda_backend.h"
@@ -24,7 +25,7 @@ Result<std::unique_ptr<DeviceBackend>> DeviceBackend::Open(
       return OpenCudaBackend(options);
 #else
       return Status::Unavailable(
-          "the CUDA device backend is not built into this tierkvd (no nvcc "
+          "the CUDA device backend is not in this build (no nvcc "
           "at build time); use backend \"emulated\" or \"auto\"");
 #endif
     case DeviceBackendKind::kAuto: {
@@ -127,19 +128,49 @@ Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
 
 Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
                                  std::span<const std::byte* const> rows,
-                                 uint32_t row_bytes) {
+                                 uint32_t row_bytes,
+                                 std::span<const uint32_t> dst_rows) {
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
-  if (row_bytes == 0 || dst.bytes != rows.size() * uint64_t{row_bytes}) {
-    return Status::InvalidArgument(fmt::format(
-        "gather of {} rows of {} bytes into a {}-byte device region",
-        rows.size(), row_bytes, dst.bytes));
+  if (row_bytes == 0) {
+    return Status::InvalidArgument("gather of rows of 0 bytes");
+  }
+  if (dst_rows.empty()) {
+    if (dst.bytes != rows.size() * uint64_t{row_bytes}) {
+      return Status::InvalidArgument(fmt::format(
+          "gather of {} rows of {} bytes into a {}-byte device region",
+          rows.size(), row_bytes, dst.bytes));
+    }
+  } else {
+    if (dst_rows.size() != rows.size() || dst.bytes % row_bytes != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "gather of {} rows into {} row slots of a {}-byte device region "
+          "of {}-byte rows",
+          rows.size(), dst_rows.size(), dst.bytes, row_bytes));
+    }
+    const uint64_t slots = dst.bytes / row_bytes;
+    std::vector<bool> taken(slots, false);
+    for (uint32_t slot : dst_rows) {
+      if (slot >= slots || taken[slot]) {
+        return Status::InvalidArgument(
+            fmt::format("gather into row slot {} of {} ({})", slot, slots,
+                        slot >= slots ? "outside the region" : "named twice"));
+      }
+      taken[slot] = true;
+    }
   }
   for (const std::byte* row : rows) {
     if (row == nullptr)
       return Status::InvalidArgument("a gathered row is NULL");
   }
-  return GatherRowsImpl(stream, dst, rows, row_bytes);
+  return GatherRowsImpl(stream, dst, rows, row_bytes, dst_rows);
+}
+
+Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
+  if (PoolBytes(pool) == 0) {
+    return Status::NotFound(fmt::format("no device pool {}", pool));
+  }
+  return PoolBaseImpl(pool);
 }
 
 Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {

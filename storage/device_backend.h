@@ -132,10 +132,23 @@ class DeviceBackend {
   // Device to device, within a pool or across pools (imported ones too);
   // the regions must be the same size.
   Status CopyOnDevice(StreamId stream, DeviceRegion dst, DeviceRegion src);
-  // rows[i] (row_bytes of host memory each) -> dst row i; dst.bytes must be
-  // rows.size() * row_bytes. The sparse working set's miss path.
+  // rows[i] (row_bytes of host memory each) -> row i of dst, whose bytes
+  // must then be rows.size() * row_bytes; or, with `dst_rows`, -> row
+  // dst_rows[i] of dst, a buffer of whole rows (dst.bytes a multiple of
+  // row_bytes, every dst_rows[i] inside it, none twice): the sparse working
+  // set's misses going into their slots. Rows in registered host memory are
+  // read by the device directly (CUDA: one kernel); others are copied one
+  // by one.
   Status GatherRows(StreamId stream, DeviceRegion dst,
-                    std::span<const std::byte* const> rows, uint32_t row_bytes);
+                    std::span<const std::byte* const> rows, uint32_t row_bytes,
+                    std::span<const uint32_t> dst_rows = {});
+
+  // The address of a pool's first byte in this process: host memory on the
+  // emulated backend (host_addressable() is true), a device pointer on CUDA
+  // (for kernels; the host must not dereference it). NotFound for an
+  // unknown pool.
+  Result<std::byte*> PoolBase(uint32_t pool);
+  virtual bool host_addressable() const = 0;
 
   // Pins host memory for DMA (CUDA: cudaHostRegister, mapped into the
   // device's address space), so copies from and to it run at bus speed and
@@ -176,9 +189,13 @@ class DeviceBackend {
                                 DeviceRegion src) = 0;
   virtual Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
                                   DeviceRegion src) = 0;
+  // dst_rows: empty (contiguous) or one row index per row, checked.
   virtual Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                                 std::span<const std::byte* const> rows,
-                                uint32_t row_bytes) = 0;
+                                uint32_t row_bytes,
+                                std::span<const uint32_t> dst_rows) = 0;
+  // REQUIRES: the pool exists.
+  virtual std::byte* PoolBaseImpl(uint32_t pool) = 0;
   virtual Status RegisterHostImpl(std::span<std::byte> memory) = 0;
   virtual Status UnregisterHostImpl(std::span<std::byte> memory) = 0;
   virtual Result<DeviceEvent> RecordEventImpl(StreamId stream) = 0;

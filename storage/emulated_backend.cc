@@ -255,20 +255,29 @@ class EmulatedBackend final : public DeviceBackend {
 
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                         std::span<const std::byte* const> rows,
-                        uint32_t row_bytes) override {
+                        uint32_t row_bytes,
+                        std::span<const uint32_t> dst_rows) override {
     std::byte* to = Address(dst);
-    // The row list is the caller's and may go away: copy it (as the CUDA
-    // backend copies it to the device).
+    // The lists are the caller's and may go away: copy them (as the CUDA
+    // backend copies them to the device).
     std::vector<const std::byte*> list(rows.begin(), rows.end());
-    streams_[stream]->Submit([this, to, list = std::move(list), row_bytes] {
+    std::vector<uint32_t> slots(dst_rows.begin(), dst_rows.end());
+    streams_[stream]->Submit([this, to, list = std::move(list),
+                              slots = std::move(slots), row_bytes] {
       TIERKV_RETURN_IF_ERROR(InjectedFault());
       for (size_t i = 0; i < list.size(); ++i) {
-        std::memcpy(to + i * row_bytes, list[i], row_bytes);
+        const size_t row = slots.empty() ? i : slots[i];
+        std::memcpy(to + row * row_bytes, list[i], row_bytes);
       }
       return Status::OK();
     });
     return Status::OK();
   }
+
+  std::byte* PoolBaseImpl(uint32_t pool) override {
+    return Address(DeviceRegion{pool, 0, 0});
+  }
+  bool host_addressable() const override { return true; }
 
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
     return DeviceEvent{stream, streams_[stream]->Record()};

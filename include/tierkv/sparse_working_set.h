@@ -8,10 +8,20 @@
 // in this process: the engine's registered pool that tierkvd loaded, or the
 // daemon's host arena mapped here (RowSource says where a token's row is).
 // A working set keeps a fixed number of token slots per IndexShare group in
-// its own buffer (host memory now, HBM with the HBM tier) and, each step,
-// serves the selected tokens from its slots, copies the missed ones in from
-// the source row by row (page + offset, never a whole page), and replaces
-// victims chosen by its policy. There is no RPC per step.
+// its own buffer and, each step, serves the selected tokens from its slots,
+// copies the missed ones in from the source row by row (page + offset,
+// never a whole page), and replaces victims chosen by its policy. There is
+// no RPC per step.
+//
+// The buffer is host memory, or device memory (WorkingSetMemory::kDevice:
+// one HBM pool for every layer's slots, allocated once). On the device a
+// layer's misses go in by one row gather per layer and step (the device
+// reads the source rows where they lie when that memory is registered,
+// RegisterSourceMemory), hits are never copied, and attention reads the
+// slots in place (Rows: the buffer and each selected token's slot, what a
+// sparse attention kernel taking a KV buffer and per-token indices, as
+// FlashMLA's sparse decode does, consumes). Without a GPU the device is
+// emulated in host memory by the same code path.
 //
 // IndexShare: the layers that reuse a full layer's selection form one
 // group with one slot map (one set of decisions per step), while every
@@ -45,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -53,6 +64,9 @@
 namespace tierkv {
 
 enum class WorkingSetPolicy : uint8_t { kLru = 0, kTopk = 1 };
+
+// Where the working set keeps its slots.
+enum class WorkingSetMemory : uint8_t { kHost = 0, kDevice = 1 };
 
 // "lru" | "topk"; InvalidArgument otherwise.
 Result<WorkingSetPolicy> ParseWorkingSetPolicy(std::string_view name);
@@ -74,6 +88,13 @@ struct WorkingSetOptions {
   uint32_t recent_tokens = 64;
   // Tokens per page, for selection counts. Default: 64.
   uint32_t page_tokens = 64;
+  // Default: kHost.
+  WorkingSetMemory memory = WorkingSetMemory::kHost;
+  // kDevice: "auto" (CUDA when this build has it and a device is present,
+  // else a device emulated in host memory; buffer_fallback() says why),
+  // "cuda" (Unavailable without a device) or "emulated". Default: auto.
+  std::string device_backend = "auto";
+  int device = 0;  // kDevice: the CUDA device ordinal
 };
 
 // Where token `token`'s row of layer `layer` is now, in this process's
@@ -97,6 +118,20 @@ struct WorkingSetStats {
   uint64_t misses = 0;     // copied in (each for every layer of the group)
   uint64_t bytes_in = 0;   // row bytes copied from the source
   uint64_t evictions = 0;  // resident tokens replaced
+  uint64_t gathers = 0;    // device row gathers (one per layer and step
+                           // with misses); 0 for a host buffer
+};
+
+// One layer's rows of its group's last selection, in place: row i of the
+// selection is the row_bytes at base + slots[i] * row_bytes. `base` is
+// host memory when host_addressable, else device memory (CUDA), for a
+// kernel. Valid until the group's next Select, Reset or the working set's
+// end.
+struct WorkingSetRows {
+  const std::byte* base = nullptr;
+  uint32_t row_bytes = 0;
+  std::span<const uint32_t> slots;
+  bool host_addressable = true;
 };
 
 // Selected-token counts of one page on one full layer.
@@ -109,8 +144,10 @@ struct SelectionCount {
 class SparseWorkingSet {
  public:
   // InvalidArgument for an empty layout, mismatched vectors, a group
-  // layer that is not a full layer, slots == 0, decay outside (0, 1).
-  // `source` must outlive the working set.
+  // layer that is not a full layer, slots == 0, decay outside (0, 1), an
+  // unknown device backend; kDevice: the device's error when it has no
+  // room for the slots (ResourceExhausted) or "cuda" finds no device
+  // (Unavailable). `source` must outlive the working set.
   static Result<std::unique_ptr<SparseWorkingSet>> Create(
       const WorkingSetLayout& layout, const WorkingSetOptions& options,
       RowSource source);
@@ -134,7 +171,22 @@ class SparseWorkingSet {
   // selection missed for this layer. InvalidArgument when `out` has the
   // wrong size or the group has no selection; NotFound when the source
   // has no row of a missed id in this layer (that id leaves the slots).
+  // On a device buffer that the host cannot address (CUDA), every row is
+  // copied back to the host: a host consumer's convenience; a device
+  // consumer uses Rows.
   Status Gather(uint16_t layer, std::span<std::byte> out);
+
+  // The same rows in place, after copying in the ones that selection missed
+  // for this layer (as Gather). Errors as Gather's.
+  Result<WorkingSetRows> Rows(uint16_t layer);
+
+  // kDevice: registers host memory the sources' rows lie in (the mapped
+  // host arena, the engine's registered pool) with the device, so misses
+  // are read from it by the device directly (CUDA: pinned and mapped;
+  // without it each missed row is a copy of its own). Unregistered when the
+  // working set ends. AlreadyExists for a range overlapping a registered
+  // one; a host buffer needs nothing (OK).
+  Status RegisterSourceMemory(std::span<std::byte> memory);
 
   // Forgets every resident token and score (a new request or a truncated
   // context); keeps the buffers.
@@ -146,6 +198,10 @@ class SparseWorkingSet {
 
   WorkingSetStats stats() const;
   const WorkingSetOptions& options() const;
+  // "host", "emulated" or "cuda": where the slots are.
+  std::string_view buffer_backend() const;
+  // Why "auto" chose the emulated device ("" otherwise), for a log line.
+  std::string_view buffer_fallback() const;
 
   class Impl;
 

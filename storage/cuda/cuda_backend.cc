@@ -193,11 +193,17 @@ class CudaBackend final : public DeviceBackend {
 
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                         std::span<const std::byte* const> rows,
-                        uint32_t row_bytes) override {
+                        uint32_t row_bytes,
+                        std::span<const uint32_t> dst_rows) override {
     if (rows.empty()) return Status::OK();
     TIERKV_RETURN_IF_ERROR(Use());
     std::byte* out = Address(dst);
     const cudaStream_t s = streams_[stream]->handle;
+    auto target = [&](size_t i) {
+      return out + uint64_t{dst_rows.empty() ? static_cast<uint32_t>(i)
+                                             : dst_rows[i]} *
+                       row_bytes;
+    };
     std::vector<const std::byte*> mapped(rows.size());
     bool all_mapped = true;
     {
@@ -209,25 +215,34 @@ class CudaBackend final : public DeviceBackend {
     }
     if (!all_mapped) {
       for (size_t i = 0; i < rows.size(); ++i) {
-        const cudaError_t e = cudaMemcpyAsync(
-            out + i * row_bytes, rows[i], row_bytes, cudaMemcpyHostToDevice, s);
+        const cudaError_t e = cudaMemcpyAsync(target(i), rows[i], row_bytes,
+                                              cudaMemcpyHostToDevice, s);
         if (e != cudaSuccess) return CudaError("cudaMemcpyAsync (row)", e);
       }
       return Status::OK();
     }
-    // The kernel reads the row addresses from device memory: a
-    // stream-ordered allocation, filled from `mapped` (a pageable copy is
-    // staged before cudaMemcpyAsync returns, so `mapped` may go), freed
-    // after the kernel in stream order.
-    void* list = nullptr;
+    // The kernel reads the row addresses (and the target rows) from device
+    // memory: one stream-ordered allocation, filled from host vectors (a
+    // pageable copy is staged before cudaMemcpyAsync returns, so they may
+    // go), freed after the kernel in stream order.
     const size_t list_bytes = rows.size() * sizeof(const std::byte*);
-    cudaError_t e = cudaMallocAsync(&list, list_bytes, s);
+    const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
+    void* list = nullptr;
+    cudaError_t e = cudaMallocAsync(&list, list_bytes + slot_bytes, s);
     if (e != cudaSuccess) return CudaError("cudaMallocAsync (row list)", e);
+    auto* slots_on_device =
+        dst_rows.empty() ? nullptr
+                         : reinterpret_cast<uint32_t*>(
+                               static_cast<std::byte*>(list) + list_bytes);
     e = cudaMemcpyAsync(list, mapped.data(), list_bytes, cudaMemcpyHostToDevice,
                         s);
+    if (e == cudaSuccess && slots_on_device != nullptr) {
+      e = cudaMemcpyAsync(slots_on_device, dst_rows.data(), slot_bytes,
+                          cudaMemcpyHostToDevice, s);
+    }
     if (e == cudaSuccess) {
       e = cuda::LaunchGatherRows(
-          out, static_cast<const std::byte* const*>(list),
+          out, slots_on_device, static_cast<const std::byte* const*>(list),
           static_cast<uint32_t>(rows.size()), row_bytes, s);
     }
     const cudaError_t freed = cudaFreeAsync(list, s);
@@ -235,6 +250,11 @@ class CudaBackend final : public DeviceBackend {
     return freed == cudaSuccess ? Status::OK()
                                 : CudaError("cudaFreeAsync (row list)", freed);
   }
+
+  std::byte* PoolBaseImpl(uint32_t pool) override {
+    return Address(DeviceRegion{pool, 0, 0});
+  }
+  bool host_addressable() const override { return false; }
 
   Status RegisterHostImpl(std::span<std::byte> memory) override {
     TIERKV_RETURN_IF_ERROR(Use());

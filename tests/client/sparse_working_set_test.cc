@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -68,13 +69,30 @@ std::vector<std::byte> GatherOf(SparseWorkingSet& ws, uint16_t layer,
   return out;
 }
 
-std::unique_ptr<SparseWorkingSet> Make(Rows& rows, WorkingSetOptions o) {
-  auto ws = SparseWorkingSet::Create(Rows::Layout(), o, rows.Source());
-  EXPECT_OK(ws);
-  return ws.ok() ? std::move(ws).value() : nullptr;
-}
+// Every test runs with the slots in host memory and in (emulated) device
+// memory: the same decisions and the same rows either way.
+class SparseWorkingSetTest : public ::testing::TestWithParam<WorkingSetMemory> {
+ protected:
+  std::unique_ptr<SparseWorkingSet> Make(Rows& rows, WorkingSetOptions o) {
+    o.memory = GetParam();
+    o.device_backend = "emulated";
+    auto ws = SparseWorkingSet::Create(Rows::Layout(), o, rows.Source());
+    EXPECT_OK(ws);
+    return ws.ok() ? std::move(ws).value() : nullptr;
+  }
+  bool on_device() const { return GetParam() == WorkingSetMemory::kDevice; }
+};
 
-TEST(SparseWorkingSetTest, ServesEachLayerItsRowsInSelectionOrder) {
+INSTANTIATE_TEST_SUITE_P(Memory, SparseWorkingSetTest,
+                         ::testing::Values(WorkingSetMemory::kHost,
+                                           WorkingSetMemory::kDevice),
+                         [](const auto& info) {
+                           return info.param == WorkingSetMemory::kHost
+                                      ? "Host"
+                                      : "Device";
+                         });
+
+TEST_P(SparseWorkingSetTest, ServesEachLayerItsRowsInSelectionOrder) {
   Rows rows(1000);
   auto ws = Make(rows, {.slots = 16});
   const std::vector<int32_t> a = {900, 3, 41, 7};
@@ -89,7 +107,7 @@ TEST(SparseWorkingSetTest, ServesEachLayerItsRowsInSelectionOrder) {
   EXPECT_EQ(GatherOf(*ws, 1, a.size(), 8), rows.Expected(1, a));
 }
 
-TEST(SparseWorkingSetTest, OnlyMissedRowsAreCopiedAndEachOnce) {
+TEST_P(SparseWorkingSetTest, OnlyMissedRowsAreCopiedAndEachOnce) {
   Rows rows(100);
   auto ws = Make(rows, {.slots = 8});
   const std::vector<int32_t> a = {1, 2, 3};
@@ -110,7 +128,7 @@ TEST(SparseWorkingSetTest, OnlyMissedRowsAreCopiedAndEachOnce) {
   EXPECT_EQ(s.bytes_in, 4u * (8 + 8));
 }
 
-TEST(SparseWorkingSetTest, LruReplacesTheLeastRecentlySelected) {
+TEST_P(SparseWorkingSetTest, LruReplacesTheLeastRecentlySelected) {
   Rows rows(100);
   auto ws = Make(rows, {.slots = 4, .policy = WorkingSetPolicy::kLru});
   ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 1}, 100));
@@ -124,7 +142,7 @@ TEST(SparseWorkingSetTest, LruReplacesTheLeastRecentlySelected) {
   EXPECT_EQ(ws->stats().hits, hits + 4) << "1 was evicted";
 }
 
-TEST(SparseWorkingSetTest, TopkKeepsWhatTheIndexerKeepsChoosing) {
+TEST_P(SparseWorkingSetTest, TopkKeepsWhatTheIndexerKeepsChoosing) {
   for (auto policy : {WorkingSetPolicy::kLru, WorkingSetPolicy::kTopk}) {
     Rows rows(100);
     auto ws = Make(
@@ -145,7 +163,7 @@ TEST(SparseWorkingSetTest, TopkKeepsWhatTheIndexerKeepsChoosing) {
   }
 }
 
-TEST(SparseWorkingSetTest, TopkEvictsSinksAndTheRecentWindowLast) {
+TEST_P(SparseWorkingSetTest, TopkEvictsSinksAndTheRecentWindowLast) {
   Rows rows(1000);
   auto ws = Make(rows, {.slots = 8,
                         .policy = WorkingSetPolicy::kTopk,
@@ -174,7 +192,7 @@ TEST(SparseWorkingSetTest, TopkEvictsSinksAndTheRecentWindowLast) {
   EXPECT_EQ(ws->stats().hits - before, 5u);
 }
 
-TEST(SparseWorkingSetTest, BadSelectionsAreRefusedAndChangeNothing) {
+TEST_P(SparseWorkingSetTest, BadSelectionsAreRefusedAndChangeNothing) {
   Rows rows(100);
   auto ws = Make(rows, {.slots = 4});
   ASSERT_OK(ws->Select(0, std::vector<int32_t>{1, 2}, 100));
@@ -205,7 +223,7 @@ TEST(SparseWorkingSetTest, BadSelectionsAreRefusedAndChangeNothing) {
           .ok());
 }
 
-TEST(SparseWorkingSetTest, SelectionCountsArePerPageAndFullLayer) {
+TEST_P(SparseWorkingSetTest, SelectionCountsArePerPageAndFullLayer) {
   Rows rows(1000);
   auto ws = Make(rows, {.slots = 64, .page_tokens = 64});
   ASSERT_OK(ws->Select(0, std::vector<int32_t>{0, 63, 64, 700}, 1000));
@@ -224,7 +242,7 @@ TEST(SparseWorkingSetTest, SelectionCountsArePerPageAndFullLayer) {
 }
 
 // Whatever is evicted, every Gather returns exactly the source's rows.
-TEST(SparseWorkingSetTest, RandomSelectionsAlwaysGatherTheSourceRows) {
+TEST_P(SparseWorkingSetTest, RandomSelectionsAlwaysGatherTheSourceRows) {
   for (auto policy : {WorkingSetPolicy::kLru, WorkingSetPolicy::kTopk}) {
     Rows rows(3000);
     auto ws = Make(
@@ -255,6 +273,77 @@ TEST(SparseWorkingSetTest, RandomSelectionsAlwaysGatherTheSourceRows) {
     }
     EXPECT_GT(ws->stats().hits, 0u);
     EXPECT_GT(ws->stats().evictions, 0u);
+  }
+}
+
+// Rows: the slots in place, each selected token's row at its slot; a hit
+// copies nothing, a step's misses are one device gather per layer.
+TEST_P(SparseWorkingSetTest, RowsAreTheSlotsInPlaceAndHitsAreNeverCopied) {
+  Rows rows(100);
+  auto ws = Make(rows, {.slots = 8});
+  EXPECT_EQ(ws->buffer_backend(), on_device() ? "emulated" : "host");
+  auto check = [&](uint16_t layer, const std::vector<int32_t>& ids) {
+    auto in_place = ws->Rows(layer);
+    ASSERT_OK(in_place);
+    ASSERT_TRUE(in_place->host_addressable);
+    ASSERT_EQ(in_place->slots.size(), ids.size());
+    const auto want = rows.Expected(layer, ids);
+    const uint32_t b = in_place->row_bytes;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(std::memcmp(in_place->base + size_t{in_place->slots[i]} * b,
+                            want.data() + i * b, b),
+                0)
+          << "layer " << layer << " id " << ids[i];
+    }
+  };
+  const std::vector<int32_t> a = {5, 9, 2};
+  ASSERT_OK(ws->Select(0, a, 100));
+  check(0, a);
+  check(1, a);
+  const WorkingSetStats first = ws->stats();
+  EXPECT_EQ(first.gathers, on_device() ? 2u : 0u) << "one per layer";
+  const std::vector<int32_t> same = {2, 5, 9};
+  ASSERT_OK(ws->Select(0, same, 100));
+  check(0, same);
+  check(1, same);
+  EXPECT_EQ(ws->stats().bytes_in, first.bytes_in) << "hits copy nothing";
+  EXPECT_EQ(ws->stats().gathers, first.gathers);
+  EXPECT_EQ(ws->Rows(2).status().code(), StatusCode::kInvalidArgument)
+      << "group 2 has no selection yet";
+}
+
+TEST_P(SparseWorkingSetTest, SourceMemoryIsRegisteredOnceOnADevice) {
+  Rows rows(100);
+  auto ws = Make(rows, {.slots = 8});
+  std::vector<std::byte> arena(1 << 16);
+  ASSERT_OK(ws->RegisterSourceMemory(arena));
+  const auto again = ws->RegisterSourceMemory(std::span(arena).subspan(64));
+  if (on_device()) {
+    EXPECT_EQ(again.code(), StatusCode::kAlreadyExists);
+  } else {
+    EXPECT_OK(again);  // a host buffer needs no registration
+  }
+}
+
+TEST(SparseWorkingSetDeviceTest, AnUnknownOrMissingDeviceIsAClearError) {
+  Rows rows(10);
+  auto unknown = SparseWorkingSet::Create(
+      Rows::Layout(),
+      {.memory = WorkingSetMemory::kDevice, .device_backend = "tpu"},
+      rows.Source());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  // This machine has no GPU (CI never has one): "auto" emulates and says
+  // why, "cuda" refuses.
+  auto any = SparseWorkingSet::Create(
+      Rows::Layout(), {.memory = WorkingSetMemory::kDevice}, rows.Source());
+  ASSERT_OK(any);
+  if ((*any)->buffer_backend() == "emulated") {
+    EXPECT_FALSE((*any)->buffer_fallback().empty());
+    auto cuda = SparseWorkingSet::Create(
+        Rows::Layout(),
+        {.memory = WorkingSetMemory::kDevice, .device_backend = "cuda"},
+        rows.Source());
+    EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable);
   }
 }
 

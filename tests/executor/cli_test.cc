@@ -348,11 +348,27 @@ TEST_F(TierkvRunTest, AWorkingSetSmallerThanTheContextGivesTheSameLogits) {
     const RunResult r = RunTool(base + npy + " --working-set 24 " +
                                 "--working-set-policy " + policy);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("working set (" + policy + ", 24 slots)"),
-              std::string::npos)
+    EXPECT_NE(
+        r.output.find("working set (" + policy + ", 24 slots in host memory)"),
+        std::string::npos)
         << r.output;
     EXPECT_EQ(ReadAll(npy), ReadAll(direct)) << policy;
   }
+  // The slots on the device: this machine has none (CI never has a GPU),
+  // so the working set says it emulates one, and the logits stay the same.
+  const std::string npy = (dir_.path() / "device.npy").string();
+  const RunResult on_device =
+      RunTool(base + npy + " --working-set 24 --working-set-memory device");
+  ASSERT_EQ(on_device.exit_code, 0) << on_device.output;
+  if (on_device.output.find("in cuda device memory") == std::string::npos) {
+    EXPECT_NE(on_device.output.find("24 slots in emulated device memory"),
+              std::string::npos)
+        << on_device.output;
+    EXPECT_NE(on_device.output.find("emulated in host memory"),
+              std::string::npos)
+        << on_device.output;
+  }
+  EXPECT_EQ(ReadAll(npy), ReadAll(direct));
   const RunResult small = RunTool(base + direct + " --working-set 8");
   EXPECT_NE(small.exit_code, 0);
   EXPECT_NE(small.output.find("index_topk 16"), std::string::npos)

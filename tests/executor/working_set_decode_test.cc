@@ -1,9 +1,11 @@
 // Decode through a sparse working set (Model::NewWorkingSet, Forward's
 // working_set, Generate's options.working_set): logits bit-identical to
 // reading the cache directly while the working set is too small for the
-// context (it misses and evicts every step), for lru and topk; IndexShare
+// context (it misses and evicts every step), for lru and topk, with the
+// slots in host memory and in (emulated) device memory; IndexShare
 // layers share their full layer's selection; selection counts reach
 // tierkvd through TierKvCache.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -53,18 +55,29 @@ TEST(WorkingSetDecodeTest, LogitsAreBitIdenticalWithASmallWorkingSet) {
                                          m->config().indexer_full.end(), true);
   ASSERT_GE(full_layers, 1);
   ASSERT_LT(full_layers, m->config().num_hidden_layers) << "has IndexShare";
-  for (auto policy : {WorkingSetPolicy::kLru, WorkingSetPolicy::kTopk}) {
+  // The slots in host memory, and in device memory (the emulated device:
+  // misses go in by the device row gather, attention reads the slots).
+  for (auto [policy, memory] :
+       {std::pair{WorkingSetPolicy::kLru, WorkingSetMemory::kHost},
+        std::pair{WorkingSetPolicy::kTopk, WorkingSetMemory::kHost},
+        std::pair{WorkingSetPolicy::kLru, WorkingSetMemory::kDevice},
+        std::pair{WorkingSetPolicy::kTopk, WorkingSetMemory::kDevice}}) {
+    SCOPED_TRACE(
+        fmt::format("{} in {} memory", WorkingSetPolicyName(policy),
+                    memory == WorkingSetMemory::kHost ? "host" : "device"));
     auto cache = m->NewCache(kPrompt + kNewTokens);
     ASSERT_OK(cache);
     // 24 slots for 120-192 tokens of context, 16 selected per step.
-    const GenerateResult r = Decode(*m, cache->get(),
-                                    WorkingSetOptions{.slots = 24,
-                                                      .policy = policy,
-                                                      .sink_tokens = 2,
-                                                      .recent_tokens = 4});
-    EXPECT_EQ(r.tokens, direct.tokens) << WorkingSetPolicyName(policy);
-    EXPECT_TRUE(r.logits == direct.logits)
-        << WorkingSetPolicyName(policy) << ": logits differ";
+    const GenerateResult r =
+        Decode(*m, cache->get(),
+               WorkingSetOptions{.slots = 24,
+                                 .policy = policy,
+                                 .sink_tokens = 2,
+                                 .recent_tokens = 4,
+                                 .memory = memory,
+                                 .device_backend = "emulated"});
+    EXPECT_EQ(r.tokens, direct.tokens);
+    EXPECT_TRUE(r.logits == direct.logits) << "logits differ";
     const WorkingSetStats& s = r.working_set;
     // One selection per full layer per decode step: shared layers read
     // their full layer's selection, they do not select.
@@ -80,6 +93,14 @@ TEST(WorkingSetDecodeTest, LogitsAreBitIdenticalWithASmallWorkingSet) {
     EXPECT_GE(s.bytes_in / row_bytes, s.misses);
     EXPECT_LE(s.bytes_in / row_bytes,
               s.misses * static_cast<uint64_t>(m->config().num_hidden_layers));
+    // On the device: at most one row gather per layer and step.
+    if (memory == WorkingSetMemory::kDevice) {
+      EXPECT_GT(s.gathers, 0u);
+      EXPECT_LE(s.gathers, static_cast<uint64_t>(
+                               r.decode_steps * m->config().num_hidden_layers));
+    } else {
+      EXPECT_EQ(s.gathers, 0u);
+    }
   }
 }
 

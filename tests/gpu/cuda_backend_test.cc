@@ -100,10 +100,11 @@ TEST(CudaBackendTest, CopiesRoundTripInOrderFromPageableAndPinnedMemory) {
   ASSERT_OK(b->FreePool(pool->id));
 }
 
-// Gathers `count` random rows of `row_bytes` from a host arena, pinned or
-// not, and checks every byte.
+// Gathers 2048 random rows of `row_bytes` from a host arena, pinned or
+// not, packed or (into_slots) into the reverse order of a 2048-slot buffer
+// as the working set's misses go into their slots, and checks every byte.
 void GatherAndCheck(DeviceBackend& b, uint32_t row_bytes, bool pinned,
-                    uint32_t seed) {
+                    uint32_t seed, bool into_slots = false) {
   constexpr uint32_t kRows = 2048, kArenaRows = 16384;
   auto arena = Pattern(size_t{row_bytes} * kArenaRows, seed);
   if (pinned) ASSERT_OK(b.RegisterHost(arena));
@@ -116,14 +117,20 @@ void GatherAndCheck(DeviceBackend& b, uint32_t row_bytes, bool pinned,
   auto pool = b.AllocatePool(size_t{row_bytes} * kRows);
   ASSERT_OK(pool);
   const DeviceRegion all{pool->id, 0, size_t{row_bytes} * kRows};
-  ASSERT_OK(b.GatherRows(1, all, rows, row_bytes));
-  rows.clear();  // the backend keeps its own copy of the row list
+  std::vector<uint32_t> slots;
+  for (uint32_t i = 0; into_slots && i < kRows; ++i) {
+    slots.push_back(kRows - 1 - i);
+  }
+  ASSERT_OK(b.GatherRows(1, all, rows, row_bytes, slots));
+  rows.clear();  // the backend keeps its own copy of the row lists
+  slots.clear();
   std::vector<std::byte> back(all.bytes);
   ASSERT_OK(b.CopyToHost(1, back, all));
   Sync(b, 1);
   for (uint32_t i = 0; i < kRows; ++i) {
+    const uint32_t at = into_slots ? kRows - 1 - i : i;
     ASSERT_EQ(
-        std::memcmp(back.data() + size_t{i} * row_bytes,
+        std::memcmp(back.data() + size_t{at} * row_bytes,
                     arena.data() + size_t{pick[i]} * row_bytes, row_bytes),
         0)
         << "row " << i << " of " << row_bytes << " bytes, pinned " << pinned;
@@ -138,6 +145,10 @@ TEST(CudaBackendTest, GatherRowsPacksScatteredRowsInSelectionOrder) {
   for (uint32_t row_bytes : {656u, 1152u, 100u}) {
     GatherAndCheck(*b, row_bytes, /*pinned=*/true, row_bytes);
     GatherAndCheck(*b, row_bytes, /*pinned=*/false, row_bytes + 1);
+    GatherAndCheck(*b, row_bytes, /*pinned=*/true, row_bytes + 2,
+                   /*into_slots=*/true);
+    GatherAndCheck(*b, row_bytes, /*pinned=*/false, row_bytes + 3,
+                   /*into_slots=*/true);
   }
 }
 

@@ -103,6 +103,60 @@ TEST(DeviceBackendTest, GatherRowsPacksScatteredHostRowsInSelectionOrder) {
   }
 }
 
+TEST(DeviceBackendTest, GatherRowsIntoSlotsWritesOnlyThoseSlots) {
+  // The working set's miss path: 300 rows into random slots of a 4096-slot
+  // buffer; every other slot keeps what it held.
+  constexpr uint32_t kRow = 656, kSlots = 4096, kMisses = 300;
+  const auto arena = Pattern(size_t{kRow} * kMisses, 5);
+  std::vector<uint32_t> slots(kSlots);
+  std::iota(slots.begin(), slots.end(), 0u);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937(6));
+  slots.resize(kMisses);
+  std::vector<const std::byte*> rows;
+  for (uint32_t i = 0; i < kMisses; ++i) {
+    rows.push_back(arena.data() + size_t{i} * kRow);
+  }
+  auto b = Emulated();
+  auto pool = b->AllocatePool(size_t{kRow} * kSlots + 4096);
+  ASSERT_OK(pool);
+  const DeviceRegion buffer{pool->id, 4096, size_t{kRow} * kSlots};
+  const std::vector<std::byte> before(buffer.bytes, std::byte{0x77});
+  ASSERT_OK(b->CopyToDevice(0, buffer, before));
+  ASSERT_OK(b->GatherRows(0, buffer, rows, kRow, slots));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  // The emulated pool is host memory: read it in place.
+  ASSERT_TRUE(b->host_addressable());
+  auto base = b->PoolBase(pool->id);
+  ASSERT_OK(base);
+  const std::byte* got = *base + buffer.offset;
+  std::vector<int> row_of_slot(kSlots, -1);
+  for (uint32_t i = 0; i < kMisses; ++i) row_of_slot[slots[i]] = int(i);
+  for (uint32_t s = 0; s < kSlots; ++s) {
+    const std::byte* want = row_of_slot[s] < 0
+                                ? before.data()
+                                : arena.data() + size_t(row_of_slot[s]) * kRow;
+    ASSERT_EQ(std::memcmp(got + size_t{s} * kRow, want, kRow), 0)
+        << "slot " << s;
+  }
+  // Slots outside the buffer, named twice, or a buffer of partial rows.
+  const auto invalid = StatusCode::kInvalidArgument;
+  const uint32_t outside[] = {kSlots};
+  const uint32_t twice[] = {3, 3};
+  EXPECT_EQ(
+      b->GatherRows(0, buffer, std::span(rows).first(1), kRow, outside).code(),
+      invalid);
+  EXPECT_EQ(
+      b->GatherRows(0, buffer, std::span(rows).first(2), kRow, twice).code(),
+      invalid);
+  EXPECT_EQ(b->GatherRows(0, {pool->id, 0, kRow * 3 + 1},
+                          std::span(rows).first(1), kRow, twice)
+                .code(),
+            invalid);
+  EXPECT_EQ(b->PoolBase(pool->id + 9).status().code(), StatusCode::kNotFound);
+}
+
 TEST(DeviceBackendTest, EveryArgumentIsCheckedBeforeAnythingRuns) {
   auto b = Emulated({.streams = 2});
   auto pool = b->AllocatePool(4096);
