@@ -84,6 +84,7 @@ HandlerReply CacheService::Error(const Status& s) {
 
 void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
                            Responder responder) {
+  responder.Observe(metrics_->requests(), std::chrono::steady_clock::now());
   const auto op = static_cast<Opcode>(opcode);
   if (op == Opcode::kPing) return responder.Send(Ping());
   if (op == Opcode::kOpenNamespace) {

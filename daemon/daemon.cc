@@ -152,8 +152,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     ns->max_connections =
         nc.max_connections > 0 ? nc.max_connections : config.max_connections;
     ns->engine = d->engine_->namespaces()[i].get();
-    ns->metrics = d->metrics_.AddNamespace(
-        nc.name, storage::EvictionPolicyName(nc.eviction_policy));
+    ns->metrics = d->metrics_.AddNamespace(nc.name);
     spdlog::info(
         "namespace '{}': host tier {} MiB in {} shards ({} pages), write "
         "policy {}",
@@ -169,6 +168,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                           .lease_refusal_delay = std::chrono::milliseconds(
                               config.lease_refusal_delay_ms)},
       d->engine_.get(), &d->namespaces_, &d->metrics_);
+  std::vector<std::string> host_policies;
+  for (const NamespaceConfig& nc : config.namespaces) {
+    host_policies.emplace_back(storage::EvictionPolicyName(nc.eviction_policy));
+  }
+  d->metrics_.AddTiers(d->engine_.get(), d->nvme_.get(),
+                       std::move(host_policies));
   if (d->nvme_) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
@@ -280,9 +285,6 @@ void Daemon::SweepLoop() {
       spdlog::info("expired {} leases of unresponsive clients", n);
     }
     metrics_.active_leases().Set(static_cast<double>(engine_->active_leases()));
-    for (auto& ns : namespaces_) {
-      metrics_.Refresh(*ns->metrics, ns->engine->host().Stats());
-    }
     lock.Lock();
   }
 }

@@ -18,7 +18,9 @@
 #include "common/latency_histogram.h"
 #include "daemon/metric_families.h"
 #include "daemon/nvme_metrics.h"
+#include "daemon/tier_metrics.h"
 #include "daemon/transfer_metrics.h"
+#include "transport/protocol.h"
 
 namespace tierkv::daemon {
 
@@ -26,8 +28,97 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
+namespace {
+
+// The `op` label of a request (snake_case of its opcode), or nullptr.
+const char* OpName(uint16_t opcode) {
+  using transport::Opcode;
+  switch (static_cast<Opcode>(opcode)) {
+    case Opcode::kPing:
+      return "ping";
+    case Opcode::kOpenNamespace:
+      return "open_namespace";
+    case Opcode::kRegisterLayout:
+      return "register_layout";
+    case Opcode::kMatch:
+      return "match";
+    case Opcode::kPutReserve:
+      return "put_reserve";
+    case Opcode::kPutCommit:
+      return "put_commit";
+    case Opcode::kGet:
+      return "get";
+    case Opcode::kRelease:
+      return "release";
+    case Opcode::kPin:
+      return "pin";
+    case Opcode::kStats:
+      return "stats";
+    case Opcode::kList:
+      return "list";
+    case Opcode::kReleaseOneWay:
+      return "release_one_way";
+    case Opcode::kFlush:
+      return "flush";
+    case Opcode::kRegisterPool:
+      return "register_pool";
+    case Opcode::kRegisterTickets:
+      return "register_tickets";
+    case Opcode::kLoad:
+      return "load";
+    case Opcode::kStore:
+      return "store";
+    case Opcode::kPrefetch:
+      return "prefetch";
+    case Opcode::kReportTopk:
+      return "report_topk";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+RequestMetrics::RequestMetrics(prometheus::Registry& registry) {
+  auto& seconds =
+      BuildHistogram()
+          .Name("tierkv_request_seconds")
+          .Help(
+              "Requests from arrival to reply, by operation (Load and "
+              "Store reply once queued; their layers' time is "
+              "tierkv_transfer_seconds)")
+          .Register(registry);
+  auto& errors =
+      BuildCounter()
+          .Name("tierkv_request_errors_total")
+          .Help(
+              "Requests answered with an error reply (malformed, not "
+              "allowed, failed), by operation; refused "
+              "OpenNamespace calls are "
+              "tierkv_auth_failures_total")
+          .Register(registry);
+  const auto last = static_cast<uint16_t>(transport::Opcode::kLastOpcode);
+  ops_.resize(last + 1u);
+  for (uint16_t opcode = 1; opcode <= last; ++opcode) {
+    const char* name = OpName(opcode);
+    if (name == nullptr) continue;
+    ops_[opcode].seconds =
+        &seconds.Add({{"op", name}}, LatencyBucketBoundaries());
+    ops_[opcode].errors = &errors.Add({{"op", name}});
+  }
+}
+
+void RequestMetrics::OnReply(uint16_t opcode, bool is_error,
+                             std::chrono::steady_clock::time_point received) {
+  if (opcode >= ops_.size() || ops_[opcode].seconds == nullptr) return;
+  ops_[opcode].seconds->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - received)
+          .count());
+  if (is_error) ops_[opcode].errors->Increment();
+}
+
 DaemonMetrics::DaemonMetrics()
-    : registry_(std::make_shared<prometheus::Registry>()) {
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(std::make_unique<RequestMetrics>(*registry_)) {
   auth_failures_ = &BuildCounter()
                         .Name("tierkv_auth_failures_total")
                         .Help("OpenNamespace calls with a wrong name or token")
@@ -60,6 +151,7 @@ Status DaemonMetrics::Serve(const std::string& listen) {
     return Status::IOError("metrics listener " + listen + ": " + e.what());
   }
   exposer_->RegisterCollectable(registry_);
+  if (tiers_) exposer_->RegisterCollectable(tiers_);
   if (nvme_) exposer_->RegisterCollectable(nvme_);
   if (engine_) exposer_->RegisterCollectable(engine_);
   return Status::OK();
@@ -68,6 +160,14 @@ Status DaemonMetrics::Serve(const std::string& listen) {
 void DaemonMetrics::AddEngine(const storage::CacheEngine* engine) {
   engine_ = std::make_shared<TransferMetrics>(engine);
   if (exposer_) exposer_->RegisterCollectable(engine_);
+}
+
+void DaemonMetrics::AddTiers(const storage::CacheEngine* engine,
+                             const storage::NvmeStore* nvme,
+                             std::vector<std::string> host_policies) {
+  tiers_ =
+      std::make_shared<TierMetrics>(engine, nvme, std::move(host_policies));
+  if (exposer_) exposer_->RegisterCollectable(tiers_);
 }
 
 void DaemonMetrics::AddNvmeTier(const storage::NvmeStore* store,
@@ -127,8 +227,7 @@ int DaemonMetrics::port() const {
   return ports.empty() ? 0 : ports.front();
 }
 
-NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns,
-                                              std::string_view policy) {
+NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
   auto m = std::make_unique<NamespaceMetrics>();
   auto& lookups = BuildCounter()
                       .Name("tierkv_lookups_total")
@@ -137,7 +236,9 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns,
   auto& tokens =
       BuildCounter()
           .Name("tierkv_lookup_tokens_total")
-          .Help("Tokens of looked-up pages, by the tier that held them")
+          .Help(
+              "Tokens of looked-up pages, by the tier that held them "
+              "(miss: none)")
           .Register(*registry_);
   auto& gets = BuildCounter()
                    .Name("tierkv_get_segments_total")
@@ -147,26 +248,6 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns,
                    .Name("tierkv_put_segments_total")
                    .Help("Segments offered by Put, by result")
                    .Register(*registry_);
-  auto& dedup = BuildCounter()
-                    .Name("tierkv_dedup_hits_total")
-                    .Help("Puts of segments already stored (nothing copied)")
-                    .Register(*registry_);
-  auto& evictions = BuildCounter()
-                        .Name("tierkv_evictions_total")
-                        .Help("Segments evicted")
-                        .Register(*registry_);
-  auto& evicted_bytes = BuildCounter()
-                            .Name("tierkv_evicted_bytes_total")
-                            .Help("Bytes evicted")
-                            .Register(*registry_);
-  auto& bytes = BuildGauge()
-                    .Name("tierkv_tier_bytes")
-                    .Help("Bytes per tier and state")
-                    .Register(*registry_);
-  auto& segments = BuildGauge()
-                       .Name("tierkv_tier_segments")
-                       .Help("Committed segments per tier")
-                       .Register(*registry_);
   auto& layer_wait =
       BuildHistogram()
           .Name("tierkv_layer_wait_seconds")
@@ -188,35 +269,8 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns,
   m->put_stored = &puts.Add({{"namespace", ns}, {"result", "stored"}});
   m->put_dedup = &puts.Add({{"namespace", ns}, {"result", "dedup"}});
   m->put_failed = &puts.Add({{"namespace", ns}, {"result", "failed"}});
-  m->dedup_hits = &dedup.Add({{"namespace", ns}});
-  m->evictions = &evictions.Add(
-      {{"namespace", ns}, {"tier", "host"}, {"policy", std::string(policy)}});
-  m->evicted_bytes = &evicted_bytes.Add({{"namespace", ns}, {"tier", "host"}});
-  m->bytes_used =
-      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "used"}});
-  m->bytes_reserved =
-      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "reserved"}});
-  m->bytes_capacity =
-      &bytes.Add({{"namespace", ns}, {"tier", "host"}, {"state", "capacity"}});
-  m->segments = &segments.Add({{"namespace", ns}, {"tier", "host"}});
   namespaces_.push_back(std::move(m));
   return namespaces_.back().get();
-}
-
-void DaemonMetrics::Refresh(NamespaceMetrics& m,
-                            const storage::HostTierStats& s) {
-  m.bytes_used->Set(static_cast<double>(s.used_bytes));
-  m.bytes_reserved->Set(static_cast<double>(s.reserved_bytes));
-  m.bytes_capacity->Set(static_cast<double>(s.capacity_bytes));
-  m.segments->Set(static_cast<double>(s.segments));
-  auto bump = [](prometheus::Counter* c, double& last, uint64_t now) {
-    const double v = static_cast<double>(now);
-    if (v > last) c->Increment(v - last);
-    last = v;
-  };
-  bump(m.evictions, m.last_evictions, s.evictions);
-  bump(m.evicted_bytes, m.last_evicted_bytes, s.evicted_bytes);
-  bump(m.dedup_hits, m.last_dedup, s.dedup_hits);
 }
 
 }  // namespace tierkv::daemon

@@ -1,16 +1,18 @@
-// DaemonMetrics: tierkvd's Prometheus metrics (DESIGN.md §9), served by
-// prometheus-cpp on a loopback address by default.
+// DaemonMetrics: tierkvd's Prometheus metrics (DESIGN.md §9; the README's
+// metrics table lists every family), served by prometheus-cpp on a
+// loopback address by default.
 //
-// Event counters (lookups, gets, puts, dedup hits, auth failures, client
-// layer waits) are bumped where the event happens; occupancy gauges and
-// eviction counters are refreshed from storage stats by Refresh(), called
-// periodically; the NVMe tier and the engine's transfers are read from
-// storage at scrape time (nvme_metrics.h, transfer_metrics.h).
+// Two kinds, never mixed in one family: event counters and histograms
+// (lookups, gets, puts, auth failures, requests, client layer waits) are
+// bumped where the event happens; everything storage counts itself (every
+// tier's occupancy, evictions and reads, the NVMe device, the engine's
+// transfers) is read from storage at scrape time (tier_metrics.h,
+// nvme_metrics.h, transfer_metrics.h), so it never drifts.
 //
-// Thread safety: prometheus-cpp metrics are thread-safe; Refresh() must not
-// run concurrently with itself.
+// Thread safety: thread-safe (prometheus-cpp metrics are).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -22,6 +24,7 @@
 #include "storage/nvme_store.h"
 #include "storage/tier_mover.h"
 #include "tierkv/status.h"
+#include "transport/uds_server.h"
 
 namespace prometheus {
 class Collectable;
@@ -34,7 +37,7 @@ class Exposer;
 
 namespace tierkv::daemon {
 
-// One namespace's metrics; references point into the registry.
+// One namespace's event metrics; pointers into the registry.
 struct NamespaceMetrics {
   prometheus::Counter* lookups;             // Match calls
   prometheus::Counter* lookup_tokens_host;  // tokens of pages found in host
@@ -47,19 +50,26 @@ struct NamespaceMetrics {
   prometheus::Counter* put_stored;  // segments
   prometheus::Counter* put_dedup;
   prometheus::Counter* put_failed;
-  prometheus::Counter* dedup_hits;
-  prometheus::Counter* evictions;  // refreshed from storage
-  prometheus::Counter* evicted_bytes;
-  prometheus::Gauge* bytes_used;
-  prometheus::Gauge* bytes_reserved;
-  prometheus::Gauge* bytes_capacity;
-  prometheus::Gauge* segments;
   // Time the namespace's engines spent blocked in WaitLayer / Wait, as
   // reported by their clients (see RecordLayerWaits).
   prometheus::Histogram* layer_wait;
-  double last_evictions = 0;
-  double last_evicted_bytes = 0;
-  double last_dedup = 0;
+};
+
+// Times every request from its arrival to its reply:
+// tierkv_request_seconds{op} (histogram) and
+// tierkv_request_errors_total{op}.
+class RequestMetrics final : public transport::Responder::Observer {
+ public:
+  explicit RequestMetrics(prometheus::Registry& registry);
+  void OnReply(uint16_t opcode, bool is_error,
+               std::chrono::steady_clock::time_point received) override;
+
+ private:
+  struct Op {
+    prometheus::Histogram* seconds = nullptr;
+    prometheus::Counter* errors = nullptr;
+  };
+  std::vector<Op> ops_;  // by opcode; null for unknown ones
 };
 
 class DaemonMetrics {
@@ -73,11 +83,15 @@ class DaemonMetrics {
   // The bound port, or 0 when not serving.
   int port() const;
 
-  // `policy`: the namespace's eviction policy, the `policy` label.
-  NamespaceMetrics* AddNamespace(const std::string& name,
-                                 std::string_view policy);
-  // Exports the NVMe tier and mover (see nvme_metrics.h). Both borrowed;
-  // call StopServing() before destroying them.
+  NamespaceMetrics* AddNamespace(const std::string& name);
+  // Exports every tier (tier_metrics.h): `host_policies[i]` is the eviction
+  // policy of engine->namespaces()[i]; `nvme` may be null. Borrowed; call
+  // StopServing() before destroying them.
+  void AddTiers(const storage::CacheEngine* engine,
+                const storage::NvmeStore* nvme,
+                std::vector<std::string> host_policies);
+  // Exports the NVMe device and the mover (see nvme_metrics.h). Both
+  // borrowed; call StopServing() before destroying them.
   void AddNvmeTier(const storage::NvmeStore* store,
                    const storage::TierMover* mover);
   // Exports the engine's transfers and work queues (see
@@ -92,7 +106,8 @@ class DaemonMetrics {
   // a client's last waits before it disconnects are not counted.
   void RecordLayerWaits(NamespaceMetrics& m, std::span<const uint64_t> counts,
                         uint64_t total_nanos);
-  void Refresh(NamespaceMetrics& m, const storage::HostTierStats& stats);
+  // Hand to each request's Responder::Observe.
+  RequestMetrics* requests() { return requests_.get(); }
 
   prometheus::Counter& auth_failures() { return *auth_failures_; }
   prometheus::Counter& protocol_errors() { return *protocol_errors_; }
@@ -103,8 +118,10 @@ class DaemonMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string listen_;  // as Serve() was given it
+  std::shared_ptr<prometheus::Collectable> tiers_;
   std::shared_ptr<prometheus::Collectable> nvme_;
   std::shared_ptr<prometheus::Collectable> engine_;
+  std::unique_ptr<RequestMetrics> requests_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
   prometheus::Counter* auth_failures_;
   prometheus::Counter* protocol_errors_;

@@ -14,55 +14,6 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
   const auto mv = mover_->Stats();
   std::vector<MetricFamily> out;
 
-  auto bytes = Family("tierkv_nvme_bytes", "NVMe tier bytes by state",
-                      MetricType::Gauge);
-  AddValue(bytes, {{"state", "used"}}, static_cast<double>(s.bytes_used));
-  AddValue(bytes, {{"state", "allocated"}},
-           static_cast<double>(s.bytes_allocated));
-  AddValue(bytes, {{"state", "capacity"}},
-           static_cast<double>(s.capacity_bytes));
-  out.push_back(std::move(bytes));
-
-  auto segments =
-      Family("tierkv_nvme_segments", "Segments on NVMe", MetricType::Gauge);
-  AddValue(segments, {}, static_cast<double>(s.segments));
-  out.push_back(std::move(segments));
-
-  // Per namespace: its part of the tier, its reservation (0: it shares the
-  // unreserved rest) and what was evicted from it to make room.
-  auto ns_bytes =
-      Family("tierkv_nvme_namespace_bytes",
-             "NVMe bytes of one namespace by state", MetricType::Gauge);
-  auto ns_segments =
-      Family("tierkv_nvme_namespace_segments",
-             "Segments of one namespace on NVMe", MetricType::Gauge);
-  auto ns_evictions =
-      Family("tierkv_nvme_namespace_evictions_total",
-             "Segments of one namespace evicted from NVMe for space",
-             MetricType::Counter);
-  for (const auto& [name, n] : store_->NamespaceStats()) {
-    AddValue(ns_bytes, {{"namespace", name}, {"state", "used"}},
-             static_cast<double>(n.bytes_used));
-    AddValue(ns_bytes, {{"namespace", name}, {"state", "allocated"}},
-             static_cast<double>(n.bytes_allocated));
-    AddValue(ns_bytes, {{"namespace", name}, {"state", "reserved"}},
-             static_cast<double>(n.quota_bytes));
-    AddValue(ns_segments, {{"namespace", name}},
-             static_cast<double>(n.segments));
-    AddValue(ns_evictions, {{"namespace", name}},
-             static_cast<double>(n.evictions));
-  }
-  out.push_back(std::move(ns_bytes));
-  out.push_back(std::move(ns_segments));
-  out.push_back(std::move(ns_evictions));
-
-  auto reads = Family("tierkv_nvme_reads_total", "NVMe segment reads by result",
-                      MetricType::Counter);
-  AddValue(reads, {{"result", "hit"}}, static_cast<double>(s.read_hits));
-  AddValue(reads, {{"result", "miss"}}, static_cast<double>(s.read_misses));
-  AddValue(reads, {{"result", "error"}}, static_cast<double>(s.read_errors));
-  out.push_back(std::move(reads));
-
   auto writes = Family("tierkv_nvme_writes_total",
                        "NVMe segment writes by result", MetricType::Counter);
   AddValue(writes, {{"result", "stored"}}, static_cast<double>(s.writes));
@@ -97,11 +48,6 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
              "Times the NVMe catalog became read-only", MetricType::Counter);
   AddValue(read_only_entries, {}, static_cast<double>(s.read_only_entries));
   out.push_back(std::move(read_only_entries));
-
-  auto evictions = Family("tierkv_nvme_evictions_total",
-                          "Segments evicted from NVMe", MetricType::Counter);
-  AddValue(evictions, {}, static_cast<double>(s.evictions));
-  out.push_back(std::move(evictions));
 
   auto corruptions =
       Family("tierkv_corruptions_total",

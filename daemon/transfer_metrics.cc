@@ -81,41 +81,6 @@ std::vector<MetricFamily> TransferMetrics::Collect() const {
                d(s.store_latency_nanos) * 1e-9);
   out.push_back(std::move(seconds));
 
-  if (s.has_hbm) {
-    // The HBM tier (T0), daemon-wide; per namespace in `tierkv stats`.
-    const storage::HbmTierStats& h = s.hbm;
-    auto hbm_bytes = Family("tierkv_hbm_bytes", "HBM tier bytes by state",
-                            MetricType::Gauge);
-    AddValue(hbm_bytes, {{"tier", "hbm"}, {"state", "used"}}, d(h.used_bytes));
-    AddValue(hbm_bytes, {{"tier", "hbm"}, {"state", "capacity"}},
-             d(h.capacity_bytes));
-    out.push_back(std::move(hbm_bytes));
-    auto hbm_segments = Family("tierkv_hbm_segments",
-                               "Segments in the HBM tier", MetricType::Gauge);
-    AddValue(hbm_segments, {{"tier", "hbm"}}, d(h.segments));
-    out.push_back(std::move(hbm_segments));
-    auto lookups = Family("tierkv_hbm_lookups_total",
-                          "Device-pool loads looked up in the HBM tier",
-                          MetricType::Counter);
-    AddValue(lookups, {{"tier", "hbm"}, {"result", "hit"}}, d(h.hits));
-    AddValue(lookups, {{"tier", "hbm"}, {"result", "miss"}}, d(h.misses));
-    out.push_back(std::move(lookups));
-    auto admissions = Family("tierkv_hbm_admissions_total",
-                             "Segments copied into the HBM tier, by result",
-                             MetricType::Counter);
-    AddValue(admissions, {{"tier", "hbm"}, {"result", "admitted"}},
-             d(h.admissions));
-    AddValue(admissions, {{"tier", "hbm"}, {"result", "no_room"}},
-             d(h.admission_failures));
-    out.push_back(std::move(admissions));
-    auto evictions = Family("tierkv_hbm_evictions_total",
-                            "Segments dropped from the HBM tier (a copy: the "
-                            "tiers below keep theirs)",
-                            MetricType::Counter);
-    AddValue(evictions, {{"tier", "hbm"}}, d(h.evictions));
-    out.push_back(std::move(evictions));
-  }
-
   auto pools = Family("tierkv_registered_pools",
                       "Engine pools registered over every connection",
                       MetricType::Gauge);

@@ -5,7 +5,8 @@
 // Families (daemon-wide: the workers, the mover and the NVMe tier are shared
 // by every namespace):
 //   tierkv_transfer_bytes_total{src,dst}, tierkv_transfer_segments_total
-//   {src,dst}: host->pool and nvme->pool (Load), pool->host (Store),
+//   {src,dst}: hbm->pool, host->pool and nvme->pool (Load), pool->host
+//   (Store),
 //   nvme->host (promotion: Prefetch, Match, Get), host->nvme (write-back
 //   and Flush; segments already on NVMe are not counted);
 //   tierkv_transfers_total{op="load|store|prefetch"} (calls accepted);

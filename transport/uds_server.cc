@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "common/mutex.h"
 #include "common/private_dirs.h"
@@ -161,6 +162,10 @@ Responder& Responder::operator=(Responder&& other) noexcept {
           EncodeError(Status::Internal("request dropped without a reply")), -1,
           /*is_error=*/true});
     target_ = std::move(other.target_);
+    opcode_ = other.opcode_;
+    request_id_ = other.request_id_;
+    observer_ = std::exchange(other.observer_, nullptr);
+    received_ = other.received_;
   }
   return *this;
 }
@@ -175,7 +180,11 @@ Responder::~Responder() {
 
 void Responder::Send(HandlerReply reply) {
   std::shared_ptr<Target> target = std::move(target_);
-  if (target) target->Deliver(opcode_, request_id_, std::move(reply));
+  if (!target) return;
+  if (observer_ != nullptr) {
+    observer_->OnReply(opcode_, reply.is_error, received_);
+  }
+  target->Deliver(opcode_, request_id_, std::move(reply));
 }
 
 // One client connection: reads frames and hands them to the handler while

@@ -59,6 +59,15 @@ class Responder {
                          HandlerReply reply) = 0;
   };
 
+  // Told when a request is answered (e.g. to time it). Must be thread-safe:
+  // replies are sent from any thread.
+  class Observer {
+   public:
+    virtual ~Observer() = default;
+    virtual void OnReply(uint16_t opcode, bool is_error,
+                         std::chrono::steady_clock::time_point received) = 0;
+  };
+
   Responder() = default;
   Responder(std::shared_ptr<Target> target, uint16_t opcode,
             uint64_t request_id)
@@ -71,10 +80,20 @@ class Responder {
   // reply.is_error). REQUIRES: not sent before.
   void Send(HandlerReply reply);
 
+  // `observer` (borrowed; it must outlive the reply) hears of the reply to
+  // this request, received at `received`.
+  void Observe(Observer* observer,
+               std::chrono::steady_clock::time_point received) {
+    observer_ = observer;
+    received_ = received;
+  }
+
  private:
   std::shared_ptr<Target> target_;
   uint16_t opcode_ = 0;
   uint64_t request_id_ = 0;
+  Observer* observer_ = nullptr;
+  std::chrono::steady_clock::time_point received_;
 };
 
 // Implemented by the daemon. Must be thread-safe across connections.

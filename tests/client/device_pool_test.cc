@@ -232,8 +232,9 @@ TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
   auto text = HttpGet(daemon_->metrics_port(), "/metrics");
   ASSERT_OK(text);
   for (const char* want :
-       {"tierkv_hbm_lookups_total{tier=\"hbm\",result=\"hit\"} 12",
-        "tierkv_hbm_segments{tier=\"hbm\"} 12",
+       {"tierkv_tier_reads_total{tier=\"hbm\",result=\"hit\"} 12",
+        "tierkv_tier_segments{tier=\"hbm\"} 12",
+        "tierkv_namespace_segments{namespace=\"default\",tier=\"hbm\"} 12",
         "tierkv_transfer_segments_total{src=\"hbm\",dst=\"pool\"} 12",
         "tierkv_lookup_tokens_total{namespace=\"default\",tier=\"hbm\"} "
         "128"}) {

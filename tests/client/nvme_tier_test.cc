@@ -347,11 +347,11 @@ TEST_F(NvmeTierTest, ANamespacesNvmeReservationSurvivesAnotherTenantsFlood) {
   for (const auto& p : pages) EXPECT_TRUE(ReadsBackExact(**kept, p, kSeg));
   auto metrics = HttpGet(daemon_->metrics_port(), "/metrics");
   ASSERT_OK(metrics);
-  EXPECT_NE(metrics->find("tierkv_nvme_namespace_evictions_total{namespace="
-                          "\"kept\"} 0"),
+  EXPECT_NE(metrics->find("tierkv_evictions_total{namespace=\"kept\","
+                          "tier=\"nvme\",policy=\"lru\"} 0"),
             std::string::npos);
-  EXPECT_NE(metrics->find("tierkv_nvme_namespace_bytes{namespace=\"kept\","
-                          "state=\"reserved\"} 8388608"),
+  EXPECT_NE(metrics->find("tierkv_namespace_bytes{namespace=\"kept\","
+                          "tier=\"nvme\",state=\"quota\"} 8388608"),
             std::string::npos);
 }
 

@@ -285,6 +285,14 @@ TEST_F(ProtocolRobustnessTest, WrongTokenIsPermissionDenied) {
   auto text = HttpGet(daemon_.metrics_port(), "/metrics");
   ASSERT_OK(text);
   EXPECT_EQ(MetricValue(*text, "tierkv_auth_failures_total"), 2);
+  // Every request is timed and its error replies counted, by operation
+  // (a refused OpenNamespace answers with a status: an auth failure above).
+  EXPECT_GE(MetricValue(*text,
+                        R"(tierkv_request_seconds_count{op="open_namespace"})"),
+            2);
+  EXPECT_EQ(MetricValue(*text, R"(tierkv_request_errors_total{op="stats"})"),
+            1);
+  EXPECT_EQ(MetricValue(*text, R"(tierkv_request_errors_total{op="ping"})"), 0);
   ExpectHealthy();
 }
 

@@ -141,7 +141,7 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
   ASSERT_OK(quota);
   EXPECT_OK(quota->Validate());
   EXPECT_EQ(quota->namespaces[0].hbm_bytes, uint64_t{16} << 20);
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string(ns) + "hbm_bytes = \"16MiB\"\n",
         std::string("[hbm]\ncapacity_bytes = \"64MiB\"\n") + ns +
             "hbm_bytes = \"128MiB\"\n"}) {
