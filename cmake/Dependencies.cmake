@@ -12,6 +12,9 @@ endif()
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 find_package(RocksDB CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
+# civetweb: prometheus-cpp's HTTP server (its config finds the package);
+# tierkvd hooks its status page into the same listener (daemon/status_page.h).
+find_package(civetweb CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(tomlplusplus CONFIG REQUIRED)

@@ -2,6 +2,7 @@
 // listener (see metrics.h).
 #include "daemon/metrics.h"
 
+#include <CivetServer.h>
 #include <netdb.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -18,6 +19,7 @@
 #include "common/latency_histogram.h"
 #include "daemon/metric_families.h"
 #include "daemon/nvme_metrics.h"
+#include "daemon/status_page.h"
 #include "daemon/tier_metrics.h"
 #include "daemon/transfer_metrics.h"
 #include "transport/protocol.h"
@@ -146,7 +148,11 @@ DaemonMetrics::~DaemonMetrics() = default;
 Status DaemonMetrics::Serve(const std::string& listen) {
   listen_ = listen;
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+    // The status page (status_page.h) answers "/" and "/status" before
+    // civetweb routes the request; everything else is prometheus-cpp's.
+    CivetCallbacks callbacks;
+    callbacks.begin_request = &ServeStatusPage;
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, 1, &callbacks);
   } catch (const std::exception& e) {
     return Status::IOError("metrics listener " + listen + ": " + e.what());
   }

@@ -11,6 +11,7 @@ pkgs=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
   python3 python3-dev python3-numpy python3-pytest python3-matplotlib
   fio curl procps
+  prometheus tmux chromium systemd python3-venv python3-yaml
 )
 missing=()
 for p in "${pkgs[@]}"; do
