@@ -12,7 +12,10 @@
 #      scripts/engines-venv.sh keeps in build/engines-venv (~7 GB, ~3 min
 #      to build once). If that virtualenv cannot be built (no PyPI), the
 #      engine tests are reported as not run and the rest goes on, unless
-#      TIERKV_REQUIRE_ENGINES=1 (CI sets it: .ci/run);
+#      TIERKV_REQUIRE_ENGINES=1 (CI sets it: .ci/run); then the operations
+#      tests (tests/ops: deploy/, dashboards and rules against a real
+#      Prometheus, the status page in Chromium, `tierkv stats --watch` in
+#      tmux) in the virtualenv scripts/ops-venv.sh keeps in build/ops-venv;
 #   3. ThreadSanitizer build of the storage, transport and test-double tests;
 #   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
 #      is instrumented too; the benchmarks are not built there).
@@ -71,6 +74,16 @@ elif [[ ${TIERKV_REQUIRE_ENGINES:-0} == 1 ]]; then
 else
   echo "engine tests: NOT RUN - the virtualenv could not be built (above)"
 fi
+
+echo "== [2/4] operations: Prometheus rules and dashboard, status page, stats --watch, deploy/ ($(( $(date +%s) - start )) s so far)"
+# tests/ops: promtool, a real Prometheus scraping a real tierkvd, headless
+# Chromium, tmux, systemd-analyze and Kubernetes schemas, in the small
+# virtualenv scripts/ops-venv.sh keeps in build/ops-venv. What a person
+# should look at (the status page's screenshot, the terminal view's
+# capture) is left in build/ops-artifacts.
+scripts/ops-venv.sh build/ops-venv
+PYTHONPATH=build/python TIERKV_BIN_DIR=build/bin \
+  build/ops-venv/bin/python -m pytest -q -p no:cacheprovider tests/ops
 
 if ((!quick)); then
   echo "== [3/4] ThreadSanitizer: storage, transport, test doubles ($(( $(date +%s) - start )) s so far)"

@@ -26,6 +26,7 @@
 #include "tools/prefix_trace.h"
 #include "tools/replay_workload.h"
 #include "tools/soak_workload.h"
+#include "tools/stats_watch.h"
 
 namespace {
 
@@ -500,6 +501,19 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand(
       "stats", "Hit rates, occupancy, evictions of a namespace");
   stats->add_flag("--json", json_out, "print the raw JSON");
+  bool watch = false;
+  tierkv::tools::WatchOptions watch_options;
+  stats->add_flag("--watch", watch,
+                  "a live full-screen view: rates over each refresh, hit "
+                  "share and occupancy per tier as bars (q quits)");
+  stats
+      ->add_option("--interval", watch_options.interval_s,
+                   "--watch: seconds between refreshes (>= 0.1)")
+      ->capture_default_str();
+  stats
+      ->add_option("--count", watch_options.count,
+                   "--watch: stop after this many refreshes (0: until q)")
+      ->capture_default_str();
 
   std::string page, tokens, file, out;
   uint16_t layer = 0;
@@ -608,6 +622,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (stats->parsed()) {
+    if (watch) {
+      Status s = tierkv::tools::RunStatsWatch([&] { return c.StatsJson(); },
+                                              watch_options);
+      return s.ok() ? 0 : Fail(s);
+    }
     auto s = c.StatsJson();
     if (!s.ok()) return Fail(s.status());
     return PrintStats(*s, json_out);

@@ -64,6 +64,15 @@ def require_tool(name: str) -> str:
     return path
 
 
+def artifacts_dir() -> Path:
+    """Where tests leave what a person should look at (screenshots, screen
+    captures): $TIERKV_OPS_ARTIFACTS, default build/ops-artifacts."""
+    d = Path(os.environ.get("TIERKV_OPS_ARTIFACTS",
+                            REPO / "build" / "ops-artifacts"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 @pytest.fixture
 def all_tiers_daemon(tmp_path, bins):
     """A real tierkvd with HBM (emulated), host and NVMe tiers and two

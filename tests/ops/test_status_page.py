@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import os
 import re
 import subprocess
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import websocket
 
-from conftest import REPO, TOKEN, require_tool
+from conftest import TOKEN, artifacts_dir, require_tool
 
 
 def run_demo(bins: Path, sock: str, namespace: str, token: str):
@@ -105,13 +104,6 @@ class Page:
             time.sleep(0.1)
         pytest.fail(f"status page: {what} not within {timeout} s; page text:\n"
                     + str(self.eval("document.body.innerText")))
-
-
-def artifacts_dir() -> Path:
-    d = Path(os.environ.get("TIERKV_OPS_ARTIFACTS",
-                            REPO / "build" / "ops-artifacts"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def test_status_page_is_static_and_self_contained(all_tiers_daemon):

@@ -1,0 +1,143 @@
+"""`tierkv stats --watch` in a real terminal: tmux runs it full-screen
+against a real tierkvd, the test reads the screen with capture-pane while a
+workload moves the counters, then quits it with `q` (send-keys). The last
+captures (during the workload, after it) are kept under $TIERKV_OPS_ARTIFACTS
+(default build/ops-artifacts) as stats-watch-live.txt and stats-watch.txt."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TOKEN, artifacts_dir, require_tool
+
+
+class Tmux:
+    """A tmux server of its own (socket in the test's directory)."""
+
+    def __init__(self, workdir: Path):
+        self.tmux = require_tool("tmux")
+        self.socket = str(workdir / "tmux.sock")
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([self.tmux, "-S", self.socket, *args],
+                              capture_output=True, text=True, timeout=30)
+
+    def capture(self) -> str:
+        r = self.run("capture-pane", "-p", "-t", "watch")
+        return r.stdout if r.returncode == 0 else ""
+
+    def wait_for(self, what: str, pred, timeout: float = 30.0) -> str:
+        """Polls the screen until `pred(screen)` holds."""
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.capture()
+            if pred(screen):
+                return screen
+            time.sleep(0.1)
+        pytest.fail(f"tierkv stats --watch: {what} not within {timeout} s; "
+                    f"screen:\n{screen}")
+
+    def kill(self):
+        self.run("kill-server")
+
+
+def refresh_of(screen: str) -> int:
+    m = re.search(r"refresh (\d+) every", screen)
+    return int(m.group(1)) if m else 0
+
+
+def test_stats_watch_under_tmux(all_tiers_daemon, bins, tmp_path):
+    d = all_tiers_daemon
+    tmux = Tmux(tmp_path)
+    done = tmp_path / "exit-status"
+    command = (f"{bins / 'tierkv'} --socket {d.socket} --token {TOKEN} "
+               f"stats --watch --interval 0.5; echo $? > {done}")
+    r = tmux.run("new-session", "-d", "-s", "watch", "-x", "120", "-y", "30",
+                 command)
+    assert r.returncode == 0, r.stderr
+    try:
+        first = tmux.wait_for("the first frame",
+                              lambda s: refresh_of(s) >= 1)
+        assert "namespace default" in first
+        # No rates before a second Stats.
+        assert re.search(r"lookups +-/s", first), first
+        # A workload moves the counters: demo runs until a frame's rates
+        # show its lookups.
+        def lookups_per_s(screen: str) -> float:
+            m = re.search(r"lookups +([0-9.]+)/s", screen)
+            return float(m.group(1)) if m else 0.0
+
+        deadline = time.monotonic() + 60
+        screen = ""
+        while lookups_per_s(screen) <= 0:
+            assert time.monotonic() < deadline, screen
+            demo = subprocess.Popen(
+                [str(bins / "tierkv"), "--socket", d.socket, "--token", TOKEN,
+                 "demo", "--sessions", "6", "--prefix-tokens", "2048",
+                 "--session-tokens", "1024"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            while demo.poll() is None and lookups_per_s(screen) <= 0:
+                screen = tmux.capture()
+                time.sleep(0.05)
+            assert demo.wait(120) == 0, demo.stderr.read()
+        assert re.search(r"tokens +[1-9][0-9]*/s", screen), screen
+        (artifacts_dir() / "stats-watch-live.txt").write_text(screen)
+        # The workload has stopped (demo.wait above): two refreshes later
+        # every rate is 0 and the shares are those since start.
+        after = refresh_of(tmux.capture())
+        screen = tmux.wait_for("two refreshes after the workload",
+                               lambda s: refresh_of(s) >= after + 2)
+        assert lookups_per_s(screen) == 0.0, screen
+
+        # The view: every tier with an occupancy bar, hit shares that add up
+        # to 100%, and host DRAM as full as the daemon says.
+        for tier in ("hbm", "host", "nvme"):
+            assert re.search(rf"^  {tier} +\S+ \S+ / ", screen, re.M), screen
+        shares = {m.group(1): float(m.group(2)) for m in re.finditer(
+            r"^  (hbm|host|nvme|miss) +(\d+\.\d)% \|[#.]+\|", screen, re.M)}
+        assert set(shares) == {"hbm", "host", "nvme", "miss"}, screen
+        assert sum(shares.values()) == pytest.approx(100.0, abs=0.3)
+        # The demo's second turn re-reads its prompts: some tokens hit.
+        assert shares["miss"] < 100.0, screen
+        host = re.search(r"^  host +\S+ \S+ / \S+ \S+ +(\d+\.\d)% \|(#*)",
+                         screen, re.M)
+        assert float(host.group(1)) > 90.0, screen  # 8 MiB, overfilled
+        assert len(host.group(2)) > 0
+        assert "nvme health: 0 checksum failures, 0 demotions failed" in screen
+
+        (artifacts_dir() / "stats-watch.txt").write_text(screen)
+
+        # q quits at once, restores the screen and exits 0.
+        tmux.run("send-keys", "-t", "watch", "q")
+        deadline = time.monotonic() + 10
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.exists(), tmux.capture()
+        assert done.read_text().strip() == "0"
+        print(screen)
+    finally:
+        tmux.kill()
+
+
+def test_stats_watch_count_without_a_terminal(all_tiers_daemon, bins):
+    # Piped (no terminal): plain frames one after another, no escapes.
+    r = subprocess.run(
+        [str(bins / "tierkv"), "--socket", all_tiers_daemon.socket, "--token",
+         TOKEN, "stats", "--watch", "--interval", "0.1", "--count", "3"],
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout
+    assert [int(n) for n in re.findall(r"refresh (\d+) every", r.stdout)] == [
+        1, 2, 3]
+    bad = subprocess.run(
+        [str(bins / "tierkv"), "--socket", all_tiers_daemon.socket, "--token",
+         TOKEN, "stats", "--watch", "--interval", "0.01"],
+        capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "--interval must be at least 0.1 s" in bad.stderr

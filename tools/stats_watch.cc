@@ -1,0 +1,268 @@
+// `tierkv stats --watch` (see stats_watch.h).
+//
+// Drawn with plain ANSI/VT100 sequences (alternate screen, cursor home,
+// clear to end of line) rather than ncurses: the view is a block of text
+// rewritten whole each refresh and reads one key, which needs four escape
+// sequences and termios, not a screen library and its terminfo dependency.
+// Bars are ASCII so the view survives any locale (and tmux captures).
+#include "tools/stats_watch.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tierkv::tools {
+namespace {
+
+using nlohmann::json;
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+// The number at `path` ("a/b/c") in `j`, or 0 where absent.
+double At(const json& j, std::initializer_list<const char*> path) {
+  const json* p = &j;
+  for (const char* key : path) {
+    if (!p->is_object() || !p->contains(key)) return 0;
+    p = &(*p)[key];
+  }
+  return p->is_number() ? p->get<double>() : 0;
+}
+
+std::string Bar(double fraction, int width) {
+  const int fill =
+      static_cast<int>(std::clamp(fraction, 0.0, 1.0) * width + 0.5);
+  return "|" + std::string(fill, '#') + std::string(width - fill, '.') + "|";
+}
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnStopSignal(int) { g_stop = 1; }
+
+// The terminal as it was, restored on every way out.
+class TerminalGuard {
+ public:
+  TerminalGuard(bool screen, bool keys) : screen_(screen) {
+    if (keys && ::tcgetattr(STDIN_FILENO, &saved_) == 0) {
+      termios raw = saved_;
+      raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+      raw.c_cc[VMIN] = 0;
+      raw.c_cc[VTIME] = 0;
+      keys_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+    }
+    if (screen_) std::fputs("\x1b[?1049h\x1b[?25l", stdout);  // alt screen
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;  // no SA_RESTART: poll() wakes with EINTR
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~TerminalGuard() {
+    if (screen_) std::fputs("\x1b[?25h\x1b[?1049l", stdout);
+    std::fflush(stdout);
+    if (keys_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  bool keys() const { return keys_; }
+
+ private:
+  bool screen_;
+  bool keys_ = false;
+  termios saved_{};
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+int TerminalWidth() {
+  winsize ws{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    return ws.ws_col;
+  }
+  return 100;
+}
+
+// Waits up to `ms` for a key; true when it was q (or a stop signal came).
+bool WaitForQuit(int ms, bool keys) {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!g_stop) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return false;
+    pollfd p{keys ? STDIN_FILENO : -1, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) > 0 && (p.revents & POLLIN)) {
+      char c = 0;
+      while (::read(STDIN_FILENO, &c, 1) == 1) {
+        if (c == 'q' || c == 'Q') return true;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string RenderWatchFrame(const std::string& before_text,
+                             const std::string& now_text, double elapsed_s,
+                             int refresh, int width) {
+  const json now = json::parse(now_text);
+  const json before =
+      before_text.empty() ? json::object() : json::parse(before_text);
+  const bool rates = !before_text.empty() && elapsed_s > 0;
+  // Occupancy lines carry ~95 columns besides their bar.
+  const int bar = std::clamp(width - 95, 10, 50);
+  // Per second over the interval, or "-" on the first frame.
+  auto per_s = [&](std::initializer_list<const char*> path) {
+    if (!rates) return std::string("-");
+    const double d = std::max(0.0, At(now, path) - At(before, path));
+    return fmt::format("{:.1f}", d / elapsed_s);
+  };
+  std::string out;
+  auto line = [&](const std::string& s) { out += s + "\n"; };
+
+  const std::time_t t = std::time(nullptr);
+  char clock[16];
+  std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
+  line(fmt::format(
+      "tierkv stats --watch   namespace {}   refresh {} every {:.1f} s   {}"
+      "   (q quits)",
+      now.value("namespace", std::string("?")), refresh,
+      rates ? elapsed_s : 0.0, clock));
+  line("");
+  const char* tiers[] = {"hbm", "host", "nvme", "miss"};
+  double interval_total = 0, start_total = 0;
+  for (const char* tier : tiers) {
+    start_total += At(now, {"lookup_tokens", tier});
+    interval_total +=
+        At(now, {"lookup_tokens", tier}) - At(before, {"lookup_tokens", tier});
+  }
+  const std::string tokens_per_s =
+      rates ? fmt::format("{:.0f}", std::max(0.0, interval_total) / elapsed_s)
+            : "-";
+  line(fmt::format(
+      "lookups {:>8}/s   tokens {:>9}/s   gets hit {}/s miss {}/s   puts "
+      "stored {}/s dedup {}/s failed {}/s",
+      per_s({"lookups"}), tokens_per_s, per_s({"get_segments", "hit"}),
+      per_s({"get_segments", "miss"}), per_s({"put_segments", "stored"}),
+      per_s({"put_segments", "dedup"}), per_s({"put_segments", "failed"})));
+
+  // Hit share by tier: over the interval, else since the daemon started.
+  const bool recent = rates && interval_total > 0;
+  line("");
+  line(recent ? fmt::format("hit share of looked-up tokens (last {:.1f} s)",
+                            elapsed_s)
+              : std::string("hit share of looked-up tokens (since start)"));
+  for (const char* tier : tiers) {
+    const double v = recent ? At(now, {"lookup_tokens", tier}) -
+                                  At(before, {"lookup_tokens", tier})
+                            : At(now, {"lookup_tokens", tier});
+    const double total = recent ? interval_total : start_total;
+    const double share = total > 0 ? v / total : 0;
+    line(fmt::format("  {:<5} {:>6.1f}% {}", tier, 100 * share,
+                     Bar(share, bar)));
+  }
+
+  line("");
+  line("occupancy");
+  auto tier_line = [&](const char* name, double used, double capacity,
+                       const std::string& tail) {
+    const double f = capacity > 0 ? used / capacity : 0;
+    line(fmt::format("  {:<5} {:>10} / {:<10} {:>6.1f}% {}  {}", name,
+                     Human(used), Human(capacity), 100 * f, Bar(f, bar), tail));
+  };
+  if (now.contains("hbm")) {
+    tier_line(
+        "hbm", At(now, {"hbm", "namespace", "used_bytes"}),
+        At(now, {"hbm", "capacity_bytes"}),
+        fmt::format("evict {}/s (shared tier)", per_s({"hbm", "evictions"})));
+  }
+  tier_line(
+      "host", At(now, {"host", "used_bytes"}),
+      At(now, {"host", "capacity_bytes"}),
+      fmt::format("evict {}/s ({:.0f} in all)", per_s({"host", "evictions"}),
+                  At(now, {"host", "evictions"})));
+  if (now.contains("nvme")) {
+    tier_line("nvme", At(now, {"nvme", "used_bytes"}),
+              At(now, {"nvme", "capacity_bytes"}),
+              fmt::format("evict {}/s, demote {}/s, promote {}/s",
+                          per_s({"nvme", "evictions"}),
+                          per_s({"nvme", "demotions_done"}),
+                          per_s({"nvme", "promotions_done"})));
+    line(fmt::format(
+        "  nvme health: {} checksum failures, {} demotions failed, {} dirty "
+        "segments waiting",
+        At(now, {"nvme", "checksum_failures"}),
+        At(now, {"nvme", "demotions_failed"}),
+        At(now, {"host", "dirty_segments"})));
+  }
+  line("");
+  line(fmt::format(
+      "leases {:.0f} active   transfers: loads {}/s, stores "
+      "{}/s, prefetches {}/s",
+      At(now, {"active_leases"}), per_s({"transfers", "loads"}),
+      per_s({"transfers", "stores"}), per_s({"transfers", "prefetches"})));
+  return out;
+}
+
+Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,
+                     const WatchOptions& options) {
+  if (!(options.interval_s >= 0.1)) {
+    return Status::InvalidArgument("--interval must be at least 0.1 s");
+  }
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  g_stop = 0;
+  TerminalGuard terminal(tty, tty && ::isatty(STDIN_FILENO) == 1);
+  std::string before;
+  auto taken = std::chrono::steady_clock::now();
+  for (int refresh = 1; options.count == 0 || refresh <= options.count;
+       ++refresh) {
+    Result<std::string> now = fetch();
+    if (!now.ok()) return now.status();
+    const auto at = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(at - taken).count();
+    const std::string frame =
+        RenderWatchFrame(before, *now, elapsed, refresh, TerminalWidth());
+    if (tty) {
+      // Home, then each line cleared to its end, then the rest cleared.
+      std::string screen = "\x1b[H";
+      size_t start = 0;
+      for (size_t nl; (nl = frame.find('\n', start)) != std::string::npos;
+           start = nl + 1) {
+        screen += frame.substr(start, nl - start) + "\x1b[K\n";
+      }
+      screen += "\x1b[J";
+      std::fputs(screen.c_str(), stdout);
+    } else {
+      std::fputs((frame + "\n").c_str(), stdout);
+    }
+    std::fflush(stdout);
+    before = std::move(*now);
+    taken = at;
+    if (options.count != 0 && refresh == options.count) break;
+    if (WaitForQuit(static_cast<int>(options.interval_s * 1000),
+                    terminal.keys())) {
+      break;
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace tierkv::tools
