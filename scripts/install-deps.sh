@@ -11,8 +11,11 @@ pkgs=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
   python3 python3-dev python3-numpy python3-pytest python3-matplotlib
   fio curl procps
-  prometheus tmux chromium systemd python3-venv python3-yaml
+  prometheus tmux chromium systemd python3-venv python3-yaml strace
 )
+# tests/ops renders deploy/k8s with `kubectl kustomize` (offline): Debian's
+# kubectl unless one is installed already (e.g. Google's kubectl package).
+command -v kubectl > /dev/null || pkgs+=(kubernetes-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

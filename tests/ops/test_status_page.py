@@ -96,10 +96,12 @@ class Page:
         return r["result"].get("value")
 
     def wait_for(self, what: str, expr: str, timeout: float = 30.0):
-        """Polls a condition on the page's DOM until it holds."""
+        """Polls a condition on the page's DOM until it holds (an exception
+        counts as "not yet": the page may still be loading)."""
         deadline = time.monotonic() + timeout
+        guarded = f"(() => {{ try {{ return {expr}; }} catch (e) {{ return false; }} }})()"
         while time.monotonic() < deadline:
-            if self.eval(expr):
+            if self.eval(guarded):
                 return
             time.sleep(0.1)
         pytest.fail(f"status page: {what} not within {timeout} s; page text:\n"
