@@ -40,9 +40,9 @@ Status Daemon::OpenNvmeTier() {
   const auto stats = nvme_->Stats();
   const auto& r = nvme_->recovery();
   spdlog::info(
-      "NVMe tier {}: {} GiB, {}, {}; recovered {} segments ({} MiB), dropped "
-      "{}{}",
-      c.path, c.capacity_bytes >> 30,
+      "NVMe tier {}: {:.1f} GiB, {}, {}; recovered {} segments ({} MiB), "
+      "dropped {}{}",
+      c.path, static_cast<double>(c.capacity_bytes) / (1u << 30),
       stats.direct_io ? "O_DIRECT" : "buffered IO",
       stats.io_uring ? "io_uring" : "pread/pwrite", r.recovered_segments,
       r.recovered_bytes >> 20, r.dropped_segments,

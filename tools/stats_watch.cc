@@ -22,20 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tools/human_bytes.h"
+
 namespace tierkv::tools {
 namespace {
 
 using nlohmann::json;
-
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
 
 // The number at `path` ("a/b/c") in `j`, or 0 where absent.
 double At(const json& j, std::initializer_list<const char*> path) {
@@ -186,7 +178,8 @@ std::string RenderWatchFrame(const std::string& before_text,
                        const std::string& tail) {
     const double f = capacity > 0 ? used / capacity : 0;
     line(fmt::format("  {:<5} {:>10} / {:<10} {:>6.1f}% {}  {}", name,
-                     Human(used), Human(capacity), 100 * f, Bar(f, bar), tail));
+                     HumanBytes(used), HumanBytes(capacity), 100 * f,
+                     Bar(f, bar), tail));
   };
   if (now.contains("hbm")) {
     tier_line(

@@ -21,6 +21,7 @@
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
 #include "tools/demo_workload.h"
+#include "tools/human_bytes.h"
 #include "tools/prefix_cache_sim.h"
 #include "tools/prefix_hit_rules.h"
 #include "tools/prefix_trace.h"
@@ -31,6 +32,7 @@
 namespace {
 
 using tierkv::Status;
+using tierkv::tools::HumanBytes;
 
 struct Connection {
   std::string socket = "/run/tierkv/tierkv.sock";
@@ -332,16 +334,6 @@ tierkv::Result<tierkv::PageHash> ParsePage(const std::string& page,
   return tierkv::NextPageHash(tierkv::RootPageHash(ns), ids);
 }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 int PrintStats(const std::string& json_text, bool raw) {
   if (raw) {
     fmt::print("{}\n", json_text);
@@ -356,10 +348,11 @@ int PrintStats(const std::string& json_text, bool raw) {
   fmt::print("namespace {}\n", j["namespace"].get<std::string>());
   fmt::print(
       "  host tier   {} / {} used ({:.1f}%), {} reserved, {} segments{}\n",
-      Human(h["used_bytes"].get<double>()),
-      Human(h["capacity_bytes"].get<double>()),
+      HumanBytes(h["used_bytes"].get<double>()),
+      HumanBytes(h["capacity_bytes"].get<double>()),
       100.0 * h["used_bytes"].get<double>() / h["capacity_bytes"].get<double>(),
-      Human(h["reserved_bytes"].get<double>()), h["segments"].get<uint64_t>(),
+      HumanBytes(h["reserved_bytes"].get<double>()),
+      h["segments"].get<uint64_t>(),
       h["hugepages"].get<bool>() ? ", hugepages" : "");
   const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
   fmt::print(
@@ -377,7 +370,7 @@ int PrintStats(const std::string& json_text, bool raw) {
       j["put_segments"]["dedup"].get<double>(),
       j["put_segments"]["failed"].get<double>());
   fmt::print("  evictions   {} segments, {}\n", h["evictions"].get<uint64_t>(),
-             Human(h["evicted_bytes"].get<double>()));
+             HumanBytes(h["evicted_bytes"].get<double>()));
   if (j.contains("hbm")) {
     const auto& b = j["hbm"];
     const auto& mine = b["namespace"];
@@ -387,10 +380,11 @@ int PrintStats(const std::string& json_text, bool raw) {
         "  hbm tier    {} / {} used, {} segments ({} / quota {} this "
         "namespace); device loads hit {:.0f}, missed {:.0f} (hit rate "
         "{:.1f}%); {} admitted, {} evicted\n",
-        Human(b["used_bytes"].get<double>()),
-        Human(b["capacity_bytes"].get<double>()), b["segments"].get<uint64_t>(),
-        Human(mine["used_bytes"].get<double>()),
-        Human(mine["quota_bytes"].get<double>()), hits, misses,
+        HumanBytes(b["used_bytes"].get<double>()),
+        HumanBytes(b["capacity_bytes"].get<double>()),
+        b["segments"].get<uint64_t>(),
+        HumanBytes(mine["used_bytes"].get<double>()),
+        HumanBytes(mine["quota_bytes"].get<double>()), hits, misses,
         100.0 * hits / std::max(1.0, hits + misses),
         b["admissions"].get<uint64_t>(), b["evictions"].get<uint64_t>());
   }
@@ -399,14 +393,15 @@ int PrintStats(const std::string& json_text, bool raw) {
     fmt::print(
         "  nvme tier   {} / {} used, {} segments, {} evictions, {} checksum "
         "failures ({}, {})\n",
-        Human(n["used_bytes"].get<double>()),
-        Human(n["capacity_bytes"].get<double>()), n["segments"].get<uint64_t>(),
-        n["evictions"].get<uint64_t>(), n["checksum_failures"].get<uint64_t>(),
+        HumanBytes(n["used_bytes"].get<double>()),
+        HumanBytes(n["capacity_bytes"].get<double>()),
+        n["segments"].get<uint64_t>(), n["evictions"].get<uint64_t>(),
+        n["checksum_failures"].get<uint64_t>(),
         n["direct_io"].get<bool>() ? "O_DIRECT" : "buffered",
         n["io_uring"].get<bool>() ? "io_uring" : "pread/pwrite");
     fmt::print("  recovered   {} segments, {} at start-up{}\n",
                n["recovered_segments"].get<uint64_t>(),
-               Human(n["recovered_bytes"].get<double>()),
+               HumanBytes(n["recovered_bytes"].get<double>()),
                n["catalog_recreated"].get<bool>()
                    ? " (damaged catalog recreated)"
                    : "");
@@ -440,24 +435,25 @@ int PrintStats(const std::string& json_text, bool raw) {
     fmt::print(
         "    loaded    {:.0f} segments / {} from hbm, {:.0f} / {} from host, "
         "{:.0f} / {} from nvme, {:.0f} missed; mean {:.3f} ms per Load\n",
-        u("load_segments", "hbm"), Human(u("load_bytes", "hbm")),
-        u("load_segments", "host"), Human(u("load_bytes", "host")),
-        u("load_segments", "nvme"), Human(u("load_bytes", "nvme")),
+        u("load_segments", "hbm"), HumanBytes(u("load_bytes", "hbm")),
+        u("load_segments", "host"), HumanBytes(u("load_bytes", "host")),
+        u("load_segments", "nvme"), HumanBytes(u("load_bytes", "nvme")),
         u("load_segments", "miss"),
         mean_ms(t.value("load_seconds", nlohmann::json::object())));
     fmt::print(
         "    stored    {} segments / {}, {} deduplicated; mean {:.3f} ms per "
         "Store\n",
         t.value("store_segments", uint64_t{0}),
-        Human(t.value("store_bytes", 0.0)), t.value("store_dedup", uint64_t{0}),
+        HumanBytes(t.value("store_bytes", 0.0)),
+        t.value("store_dedup", uint64_t{0}),
         mean_ms(t.value("store_seconds", nlohmann::json::object())));
     if (t.contains("promoted")) {
       fmt::print(
           "    tiers     {:.0f} segments / {} nvme -> host, {:.0f} / {} host "
           "-> nvme\n",
-          u("promoted", "segments"), Human(u("promoted", "bytes")),
+          u("promoted", "segments"), HumanBytes(u("promoted", "bytes")),
           u("written_to_nvme", "segments"),
-          Human(u("written_to_nvme", "bytes")));
+          HumanBytes(u("written_to_nvme", "bytes")));
     }
     const auto w = t.value("layer_waits", nlohmann::json::object());
     const double waits = w.value("count", 0.0);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,16 @@ def require_tool(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} not found: run scripts/install-deps.sh")
     return path
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def artifacts_dir() -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, TOKEN, require_tool
+from conftest import REPO, TOKEN, require_tool, stop_process
 
 # Grafana's variables, as Grafana would expand them for "All namespaces"
 # over a short test: every window reaches back over the whole workload.
@@ -100,12 +100,7 @@ class Prometheus:
         return Path(self.log.name).read_text(errors="replace")[-4000:]
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import websocket
 
-from conftest import TOKEN, artifacts_dir, require_tool
+from conftest import TOKEN, artifacts_dir, require_tool, stop_process
 
 
 def run_demo(bins: Path, sock: str, namespace: str, token: str):
@@ -61,12 +61,7 @@ class Chromium:
         return Page(target["webSocketDebuggerUrl"])
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 
