@@ -189,8 +189,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           listen);
     }
     TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
-    spdlog::info("metrics on http://{}/metrics (port {})",
-                 config.metrics_listen, d->metrics_.port());
+    // The bound address (a configured port 0 picked one).
+    const std::string bound = fmt::format("{}:{}", host, d->metrics_.port());
+    spdlog::info("metrics on http://{0}/metrics, status page on http://{0}/",
+                 bound);
   }
   auto server = transport::UdsServer::Start(
       {.path = config.socket_path,
