@@ -12,6 +12,7 @@ import itertools
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -145,6 +146,25 @@ def test_status_page_in_headless_chromium(all_tiers_daemon, bins, tmp_path):
         run_demo(bins, d.socket, "default", TOKEN)
         page.wait_for("the new lookups",
                       f"Number({row}.dataset.tokens) > {before}")
+        # A few more refreshes under load, so the chart (and the
+        # screenshot) shows hit shares over time.
+        refreshes = page.eval(
+            "Number(document.getElementById('refreshes').textContent)")
+        stop = threading.Event()
+
+        def load():
+            while not stop.is_set():
+                run_demo(bins, d.socket, "default", TOKEN)
+
+        loader = threading.Thread(target=load)
+        loader.start()
+        try:
+            page.wait_for("four refreshes under load",
+                          "Number(document.getElementById('refreshes')"
+                          f".textContent) >= {refreshes + 4}")
+        finally:
+            stop.set()
+            loader.join()
 
         namespaces = page.eval(
             "[...document.querySelectorAll('#namespaces tbody tr')]"
