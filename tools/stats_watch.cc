@@ -215,6 +215,17 @@ std::string RenderWatchFrame(const std::string& before_text,
   return out;
 }
 
+std::string RenderWatchError(const Status& error, int refresh,
+                             double interval_s) {
+  const std::time_t t = std::time(nullptr);
+  char clock[16];
+  std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
+  return fmt::format(
+      "tierkv stats --watch   refresh {} every {:.1f} s   {}   (q quits)\n\n"
+      "tierkvd unreachable: {}\nretrying every {:.1f} s\n",
+      refresh, interval_s, clock, error.ToString(), interval_s);
+}
+
 Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,
                      const WatchOptions& options) {
   if (!(options.interval_s >= 0.1)) {
@@ -228,11 +239,13 @@ Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,
   for (int refresh = 1; options.count == 0 || refresh <= options.count;
        ++refresh) {
     Result<std::string> now = fetch();
-    if (!now.ok()) return now.status();
+    if (!now.ok() && refresh == 1) return now.status();
     const auto at = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(at - taken).count();
     const std::string frame =
-        RenderWatchFrame(before, *now, elapsed, refresh, TerminalWidth());
+        now.ok()
+            ? RenderWatchFrame(before, *now, elapsed, refresh, TerminalWidth())
+            : RenderWatchError(now.status(), refresh, options.interval_s);
     if (tty) {
       // Home, then each line cleared to its end, then the rest cleared.
       std::string screen = "\x1b[H";
@@ -247,7 +260,9 @@ Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,
       std::fputs((frame + "\n").c_str(), stdout);
     }
     std::fflush(stdout);
-    before = std::move(*now);
+    // After a failure the next frame has no rates (the counters may have
+    // restarted with the daemon).
+    before = now.ok() ? std::move(*now) : std::string();
     taken = at;
     if (options.count != 0 && refresh == options.count) break;
     if (WaitForQuit(static_cast<int>(options.interval_s * 1000),

@@ -23,8 +23,15 @@ struct WatchOptions {
 std::string RenderWatchFrame(const std::string& before, const std::string& now,
                              double elapsed_s, int refresh, int width);
 
-// Runs the view on the terminal until `q`, Ctrl-C, `count` refreshes or an
-// error from `fetch` (which returns the namespace's Stats JSON). On a
+// Renders the frame of a refresh whose Stats failed (`error`), e.g. while
+// the daemon restarts.
+std::string RenderWatchError(const Status& error, int refresh,
+                             double interval_s);
+
+// Runs the view on the terminal until `q`, Ctrl-C or `count` refreshes.
+// `fetch` returns the namespace's Stats JSON; its first failure ends the
+// view with that error (a wrong socket or token), a later one is shown in
+// the frame and retried every interval (the caller reconnects). On a
 // terminal it uses the alternate screen; otherwise it prints frames one
 // after another (for logs).
 Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,

@@ -619,8 +619,20 @@ int main(int argc, char** argv) {
   }
   if (stats->parsed()) {
     if (watch) {
-      Status s = tierkv::tools::RunStatsWatch([&] { return c.StatsJson(); },
-                                              watch_options);
+      // A connection that failed (the daemon restarted, say) is dropped
+      // and opened again at the next refresh.
+      std::unique_ptr<tierkv::Client> watched = std::move(*client);
+      auto fetch = [&]() -> tierkv::Result<std::string> {
+        if (!watched) {
+          auto again = Connect(conn, /*open_namespace=*/true);
+          if (!again.ok()) return again.status();
+          watched = std::move(*again);
+        }
+        auto stats_json = watched->StatsJson();
+        if (!stats_json.ok()) watched.reset();
+        return stats_json;
+      };
+      Status s = tierkv::tools::RunStatsWatch(fetch, watch_options);
       return s.ok() ? 0 : Fail(s);
     }
     auto s = c.StatsJson();

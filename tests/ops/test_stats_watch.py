@@ -125,6 +125,35 @@ def test_stats_watch_under_tmux(all_tiers_daemon, bins, tmp_path):
         tmux.kill()
 
 
+def test_stats_watch_rides_out_a_daemon_restart(all_tiers_daemon, bins,
+                                                tmp_path):
+    d = all_tiers_daemon
+    tmux = Tmux(tmp_path)
+    done = tmp_path / "exit-status"
+    command = (f"{bins / 'tierkv'} --socket {d.socket} --token {TOKEN} "
+               f"stats --watch --interval 0.2; echo $? > {done}")
+    assert tmux.run("new-session", "-d", "-s", "watch", "-x", "120", "-y",
+                    "30", command).returncode == 0
+    try:
+        tmux.wait_for("the first frame", lambda s: "namespace default" in s)
+        d.stop()
+        down = tmux.wait_for("the daemon's absence",
+                             lambda s: "tierkvd unreachable" in s)
+        assert "retrying every 0.2 s" in down, down
+        d.start()  # same socket, same NVMe file
+        up = tmux.wait_for("frames again after the restart",
+                           lambda s: "namespace default" in s)
+        # The whole view is back (the client reconnected by itself).
+        assert re.search(r"^  host +\S+ \S+ / ", up, re.M), up
+        tmux.run("send-keys", "-t", "watch", "q")
+        deadline = time.monotonic() + 10
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.exists() and done.read_text().strip() == "0"
+    finally:
+        tmux.kill()
+
+
 def test_stats_watch_count_without_a_terminal(all_tiers_daemon, bins):
     # Piped (no terminal): plain frames one after another, no escapes.
     r = subprocess.run(
@@ -141,3 +170,10 @@ def test_stats_watch_count_without_a_terminal(all_tiers_daemon, bins):
         capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
     assert "--interval must be at least 0.1 s" in bad.stderr
+    # A daemon that is not there at the start is an error, not a wait.
+    absent = subprocess.run(
+        [str(bins / "tierkv"), "--socket", str(all_tiers_daemon.dir / "no"),
+         "--token", TOKEN, "stats", "--watch"],
+        capture_output=True, text=True, timeout=60)
+    assert absent.returncode == 1
+    assert "tierkv:" in absent.stderr and absent.stdout == ""
