@@ -106,8 +106,8 @@ std::vector<MetricFamily> TierMetrics::Collect() const {
   }
 
   // NVMe: one file or device for every namespace (LRU within each share).
-  if (nvme_ != nullptr) {
-    const storage::NvmeStoreStats n = nvme_->Stats();
+  if (shared.has_nvme && nvme_ != nullptr) {
+    const storage::NvmeStoreStats& n = shared.nvme;  // read once above
     AddValue(bytes, {{"tier", "nvme"}, {"state", "used"}}, d(n.bytes_used));
     AddValue(bytes, {{"tier", "nvme"}, {"state", "allocated"}},
              d(n.bytes_allocated));

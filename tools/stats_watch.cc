@@ -45,6 +45,16 @@ std::string Bar(double fraction, int width) {
   return "|" + std::string(fill, '#') + std::string(width - fill, '.') + "|";
 }
 
+// The local time of day, HH:MM:SS, for the frame's header.
+std::string WallClock() {
+  const std::time_t t = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&t, &local);
+  char clock[16];
+  std::strftime(clock, sizeof clock, "%H:%M:%S", &local);
+  return clock;
+}
+
 volatile std::sig_atomic_t g_stop = 0;
 void OnStopSignal(int) { g_stop = 1; }
 
@@ -130,14 +140,11 @@ std::string RenderWatchFrame(const std::string& before_text,
   std::string out;
   auto line = [&](const std::string& s) { out += s + "\n"; };
 
-  const std::time_t t = std::time(nullptr);
-  char clock[16];
-  std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
   line(fmt::format(
       "tierkv stats --watch   namespace {}   refresh {} every {:.1f} s   {}"
       "   (q quits)",
       now.value("namespace", std::string("?")), refresh,
-      rates ? elapsed_s : 0.0, clock));
+      rates ? elapsed_s : 0.0, WallClock()));
   line("");
   const char* tiers[] = {"hbm", "host", "nvme", "miss"};
   double interval_total = 0, start_total = 0;
@@ -217,13 +224,10 @@ std::string RenderWatchFrame(const std::string& before_text,
 
 std::string RenderWatchError(const Status& error, int refresh,
                              double interval_s) {
-  const std::time_t t = std::time(nullptr);
-  char clock[16];
-  std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
   return fmt::format(
       "tierkv stats --watch   refresh {} every {:.1f} s   {}   (q quits)\n\n"
       "tierkvd unreachable: {}\nretrying every {:.1f} s\n",
-      refresh, interval_s, clock, error.ToString(), interval_s);
+      refresh, interval_s, WallClock(), error.ToString(), interval_s);
 }
 
 Status RunStatsWatch(const std::function<Result<std::string>()>& fetch,
