@@ -12,6 +12,10 @@ while (($#)); do
   if [[ $1 == -- ]]; then shift; targets=("$@"); break; fi
   cmake_args+=("$1"); shift
 done
+# ccache keys on paths relative to the checkout (base_dir, and no working
+# directory in the hash), so a clone elsewhere (CI's) reuses this one's
+# objects.
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=true
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" > "$dir.cmake.log" 2>&1 \
   || { cat "$dir.cmake.log"; exit 1; }
 ninja -C "$dir" -j"${TIERKV_JOBS:-2}" "${targets[@]}"

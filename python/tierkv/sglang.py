@@ -35,10 +35,21 @@ Persistence: pages reach NVMe when tierkvd evicts them (write_back) or at
 once (write_through, or extra config `"flush": true`, which calls Flush
 after every set); either way they survive a daemon restart.
 
-Supported pools: `kv` and `indexer` (hit policy all_pages). Pools whose
-pages are only needed at the tail of a prefix (Mamba, SWA) or in block
-groups (DeepSeek-V4's compressed pools) are refused at registration with a
-clear error; HiSparse needs no L3 support (it serves from the host pool).
+Supported pools: `kv` and `indexer`, and speculative decoding's `draft` and
+`draft_indexer` (EAGLE/MTP draft KV, stored as further parts of the same
+page; hit policy all_pages). Pools whose pages are only needed at the tail
+of a prefix (Mamba, SWA, draft_swa) or in block groups (DeepSeek-V4's
+compressed pools) are refused at registration with a clear error; HiSparse
+needs no L3 support (it serves from the host pool).
+
+Metrics (`--enable-metrics`): get_stats() returns SGLang's StorageMetrics
+(pages and GB/s of every get and set batch since the last call), which
+SGLang's StorageMetricsCollector turns into its sglang:*storage* histograms.
+
+Failures: a lost tierkvd is a miss (exists answers 0, get and set report
+every page failed) while tierkv.session reconnects; SGLang recomputes.
+clear() returns False: tierkvd has no operation that drops a namespace
+(pages age out by eviction; restarting tierkvd without NVMe empties it).
 """
 
 from __future__ import annotations
@@ -46,11 +57,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 import tierkv
+from tierkv.session import Session, raise_if_disconnected
 
 try:  # Imported lazily by SGLang's factory; fail with a clear message.
     from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage,
@@ -67,7 +80,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 KV = str(PoolName.KV)
-SUPPORTED_POOLS = (str(PoolName.KV), str(PoolName.INDEXER))
+SUPPORTED_POOLS = tuple(str(p) for p in (PoolName.KV, PoolName.INDEXER,
+                                         PoolName.DRAFT,
+                                         PoolName.DRAFT_INDEXER))
 
 
 def page_hash_of(key: str, suffix: str) -> np.ndarray:
@@ -115,12 +130,15 @@ class TierkvHiCacheStorage(HiCacheStorage):
         self.flush = bool(extra.get("flush", False))
         namespace = str(extra.get("namespace", "default")).format(
             pp_rank=storage_config.pp_rank, tp_rank=storage_config.tp_rank)
-        self.client = tierkv.connect(
+        self.session = Session(
             extra.get("socket", "/run/tierkv/tierkv.sock"),
             namespace=namespace, token=extra.get("token"),
             token_file=extra.get("token_file",
                                  f"/run/tierkv/{namespace}.token"),
-            timeout=float(extra.get("timeout_s", 10.0)))
+            timeout=float(extra.get("timeout_s", 10.0)),
+            retry_s=float(extra.get("retry_s", 1.0)))
+        self._metrics_lock = threading.Lock()
+        self._metrics = self._new_metrics()
         self.namespace = namespace
         self.suffix = self._rank_suffix(storage_config)
         self._geometry: Dict[str, _PoolGeometry] = {}
@@ -196,7 +214,7 @@ class TierkvHiCacheStorage(HiCacheStorage):
             self.layout = tierkv.Layout.of(page_size, spec)
             # Identical re-registration is OK; a different one (another
             # model or host layout in the same namespace) is refused.
-            self.client.register_layout(self.layout)
+            self.session.register_layout(self.layout)
             self._layout_ready = True
             logger.info("tierkv layout: %d layers, pools %s", layers, names)
 
@@ -236,24 +254,43 @@ class TierkvHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         pages = self._pages(keys)
-        if g.zero_copy:
-            ptrs, sizes = g.pool.get_page_buffer_meta(host_indices.cpu())
-            seg = self._segments(name, pages)
-            if load:
-                statuses = self.client.get_raw(*seg, ptrs, sizes)
-            else:
-                _, statuses = self.client.put_raw(*seg, ptrs, sizes)
-            ok = (statuses.reshape(len(keys), g.pieces) == 0).all(axis=1)
-        else:
-            ok = self._transfer_flat(g, pages, host_indices, load)
-        if not load and self.flush and ok.any():
-            seg = self._segments(name, pages[ok])
-            flushed = self.client.flush(*seg, check_items=False)
-            ok[ok] = (flushed.reshape(-1, g.pieces) == 0).all(axis=1)
+        start = time.perf_counter()
+        try:
+            ok = self.session.call(lambda c: self._transfer_with(
+                c, g, pages, host_indices, load))
+        except tierkv.TierkvError as e:
+            logger.warning("tierkv: %s of %d %s pages failed: %s",
+                           "get" if load else "set", len(keys), name, e)
+            return [False] * len(keys)
+        done = int(ok.sum())
+        self._observe(load, done, sum(g.piece_bytes) * done,
+                      time.perf_counter() - start)
         return [bool(x) for x in ok]
 
-    def _transfer_flat(self, g: _PoolGeometry, pages: np.ndarray,
-                       host_indices, load: bool) -> np.ndarray:
+    def _transfer_with(self, client: "tierkv.Client", g: _PoolGeometry,
+                       pages: np.ndarray, host_indices, load: bool
+                       ) -> np.ndarray:
+        if g.zero_copy:
+            ptrs, sizes = g.pool.get_page_buffer_meta(host_indices.cpu())
+            seg = self._segments(g.name, pages)
+            if load:
+                statuses = client.get_raw(*seg, ptrs, sizes)
+            else:
+                _, statuses = client.put_raw(*seg, ptrs, sizes)
+            raise_if_disconnected(client, statuses)
+            ok = (statuses.reshape(len(pages), g.pieces) == 0).all(axis=1)
+        else:
+            ok = self._transfer_flat(client, g, pages, host_indices, load)
+        if not load and self.flush and ok.any():
+            seg = self._segments(g.name, pages[ok])
+            flushed = raise_if_disconnected(
+                client, client.flush(*seg, check_items=False))
+            ok[ok] = (flushed.reshape(-1, g.pieces) == 0).all(axis=1)
+        return ok
+
+    def _transfer_flat(self, client: "tierkv.Client", g: _PoolGeometry,
+                       pages: np.ndarray, host_indices, load: bool
+                       ) -> np.ndarray:
         """Pools without a pointer view: one flat page per key, copied
         through a staging tensor (SGLang's own generic path does the same)."""
         ok = np.zeros(len(pages), dtype=bool)
@@ -263,16 +300,17 @@ class TierkvHiCacheStorage(HiCacheStorage):
             if load:
                 page = g.pool.get_dummy_flat_data_page()
                 view = page.view(torch.uint8).numpy()
-                st = self.client.get(pages[i:i + 1], 0, part, [view],
-                                     check_items=False)
+                st = raise_if_disconnected(client, client.get(
+                    pages[i:i + 1], 0, part, [view], check_items=False))
                 if st[0] == 0:
                     g.pool.set_from_flat_data_page(index, page)
                     ok[i] = True
             else:
                 page = g.pool.get_data_page(index, flat=True).contiguous()
-                _, st = self.client.put(pages[i:i + 1], 0, part,
-                                        [page.view(torch.uint8).numpy()],
-                                        check_items=False)
+                _, st = client.put(pages[i:i + 1], 0, part,
+                                   [page.view(torch.uint8).numpy()],
+                                   check_items=False)
+                raise_if_disconnected(client, st)
                 ok[i] = st[0] == 0
         return ok
 
@@ -306,7 +344,12 @@ class TierkvHiCacheStorage(HiCacheStorage):
         if not keys:
             return 0
         self._ensure_layout()
-        return self.client.match(self._pages(keys)).leading_pages
+        pages = self._pages(keys)
+        try:
+            return self.session.call(lambda c: c.match(pages)).leading_pages
+        except tierkv.TierkvError as e:
+            logger.warning("tierkv: exists failed, a miss: %s", e)
+            return 0
 
     def batch_exists(self, keys: List[str],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None
@@ -341,12 +384,48 @@ class TierkvHiCacheStorage(HiCacheStorage):
 
     get = batch_get = set = batch_set = _unsupported
 
-    def clear(self) -> None:
-        logger.warning("tierkv: clear() is a no-op; pages age out by the "
-                       "daemon's eviction (tierkv evict ... to drop them)")
+    def clear(self) -> bool:
+        """tierkvd cannot drop a namespace's pages on request: returns False
+        (nothing was cleared) and says so."""
+        logger.warning("tierkv: clear() cleared nothing: tierkvd has no "
+                       "operation that drops namespace %s; its pages age out "
+                       "by eviction (restart tierkvd without NVMe to empty "
+                       "it)", self.namespace)
+        return False
+
+    # ---- metrics ----
+
+    @staticmethod
+    def _new_metrics():
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        return StorageMetrics()
+
+    def _observe(self, load: bool, pages: int, nbytes: int,
+                 seconds: float) -> None:
+        if pages == 0:
+            return
+        gbps = nbytes / max(seconds, 1e-9) / 1e9
+        with self._metrics_lock:
+            m = self._metrics
+            if load:
+                m.prefetch_pgs.append(pages)
+                m.prefetch_bandwidth.append(gbps)
+            else:
+                m.backup_pgs.append(pages)
+                m.backup_bandwidth.append(gbps)
 
     def get_stats(self):
-        return self.client.stats()
+        """SGLang's StorageMetrics since the last call (then reset), as
+        --enable-metrics expects (unified_radix_cache.py: the scheduler
+        passes it to StorageMetricsCollector.log_storage_metrics)."""
+        with self._metrics_lock:
+            out, self._metrics = self._metrics, self._new_metrics()
+        return out
+
+    @property
+    def client(self) -> "tierkv.Client":
+        """The connected client (reconnects if tierkvd came back)."""
+        return self.session.client()
 
     def close(self) -> None:
-        self.client.close()
+        self.session.close()

@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-sglang = pytest.importorskip(
-    "sglang.srt.mem_cache.hicache_storage",
-    reason="SGLang 0.5.23 does not import here (scripts/engines-venv.sh)")
+from conftest import TOKEN, require_engine
+
+require_engine("sglang.srt.mem_cache.hicache_storage", "sglang")
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
@@ -28,7 +28,6 @@ from sglang.srt.mem_cache.storage.backend_factory import (  # noqa: E402
     StorageBackendFactory)
 
 import tierkv  # noqa: E402
-from conftest import TOKEN  # noqa: E402
 from tierkv.sglang import TierkvHiCacheStorage  # noqa: E402
 
 LAYERS, DEV_TOKENS, PAGE = 3, 512, 64
@@ -37,14 +36,15 @@ LAYERS, DEV_TOKENS, PAGE = 3, 512, 64
 FP8_ROW, INDEX_ROW = 656, 132
 
 
-def mla_host(layout: str, fp8: bool = True, allocator: str = "default"):
+def mla_host(layout: str, fp8: bool = True, allocator: str = "default",
+             layers: int = LAYERS):
     dtype = torch.uint8 if fp8 else torch.bfloat16
     dim = FP8_ROW if fp8 else 576
-    dev = [torch.zeros(DEV_TOKENS, 1, dim, dtype=dtype) for _ in range(LAYERS)]
+    dev = [torch.zeros(DEV_TOKENS, 1, dim, dtype=dtype) for _ in range(layers)]
     info = MLABufferInfo(
         buffers=tuple(dev),
         data_ptrs=torch.tensor([t.data_ptr() for t in dev], dtype=torch.uint64),
-        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS,
+        layer_indices=tuple(range(layers)), device_layer_num=layers,
         page_size=PAGE, kv_lora_rank=512, qk_rope_head_dim=64,
         kv_cache_dim=dim, dtype=dtype, device=torch.device("cpu"),
         packed_fp8=fp8)
@@ -55,7 +55,7 @@ def mla_host(layout: str, fp8: bool = True, allocator: str = "default"):
             allocator_type=allocator, device_capacity_tokens=DEV_TOKENS,
             # SGLang's assembler passes the packed FP8 row width this way.
             override_kv_cache_dim=dim if fp8 else None,
-            start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
+            start_layer=0, end_layer=layers, target_layer_num=layers)
 
 
 def mha_host(layout: str, heads: int = 2, head_dim: int = 64):
@@ -78,27 +78,28 @@ def mha_host(layout: str, heads: int = 2, head_dim: int = 64):
             end_layer=LAYERS)
 
 
-def indexer_host(anchor):
+def indexer_host(anchor, layers: int = LAYERS, name=PoolName.INDEXER):
     pages = DEV_TOKENS // PAGE + 1
     fake_device_pool = types.SimpleNamespace(
         index_page_size=PAGE, page_size=PAGE, index_head_dim=128,
-        quant_block_size=128, skip_topk_layers=[False] * LAYERS,
-        layer_num=LAYERS, start_layer=0, end_layer=LAYERS,
+        quant_block_size=128, skip_topk_layers=[False] * layers,
+        layer_num=layers, start_layer=0, end_layer=layers,
         layer_shard_enabled=False, device="cpu", store_dtype=torch.uint8,
         index_k_with_scale_buffer=[
             torch.zeros(pages, PAGE * INDEX_ROW, dtype=torch.uint8)
-            for _ in range(LAYERS)])
+            for _ in range(layers)])
     with host_memory_budget_scope(1 << 30):
-        return DSAIndexerPoolHost(make_dsa_indexer_pool_decl(fake_device_pool),
-                                  anchor, pin_memory=False, device="cpu",
-                                  allocator_type="default")
+        return DSAIndexerPoolHost(
+            make_dsa_indexer_pool_decl(fake_device_pool, name=name), anchor,
+            pin_memory=False, device="cpu", allocator_type="default")
 
 
-def storage_config(daemon, tp_rank=0, tp_size=1, mla=True, **extra):
+def storage_config(daemon, tp_rank=0, tp_size=1, mla=True, metrics=False,
+                   **extra):
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
         attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
-        enable_storage_metrics=False, is_page_first_layout=True,
+        enable_storage_metrics=metrics, is_page_first_layout=True,
         model_name="zai-org/GLM-5-FP8",
         extra_config={"backend_name": "tierkv", "module_path": "tierkv.sglang",
                       "class_name": "TierkvHiCacheStorage", "interface_v1": 1,
@@ -219,8 +220,6 @@ def test_pages_survive_a_daemon_restart(daemon):
     assert backend.batch_get_v1(KEYS[:2], idx) == [True, True]
     rows = slice(int(idx[0]), int(idx[0]) + 2 * PAGE)
     assert torch.equal(host.kv_buffer[rows], want[rows])
-    stats = backend.get_stats()
-    assert stats["namespace"] == "default"
 
 
 def test_mla_tp_ranks_share_pages_and_mha_ranks_do_not(daemon):
@@ -277,3 +276,156 @@ def test_bad_configuration_is_a_clear_error(daemon):
     # Another host layout in the same namespace: a different tierkv layout.
     with pytest.raises(tierkv.InvalidArgumentError):
         create(daemon, mla_host("layer_first"))
+
+
+# ---- speculative decoding, metrics, clear(), the production call split ----
+
+
+def dsa_with_draft(daemon, layout="page_first"):
+    """A DSA target (3 layers) with an MTP/EAGLE draft (1 layer), each with
+    its KV and indexer pools, registered as HybridCacheController does
+    (hybrid_pool_assembler.py: DRAFT and DRAFT_INDEXER ride on the KV
+    anchor's indices)."""
+    anchor = mla_host(layout)
+    draft = mla_host(layout, layers=1)
+    pools = [(PoolName.KV, anchor), (PoolName.INDEXER, indexer_host(anchor)),
+             (PoolName.DRAFT, draft),
+             (PoolName.DRAFT_INDEXER,
+              indexer_host(draft, layers=1, name=PoolName.DRAFT_INDEXER))]
+    return create(daemon, anchor, pools), dict(pools)
+
+
+def test_draft_pools_are_stored_as_parts_of_the_same_page(daemon):
+    backend, pools = dsa_with_draft(daemon)
+    assert [p for p, _ in backend.layout.layers[0]] == [
+        "kv", "draft", "draft_indexer", "indexer"]
+    idx = pools[PoolName.KV].alloc(len(KEYS) * PAGE)
+    names = [PoolName.KV, PoolName.INDEXER, PoolName.DRAFT,
+             PoolName.DRAFT_INDEXER]
+
+    def buffers():
+        return {n: (pools[n].kv_buffer if n in (PoolName.KV, PoolName.DRAFT)
+                    else pools[n].index_k_with_scale_buffer) for n in names}
+
+    want = {n: fill(b, 10 + i) for i, (n, b) in enumerate(buffers().items())}
+    transfers = lambda names: [  # noqa: E731
+        PoolTransfer(name=n, host_indices=idx, keys=KEYS) for n in names]
+    # Target pools alone: no hit yet (the draft model's KV is missing).
+    assert backend.batch_set_v2(transfers(names[:2]))["kv"] == [True] * 3
+    assert backend.batch_exists_v2(KEYS, transfers(names)).kv_hit_pages == 0
+    done = backend.batch_set_v2(transfers(names[2:]))
+    assert done == {"draft": [True] * 3, "draft_indexer": [True] * 3}
+    hit = backend.batch_exists_v2(KEYS, transfers(names))
+    assert hit.kv_hit_pages == 3
+    assert hit.extra_pool_hit_pages == {n.value: 3 for n in names}
+    for b in buffers().values():
+        b.zero_()
+    assert all(v == [True] * 3 for v in
+               backend.batch_get_v2(transfers(names)).values())
+    for i in range(3):  # the pools hold more than these pages: by page
+        page = int(idx[i * PAGE])
+        for n in names:
+            assert torch.equal(pools[n].get_data_page(page),
+                               page_of(pools[n], want[n], page)), (n, i)
+
+
+def page_of(pool, saved: torch.Tensor, page: int) -> torch.Tensor:
+    """Data page `page` of `pool` had its buffer been `saved`."""
+    attr = ("index_k_with_scale_buffer"
+            if hasattr(pool, "index_k_with_scale_buffer") else "kv_buffer")
+    current = getattr(pool, attr)
+    setattr(pool, attr, saved)
+    try:
+        return pool.get_data_page(page).clone()
+    finally:
+        setattr(pool, attr, current)
+
+
+def test_draft_swa_is_refused_clearly(daemon):
+    host = mla_host("page_first")
+    backend = create(daemon, host)
+    with pytest.raises(ValueError, match="draft_swa"):
+        backend.register_mem_host_pool_v2(host, PoolName.DRAFT_SWA)
+
+
+def test_production_call_split_kv_v1_and_indexer_v2(daemon):
+    # HybridCacheController (hybrid_cache_controller.py): the KV anchor
+    # travels through the v1 zero-copy calls (super()._page_backup /
+    # _page_transfer_kv_batch), the sidecar pools through batch_set_v2 /
+    # batch_get_v2, and the lookup is one batch_exists_v2 over all pools.
+    anchor = mla_host("page_first")
+    index = indexer_host(anchor)
+    backend = create(daemon, anchor, [(PoolName.KV, anchor),
+                                      (PoolName.INDEXER, index)])
+    idx = anchor.alloc(len(KEYS) * PAGE)
+    kv, ik = fill(anchor.kv_buffer, 20), fill(index.index_k_with_scale_buffer, 21)
+    sidecar = [PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=KEYS)]
+    assert backend.batch_set_v2(sidecar) == {"indexer": [True] * 3}
+    assert backend.batch_set_v1(KEYS, idx) == [True] * 3
+    query = [PoolTransfer(name=PoolName.KV, host_indices=idx, keys=KEYS),
+             *sidecar]
+    assert backend.batch_exists_v2(KEYS, query).kv_hit_pages == 3
+    anchor.kv_buffer.zero_()
+    index.index_k_with_scale_buffer.zero_()
+    assert backend.batch_get_v1(KEYS, idx) == [True] * 3
+    assert backend.batch_get_v2(sidecar) == {"indexer": [True] * 3}
+    assert torch.equal(index.index_k_with_scale_buffer, ik)
+    for i in range(3):
+        page = int(idx[i * PAGE])
+        assert torch.equal(anchor.get_data_page(page),
+                           fill_view(kv, anchor, page))
+
+
+def test_get_stats_is_what_enable_metrics_logs(daemon):
+    from prometheus_client import REGISTRY
+    from sglang.srt.observability.metrics_collector import (
+        StorageMetrics, StorageMetricsCollector)
+    host = mla_host("page_first")
+    backend = create(daemon, host, metrics=True)
+    idx = host.alloc(len(KEYS) * PAGE)
+    fill(host.kv_buffer, 30)
+    assert backend.batch_set_v1(KEYS, idx) == [True] * 3
+    assert backend.batch_get_v1(KEYS[:2], idx[:2 * PAGE]) == [True] * 2
+    # As UnifiedRadixCache's metrics drain (unified_radix_cache.py:3701-3707)
+    # with --enable-metrics: get_stats() through the backend, then the
+    # collector, which asserts the type.
+    stats = backend.get_stats()
+    assert isinstance(stats, StorageMetrics)
+    assert stats.backup_pgs == [3] and stats.prefetch_pgs == [2]
+    assert all(bw > 0 for bw in stats.backup_bandwidth + stats.prefetch_bandwidth)
+    if not hasattr(stats, "prefetch_stats"):
+        stats.prefetch_stats = {}
+    labels = {"storage_backend": "tierkv-test"}
+    collector = StorageMetricsCollector(labels=labels)
+    collector.log_storage_metrics(stats)
+    names = {m.name for m in REGISTRY.collect()}
+    count = REGISTRY.get_sample_value("sglang:prefetch_pgs_count", labels)
+    assert count == 1, sorted(n for n in names if "pgs" in n)
+    assert REGISTRY.get_sample_value("sglang:backup_pgs_sum", labels) == 3
+    # Drained: the next interval starts empty.
+    assert backend.get_stats().prefetch_pgs == []
+
+
+def test_clear_says_it_cleared_nothing(daemon):
+    host = mla_host("page_first")
+    backend = create(daemon, host)
+    idx = host.alloc(PAGE)
+    fill(host.kv_buffer, 40)
+    assert backend.batch_set_v1(KEYS[:1], idx) == [True]
+    assert backend.clear() is False
+    assert backend.batch_exists(KEYS[:1]) == 1  # still there, as it said
+
+
+def test_a_lost_daemon_is_a_miss_and_the_backend_recovers(daemon):
+    host = mla_host("page_first")
+    backend = create(daemon, host, retry_s=0.0)
+    idx = host.alloc(PAGE)
+    fill(host.kv_buffer, 50)
+    assert backend.batch_set_v1(KEYS[:1], idx) == [True]
+    daemon.stop(9)
+    assert backend.batch_exists(KEYS) == 0
+    assert backend.batch_get_v1(KEYS[:1], idx) == [False]
+    assert backend.batch_set_v1(KEYS[1:2], idx) == [False]
+    daemon.start()  # NVMe (write_through) kept the first page
+    assert backend.batch_exists(KEYS[:1]) == 1
+    assert backend.batch_get_v1(KEYS[:1], idx) == [True]
