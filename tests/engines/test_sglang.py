@@ -369,11 +369,11 @@ def test_production_call_split_kv_v1_and_indexer_v2(daemon):
     index.index_k_with_scale_buffer.zero_()
     assert backend.batch_get_v1(KEYS, idx) == [True] * 3
     assert backend.batch_get_v2(sidecar) == {"indexer": [True] * 3}
-    assert torch.equal(index.index_k_with_scale_buffer, ik)
     for i in range(3):
         page = int(idx[i * PAGE])
         assert torch.equal(anchor.get_data_page(page),
-                           fill_view(kv, anchor, page))
+                           page_of(anchor, kv, page))
+        assert torch.equal(index.get_data_page(page), page_of(index, ik, page))
 
 
 def test_get_stats_is_what_enable_metrics_logs(daemon):
@@ -426,6 +426,90 @@ def test_a_lost_daemon_is_a_miss_and_the_backend_recovers(daemon):
     assert backend.batch_exists(KEYS) == 0
     assert backend.batch_get_v1(KEYS[:1], idx) == [False]
     assert backend.batch_set_v1(KEYS[1:2], idx) == [False]
-    daemon.start()  # NVMe (write_through) kept the first page
-    assert backend.batch_exists(KEYS[:1]) == 1
-    assert backend.batch_get_v1(KEYS[:1], idx) == [True]
+    # tierkvd is back: the backend reconnects (and registers its layout
+    # again) on its next call.
+    daemon.start()
+    assert backend.batch_set_v1(KEYS[1:2], idx) == [True]
+    assert backend.batch_exists(KEYS[1:2]) == 1
+    assert backend.batch_get_v1(KEYS[1:2], idx) == [True]
+
+
+# ---- SGLang's real HiCacheController, on CPU ----
+
+
+@pytest.fixture(scope="module")
+def gloo_world():
+    """The process group HiCacheController all-reduces hit counts over."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def test_sglangs_hicache_controller_backs_up_and_prefetches_through_tierkv(
+        daemon, gloo_world):
+    import queue
+    import threading
+    from sglang.srt.managers.cache_controller import HiCacheController
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+    from sglang.srt.runtime_context import get_parallel
+    # A real device pool on CPU, the host pool SGLang builds from it.
+    device = MLATokenToKVPool(size=DEV_TOKENS, page_size=PAGE,
+                              dtype=torch.bfloat16, kv_lora_rank=512,
+                              qk_rope_head_dim=64, layer_num=LAYERS,
+                              device="cpu", enable_memory_saver=False)
+    with host_memory_budget_scope(1 << 30):
+        host = MLATokenToKVPoolHost(
+            device._mla_buffer_info(), host_to_device_ratio=2.0, host_size=0,
+            page_size=PAGE, layout="page_first", pin_memory=False,
+            device="cpu", allocator_type="default",
+            device_capacity_tokens=DEV_TOKENS, start_layer=0,
+            end_layer=LAYERS, target_layer_num=LAYERS)
+    extra = storage_config(daemon).extra_config
+    # What a launched server publishes for its ranks (one rank here).
+    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                                 attn_dcp_rank=0, attn_dcp_size=1):
+        ctrl = HiCacheController(
+            types.SimpleNamespace(get_kvcache=lambda: device), host, PAGE,
+            gloo_world, threading.Event(), io_backend="direct",
+            storage_backend="dynamic", model_name="zai-org/GLM-5-FP8",
+            storage_backend_extra_config=dict(extra))
+    try:
+        assert isinstance(ctrl.storage_backend, TierkvHiCacheStorage)
+        tokens = [int(t) for t in torch.randint(2, 1000, (3 * PAGE,))]
+        hashes = get_storage_hash_str(tokens, None, page_size=PAGE)
+        idx = host.alloc(len(tokens))
+        want = fill(host.kv_buffer, 60)
+        # Backup thread: HiCacheController._page_backup -> batch_set_v1.
+        op_id = ctrl.write_storage(idx, tokens, hash_value=hashes)
+        done = ctrl.ack_backup_queue.get(timeout=30)
+        assert done.id == op_id and done.completed_tokens == len(tokens)
+        host.kv_buffer.zero_()
+        # Prefetch thread: _storage_hit_query -> batch_exists; then what the
+        # radix cache does with a hit (unified_radix_cache.py:3143-3150), and
+        # the IO thread: _page_transfer -> batch_get_v1.
+        op = ctrl.prefetch(types.SimpleNamespace(rid="r1"), tokens)
+        hit = ctrl.prefetch_hit_queue.get(timeout=30)
+        assert hit is op and hit.storage_hit_count == len(tokens)
+        op.host_indices = host.alloc(len(tokens))
+        ctrl.prefetch_buffer.put(op)
+        completed = 0
+        while True:
+            ack = ctrl.ack_prefetch_queue.get(timeout=30)
+            completed = max(completed, ack.completed_tokens or 0)
+            if ack.completed_req:
+                break
+        assert completed == len(tokens)
+        for i in range(3):
+            src, dst = int(idx[i * PAGE]), int(op.host_indices[i * PAGE])
+            # bytes, not bf16 values: random bits hold NaNs
+            assert torch.equal(host.get_data_page(dst).view(torch.uint8),
+                               fill_view(want, host, src).view(torch.uint8))
+    finally:
+        ctrl.storage_stop_event.set()
+        try:
+            ctrl._stop_storage_threads()
+        except (RuntimeError, queue.Empty):
+            pass
