@@ -403,6 +403,7 @@ class TierkvConnector(KVConnectorBase_V1):
         self._saves: "queue.Queue" = queue.Queue()
         self._save_thread: Optional[threading.Thread] = None
         self._saved_this_step: Set[str] = set()
+        self._save_failed: Set[int] = set()  # blocks, this step
         self._stats = TierkvConnectorStats()
 
     # ---- page naming (both sides) ----
@@ -771,14 +772,12 @@ class TierkvConnector(KVConnectorBase_V1):
             try:
                 if event is not None:
                     event.synchronize()
-                start = time.monotonic()
-                pages = sum(len(t.blocks) for t in transfers)
                 for cache in caches:
+                    start = time.monotonic()
                     bad, moved = self._move(cache, transfers, load=False)
                     with self._mu:
-                        self._stats.add(save_pages=pages - len(bad),
-                                        save_failed_pages=len(bad),
-                                        save_bytes=moved,
+                        self._save_failed.update(bad)
+                        self._stats.add(save_bytes=moved,
                                         save_seconds=time.monotonic() - start)
             except Exception:  # noqa: BLE001 - a lost save is a future miss
                 logger.exception("tierkv: saving failed")
@@ -790,6 +789,15 @@ class TierkvConnector(KVConnectorBase_V1):
         self._queue_saves(list(self._caches.values()))
         self._saves.join()
         self._join_loads()
+        meta = self._get_connector_metadata()
+        if isinstance(meta, TierkvConnectorMetadata) and meta.saves and any(
+                c.owned for c in self._caches.values()):
+            # A page is saved when every cache (layer, part) of it is.
+            pages = sum(len(t.blocks) for t in meta.saves)
+            with self._mu:
+                failed, self._save_failed = self._save_failed, set()
+                self._stats.add(save_pages=pages - len(failed),
+                                save_failed_pages=len(failed))
 
     def get_kv_connector_stats(self):
         with self._mu:
