@@ -9,8 +9,8 @@
 #
 # CMake 3.25 does not know CUDA C++20 (CMAKE_CUDA_STANDARD 20 silently
 # compiles C++17, and a CUDA source in a cxx_std_20 target is an error):
-# below it is told the flag by hand. CMAKE_CUDA_ARCHITECTURES defaults to 90
-# (Hopper: H100/H200); "native" fails on a machine without a GPU.
+# below it is told the flag by hand. CMAKE_CUDA_ARCHITECTURES defaults to
+# sm_80, sm_89 and sm_90 ("native" fails on a machine without a GPU).
 set(TIERKV_CUDA AUTO CACHE STRING "CUDA backend: AUTO, ON or OFF")
 set_property(CACHE TIERKV_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(TIERKV_WITH_CUDA OFF)
@@ -23,8 +23,18 @@ if(NOT TIERKV_CUDA STREQUAL "OFF" AND NOT TIERKV_CLIENT_ONLY AND NOT TIERKV_SANI
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
+      # Machine code for A100/A10 (8.0, runs on 8.6), L4/L40 (8.9) and
+      # H100/H200 (9.0); no PTX, so any other GPU is refused at start with
+      # the architecture to build for (storage/cuda/cuda_arch.h) instead of
+      # failing at its first kernel launch.
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 89-real 90-real)
     endif()
+    foreach(arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
+      if(NOT arch MATCHES "^[0-9][0-9]+(-real|-virtual)?$")
+        message(FATAL_ERROR "CMAKE_CUDA_ARCHITECTURES: name architectures "
+                            "like 90, 90-real or 90-virtual, not '${arch}'")
+      endif()
+    endforeach()
     if(CCACHE_PROGRAM)
       set(CMAKE_CUDA_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
     endif()

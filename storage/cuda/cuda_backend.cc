@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "storage/cuda/cuda_arch.h"
 #include "storage/cuda/row_gather.h"
 
 namespace tierkv::storage {
@@ -594,6 +595,27 @@ Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
     return Status::InvalidArgument(
         fmt::format("CUDA device {} does not exist (this machine has {})",
                     options.device, count));
+  }
+  // A GPU this build has no kernels for would fail at its first launch
+  // ("no kernel image"): refuse it now, saying what to build.
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                             options.device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                             options.device) != cudaSuccess) {
+    return Status::Unavailable(
+        fmt::format("CUDA device {}: compute capability unreadable: {}",
+                    options.device, CudaText(cudaGetLastError())));
+  }
+  auto built = ParseCudaArchitectures(TIERKV_CUDA_ARCHITECTURES);
+  if (!built.ok()) return built.status();
+  if (!KernelsRunOn(*built, major, minor)) {
+    return Status::Unavailable(fmt::format(
+        "CUDA device {} has compute capability {}.{}, which this build's "
+        "kernels ({}) do not run on; rebuild with "
+        "-DCMAKE_CUDA_ARCHITECTURES={}{}-real",
+        options.device, major, minor, DescribeArchitectures(*built), major,
+        minor));
   }
   auto backend = std::make_unique<CudaBackend>(options);
   TIERKV_RETURN_IF_ERROR(backend->Init());

@@ -2,7 +2,7 @@
 # bundle.sh — builds the GPU check as one folder that runs on a bare GPU
 # machine (no Debian -dev packages, no package registry; it has the NVIDIA
 # driver): the CUDA tests, tierkvd, the tierkv CLI and tierkv-bench, built
-# here with nvcc, stripped, with every shared library they need that is not
+# here with nvcc (sm_80, sm_89, sm_90), stripped, with every shared library they need that is not
 # glibc's or the driver's copied beside them, and the runner (run.sh).
 #
 #   tests/gpu/bundle.sh [BUILD_DIR] [BUNDLE_DIR]
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
 bundle=${2:-gpu-bundle}
-arch=${CUDA_ARCH:-90}
+arch=${CUDA_ARCH:-80-real;89-real;90-real}  # cmake/Cuda.cmake's default
 limit=$((60 << 20))
 binaries=(gpu_tests tierkvd tierkv tierkv-bench)
 
@@ -64,7 +64,7 @@ chmod +x "$bundle/run.sh"
   echo "tierkv GPU check bundle"
   echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+changes')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), glibc $(ldd --version | head -1 | awk '{print $NF}')"
-  echo "nvcc: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), sm_$arch"
+  echo "nvcc: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo '?'), architectures $arch"
   (cd "$bundle" && find bin lib -type f -printf '%s %p\n' | sort -k2)
 } > "$bundle/MANIFEST"
 
