@@ -56,6 +56,21 @@ bool DeviceBackend::CudaBuiltIn() { return TIERKV_WITH_CUDA != 0; }
 DeviceBackend::DeviceBackend(std::string name, uint32_t streams)
     : name_(std::move(name)), streams_(streams) {}
 
+// The backend's device current for one public method, the caller's given
+// back at its end (see "Current device" in device_backend.h).
+class DeviceBackend::DeviceScope {
+ public:
+  explicit DeviceScope(DeviceBackend* backend)
+      : backend_(backend), previous_(backend->EnterDevice()) {}
+  ~DeviceScope() { backend_->RestoreDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  DeviceBackend* const backend_;
+  const int previous_;
+};
+
 Status DeviceBackend::CheckStream(StreamId stream) const {
   if (stream >= streams_) {
     return Status::InvalidArgument(fmt::format(
@@ -79,11 +94,13 @@ Status DeviceBackend::CheckRegion(const DeviceRegion& region) const {
 }
 
 Result<DevicePool> DeviceBackend::AllocatePool(uint64_t bytes) {
+  DeviceScope scope(this);
   if (bytes == 0) return Status::InvalidArgument("a device pool of 0 bytes");
   return AllocatePoolImpl(bytes);
 }
 
 Status DeviceBackend::FreePool(uint32_t pool) {
+  DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::InvalidArgument(fmt::format("no device pool {}", pool));
   }
@@ -92,6 +109,7 @@ Status DeviceBackend::FreePool(uint32_t pool) {
 
 Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
                                    std::span<const std::byte> src) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
   if (src.size() != dst.bytes || (src.data() == nullptr && !src.empty())) {
@@ -104,6 +122,7 @@ Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
 
 Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
                                    DeviceRegion src) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
   TIERKV_RETURN_IF_ERROR(CheckRegion(src));
@@ -116,6 +135,7 @@ Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
 
 Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
                                  DeviceRegion src) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(src));
   if (dst.size() != src.bytes || (dst.data() == nullptr && !dst.empty())) {
@@ -130,6 +150,7 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
                                  std::span<const std::byte* const> rows,
                                  uint32_t row_bytes,
                                  std::span<const uint32_t> dst_rows) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
   if (row_bytes == 0) {
@@ -167,6 +188,7 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
 }
 
 Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
+  DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::NotFound(fmt::format("no device pool {}", pool));
   }
@@ -174,6 +196,7 @@ Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
 }
 
 Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {
+  DeviceScope scope(this);
   if (memory.empty() || memory.data() == nullptr) {
     return Status::InvalidArgument("registering an empty host range");
   }
@@ -197,6 +220,7 @@ Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {
 }
 
 Status DeviceBackend::UnregisterHost(std::byte* data) {
+  DeviceScope scope(this);
   MutexLock lock(&host_mu_);
   auto it = host_ranges_.find(reinterpret_cast<uintptr_t>(data));
   if (it == host_ranges_.end()) {
@@ -209,21 +233,25 @@ Status DeviceBackend::UnregisterHost(std::byte* data) {
 }
 
 Result<DeviceEvent> DeviceBackend::RecordEvent(StreamId stream) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   return RecordEventImpl(stream);
 }
 
 Status DeviceBackend::WaitEvent(DeviceEvent event,
                                 std::chrono::milliseconds timeout) {
+  DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(event.stream));
   return WaitEventImpl(event, timeout);
 }
 
 bool DeviceBackend::EventDone(DeviceEvent event) {
+  DeviceScope scope(this);
   return event.stream < streams_ && EventDoneImpl(event);
 }
 
 Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
+  DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::InvalidArgument(fmt::format("no device pool {}", pool));
   }
@@ -231,10 +259,12 @@ Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
 }
 
 Result<ImportedPool> DeviceBackend::ImportPool(const IpcHandle& handle) {
+  DeviceScope scope(this);
   return ImportPoolImpl(handle);
 }
 
 Status DeviceBackend::CloseImported(ImportedPool& imported) {
+  DeviceScope scope(this);
   if (imported.base == nullptr) {
     return Status::InvalidArgument("the imported pool is closed");
   }

@@ -26,6 +26,14 @@
 //
 // Thread safety: thread-safe; one stream may be fed from several threads
 // (their operations are ordered as the calls return).
+//
+// Current device: the CUDA runtime keeps one per thread, and an engine sets
+// its own (cudaSetDevice, torch.cuda.set_device). Every public method makes
+// the backend's device current for its work and gives the caller's back
+// before it returns, so a call never switches a caller's device under it.
+// The emulated backend models the per-thread current device
+// (EmulatedCurrentDevice) and fails a call made without its device current,
+// so tests hold both backends to this.
 #pragma once
 
 #include <array>
@@ -206,7 +214,15 @@ class DeviceBackend {
   virtual Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) = 0;
   virtual Status CloseImportedImpl(ImportedPool& imported) = 0;
 
+  // Makes the backend's device current on the calling thread; returns the
+  // device that was current, or -1 when nothing needs giving back.
+  virtual int EnterDevice() = 0;
+  // Gives `previous` (EnterDevice's answer) back; nothing for -1.
+  virtual void RestoreDevice(int previous) = 0;
+
  private:
+  class DeviceScope;
+
   Status CheckStream(StreamId stream) const;
   Status CheckRegion(const DeviceRegion& region) const;
 
@@ -220,5 +236,10 @@ class DeviceBackend {
 // The emulated backend, directly (tests and the "emulated" config value).
 Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
     const DeviceBackendOptions& options);
+
+// The emulated stand-in for the CUDA runtime's per-thread current device
+// (cudaGetDevice / cudaSetDevice): 0 until set on a thread.
+int EmulatedCurrentDevice();
+void SetEmulatedCurrentDevice(int device);
 
 }  // namespace tierkv::storage

@@ -134,10 +134,14 @@ class Stream {
   std::thread worker_ GUARDED_BY(mu_);
 };
 
+// The emulated per-thread current device (cudaGetDevice/cudaSetDevice's).
+thread_local int t_current_device = 0;
+
 class EmulatedBackend final : public DeviceBackend {
  public:
   explicit EmulatedBackend(const DeviceBackendOptions& o)
       : DeviceBackend("emulated", o.streams),
+        device_(o.device),
         capacity_(o.emulated_capacity_bytes),
         failing_after_(o.emulated_failing_copies_after) {
     for (uint32_t i = 0; i < o.streams; ++i) {
@@ -169,6 +173,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
   Result<DevicePool> AllocatePoolImpl(uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     MutexLock lock(&mu_);
     if (bytes > capacity_ - used_) {
       return Status::ResourceExhausted(
@@ -205,6 +210,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
   Status FreePoolImpl(uint32_t id) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     MutexLock lock(&mu_);
     auto it = pools_.find(id);
     if (it == pools_.end()) return Status::InvalidArgument("no such pool");
@@ -220,6 +226,7 @@ class EmulatedBackend final : public DeviceBackend {
 
   Status CopyToDeviceImpl(StreamId stream, DeviceRegion dst,
                           std::span<const std::byte> src) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     std::byte* to = Address(dst);
     streams_[stream]->Submit([this, to, src] {
       TIERKV_RETURN_IF_ERROR(InjectedFault());
@@ -231,6 +238,7 @@ class EmulatedBackend final : public DeviceBackend {
 
   Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
                         DeviceRegion src) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     const std::byte* from = Address(src);
     streams_[stream]->Submit([this, from, dst] {
       TIERKV_RETURN_IF_ERROR(InjectedFault());
@@ -242,6 +250,7 @@ class EmulatedBackend final : public DeviceBackend {
 
   Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
                           DeviceRegion src) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     std::byte* to = Address(dst);
     const std::byte* from = Address(src);
     const uint64_t n = src.bytes;
@@ -257,6 +266,7 @@ class EmulatedBackend final : public DeviceBackend {
                         std::span<const std::byte* const> rows,
                         uint32_t row_bytes,
                         std::span<const uint32_t> dst_rows) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     std::byte* to = Address(dst);
     // The lists are the caller's and may go away: copy them (as the CUDA
     // backend copies them to the device).
@@ -280,20 +290,24 @@ class EmulatedBackend final : public DeviceBackend {
   bool host_addressable() const override { return true; }
 
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     return DeviceEvent{stream, streams_[stream]->Record()};
   }
 
   Status WaitEventImpl(DeviceEvent event,
                        std::chrono::milliseconds timeout) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     return streams_[event.stream]->Wait(event.sequence, timeout);
   }
 
   // Host memory needs no pinning here; the base class keeps the ranges (so
   // the same overlaps and unknown ranges are refused as on CUDA).
   Status RegisterHostImpl(std::span<std::byte>) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     return Status::OK();
   }
   Status UnregisterHostImpl(std::span<std::byte>) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     return Status::OK();
   }
 
@@ -302,6 +316,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
   Result<IpcHandle> ExportPoolImpl(uint32_t id) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     MutexLock lock(&mu_);
     const Pool& pool = pools_.at(id);
     if (pool.imported) {
@@ -322,6 +337,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
   Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     HandleFields f;
     std::memcpy(&f, handle.bytes.data(), sizeof(f));
     if (std::memcmp(f.magic, kMagic, sizeof(kMagic)) != 0 || f.pid <= 0 ||
@@ -360,6 +376,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
 
   Status CloseImportedImpl(ImportedPool& imported) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     MutexLock lock(&mu_);
     auto it = pools_.find(imported.pool);
     if (it == pools_.end() || !it->second.imported ||
@@ -386,6 +403,25 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  int EnterDevice() override {
+    const int previous = t_current_device;
+    t_current_device = device_;
+    return previous == device_ ? -1 : previous;
+  }
+  void RestoreDevice(int previous) override {
+    if (previous >= 0) t_current_device = previous;
+  }
+  // What the CUDA runtime would do to work submitted with another device
+  // current (run it there): here a loud error, so a public method that
+  // skipped the device scope fails its tests.
+  Status CheckCurrentDevice() const {
+    if (t_current_device == device_) return Status::OK();
+    return Status::Internal(
+        fmt::format("emulated device {} used while device {} is current",
+                    device_, t_current_device));
+  }
+
+  const int device_;
   const uint64_t capacity_;
   const uint64_t failing_after_;
   std::atomic<uint64_t> copies_{0};
@@ -398,6 +434,9 @@ class EmulatedBackend final : public DeviceBackend {
 };
 
 }  // namespace
+
+int EmulatedCurrentDevice() { return t_current_device; }
+void SetEmulatedCurrentDevice(int device) { t_current_device = device; }
 
 Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
     const DeviceBackendOptions& options) {

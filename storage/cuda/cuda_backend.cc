@@ -16,8 +16,9 @@
 // whole CUDA context, as in any CUDA process; every later call fails.
 //
 // Threads: the runtime's current device is per thread, so every entry point
-// selects the backend's device first (cudaSetDevice is cheap once the
-// context exists).
+// selects the backend's device first and gives the caller's back at its end
+// (EnterDevice / RestoreDevice; cudaSetDevice is cheap once the context
+// exists).
 //
 // Host memory: RegisterHost pins a range (cudaHostRegister, portable and
 // mapped) and keeps its device address (cudaHostGetDevicePointer).
@@ -515,6 +516,22 @@ class CudaBackend final : public DeviceBackend {
   Status Use() const {
     const cudaError_t e = cudaSetDevice(device_);
     return e == cudaSuccess ? Status::OK() : CudaError("cudaSetDevice", e);
+  }
+
+  // The caller's current device, saved around every public method (see
+  // device_backend.h); Use() inside the methods then finds it set.
+  int EnterDevice() override {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+      cudaGetLastError();  // no context yet on this thread: nothing to keep
+      return -1;
+    }
+    if (previous == device_) return -1;
+    cudaSetDevice(device_);  // a failure shows in the method's own Use()
+    return previous;
+  }
+  void RestoreDevice(int previous) override {
+    if (previous >= 0) cudaSetDevice(previous);
   }
 
   // REQUIRES: the region was checked (the public method did).

@@ -73,6 +73,45 @@ TEST(DeviceBackendTest, CopiesOnAStreamRunInOrderAndAnEventCoversThem) {
   EXPECT_TRUE(b->EventDone(*idle));
 }
 
+TEST(DeviceBackendTest, EveryCallRunsOnItsDeviceAndGivesTheCallersBack) {
+  // An engine thread whose current device is 3 uses a backend of device 1:
+  // every method must run with device 1 current (the emulated backend fails
+  // a call that does not) and leave 3 current, as on CUDA.
+  auto b = Emulated({.device = 1});
+  SetEmulatedCurrentDevice(3);
+  auto pool = b->AllocatePool(1 << 16);
+  ASSERT_OK(pool);
+  EXPECT_EQ(EmulatedCurrentDevice(), 3);
+  const auto data = Pattern(4096, 9);
+  std::vector<std::byte> back(4096), host(8192);
+  const DeviceRegion r{pool->id, 0, 4096}, r2{pool->id, 4096, 4096};
+  const std::byte* rows[] = {data.data(), data.data() + 2048};
+  ASSERT_OK(b->RegisterHost(host));
+  ASSERT_OK(b->CopyToDevice(0, r, data));
+  ASSERT_OK(b->CopyOnDevice(0, r2, r));
+  ASSERT_OK(b->GatherRows(0, r2, rows, 2048));
+  ASSERT_OK(b->CopyToHost(0, back, r2));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  EXPECT_TRUE(b->EventDone(*done));
+  ASSERT_OK(b->PoolBase(pool->id));
+  auto handle = b->ExportPool(pool->id);
+  ASSERT_OK(handle);
+  auto imported = b->ImportPool(*handle);
+  ASSERT_OK(imported);
+  ASSERT_OK(b->CloseImported(*imported));
+  ASSERT_OK(b->UnregisterHost(host.data()));
+  ASSERT_OK(b->FreePool(pool->id));
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(EmulatedCurrentDevice(), 3);
+  // The same thread on the backend's own device: nothing to give back.
+  SetEmulatedCurrentDevice(1);
+  ASSERT_OK(b->AllocatePool(4096));
+  EXPECT_EQ(EmulatedCurrentDevice(), 1);
+  SetEmulatedCurrentDevice(0);
+}
+
 TEST(DeviceBackendTest, GatherRowsPacksScatteredHostRowsInSelectionOrder) {
   // 2048 rows of 656 bytes (DeepSeek-V3.2 FP8 latent rows) picked in a
   // random order from a 16K-row host "arena".
