@@ -238,14 +238,26 @@ def test_every_panel_and_recording_rule_on_a_real_prometheus(
         print(f"{checked} panel queries and {len(recorded)} recording rules "
               f"checked against Prometheus after {workload.runs} demo runs")
 
-        # The alert rules are loaded and quiet on a healthy daemon.
+        # The alert rules are loaded and none fires on a healthy daemon. One
+        # may be pending: its condition holds right now and its `for:` has
+        # not run out (TierkvWriteBackBehind when write-back lags the demo's
+        # Puts on a loaded machine); then it must carry the value that
+        # triggered it, and it is named in the output.
         rules_api = http_json(f"{prom.url}/api/v1/rules")
         alerts = [r for g in rules_api["data"]["groups"] for r in g["rules"]
                   if r["type"] == "alerting"]
         assert len(alerts) == 7
         assert all(r["health"] == "ok" for r in alerts), alerts
-        firing = [r["name"] for r in alerts if r["state"] != "inactive"]
+        firing = [r["name"] for r in alerts if r["state"] == "firing"]
         assert firing == [], firing
+        for r in alerts:
+            if r["state"] == "pending":
+                triggered = [float(a["value"]) for a in r["alerts"]]
+                assert triggered and all(v > 0 for v in triggered), r
+                print(f"pending, condition holds (for: not elapsed): "
+                      f"{r['name']} {triggered}")
+            else:
+                assert r["state"] == "inactive", r
     finally:
         workload.stop()
         prom.stop()
