@@ -82,7 +82,6 @@ class Session:
         self._layout: Optional[Layout] = None
         self._next_attempt = 0.0
         self._closed = False
-        self.reconnects = 0  # successful connects after the first
         self._connected_once = False
         if connect_now:
             # The first connection's errors (no socket, bad token) are
@@ -101,7 +100,6 @@ class Session:
             client.close()
             raise
         if self._connected_once:
-            self.reconnects += 1
             logger.info("tierkv: reconnected to %s (namespace %s)",
                         self.socket, self.namespace)
         self._connected_once = True

@@ -391,7 +391,6 @@ class TierkvConnector(KVConnectorBase_V1):
         self._load_plan: Dict[str, Tuple[int, int]] = {}  # first, count
         self._pending_loads: Dict[str, _Transfer] = {}
         self._warned_no_layout = False
-        self.match_errors = 0
         # Worker side.
         self._caches: Dict[str, _Cache] = {}
         self._by_layer: List[List[_Cache]] = []  # load order per layer
@@ -441,7 +440,6 @@ class TierkvConnector(KVConnectorBase_V1):
                     self._warned_no_layout = True
                 return 0, False
             except tierkv.TierkvError as e:
-                self.match_errors += 1
                 logger.warning("tierkv: match failed, computing instead: %s",
                                e)
                 return 0, False
