@@ -165,6 +165,8 @@ SMOKE_PY=$(printf 'import %s\n' "${!smoke_var}")
 VENV_NAME=$engine-venv
 STEP2_MSG="$torch_pin and its CUDA runtime wheels (~3 GB download on a cold cache)"
 STEP3_MSG="$engine and its light dependencies"
+# ~7 GB installed + ~3 GB of downloaded wheels while pip runs.
+NEED_GB=10
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/lib/pinned-venv.sh

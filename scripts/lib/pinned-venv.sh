@@ -11,6 +11,8 @@
 #   SMOKE_PY      Python source that must run in the venv for it to count as
 #                 complete (imports, version asserts)
 #   STEP2_MSG, STEP3_MSG  what steps 2 and 3 install, for the log
+#   NEED_GB       free disk (GiB) an install needs: the venv plus pip's
+#                 downloaded wheels in TMPDIR, when both are on one disk
 #
 # After a complete install a stamp file in the venv holds the pin list; a
 # later run with the same pins exits at once with no network access.
@@ -49,6 +51,7 @@ pinned_venv_build() {
   fi
   "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
     || die "the venv module is incomplete (apt-get install python3-venv)"
+  _pinned_venv_check_disk "$venv"
   # Invalidate first: a run that dies part-way must not leave a matching stamp.
   rm -f "$stamp"
   if [[ -x $py ]]; then
@@ -60,9 +63,11 @@ pinned_venv_build() {
   pip_log=$venv/.pinned-venv.pip.log
   : >"$pip_log"
   # Plain `pip install` against PyPI: the default torch wheel is the CUDA
-  # build. pip's cache is left on (it caches nothing behind a proxy that
-  # strips HTTP cache headers; the venv and its stamp are the reuse then).
-  local pip_install=("$py" -m pip install --no-input --disable-pip-version-check)
+  # build. No pip cache: the venv and its stamp are the reuse (a pin change
+  # keeps what is still satisfied), and a cache would hold another ~3 GB of
+  # wheels per venv on the disk the check above measured.
+  local pip_install=("$py" -m pip install --no-input --disable-pip-version-check
+                     --no-cache-dir)
   log "step 2/5: installing $STEP2_MSG"
   _pinned_venv_logged "${pip_install[@]}" "${TORCH_PKGS[@]}"
   log "step 3/5: installing $STEP3_MSG (--no-deps)"
@@ -74,6 +79,21 @@ pinned_venv_build() {
   printf '%s\n' "$expected_stamp" >"$stamp.tmp"
   mv "$stamp.tmp" "$stamp"
   log "done: $venv ($(du -sh "$venv" | cut -f1))"
+}
+
+# Fails before pip starts when the disk cannot hold the install, naming what
+# to free, instead of pip's "No space left on device" minutes later with a
+# half-installed venv. Counts what a venv already there holds as reusable.
+_pinned_venv_check_disk() {
+  local venv=$1 dir have_gb held_gb=0
+  dir=$(dirname "$venv")
+  have_gb=$(df --output=avail -B1G "$dir" | tail -n 1 | tr -d ' ')
+  [[ -d $venv ]] && held_gb=$(du -s -B1G "$venv" | cut -f1)
+  if (( have_gb + held_gb < NEED_GB )); then
+    die "$(printf '%s needs about %d GiB free on the disk of %s; it has %d GiB free%s. Free space (other engine virtualenvs under build/ are caches: rm -rf build/*-venv) or set TIERKV_ENGINE_VENVS=drop for scripts/test.sh' \
+      "$VENV_NAME" "$NEED_GB" "$dir" "$have_gb" \
+      "$( (( held_gb )) && printf ' (+%d GiB in the venv there)' "$held_gb")")"
+  fi
 }
 
 _pinned_venv_logged() {

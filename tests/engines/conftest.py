@@ -42,7 +42,7 @@ def namespace_config(write_policy: str = "write_through") -> str:
     return f"""
 [nvme]
 path = "{{DIR}}/nvme.data"
-capacity_bytes = "256MiB"
+capacity_bytes = "64MiB"
 [[namespace]]
 name = "default"
 token = "{TOKEN}"
