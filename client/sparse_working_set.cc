@@ -23,6 +23,11 @@ namespace {
 
 // A device row gather is a few microseconds of work; a stream that does
 // not finish one in this long is a broken device, reported as IOError.
+// Such a gather's slots are emptied, and need no quarantine (unlike the
+// daemon's, storage/device_quarantine.h): every gather and copy of the
+// working set runs on its one in-order stream, so whatever fills those
+// slots again is queued behind the late gather and lands after it, and
+// no selection serves them before a later wait on that stream succeeds.
 constexpr std::chrono::milliseconds kDeviceTimeout{30'000};
 
 // Each layer's slots start on this boundary in the device pool (the row
@@ -338,6 +343,8 @@ class SparseWorkingSet::Impl {
     }
     storage::DeviceBackendOptions o;
     o.kind = *kind;
+    static_assert(storage::DeviceBackendOptions::kCurrentDevice == -1,
+                  "WorkingSetOptions::device documents -1");
     o.device = options.device;
     o.streams = 1;  // one decode loop
     // The emulated device holds exactly the slots.
@@ -487,6 +494,10 @@ std::string_view SparseWorkingSet::buffer_backend() const {
 
 std::string_view SparseWorkingSet::buffer_fallback() const {
   return impl_->fallback;
+}
+
+int SparseWorkingSet::buffer_device() const {
+  return impl_->device ? impl_->device->backend->device() : -1;
 }
 
 }  // namespace tierkv

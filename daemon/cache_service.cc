@@ -582,6 +582,12 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                   {"used_bytes", mine.used_bytes},
                   {"segments", mine.segments}}}};
   }
+  if (es.has_device) {
+    j["device"] = {{"failed", es.device_failed},
+                   {"error", es.device_error},
+                   {"quarantined_units", es.device_quarantined},
+                   {"quarantined_units_total", es.device_quarantined_total}};
+  }
   j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
   if (es.has_nvme) {
     const storage::NvmeStoreStats& n = es.nvme;

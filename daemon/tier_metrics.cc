@@ -105,6 +105,28 @@ std::vector<MetricFamily> TierMetrics::Collect() const {
              d(h.admission_failures));
   }
 
+  // The device backend under HBM and engines' device pools: a device fault
+  // fails it for the rest of the process (device_backend.h, Errors).
+  auto device_up = Family(
+      "tierkv_device_up",
+      "1 while the device backend works; 0 once a device fault failed it "
+      "(HBM tier off, device-pool transfers fail) until tierkvd restarts",
+      MetricType::Gauge);
+  auto quarantined = Family(
+      "tierkv_device_quarantined_units",
+      "Transfer units whose memory waits for device copies that outlived "
+      "their wait's timeout (not reused until the copies are over)",
+      MetricType::Gauge);
+  auto quarantined_total =
+      Family("tierkv_device_quarantined_units_total",
+             "Transfer units ever quarantined behind a timed-out device wait",
+             MetricType::Counter);
+  if (shared.has_device) {
+    AddValue(device_up, {}, shared.device_failed ? 0.0 : 1.0);
+    AddValue(quarantined, {}, d(shared.device_quarantined));
+    AddValue(quarantined_total, {}, d(shared.device_quarantined_total));
+  }
+
   // NVMe: one file or device for every namespace (LRU within each share).
   if (shared.has_nvme && nvme_ != nullptr) {
     const storage::NvmeStoreStats& n = shared.nvme;  // read once above
@@ -136,7 +158,8 @@ std::vector<MetricFamily> TierMetrics::Collect() const {
   std::vector<MetricFamily> out;
   for (MetricFamily* f :
        {&bytes, &segments, &ns_bytes, &ns_segments, &evictions, &evicted_bytes,
-        &reads, &admissions, &dedup}) {
+        &reads, &admissions, &dedup, &device_up, &quarantined,
+        &quarantined_total}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   return out;

@@ -153,6 +153,15 @@ void CacheEngine::PinHostArenas() {
 
 CacheEngine::~CacheEngine() {
   workers_.reset();  // queued calls complete while everything still exists
+  // Memory behind a timed-out device wait goes back once its copies are
+  // over; copies still running after another timeout keep theirs (the
+  // arenas stay mapped until the process ends: said, not freed).
+  if (size_t stuck = quarantine_.Drain(options_.device_copy_timeout)) {
+    StorageLog().error(
+        "{} device transfer units still in flight at shutdown: their "
+        "memory is left as it is",
+        stuck);
+  }
   mover_.reset();
   leases_.reset();  // ends leases while the host tiers exist
   // No copy runs any more (the workers are gone): unpin before the arenas
@@ -226,7 +235,7 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   for (const PageHash& page : pages) {
     Tier tier = Tier::kHost;
     // Every segment also in HBM: a Load into a device pool is served there.
-    bool all_hbm = hbm_ != nullptr;
+    bool all_hbm = HbmUsable();
     const size_t mark = promote.size();
     for (uint16_t l = 0; tier != Tier::kMiss && l < layout->num_layers(); ++l) {
       const auto parts = layout->layers[l].parts.size();
@@ -623,6 +632,14 @@ EngineStats CacheEngine::SharedStats() const {
   if (hbm_) {
     s.has_hbm = true;
     s.hbm = hbm_->Stats();
+  }
+  if (options_.device != nullptr) {
+    quarantine_.Reap();
+    s.has_device = true;
+    s.device_failed = DeviceFailed();
+    if (s.device_failed) s.device_error = options_.device->health().message();
+    s.device_quarantined = quarantine_.held();
+    s.device_quarantined_total = quarantine_.total();
   }
   s.load_segments_hbm = get(load_segments_hbm_);
   s.load_bytes_hbm = get(load_bytes_hbm_);
@@ -1115,7 +1132,7 @@ void CacheEngine::ReleaseDeviceStream(StreamId stream) {
 void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
                                     const DeviceRegion& src, StreamId stream,
                                     std::vector<SegmentKey>* admitted) {
-  if (!hbm_) return;
+  if (!HbmUsable()) return;
   auto at = hbm_->Reserve(ns.index_, key, src.bytes);
   if (!at.ok()) return;  // no room, or already there
   if (options_.device
@@ -1139,10 +1156,41 @@ void CacheEngine::FinishHbmAdmissions(EngineNamespace& ns,
   }
 }
 
-Status CacheEngine::WaitDeviceCopies(DeviceBackend& device, StreamId stream) {
+bool CacheEngine::DeviceFailed() const {
+  if (options_.device == nullptr || !options_.device->failed()) return false;
+  if (!device_failure_logged_.exchange(true)) {
+    StorageLog().error(
+        "{}; the HBM tier is off (neither read nor filled: it only held "
+        "copies) and loads and stores into engines' device pools fail, so "
+        "engines recompute; host DRAM and NVMe keep serving",
+        options_.device->health().message());
+  }
+  return true;
+}
+
+bool CacheEngine::HbmUsable() const {
+  return hbm_ != nullptr && !DeviceFailed();
+}
+
+Status CacheEngine::WaitDeviceCopies(
+    DeviceBackend& device, StreamId stream,
+    std::function<void(const Status&)> release) {
   auto event = device.RecordEvent(stream);
-  return event.ok() ? device.WaitEvent(*event, options_.device_copy_timeout)
+  Status done = event.ok()
+                    ? device.WaitEvent(*event, options_.device_copy_timeout)
                     : event.status();
+  if (!done.ok() && event.ok() && !device.EventDone(*event)) {
+    // The wait gave up, the copies did not: keep what they touch.
+    StorageLog().warn(
+        "device copies on stream {} not done after {} ms: their memory is "
+        "quarantined until they are",
+        stream, options_.device_copy_timeout.count());
+    quarantine_.Hold(device, *event,
+                     [release = std::move(release), done] { release(done); });
+    return done;
+  }
+  release(done);
+  return done;
 }
 
 void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
@@ -1159,7 +1207,8 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   // into a bounce buffer first, copied from it. What came from below is
   // admitted into HBM by a device copy from the slot just filled, and
   // committed there once the event says the bytes are in place.
-  HbmTier* const hbm = hbm_.get();
+  quarantine_.Reap();
+  HbmTier* const hbm = HbmUsable() ? hbm_.get() : nullptr;
   const uint32_t hbm_pool = options_.hbm_pool.id;
   std::vector<SegmentKey> held, hbm_held, admitted;
   std::vector<uint32_t> copied;  // pages whose copy was submitted
@@ -1239,19 +1288,32 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     }
   }
   // The layer is published only after this wait: what the engine reads
-  // after WaitLayer is on the device.
-  const Status done =
-      copied.empty() ? Status::OK() : WaitDeviceCopies(device, stream);
-  for (const SegmentKey& key : held) ns.host_->Release(key);
-  for (const SegmentKey& key : hbm_held) hbm->Release(ns.index_, key);
-  FinishHbmAdmissions(ns, admitted, done.ok());
+  // after WaitLayer is on the device. What the copies read (host segments,
+  // HBM entries, the bounce buffer, the engine's pool) stays theirs until
+  // they are over, even past a timed-out wait.
+  const size_t hbm_hits = hbm_held.size(), host_hits = held.size();
+  auto release = [this, &ns, held = std::move(held),
+                  hbm_held = std::move(hbm_held),
+                  admitted = std::move(admitted), bounce = std::move(bounce),
+                  // keeps the engine's pool imported while copies run
+                  target = pool.device](const Status& done) {
+    for (const SegmentKey& key : held) ns.host_->Release(key);
+    for (const SegmentKey& key : hbm_held) hbm_->Release(ns.index_, key);
+    FinishHbmAdmissions(ns, admitted, done.ok());
+  };
+  Status done;
+  if (copied.empty()) {
+    release(done);
+  } else {
+    done = WaitDeviceCopies(device, stream, std::move(release));
+  }
   if (!done.ok()) {
     for (uint32_t i : copied) RecordError(job, i, l, p, done.code());
     return;
   }
-  load_segments_hbm_.fetch_add(hbm_held.size(), std::memory_order_relaxed);
-  load_bytes_hbm_.fetch_add(hbm_held.size() * bytes, std::memory_order_relaxed);
-  load_segments_host_.fetch_add(held.size(), std::memory_order_relaxed);
+  load_segments_hbm_.fetch_add(hbm_hits, std::memory_order_relaxed);
+  load_bytes_hbm_.fetch_add(hbm_hits * bytes, std::memory_order_relaxed);
+  load_segments_host_.fetch_add(host_hits, std::memory_order_relaxed);
   load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
   load_segments_nvme_.fetch_add(nvme_segments, std::memory_order_relaxed);
   load_bytes_nvme_.fetch_add(nvme_bytes, std::memory_order_relaxed);
@@ -1267,6 +1329,7 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   const uint8_t p = pool.layout.part;
   const uint64_t bytes = pool.layout.slot_bytes;
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  quarantine_.Reap();
   // Reserved segments are copied into straight from the device and
   // committed once the copies' event is done (aborted if they failed).
   // Unlike the memfd path, a reservation refused for write-back pressure
@@ -1298,11 +1361,20 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
     QueueHbmAdmission(ns, key, pool.DeviceSlot(t.slots[i]), stream, &admitted);
   }
   if (reserved.empty()) return;
-  const Status done = WaitDeviceCopies(device, stream);
-  FinishHbmAdmissions(ns, admitted, done.ok());
+  // Failed copies give their reservations back, once the copies are over
+  // (a copy past a timed-out wait may still write them).
+  const Status done =
+      WaitDeviceCopies(device, stream,
+                       [this, &ns, reserved, admitted = std::move(admitted),
+                        // keeps the engine's pool imported while copies run
+                        source = pool.device](const Status& done) {
+                         FinishHbmAdmissions(ns, admitted, done.ok());
+                         if (done.ok()) return;
+                         for (const auto& [i, key] : reserved)
+                           ns.host_->Abort(key);
+                       });
   for (const auto& [i, key] : reserved) {
     if (!done.ok()) {
-      ns.host_->Abort(key);
       RecordError(job, i, l, p, done.code());
       continue;
     }

@@ -37,6 +37,7 @@
 #include "common/mutex.h"
 #include "storage/clock.h"
 #include "storage/device_backend.h"
+#include "storage/device_quarantine.h"
 #include "storage/hbm_tier.h"
 #include "storage/host_tier.h"
 #include "storage/latency_histogram.h"
@@ -198,6 +199,16 @@ struct EngineStats {
   bool has_hbm = false;
   HbmTierStats hbm;            // daemon-wide; hbm.namespaces[i] per namespace
   uint32_t hbm_namespace = 0;  // Stats(ns): ns's index in hbm.namespaces
+  // The device backend (options.device), when there is one: whether a
+  // device fault failed it (the HBM tier is then off and device-pool
+  // transfers fail; device_backend.h, Errors) and why, and the transfer
+  // units whose memory is quarantined behind a timed-out device wait
+  // (now, and ever).
+  bool has_device = false;
+  bool device_failed = false;
+  std::string device_error;
+  uint64_t device_quarantined = 0;
+  uint64_t device_quarantined_total = 0;
   bool has_nvme = false;
   NvmeStoreStats nvme;
   TierMoverStats mover;
@@ -508,7 +519,16 @@ class CacheEngine {
   void FinishHbmAdmissions(EngineNamespace& ns,
                            std::span<const SegmentKey> admitted, bool copied);
   // Records an event on `stream` and waits for it (device_copy_timeout).
-  Status WaitDeviceCopies(DeviceBackend& device, StreamId stream);
+  // Then `release` (what the copies read or write: held segments,
+  // reservations to abort, bounce buffers) runs with the wait's answer, at
+  // once, or, when the wait gave up while the copies may still run, once
+  // they are done (quarantine_). Returns the wait's answer.
+  Status WaitDeviceCopies(DeviceBackend& device, StreamId stream,
+                          std::function<void(const Status&)> release);
+  // True while the HBM tier exists and its device works. The first call
+  // that finds the device failed logs it (once) with the cause.
+  bool HbmUsable() const;
+  bool DeviceFailed() const;
   // A unit of layer k is done; once all are, publishes every completed
   // leading layer.
   void FinishUnit(TransferJob& job, uint32_t k);
@@ -548,6 +568,10 @@ class CacheEngine {
   CondVar device_streams_cv_;
   std::vector<StreamId> free_device_streams_ GUARDED_BY(device_streams_mu_);
   std::unique_ptr<HbmTier> hbm_;  // null without one
+  // See WaitDeviceCopies. Mutable: Stats reaps it too, so quarantined
+  // memory comes back on the daemon's periodic scrape when no transfer runs.
+  mutable DeviceQuarantine quarantine_;
+  mutable std::atomic<bool> device_failure_logged_{false};
   std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
 };
 

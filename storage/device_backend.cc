@@ -56,6 +56,24 @@ bool DeviceBackend::CudaBuiltIn() { return TIERKV_WITH_CUDA != 0; }
 DeviceBackend::DeviceBackend(std::string name, uint32_t streams)
     : name_(std::move(name)), streams_(streams) {}
 
+Status DeviceBackend::health() const {
+  if (!failed()) return Status::OK();
+  MutexLock lock(&failure_mu_);
+  return failure_;
+}
+
+Status DeviceBackend::MarkFailed(const Status& cause) {
+  MutexLock lock(&failure_mu_);
+  if (!failed_.load(std::memory_order_relaxed)) {
+    failure_ = Status::Unavailable(fmt::format(
+        "the {} device backend failed and stays failed until tierkvd "
+        "restarts (a device fault poisons the whole context): {}",
+        name_, cause.ToString()));
+    failed_.store(true, std::memory_order_release);
+  }
+  return failure_;
+}
+
 // The backend's device current for one public method, the caller's given
 // back at its end (see "Current device" in device_backend.h).
 class DeviceBackend::DeviceScope {
@@ -94,12 +112,14 @@ Status DeviceBackend::CheckRegion(const DeviceRegion& region) const {
 }
 
 Result<DevicePool> DeviceBackend::AllocatePool(uint64_t bytes) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (bytes == 0) return Status::InvalidArgument("a device pool of 0 bytes");
   return AllocatePoolImpl(bytes);
 }
 
 Status DeviceBackend::FreePool(uint32_t pool) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::InvalidArgument(fmt::format("no device pool {}", pool));
@@ -109,6 +129,7 @@ Status DeviceBackend::FreePool(uint32_t pool) {
 
 Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
                                    std::span<const std::byte> src) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
@@ -122,6 +143,7 @@ Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
 
 Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
                                    DeviceRegion src) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
@@ -135,6 +157,7 @@ Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
 
 Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
                                  DeviceRegion src) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(src));
@@ -150,6 +173,7 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
                                  std::span<const std::byte* const> rows,
                                  uint32_t row_bytes,
                                  std::span<const uint32_t> dst_rows) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
@@ -188,6 +212,7 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
 }
 
 Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::NotFound(fmt::format("no device pool {}", pool));
@@ -196,6 +221,7 @@ Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
 }
 
 Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (memory.empty() || memory.data() == nullptr) {
     return Status::InvalidArgument("registering an empty host range");
@@ -220,6 +246,7 @@ Status DeviceBackend::RegisterHost(std::span<std::byte> memory) {
 }
 
 Status DeviceBackend::UnregisterHost(std::byte* data) {
+  if (failed()) return health();
   DeviceScope scope(this);
   MutexLock lock(&host_mu_);
   auto it = host_ranges_.find(reinterpret_cast<uintptr_t>(data));
@@ -233,6 +260,7 @@ Status DeviceBackend::UnregisterHost(std::byte* data) {
 }
 
 Result<DeviceEvent> DeviceBackend::RecordEvent(StreamId stream) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(stream));
   return RecordEventImpl(stream);
@@ -240,17 +268,20 @@ Result<DeviceEvent> DeviceBackend::RecordEvent(StreamId stream) {
 
 Status DeviceBackend::WaitEvent(DeviceEvent event,
                                 std::chrono::milliseconds timeout) {
+  if (failed()) return health();
   DeviceScope scope(this);
   TIERKV_RETURN_IF_ERROR(CheckStream(event.stream));
   return WaitEventImpl(event, timeout);
 }
 
 bool DeviceBackend::EventDone(DeviceEvent event) {
+  if (failed()) return true;  // nothing runs on a failed device any more
   DeviceScope scope(this);
   return event.stream < streams_ && EventDoneImpl(event);
 }
 
 Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (PoolBytes(pool) == 0) {
     return Status::InvalidArgument(fmt::format("no device pool {}", pool));
@@ -259,11 +290,13 @@ Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
 }
 
 Result<ImportedPool> DeviceBackend::ImportPool(const IpcHandle& handle) {
+  if (failed()) return health();
   DeviceScope scope(this);
   return ImportPoolImpl(handle);
 }
 
 Status DeviceBackend::CloseImported(ImportedPool& imported) {
+  if (failed()) return health();
   DeviceScope scope(this);
   if (imported.base == nullptr) {
     return Status::InvalidArgument("the imported pool is closed");

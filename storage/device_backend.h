@@ -21,8 +21,21 @@
 // Ordering: operations on one stream run in submission order; streams are
 // independent. Host memory passed to an asynchronous call must stay valid
 // and unchanged until an event recorded after the call has completed.
-// Errors of asynchronous work are sticky per stream: WaitEvent returns the
-// first error since the stream's previous event, then clears it.
+// Errors: a request the backend refuses at submission (a bad argument, no
+// memory) fails that call only. A fault of the device work itself (CUDA:
+// an illegal address, a failed launch, an uncorrectable ECC error, an Xid)
+// poisons the whole backend, as it poisons the CUDA context for the rest
+// of the process: the backend is failed() from then on, WaitEvent on the
+// faulting work and every later call answer Unavailable naming the first
+// fault, nothing more runs on the device, and EventDone says true (no copy
+// will touch memory any more). The owner degrades (tierkvd turns its HBM
+// tier off; device pools fail their transfers) rather than retrying; only
+// a new process gets a working device. The emulated backend injects such a
+// fault on request (DeviceBackendOptions), so this path runs in CI.
+//
+// A WaitEvent that times out does not stop the work: until EventDone, the
+// copies may still read and write the memory they name, which the caller
+// must keep out of reuse (storage/device_quarantine.h).
 //
 // Thread safety: thread-safe; one stream may be fed from several threads
 // (their operations are ordered as the calls return).
@@ -37,9 +50,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -54,16 +69,24 @@ namespace tierkv::storage {
 
 struct DeviceBackendOptions {
   DeviceBackendKind kind = DeviceBackendKind::kAuto;
-  int device = 0;        // CUDA device ordinal
+  // The device ordinal, or kCurrentDevice: the one current on the calling
+  // thread at Open (cudaGetDevice; EmulatedCurrentDevice), which is where
+  // an engine that called cudaSetDevice / torch.cuda.set_device works.
+  static constexpr int kCurrentDevice = -1;
+  int device = 0;
   uint32_t streams = 2;  // in-order queues; 1..64
   // Emulated only: total bytes its pools may hold (an allocation past it
   // is ResourceExhausted, as cudaMalloc's cudaErrorMemoryAllocation is).
   // Default: 1 GiB.
   uint64_t emulated_capacity_bytes = uint64_t{1} << 30;
-  // Emulated only, fault injection for tests: copies and gathers after the
-  // first `emulated_failing_copies_after` fail with IOError, as a device
-  // copy error would (0: never).
-  uint64_t emulated_failing_copies_after = 0;
+  // Emulated only, fault injection for tests: the copy or gather after the
+  // first `emulated_fault_after_copies` faults the way device work faults
+  // on CUDA, failing the whole backend (see Errors above; 0: never).
+  uint64_t emulated_fault_after_copies = 0;
+  // Emulated only, a stall for tests: called on a stream's worker thread
+  // before each operation runs, so a test can hold device work in flight
+  // (past a WaitEvent's timeout, say) and let it go.
+  std::function<void()> emulated_before_op;
 };
 
 // A pool of device memory, allocated once.
@@ -125,6 +148,14 @@ class DeviceBackend {
 
   std::string_view name() const { return name_; }
   uint32_t streams() const { return streams_; }
+  // The device ordinal the backend works on (kCurrentDevice resolved).
+  virtual int device() const = 0;
+
+  // True once a device fault failed the backend (see Errors above); cheap.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // OK while healthy; once failed, the Unavailable every call answers,
+  // naming the first fault.
+  Status health() const EXCLUDES(failure_mu_);
 
   // ResourceExhausted when the device has no room; InvalidArgument for 0.
   Result<DevicePool> AllocatePool(uint64_t bytes);
@@ -173,6 +204,7 @@ class DeviceBackend {
   // Blocks until `event` is done; returns the stream's first error since
   // its previous event (then cleared), or IOError after `timeout`.
   Status WaitEvent(DeviceEvent event, std::chrono::milliseconds timeout);
+  // True once `event` is done, and always on a failed backend.
   bool EventDone(DeviceEvent event);
 
   Result<IpcHandle> ExportPool(uint32_t pool);
@@ -185,6 +217,12 @@ class DeviceBackend {
 
  protected:
   DeviceBackend(std::string name, uint32_t streams);
+
+  // A backend calls this on a fault that poisons the device (see Errors
+  // above): the first cause is kept, later calls change nothing. Returns
+  // health(). The owner logs it (this library links no logger: engines
+  // link it too).
+  Status MarkFailed(const Status& cause) EXCLUDES(failure_mu_);
 
   // The pool's size, or 0 when no such pool exists.
   virtual uint64_t PoolBytes(uint32_t pool) const = 0;
@@ -228,6 +266,9 @@ class DeviceBackend {
 
   const std::string name_;
   const uint32_t streams_;
+  std::atomic<bool> failed_{false};
+  mutable Mutex failure_mu_;
+  Status failure_ GUARDED_BY(failure_mu_);
   Mutex host_mu_;
   // Registered host ranges: first byte's address -> bytes.
   std::map<uintptr_t, uint64_t> host_ranges_ GUARDED_BY(host_mu_);

@@ -6,8 +6,8 @@
 // this process (whose next copy would then fault). Each stream
 // is a worker thread running its operations in order; an event is the
 // stream's count of submitted operations at the time it was recorded, done
-// once that many have completed. Errors are sticky per stream until a
-// WaitEvent returns them.
+// once that many have completed. Errors follow CUDA's model
+// (device_backend.h): a fault of the work fails the whole backend.
 //
 // IPC handle (64 bytes): magic "TKVHBM01", the exporting pid, the memfd's
 // descriptor number in it, the pool size and a random nonce that is also in
@@ -141,9 +141,12 @@ class EmulatedBackend final : public DeviceBackend {
  public:
   explicit EmulatedBackend(const DeviceBackendOptions& o)
       : DeviceBackend("emulated", o.streams),
-        device_(o.device),
+        device_(o.device == DeviceBackendOptions::kCurrentDevice
+                    ? t_current_device
+                    : o.device),
         capacity_(o.emulated_capacity_bytes),
-        failing_after_(o.emulated_failing_copies_after) {
+        fault_after_(o.emulated_fault_after_copies),
+        before_op_(o.emulated_before_op) {
     for (uint32_t i = 0; i < o.streams; ++i) {
       streams_.push_back(std::make_unique<Stream>());
     }
@@ -229,7 +232,7 @@ class EmulatedBackend final : public DeviceBackend {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     std::byte* to = Address(dst);
     streams_[stream]->Submit([this, to, src] {
-      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      TIERKV_RETURN_IF_ERROR(BeforeWork());
       std::memcpy(to, src.data(), src.size());
       return Status::OK();
     });
@@ -241,7 +244,7 @@ class EmulatedBackend final : public DeviceBackend {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     const std::byte* from = Address(src);
     streams_[stream]->Submit([this, from, dst] {
-      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      TIERKV_RETURN_IF_ERROR(BeforeWork());
       std::memcpy(dst.data(), from, dst.size());
       return Status::OK();
     });
@@ -255,7 +258,7 @@ class EmulatedBackend final : public DeviceBackend {
     const std::byte* from = Address(src);
     const uint64_t n = src.bytes;
     streams_[stream]->Submit([this, to, from, n] {
-      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      TIERKV_RETURN_IF_ERROR(BeforeWork());
       std::memmove(to, from, n);
       return Status::OK();
     });
@@ -274,7 +277,7 @@ class EmulatedBackend final : public DeviceBackend {
     std::vector<uint32_t> slots(dst_rows.begin(), dst_rows.end());
     streams_[stream]->Submit([this, to, list = std::move(list),
                               slots = std::move(slots), row_bytes] {
-      TIERKV_RETURN_IF_ERROR(InjectedFault());
+      TIERKV_RETURN_IF_ERROR(BeforeWork());
       for (size_t i = 0; i < list.size(); ++i) {
         const size_t row = slots.empty() ? i : slots[i];
         std::memcpy(to + row * row_bytes, list[i], row_bytes);
@@ -288,6 +291,7 @@ class EmulatedBackend final : public DeviceBackend {
     return Address(DeviceRegion{pool, 0, 0});
   }
   bool host_addressable() const override { return true; }
+  int device() const override { return device_; }
 
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
@@ -395,10 +399,17 @@ class EmulatedBackend final : public DeviceBackend {
     return pools_.at(region.pool).region->bytes().data() + region.offset;
   }
 
-  Status InjectedFault() {
-    if (failing_after_ == 0) return Status::OK();
-    if (copies_.fetch_add(1, std::memory_order_relaxed) + 1 > failing_after_) {
-      return Status::IOError("device copy failed (injected fault)");
+  // Run by every copy and gather on its stream's worker, before the work:
+  // the test stall, then CUDA's error model (see device_backend.h): work
+  // queued behind a fault does not run, and the injected fault fails the
+  // whole backend.
+  Status BeforeWork() {
+    if (before_op_) before_op_();
+    if (failed()) return health();
+    if (fault_after_ != 0 &&
+        copies_.fetch_add(1, std::memory_order_relaxed) + 1 > fault_after_) {
+      return MarkFailed(Status::IOError(
+          "device copy faulted (injected: an illegal address)"));
     }
     return Status::OK();
   }
@@ -423,7 +434,8 @@ class EmulatedBackend final : public DeviceBackend {
 
   const int device_;
   const uint64_t capacity_;
-  const uint64_t failing_after_;
+  const uint64_t fault_after_;
+  const std::function<void()> before_op_;
   std::atomic<uint64_t> copies_{0};
   mutable Mutex mu_;
   std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
@@ -442,6 +454,10 @@ Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
     const DeviceBackendOptions& options) {
   if (options.streams == 0 || options.streams > 64) {
     return Status::InvalidArgument("device streams must be in [1, 64]");
+  }
+  if (options.device < DeviceBackendOptions::kCurrentDevice) {
+    return Status::InvalidArgument(
+        fmt::format("device ordinal {} is negative", options.device));
   }
   return std::unique_ptr<DeviceBackend>(new EmulatedBackend(options));
 }

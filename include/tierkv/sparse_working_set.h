@@ -94,7 +94,11 @@ struct WorkingSetOptions {
   // else a device emulated in host memory; buffer_fallback() says why),
   // "cuda" (Unavailable without a device) or "emulated". Default: auto.
   std::string device_backend = "auto";
-  int device = 0;  // kDevice: the CUDA device ordinal
+  // kDevice: the CUDA device ordinal, or -1: the device current on the
+  // calling thread at Create (cudaSetDevice / torch.cuda.set_device), so
+  // an engine on GPU k gets its slots on GPU k. Every call gives the
+  // caller's current device back as it found it. Default: -1.
+  int device = -1;
 };
 
 // Where token `token`'s row of layer `layer` is now, in this process's
@@ -202,6 +206,9 @@ class SparseWorkingSet {
   std::string_view buffer_backend() const;
   // Why "auto" chose the emulated device ("" otherwise), for a log line.
   std::string_view buffer_fallback() const;
+  // kDevice: the ordinal of the device holding the slots (-1 resolved);
+  // kHost: -1.
+  int buffer_device() const;
 
   class Impl;
 

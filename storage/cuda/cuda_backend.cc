@@ -10,10 +10,11 @@
 // destroyed: the backend holds only the events not yet seen done.
 //
 // Errors: a submission the runtime refuses (cudaMemcpyAsync, the kernel
-// launch) is returned at once as IOError; an error of the work itself shows
-// in cudaEventQuery and is returned by the stream's next WaitEvent (sticky
-// until then), as on the emulated backend. A faulting kernel poisons the
-// whole CUDA context, as in any CUDA process; every later call fails.
+// launch) is returned at once as IOError. A sticky error (IsStickyCudaError:
+// a faulting copy or kernel, an Xid) poisons the CUDA context for the rest
+// of the process, wherever it shows (usually cudaEventQuery): the backend
+// marks itself failed and answers Unavailable from then on, without
+// calling the runtime (device_backend.h, Errors).
 //
 // Threads: the runtime's current device is per thread, so every entry point
 // selects the backend's device first and gives the caller's back at its end
@@ -72,6 +73,30 @@ Status CudaError(std::string_view what, cudaError_t e) {
   return Status::IOError(fmt::format("{}: {}", what, CudaText(e)));
 }
 
+// The errors after which "the process must be terminated and relaunched"
+// (CUDA's driver_types.h): every later call of the process returns them.
+bool IsStickyCudaError(cudaError_t e) {
+  switch (e) {
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The pools this process exported, by handle (see IPC above).
 struct LocalExports {
   Mutex mu;
@@ -94,6 +119,7 @@ struct Stream {
 
 class CudaBackend final : public DeviceBackend {
  public:
+  // REQUIRES: o.device is an ordinal (OpenCudaBackend resolved it).
   explicit CudaBackend(const DeviceBackendOptions& o)
       : DeviceBackend("cuda", o.streams), device_(o.device) {}
 
@@ -123,7 +149,7 @@ class CudaBackend final : public DeviceBackend {
       auto s = std::make_unique<Stream>();
       const cudaError_t e =
           cudaStreamCreateWithFlags(&s->handle, cudaStreamNonBlocking);
-      if (e != cudaSuccess) return CudaError("cudaStreamCreate", e);
+      if (e != cudaSuccess) return Fail("cudaStreamCreate", e);
       streams_.push_back(std::move(s));
     }
     return Status::OK();
@@ -141,7 +167,7 @@ class CudaBackend final : public DeviceBackend {
     void* base = nullptr;
     const cudaError_t e = cudaMalloc(&base, bytes);
     if (e != cudaSuccess) {
-      return CudaError(fmt::format("cudaMalloc of {} bytes", bytes), e);
+      return Fail(fmt::format("cudaMalloc of {} bytes", bytes), e);
     }
     MutexLock lock(&mu_);
     const uint32_t id = next_id_++;
@@ -160,7 +186,7 @@ class CudaBackend final : public DeviceBackend {
     ForgetExportLocked(it->second);
     const cudaError_t e = cudaFree(it->second.base);
     pools_.erase(it);
-    return e == cudaSuccess ? Status::OK() : CudaError("cudaFree", e);
+    return e == cudaSuccess ? Status::OK() : Fail("cudaFree", e);
   }
 
   Status CopyToDeviceImpl(StreamId stream, DeviceRegion dst,
@@ -170,7 +196,7 @@ class CudaBackend final : public DeviceBackend {
         cudaMemcpyAsync(Address(dst), src.data(), src.size(),
                         cudaMemcpyHostToDevice, streams_[stream]->handle);
     return e == cudaSuccess ? Status::OK()
-                            : CudaError("cudaMemcpyAsync host to device", e);
+                            : Fail("cudaMemcpyAsync host to device", e);
   }
 
   Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
@@ -180,7 +206,7 @@ class CudaBackend final : public DeviceBackend {
         cudaMemcpyAsync(dst.data(), Address(src), dst.size(),
                         cudaMemcpyDeviceToHost, streams_[stream]->handle);
     return e == cudaSuccess ? Status::OK()
-                            : CudaError("cudaMemcpyAsync device to host", e);
+                            : Fail("cudaMemcpyAsync device to host", e);
   }
 
   Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
@@ -190,7 +216,7 @@ class CudaBackend final : public DeviceBackend {
         cudaMemcpyAsync(Address(dst), Address(src), src.bytes,
                         cudaMemcpyDeviceToDevice, streams_[stream]->handle);
     return e == cudaSuccess ? Status::OK()
-                            : CudaError("cudaMemcpyAsync device to device", e);
+                            : Fail("cudaMemcpyAsync device to device", e);
   }
 
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
@@ -219,7 +245,7 @@ class CudaBackend final : public DeviceBackend {
       for (size_t i = 0; i < rows.size(); ++i) {
         const cudaError_t e = cudaMemcpyAsync(target(i), rows[i], row_bytes,
                                               cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) return CudaError("cudaMemcpyAsync (row)", e);
+        if (e != cudaSuccess) return Fail("cudaMemcpyAsync (row)", e);
       }
       return Status::OK();
     }
@@ -231,7 +257,7 @@ class CudaBackend final : public DeviceBackend {
     const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
     void* list = nullptr;
     cudaError_t e = cudaMallocAsync(&list, list_bytes + slot_bytes, s);
-    if (e != cudaSuccess) return CudaError("cudaMallocAsync (row list)", e);
+    if (e != cudaSuccess) return Fail("cudaMallocAsync (row list)", e);
     auto* slots_on_device =
         dst_rows.empty() ? nullptr
                          : reinterpret_cast<uint32_t*>(
@@ -248,27 +274,28 @@ class CudaBackend final : public DeviceBackend {
           static_cast<uint32_t>(rows.size()), row_bytes, s);
     }
     const cudaError_t freed = cudaFreeAsync(list, s);
-    if (e != cudaSuccess) return CudaError("row gather", e);
+    if (e != cudaSuccess) return Fail("row gather", e);
     return freed == cudaSuccess ? Status::OK()
-                                : CudaError("cudaFreeAsync (row list)", freed);
+                                : Fail("cudaFreeAsync (row list)", freed);
   }
 
   std::byte* PoolBaseImpl(uint32_t pool) override {
     return Address(DeviceRegion{pool, 0, 0});
   }
   bool host_addressable() const override { return false; }
+  int device() const override { return device_; }
 
   Status RegisterHostImpl(std::span<std::byte> memory) override {
     TIERKV_RETURN_IF_ERROR(Use());
     cudaError_t e =
         cudaHostRegister(memory.data(), memory.size(),
                          cudaHostRegisterPortable | cudaHostRegisterMapped);
-    if (e != cudaSuccess) return CudaError("cudaHostRegister", e);
+    if (e != cudaSuccess) return Fail("cudaHostRegister", e);
     void* device = nullptr;
     e = cudaHostGetDevicePointer(&device, memory.data(), 0);
     if (e != cudaSuccess) {
       cudaHostUnregister(memory.data());
-      return CudaError("cudaHostGetDevicePointer", e);
+      return Fail("cudaHostGetDevicePointer", e);
     }
     MutexLock lock(&mu_);
     host_[reinterpret_cast<uintptr_t>(memory.data())] =
@@ -283,7 +310,7 @@ class CudaBackend final : public DeviceBackend {
       host_.erase(reinterpret_cast<uintptr_t>(memory.data()));
     }
     const cudaError_t e = cudaHostUnregister(memory.data());
-    return e == cudaSuccess ? Status::OK() : CudaError("cudaHostUnregister", e);
+    return e == cudaSuccess ? Status::OK() : Fail("cudaHostUnregister", e);
   }
 
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
@@ -291,12 +318,12 @@ class CudaBackend final : public DeviceBackend {
     Stream& s = *streams_[stream];
     cudaEvent_t event = nullptr;
     cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (e != cudaSuccess) return CudaError("cudaEventCreate", e);
+    if (e != cudaSuccess) return Fail("cudaEventCreate", e);
     MutexLock lock(&s.mu);
     e = cudaEventRecord(event, s.handle);
     if (e != cudaSuccess) {
       cudaEventDestroy(event);
-      return CudaError("cudaEventRecord", e);
+      return Fail("cudaEventRecord", e);
     }
     const uint64_t seq = ++s.recorded;
     s.pending.emplace(seq, event);
@@ -351,7 +378,7 @@ class CudaBackend final : public DeviceBackend {
     if (!pool.exported) {
       cudaIpcMemHandle_t h;
       const cudaError_t e = cudaIpcGetMemHandle(&h, pool.base);
-      if (e != cudaSuccess) return CudaError("cudaIpcGetMemHandle", e);
+      if (e != cudaSuccess) return Fail("cudaIpcGetMemHandle", e);
       std::memcpy(pool.handle.data(), &h, sizeof(h));
       pool.exported = true;
       LocalExports& exports = Exports();
@@ -444,8 +471,7 @@ class CudaBackend final : public DeviceBackend {
     if (open == opened_.end() || --open->second.refs > 0) return Status::OK();
     const cudaError_t e = cudaIpcCloseMemHandle(open->second.base);
     opened_.erase(open);
-    return e == cudaSuccess ? Status::OK()
-                            : CudaError("cudaIpcCloseMemHandle", e);
+    return e == cudaSuccess ? Status::OK() : Fail("cudaIpcCloseMemHandle", e);
   }
 
  private:
@@ -513,9 +539,19 @@ class CudaBackend final : public DeviceBackend {
                                  (reinterpret_cast<CUdeviceptr>(base) - start));
   }
 
-  Status Use() const {
+  Status Use() {
     const cudaError_t e = cudaSetDevice(device_);
-    return e == cudaSuccess ? Status::OK() : CudaError("cudaSetDevice", e);
+    return e == cudaSuccess ? Status::OK() : Fail("cudaSetDevice", e);
+  }
+
+  // The Status of a failed runtime call; a sticky error (the context is
+  // poisoned) fails the backend (see Errors in device_backend.h).
+  Status Fail(std::string_view what, cudaError_t e) {
+    if (IsStickyCudaError(e)) {
+      return MarkFailed(
+          Status::IOError(fmt::format("{}: {}", what, CudaText(e))));
+    }
+    return CudaError(what, e);
   }
 
   // The caller's current device, saved around every public method (see
@@ -569,7 +605,7 @@ class CudaBackend final : public DeviceBackend {
     const cudaError_t e = cudaEventQuery(s.pending.at(sequence));
     if (e == cudaErrorNotReady) return false;
     if (e != cudaSuccess && s.error.ok()) {
-      s.error = CudaError("device work on the stream", e);
+      s.error = Fail("device work on the stream", e);
     }
     for (auto it = s.pending.begin();
          it != s.pending.end() && it->first <= sequence;) {
@@ -592,7 +628,8 @@ class CudaBackend final : public DeviceBackend {
 }  // namespace
 
 Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
-    const DeviceBackendOptions& options) {
+    const DeviceBackendOptions& requested) {
+  DeviceBackendOptions options = requested;
   if (options.streams == 0 || options.streams > 64) {
     return Status::InvalidArgument("device streams must be in [1, 64]");
   }
@@ -607,6 +644,12 @@ Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
   }
   if (count == 0) {
     return Status::Unavailable("no CUDA device: cudaGetDeviceCount found 0");
+  }
+  if (options.device == DeviceBackendOptions::kCurrentDevice &&
+      cudaGetDevice(&options.device) != cudaSuccess) {
+    return Status::Unavailable(
+        fmt::format("no current CUDA device on this thread: {}",
+                    CudaText(cudaGetLastError())));
   }
   if (options.device < 0 || options.device >= count) {
     return Status::InvalidArgument(

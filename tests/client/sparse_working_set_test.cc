@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "storage/device_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv {
@@ -323,6 +324,39 @@ TEST_P(SparseWorkingSetTest, SourceMemoryIsRegisteredOnceOnADevice) {
   } else {
     EXPECT_OK(again);  // a host buffer needs no registration
   }
+}
+
+// An engine thread on device 2 (cudaSetDevice(2)) gets its slots on
+// device 2 by default, and every call leaves device 2 current.
+TEST(SparseWorkingSetDeviceTest, TheSlotsGoOnTheCallersCurrentDevice) {
+  Rows rows(100);
+  storage::SetEmulatedCurrentDevice(2);
+  auto ws = SparseWorkingSet::Create(Rows::Layout(),
+                                     {.slots = 8,
+                                      .memory = WorkingSetMemory::kDevice,
+                                      .device_backend = "emulated"},
+                                     rows.Source());
+  ASSERT_OK(ws);
+  EXPECT_EQ((*ws)->buffer_device(), 2);
+  const std::vector<int32_t> ids = {7, 3};
+  ASSERT_OK((*ws)->Select(0, ids, 100));
+  EXPECT_EQ(GatherOf(**ws, 0, ids.size(), 8), rows.Expected(0, ids));
+  EXPECT_EQ(storage::EmulatedCurrentDevice(), 2);
+  // An explicit ordinal still wins, and is made current only inside calls.
+  auto on_1 = SparseWorkingSet::Create(Rows::Layout(),
+                                       {.slots = 8,
+                                        .memory = WorkingSetMemory::kDevice,
+                                        .device_backend = "emulated",
+                                        .device = 1},
+                                       rows.Source());
+  ASSERT_OK(on_1);
+  EXPECT_EQ((*on_1)->buffer_device(), 1);
+  ASSERT_OK((*on_1)->Select(0, ids, 100));
+  EXPECT_EQ(GatherOf(**on_1, 0, ids.size(), 8), rows.Expected(0, ids));
+  EXPECT_EQ(storage::EmulatedCurrentDevice(), 2);
+  ws->reset();
+  on_1->reset();
+  storage::SetEmulatedCurrentDevice(0);
 }
 
 TEST(SparseWorkingSetDeviceTest, AnUnknownOrMissingDeviceIsAClearError) {

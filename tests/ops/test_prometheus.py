@@ -246,7 +246,7 @@ def test_every_panel_and_recording_rule_on_a_real_prometheus(
         rules_api = http_json(f"{prom.url}/api/v1/rules")
         alerts = [r for g in rules_api["data"]["groups"] for r in g["rules"]
                   if r["type"] == "alerting"]
-        assert len(alerts) == 7
+        assert len(alerts) == 8
         assert all(r["health"] == "ok" for r in alerts), alerts
         firing = [r["name"] for r in alerts if r["state"] == "firing"]
         assert firing == [], firing

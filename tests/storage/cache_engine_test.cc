@@ -756,15 +756,13 @@ TEST_F(CacheEngineTest, FlushWithoutNvmeIsInvalidArgument) {
   }
 }
 
-// Device pools on the emulated backend, with a copy fault injected in the
-// daemon's backend: every segment of a unit whose copies failed is an
-// IOError in the ticket, nothing it admitted to HBM stays, and the host
-// copies are untouched.
+// Device pools on the emulated backend, whose faults and stalls
+// (DeviceBackendOptions) stand in for a real GPU's.
 class CacheEngineDevicePoolTest : public CacheEnginePoolTest {
  protected:
-  void OpenWithDevice(uint64_t failing_copies_after) {
-    auto daemon_side = OpenEmulatedBackend(
-        {.streams = 2, .emulated_failing_copies_after = failing_copies_after});
+  void OpenWithDevice(DeviceBackendOptions daemon_options = {}) {
+    daemon_options.streams = 2;
+    auto daemon_side = OpenEmulatedBackend(daemon_options);
     ASSERT_OK(daemon_side);
     daemon_device_ = std::move(daemon_side).value();
     auto hbm = daemon_device_->AllocatePool(1 << 20);
@@ -798,8 +796,12 @@ class CacheEngineDevicePoolTest : public CacheEnginePoolTest {
   std::unique_ptr<DeviceBackend> daemon_device_, engine_device_;
 };
 
-TEST_F(CacheEngineDevicePoolTest, ACopyErrorFailsItsSegmentsAndAdmitsNothing) {
-  OpenWithDevice(/*failing_copies_after=*/1);  // the first copy only works
+// A device fault fails the backend as a sticky CUDA error fails the
+// context: every segment of the Load is an error, nothing it admitted to
+// HBM stays, the HBM tier is off from then on, and the host tier serves.
+TEST_F(CacheEngineDevicePoolTest, ADeviceFaultTurnsHbmOffAndTheHostServes) {
+  // The first copy works; the second (its HBM admission) faults.
+  OpenWithDevice({.emulated_fault_after_copies = 1});
   PutPage(0);
   PutPage(1);
   ASSERT_OK(engine_->Load(kOwner, *ns_,
@@ -810,14 +812,20 @@ TEST_F(CacheEngineDevicePoolTest, ACopyErrorFailsItsSegmentsAndAdmitsNothing) {
                            .ticket = 0}));
   WaitFinished(0);
   EXPECT_EQ(Ticket(0).layers_done.load(), 4u);
-  // Every unit had a failed copy (the first unit's HBM admission, then
-  // every copy): all 12 segments are errors, none counted as loaded.
+  // The fault failed the backend during the first unit: its wait and every
+  // later copy answer Unavailable. All 12 segments are errors, none counted
+  // as loaded.
   ASSERT_EQ(Ticket(0).error_count.load(), 12u);
   for (uint32_t e = 0; e < 12; ++e) {
     EXPECT_EQ(Ticket(0).errors[e].code,
-              static_cast<uint8_t>(StatusCode::kIOError));
+              static_cast<uint8_t>(StatusCode::kUnavailable));
   }
   const EngineStats st = engine_->Stats(*ns_);
+  ASSERT_TRUE(st.has_device);
+  EXPECT_TRUE(st.device_failed);
+  EXPECT_NE(st.device_error.find("injected"), std::string::npos)
+      << st.device_error;
+  EXPECT_EQ(st.device_quarantined, 0u);  // a fault ends the copies
   EXPECT_EQ(st.load_segments_host, 0u);
   ASSERT_TRUE(st.has_hbm);
   EXPECT_EQ(st.hbm.segments, 0u);
@@ -833,7 +841,7 @@ TEST_F(CacheEngineDevicePoolTest, ACopyErrorFailsItsSegmentsAndAdmitsNothing) {
 
 TEST_F(CacheEngineDevicePoolTest,
        ConcurrentLoadsShareTwoStreamsAndAllComplete) {
-  OpenWithDevice(/*failing_copies_after=*/0);  // no fault
+  OpenWithDevice();  // no fault
   for (uint64_t n = 0; n < 8; ++n) PutPage(n);
   // Four Loads at once, their units taking turns on two streams (each
   // holds one alone from its first copy to its event): all complete, with
@@ -853,6 +861,62 @@ TEST_F(CacheEngineDevicePoolTest,
   const EngineStats st = engine_->Stats(*ns_);
   EXPECT_EQ(st.load_segments_host, 48u);
   EXPECT_EQ(st.hbm.segments, 48u);
+}
+
+// A Store whose device copies outlive their wait: the engine hears the
+// error at the timeout, but the reservations the copies write stay out of
+// reuse (quarantined) until the copies are over, then go back.
+TEST_F(CacheEngineDevicePoolTest, ATimedOutCopyKeepsItsMemoryUntilItIsOver) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stall = false, released = false;
+  engine_options_.device_copy_timeout = std::chrono::milliseconds(50);
+  OpenWithDevice({.emulated_before_op = [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return !stall || released; });
+  }});
+  {
+    std::lock_guard lock(mu);
+    stall = true;  // device work from here on waits for `released`
+  }
+  ASSERT_OK(engine_->Store(kOwner, *ns_,
+                           {.pages = {Page(1)},
+                            .slots = {4},
+                            .first_layer = 0,
+                            .num_layers = 1,
+                            .ticket = 0}));
+  WaitFinished(0);
+  const uint32_t parts = TestLayout().layers[0].parts.size();
+  ASSERT_EQ(Ticket(0).error_count.load(), parts);
+  EXPECT_EQ(Ticket(0).errors[0].code,
+            static_cast<uint8_t>(StatusCode::kIOError));
+  EngineStats st = engine_->Stats(*ns_);
+  EXPECT_FALSE(st.device_failed);
+  EXPECT_EQ(st.device_quarantined, parts);  // one unit per pool (part)
+  EXPECT_EQ(st.device_quarantined_total, parts);
+  // The reservations the stalled copies write are still held.
+  EXPECT_GT(st.host.reserved_bytes, 0u);
+  {
+    std::lock_guard lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  // In-order streams: an event recorded now is done once the stalled
+  // copies are.
+  for (StreamId stream = 0; stream < 2; ++stream) {
+    auto after = daemon_device_->RecordEvent(stream);
+    ASSERT_OK(after);
+    ASSERT_OK(daemon_device_->WaitEvent(*after, std::chrono::seconds(10)));
+  }
+  st = engine_->Stats(*ns_);  // reaps the quarantine
+  EXPECT_EQ(st.device_quarantined, 0u);
+  EXPECT_EQ(st.device_quarantined_total, parts);
+  EXPECT_EQ(st.host.reserved_bytes, 0u);
+  EXPECT_EQ(st.store_segments, 0u);  // failed: aborted, not committed
+  const PageHash page[] = {Page(1)};
+  auto m = engine_->Match(*ns_, page);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 0u);
 }
 
 }  // namespace

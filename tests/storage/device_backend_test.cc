@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -71,6 +73,16 @@ TEST(DeviceBackendTest, CopiesOnAStreamRunInOrderAndAnEventCoversThem) {
   auto idle = b->RecordEvent(1);
   ASSERT_OK(idle);
   EXPECT_TRUE(b->EventDone(*idle));
+}
+
+TEST(DeviceBackendTest, TheDefaultDeviceCanBeTheCallersCurrentOne) {
+  SetEmulatedCurrentDevice(3);
+  auto current = Emulated({.device = DeviceBackendOptions::kCurrentDevice});
+  EXPECT_EQ(current->device(), 3);
+  EXPECT_EQ(Emulated({.device = 1})->device(), 1);
+  SetEmulatedCurrentDevice(0);
+  EXPECT_EQ(OpenEmulatedBackend({.device = -2}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(DeviceBackendTest, EveryCallRunsOnItsDeviceAndGivesTheCallersBack) {
@@ -251,8 +263,12 @@ TEST(DeviceBackendTest, AllocationPastCapacityFailsAndFreeingGivesItBack) {
   EXPECT_OK(b->AllocatePool(1 << 20));
 }
 
-TEST(DeviceBackendTest, ACopyErrorIsReportedByTheNextEventOnly) {
-  auto b = Emulated({.emulated_failing_copies_after = 1});
+// CUDA's model: a fault of device work poisons the whole context. The
+// emulated backend's injected fault fails it the same way: the faulting
+// work's wait, later work on every stream, and every later call answer
+// Unavailable naming the fault, and events count as done.
+TEST(DeviceBackendTest, AFaultFailsTheWholeBackendAsOnCuda) {
+  auto b = Emulated({.streams = 2, .emulated_fault_after_copies = 1});
   auto pool = b->AllocatePool(4096);
   ASSERT_OK(pool);
   const auto data = Pattern(4096, 5);
@@ -260,14 +276,50 @@ TEST(DeviceBackendTest, ACopyErrorIsReportedByTheNextEventOnly) {
   auto ok = b->RecordEvent(0);
   ASSERT_OK(ok);
   EXPECT_OK(b->WaitEvent(*ok, kTimeout));
-  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, 4096}, data));  // copy 2: fails
-  auto failed = b->RecordEvent(0);
-  ASSERT_OK(failed);
-  Status s = b->WaitEvent(*failed, kTimeout);
-  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
-  auto after = b->RecordEvent(0);  // nothing new: the error was reported
-  ASSERT_OK(after);
-  EXPECT_OK(b->WaitEvent(*after, kTimeout));
+  EXPECT_FALSE(b->failed());
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, 4096}, data));  // copy 2: faults
+  auto faulted = b->RecordEvent(0);
+  ASSERT_OK(faulted);
+  Status s = b->WaitEvent(*faulted, kTimeout);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("injected"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(b->failed());
+  EXPECT_EQ(b->health().code(), StatusCode::kUnavailable);
+  // Sticky: another stream, new events, new pools all refuse.
+  EXPECT_EQ(b->CopyToDevice(1, {pool->id, 0, 4096}, data).code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(b->RecordEvent(1).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(b->AllocatePool(4096).status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(b->EventDone(*faulted));  // nothing runs any more
+}
+
+// A stalled copy outlives a wait's timeout; the event is not done until
+// the copy is (what DeviceQuarantine relies on).
+TEST(DeviceBackendTest, AWaitThatTimesOutLeavesTheEventNotDone) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  auto b = Emulated({.emulated_before_op = [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return released; });
+  }});
+  auto pool = b->AllocatePool(4096);
+  ASSERT_OK(pool);
+  const auto data = Pattern(4096, 6);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, 4096}, data));
+  auto event = b->RecordEvent(0);
+  ASSERT_OK(event);
+  EXPECT_EQ(b->WaitEvent(*event, std::chrono::milliseconds(20)).code(),
+            StatusCode::kIOError);
+  EXPECT_FALSE(b->EventDone(*event));
+  {
+    std::lock_guard lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_OK(b->WaitEvent(*event, kTimeout));
+  EXPECT_TRUE(b->EventDone(*event));
+  EXPECT_FALSE(b->failed());
 }
 
 TEST(DeviceBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
