@@ -289,6 +289,19 @@ Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
   return ExportPoolImpl(pool);
 }
 
+Result<ExportedRange> DeviceBackend::ExportRange(const std::byte* data,
+                                                 uint64_t bytes) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  if (data == nullptr || bytes == 0 ||
+      bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(data)) {
+    return Status::InvalidArgument(
+        fmt::format("exporting device range [{}, +{})",
+                    static_cast<const void*>(data), bytes));
+  }
+  return ExportRangeImpl(data, bytes);
+}
+
 Result<ImportedPool> DeviceBackend::ImportPool(const IpcHandle& handle) {
   if (failed()) return health();
   DeviceScope scope(this);

@@ -119,6 +119,13 @@ struct IpcHandle {
   uint64_t pool_bytes = 0;
 };
 
+// Device memory of this process named for another process: the handle of
+// the whole allocation holding it, and where in that allocation it starts.
+struct ExportedRange {
+  IpcHandle handle;
+  uint64_t offset = 0;
+};
+
 // An imported pool in this process: `base` addresses its bytes (host memory
 // for the emulated backend, a device pointer for CUDA), and the importing
 // backend addresses it as DeviceRegion pool `pool` (copies and gathers into
@@ -208,6 +215,18 @@ class DeviceBackend {
   bool EventDone(DeviceEvent event);
 
   Result<IpcHandle> ExportPool(uint32_t pool);
+  // Device memory [data, data + bytes) of this process that lies inside
+  // one allocation, exported as that allocation's handle and the offset of
+  // `data` in it: an IPC handle names a whole allocation, and tensors of
+  // PyTorch's caching allocator are blocks inside larger cudaMalloc
+  // segments (their data_ptr is not an allocation's base). CUDA: any
+  // cudaMalloc'd memory of the process (cuMemGetAddressRange finds the
+  // allocation); emulated: this backend's pools. An importer addresses
+  // the bytes at `offset` of the imported pool (PoolSpec::offset).
+  // InvalidArgument when the range is not device memory of one allocation,
+  // or its allocation cannot be exported by cudaIpcGetMemHandle
+  // (cudaMallocAsync pools, PyTorch's expandable segments).
+  Result<ExportedRange> ExportRange(const std::byte* data, uint64_t bytes);
   // In any process of the node, including another backend instance.
   // InvalidArgument for a malformed handle, NotFound when its pool (or
   // process) is gone.
@@ -249,6 +268,9 @@ class DeviceBackend {
                                std::chrono::milliseconds timeout) = 0;
   virtual bool EventDoneImpl(DeviceEvent event) = 0;
   virtual Result<IpcHandle> ExportPoolImpl(uint32_t pool) = 0;
+  // REQUIRES: data != nullptr, bytes > 0, no overflow.
+  virtual Result<ExportedRange> ExportRangeImpl(const std::byte* data,
+                                                uint64_t bytes) = 0;
   virtual Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) = 0;
   virtual Status CloseImportedImpl(ImportedPool& imported) = 0;
 

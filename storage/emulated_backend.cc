@@ -340,6 +340,38 @@ class EmulatedBackend final : public DeviceBackend {
     return handle;
   }
 
+  Result<ExportedRange> ExportRangeImpl(const std::byte* data,
+                                        uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    uint32_t id = 0;
+    uint64_t offset = 0;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [pool_id, pool] : pools_) {
+        const std::byte* base = pool.region->bytes().data();
+        if (pool.imported || data < base || data >= base + pool.bytes) {
+          continue;
+        }
+        offset = static_cast<uint64_t>(data - base);
+        if (bytes > pool.bytes - offset) {
+          return Status::InvalidArgument(fmt::format(
+              "device range [+{}, +{}) runs past its {}-byte allocation",
+              offset, bytes, pool.bytes));
+        }
+        id = pool_id;
+        break;
+      }
+    }
+    if (id == 0) {
+      return Status::InvalidArgument(
+          fmt::format("{} is not in a device pool of this backend",
+                      static_cast<const void*>(data)));
+    }
+    auto handle = ExportPoolImpl(id);
+    if (!handle.ok()) return handle.status();
+    return ExportedRange{*handle, offset};
+  }
+
   Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
     HandleFields f;

@@ -147,6 +147,13 @@ class PinLease {
 //     device backend (which must be the same kind) and moves bytes with
 //     device copies; per-layer completion waits for the device's events.
 //     The engine keeps the allocation alive while the pool is registered.
+//     A handle names a whole allocation, and a tensor of PyTorch's caching
+//     allocator is usually a block inside a larger one: pass the handle
+//     of the allocation holding it (cuMemGetAddressRange finds its base)
+//     and `offset` = the tensor's address - that base
+//     (storage::DeviceBackend::ExportRange computes both). Memory from
+//     cudaMallocAsync pools or PyTorch's expandable segments has no such
+//     handle (ExportRange says so).
 struct PoolSpec {
   enum class Kind : uint8_t {
     kMemfd = 0,

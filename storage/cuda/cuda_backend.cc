@@ -392,6 +392,61 @@ class CudaBackend final : public DeviceBackend {
     return handle;
   }
 
+  Result<ExportedRange> ExportRangeImpl(const std::byte* data,
+                                        uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    uint32_t own = 0;  // pool ids start at 1
+    uint64_t offset = 0;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [id, pool] : pools_) {
+        if (!pool.imported && data >= pool.base &&
+            data < pool.base + pool.bytes) {
+          own = id;
+          offset = static_cast<uint64_t>(data - pool.base);
+          if (bytes > pool.bytes - offset)
+            return PastAllocation(offset, bytes, pool.bytes);
+          break;
+        }
+      }
+    }
+    if (own != 0) {
+      auto handle = ExportPoolImpl(own);
+      if (!handle.ok()) return handle.status();
+      return ExportedRange{*handle, offset};
+    }
+    // Another allocator's memory (PyTorch's caching allocator): the
+    // driver knows the allocation around it.
+    auto range = AllocationRange(data);
+    if (!range.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "{} is not device memory of this process ({})",
+          static_cast<const void*>(data), range.status().message()));
+    }
+    offset = static_cast<uint64_t>(data - range->base);
+    if (bytes > range->bytes - offset) {
+      return PastAllocation(offset, bytes, range->bytes);
+    }
+    cudaIpcMemHandle_t h;
+    const cudaError_t e = cudaIpcGetMemHandle(&h, range->base);
+    if (e != cudaSuccess) {
+      if (IsStickyCudaError(e)) return Fail("cudaIpcGetMemHandle", e);
+      cudaGetLastError();
+      return Status::InvalidArgument(fmt::format(
+          "the allocation holding {} cannot be exported: "
+          "cudaIpcGetMemHandle: {}. Memory of cudaMallocAsync pools and of "
+          "PyTorch's expandable segments has no legacy IPC handle; allocate "
+          "the KV cache with cudaMalloc (PYTORCH_CUDA_ALLOC_CONF="
+          "expandable_segments:False)",
+          static_cast<const void*>(data), CudaText(e)));
+    }
+    ExportedRange out;
+    std::memcpy(out.handle.bytes.data(), &h, sizeof(h));
+    out.handle.pool_bytes = range->bytes;
+    out.offset = offset;
+    return out;
+  }
+
   Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
     if (handle.pool_bytes == 0) {
       return Status::InvalidArgument("a device pool handle of 0 bytes");
@@ -508,10 +563,21 @@ class CudaBackend final : public DeviceBackend {
     std::byte* device = nullptr;  // the range's address on the device
   };
 
-  // The size of the allocation at `base` (cuMemGetAddressRange; the
+  static Status PastAllocation(uint64_t offset, uint64_t bytes,
+                               uint64_t allocation) {
+    return Status::InvalidArgument(
+        fmt::format("device range [+{}, +{}) runs past its {}-byte allocation",
+                    offset, bytes, allocation));
+  }
+
+  struct AllocationSpan {
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+  };
+  // The allocation holding device address `p` (cuMemGetAddressRange; the
   // runtime API has no equivalent, so the driver's entry point is fetched
   // through the runtime, without linking libcuda).
-  static Result<uint64_t> AllocationBytes(void* base) {
+  static Result<AllocationSpan> AllocationRange(const void* p) {
     using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
     static GetRange get_range = [] {
       void* fn = nullptr;
@@ -531,12 +597,20 @@ class CudaBackend final : public DeviceBackend {
     }
     CUdeviceptr start = 0;
     size_t bytes = 0;
-    if (get_range(&start, &bytes, reinterpret_cast<CUdeviceptr>(base)) !=
+    if (get_range(&start, &bytes, reinterpret_cast<CUdeviceptr>(p)) !=
         CUDA_SUCCESS) {
-      return Status::IOError("cuMemGetAddressRange failed on an imported pool");
+      return Status::IOError("cuMemGetAddressRange found no allocation there");
     }
-    return static_cast<uint64_t>(bytes -
-                                 (reinterpret_cast<CUdeviceptr>(base) - start));
+    return AllocationSpan{reinterpret_cast<std::byte*>(start),
+                          static_cast<uint64_t>(bytes)};
+  }
+
+  // The bytes of the allocation from `base` on (an imported pool's).
+  static Result<uint64_t> AllocationBytes(void* base) {
+    auto range = AllocationRange(base);
+    if (!range.ok()) return range.status();
+    return range->bytes -
+           static_cast<uint64_t>(static_cast<std::byte*>(base) - range->base);
   }
 
   Status Use() {

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -187,6 +188,88 @@ TEST_F(DevicePoolTest, LoadFillsTheEnginesDevicePoolsFromDramAndNvme) {
   ASSERT_OK(all);
   EXPECT_EQ((*all)[0].code(), StatusCode::kNotFound);
   EXPECT_EQ(pools.Read(1, 0, 1), before);
+}
+
+// An engine whose KV tensors are blocks inside one larger allocation, as
+// PyTorch's caching allocator hands them out: each tensor is exported as
+// that allocation's handle plus its offset (DeviceBackend::ExportRange),
+// registered with PoolSpec::offset, and a Load writes exactly its slots:
+// the bytes around every tensor stay as they were.
+TEST_F(DevicePoolTest, InteriorTensorsAreRegisteredByAllocationAndOffset) {
+  Start();
+  auto c = Open();
+  const auto pages = Pages(3);
+  PutAll(*c, pages);
+  const LayoutSpec layout = DeviceLayout();
+  constexpr uint32_t kSlots = 4;
+  constexpr uint64_t kGap = 768;  // between tensors: must stay untouched
+  auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated});
+  ASSERT_OK(b);
+  DeviceBackend& device = **b;
+  struct Tensor {
+    uint16_t layer;
+    uint8_t part;
+    uint64_t at;  // offset in the allocation
+    uint64_t slot_bytes;
+  };
+  std::vector<Tensor> tensors;
+  uint64_t end = kGap;
+  for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+    for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+      const uint64_t seg = layout.SegmentBytes(l, p);
+      tensors.push_back({l, p, end, seg});
+      end += seg * kSlots + kGap;
+    }
+  }
+  auto segment = device.AllocatePool(end);
+  ASSERT_OK(segment);
+  std::vector<std::byte> before(end);
+  for (size_t i = 0; i < end; ++i) before[i] = std::byte(i * 7 + 1);
+  auto base = device.PoolBase(segment->id);
+  ASSERT_OK(base);
+  std::memcpy(*base, before.data(), end);  // emulated: host addressable
+  for (const Tensor& t : tensors) {
+    auto range = device.ExportRange(*base + t.at, t.slot_bytes * kSlots);
+    ASSERT_OK(range);
+    EXPECT_EQ(range->offset, t.at);
+    EXPECT_EQ(range->handle.pool_bytes, end);  // the whole allocation
+    ASSERT_OK(c->RegisterPool({.kind = PoolSpec::Kind::kDeviceIpc,
+                               .device_handle = range->handle.bytes,
+                               .device_pool_bytes = range->handle.pool_bytes,
+                               .offset = range->offset,
+                               .slot_bytes = t.slot_bytes,
+                               .slot_count = kSlots,
+                               .layer = t.layer,
+                               .part = t.part}));
+  }
+  // Past the allocation, or outside any: refused by the exporter.
+  EXPECT_EQ(device.ExportRange(*base + end - 8, 16).status().code(),
+            StatusCode::kInvalidArgument);
+  std::vector<std::byte> elsewhere(64);
+  EXPECT_EQ(device.ExportRange(elsewhere.data(), 64).status().code(),
+            StatusCode::kInvalidArgument);
+
+  const std::vector<uint32_t> slots = {2, 0, 3};
+  {
+    auto load = c->Load(pages, slots);
+    ASSERT_OK(load);
+    auto all = load->Wait();
+    ASSERT_OK(all);
+    for (const Status& s : *all) ASSERT_OK(s);
+  }
+  std::vector<std::byte> expected = before;
+  for (const Tensor& t : tensors) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const auto bytes =
+          SegmentBytes({pages[i], t.layer, t.part}, t.slot_bytes);
+      std::memcpy(expected.data() + t.at + slots[i] * t.slot_bytes,
+                  bytes.data(), bytes.size());
+    }
+  }
+  EXPECT_EQ(std::memcmp(*base, expected.data(), end), 0)
+      << "a slot is wrong, or bytes outside the tensors' slots changed";
+  c.reset();  // the daemon closes its imports before the pool goes
+  ASSERT_OK(device.FreePool(segment->id));
 }
 
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
