@@ -108,14 +108,38 @@ LocalExports& Exports() {
   return *exports;
 }
 
+// A gather's row list (the rows' device-readable addresses, then the
+// target slots) in pinned host memory mapped for the device: the kernel
+// reads it across the bus, as it reads the rows, so a gather needs no
+// stream-ordered allocation and no staging copy. `used` is recorded after
+// the kernel that read it last; the buffer is rewritten only once it is
+// done.
+struct RowList {
+  std::byte* host = nullptr;    // cudaHostAlloc, mapped
+  std::byte* device = nullptr;  // the same bytes' device address
+  size_t bytes = 0;
+  cudaEvent_t used = nullptr;
+  bool in_use = false;  // `used` was recorded since the last rewrite
+};
+
 struct Stream {
   cudaStream_t handle = nullptr;
   Mutex mu;
   uint64_t recorded GUARDED_BY(mu) = 0;      // events recorded so far
   uint64_t done_through GUARDED_BY(mu) = 0;  // every event <= it is done
   std::map<uint64_t, cudaEvent_t> pending GUARDED_BY(mu);
+  std::vector<cudaEvent_t> spare GUARDED_BY(mu);  // done, kept for reuse
   Status error GUARDED_BY(mu);
+  // Two row lists taken in turn: a gather writes one while the previous
+  // gather's kernel may still read the other.
+  Mutex lists_mu;
+  RowList lists[2] GUARDED_BY(lists_mu);
+  uint32_t next_list GUARDED_BY(lists_mu) = 0;
 };
+
+// Done events kept per stream for reuse (cudaEventCreate costs more than a
+// record); more are destroyed.
+constexpr size_t kSpareEvents = 64;
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -127,8 +151,18 @@ class CudaBackend final : public DeviceBackend {
     if (cudaSetDevice(device_) != cudaSuccess) return;
     for (auto& s : streams_) {
       cudaStreamSynchronize(s->handle);
-      MutexLock lock(&s->mu);
-      for (auto& [seq, event] : s->pending) cudaEventDestroy(event);
+      {
+        MutexLock lock(&s->mu);
+        for (auto& [seq, event] : s->pending) cudaEventDestroy(event);
+        for (cudaEvent_t event : s->spare) cudaEventDestroy(event);
+      }
+      {
+        MutexLock lock(&s->lists_mu);
+        for (RowList& list : s->lists) {
+          if (list.host != nullptr) cudaFreeHost(list.host);
+          if (list.used != nullptr) cudaEventDestroy(list.used);
+        }
+      }
       cudaStreamDestroy(s->handle);
     }
     MutexLock lock(&mu_);
@@ -249,34 +283,38 @@ class CudaBackend final : public DeviceBackend {
       }
       return Status::OK();
     }
-    // The kernel reads the row addresses (and the target rows) from device
-    // memory: one stream-ordered allocation, filled from host vectors (a
-    // pageable copy is staged before cudaMemcpyAsync returns, so they may
-    // go), freed after the kernel in stream order.
+    // The row list goes to the kernel through a mapped pinned buffer (see
+    // RowList): no allocation, no copy on the stream.
+    Stream& st = *streams_[stream];
     const size_t list_bytes = rows.size() * sizeof(const std::byte*);
     const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
-    void* list = nullptr;
-    cudaError_t e = cudaMallocAsync(&list, list_bytes + slot_bytes, s);
-    if (e != cudaSuccess) return Fail("cudaMallocAsync (row list)", e);
-    auto* slots_on_device =
-        dst_rows.empty() ? nullptr
-                         : reinterpret_cast<uint32_t*>(
-                               static_cast<std::byte*>(list) + list_bytes);
-    e = cudaMemcpyAsync(list, mapped.data(), list_bytes, cudaMemcpyHostToDevice,
-                        s);
-    if (e == cudaSuccess && slots_on_device != nullptr) {
-      e = cudaMemcpyAsync(slots_on_device, dst_rows.data(), slot_bytes,
-                          cudaMemcpyHostToDevice, s);
+    MutexLock lists_lock(&st.lists_mu);
+    RowList& list = st.lists[st.next_list];
+    st.next_list ^= 1;
+    if (list.in_use) {
+      // Two gathers ago on this stream: normally long done.
+      const cudaError_t e = cudaEventSynchronize(list.used);
+      if (e != cudaSuccess) return Fail("row list reuse", e);
+      list.in_use = false;
     }
-    if (e == cudaSuccess) {
-      e = cuda::LaunchGatherRows(
-          out, slots_on_device, static_cast<const std::byte* const*>(list),
-          static_cast<uint32_t>(rows.size()), row_bytes, s);
+    TIERKV_RETURN_IF_ERROR(FitRowList(list, list_bytes + slot_bytes));
+    std::memcpy(list.host, mapped.data(), list_bytes);
+    if (slot_bytes != 0) {
+      std::memcpy(list.host + list_bytes, dst_rows.data(), slot_bytes);
     }
-    const cudaError_t freed = cudaFreeAsync(list, s);
+    const auto* slots_on_device =
+        dst_rows.empty()
+            ? nullptr
+            : reinterpret_cast<const uint32_t*>(list.device + list_bytes);
+    cudaError_t e = cuda::LaunchGatherRows(
+        out, slots_on_device,
+        reinterpret_cast<const std::byte* const*>(list.device),
+        static_cast<uint32_t>(rows.size()), row_bytes, s);
     if (e != cudaSuccess) return Fail("row gather", e);
-    return freed == cudaSuccess ? Status::OK()
-                                : Fail("cudaFreeAsync (row list)", freed);
+    e = cudaEventRecord(list.used, s);
+    if (e != cudaSuccess) return Fail("cudaEventRecord (row list)", e);
+    list.in_use = true;
+    return Status::OK();
   }
 
   std::byte* PoolBaseImpl(uint32_t pool) override {
@@ -316,11 +354,17 @@ class CudaBackend final : public DeviceBackend {
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
     TIERKV_RETURN_IF_ERROR(Use());
     Stream& s = *streams_[stream];
-    cudaEvent_t event = nullptr;
-    cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (e != cudaSuccess) return Fail("cudaEventCreate", e);
     MutexLock lock(&s.mu);
-    e = cudaEventRecord(event, s.handle);
+    cudaEvent_t event = nullptr;
+    if (!s.spare.empty()) {
+      event = s.spare.back();
+      s.spare.pop_back();
+    } else {
+      const cudaError_t made =
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (made != cudaSuccess) return Fail("cudaEventCreate", made);
+    }
+    const cudaError_t e = cudaEventRecord(event, s.handle);
     if (e != cudaSuccess) {
       cudaEventDestroy(event);
       return Fail("cudaEventRecord", e);
@@ -334,10 +378,16 @@ class CudaBackend final : public DeviceBackend {
                        std::chrono::milliseconds timeout) override {
     TIERKV_RETURN_IF_ERROR(Use());
     Stream& s = *streams_[event.stream];
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    // Polls rather than cudaEventSynchronize, which has no timeout; the
-    // pause doubles from 1 µs to 50 µs so a short wait costs little.
-    auto pause = std::chrono::microseconds(1);
+    using std::chrono::microseconds;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout;
+    // Polls rather than cudaEventSynchronize, which has no timeout. A
+    // layer's copies often finish within microseconds of the wait: the
+    // first 20 µs spin on cudaEventQuery (a sleep costs >= 50 µs with the
+    // default timer slack), the next 200 µs yield the core, and only then
+    // does the wait sleep, 10 µs doubling to 100 µs between polls.
+    constexpr microseconds kSpin{20}, kYield{200}, kLongestSleep{100};
+    auto pause = microseconds(10);
     MutexLock lock(&s.mu);
     if (event.sequence > s.recorded) {
       return Status::InvalidArgument(
@@ -345,14 +395,21 @@ class CudaBackend final : public DeviceBackend {
                       event.sequence, event.stream));
     }
     while (!PollLocked(s, event.sequence)) {
-      if (std::chrono::steady_clock::now() >= deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
         return Status::IOError(
             fmt::format("device event {} of stream {} not done after {} ms",
                         event.sequence, event.stream, timeout.count()));
       }
       lock.Unlock();
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(50));
+      if (now - start < kSpin) {
+        // poll again at once
+      } else if (now - start < kYield) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kLongestSleep);
+      }
       lock.Lock();
     }
     Status error = std::move(s.error);
@@ -469,17 +526,23 @@ class CudaBackend final : public DeviceBackend {
       return AddImportedLocked(local, handle, /*opened=*/false);
     }
     TIERKV_RETURN_IF_ERROR(Use());
-    // A handle already open here (an engine registering one allocation for
-    // several layers) is shared: CUDA maps a handle once per process.
-    MutexLock lock(&mu_);
-    if (auto it = opened_.find(handle.bytes); it != opened_.end()) {
-      if (handle.pool_bytes > it->second.bytes) {
-        return Status::InvalidArgument(fmt::format(
-            "the device pool handle says {} bytes; the allocation has {}",
-            handle.pool_bytes, it->second.bytes));
+    // Opening a handle maps memory (milliseconds): it holds open_mu_, which
+    // only imports and closes take, never mu_, which every copy takes to
+    // find its pool; so an engine registering never stalls others' copies.
+    MutexLock open_lock(&open_mu_);
+    {
+      // A handle already open here (an engine registering one allocation
+      // for several layers) is shared: CUDA maps a handle once per process.
+      MutexLock lock(&mu_);
+      if (auto it = opened_.find(handle.bytes); it != opened_.end()) {
+        if (handle.pool_bytes > it->second.bytes) {
+          return Status::InvalidArgument(fmt::format(
+              "the device pool handle says {} bytes; the allocation has {}",
+              handle.pool_bytes, it->second.bytes));
+        }
+        ++it->second.refs;
+        return AddImportedLocked(it->second.base, handle, /*opened=*/true);
       }
-      ++it->second.refs;
-      return AddImportedLocked(it->second.base, handle, /*opened=*/true);
     }
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.bytes.data(), sizeof(h));
@@ -504,6 +567,7 @@ class CudaBackend final : public DeviceBackend {
           "the device pool handle says {} bytes; the allocation has {}",
           handle.pool_bytes, *actual));
     }
+    MutexLock lock(&mu_);
     opened_[handle.bytes] = Opened{static_cast<std::byte*>(base), *actual, 1};
     return AddImportedLocked(static_cast<std::byte*>(base), handle,
                              /*opened=*/true);
@@ -511,21 +575,28 @@ class CudaBackend final : public DeviceBackend {
 
   Status CloseImportedImpl(ImportedPool& imported) override {
     TIERKV_RETURN_IF_ERROR(Use());
-    MutexLock lock(&mu_);
-    auto it = pools_.find(imported.pool);
-    if (it == pools_.end() || !it->second.imported ||
-        it->second.base != imported.base) {
-      return Status::InvalidArgument("not a pool this backend imported");
+    MutexLock open_lock(&open_mu_);  // unmapping, like mapping: see Import
+    std::byte* unmap = nullptr;
+    {
+      MutexLock lock(&mu_);
+      auto it = pools_.find(imported.pool);
+      if (it == pools_.end() || !it->second.imported ||
+          it->second.base != imported.base) {
+        return Status::InvalidArgument("not a pool this backend imported");
+      }
+      const bool opened = it->second.opened;
+      const HandleBytes handle = it->second.handle;
+      pools_.erase(it);
+      imported = {};
+      if (!opened) return Status::OK();
+      auto open = opened_.find(handle);
+      if (open == opened_.end() || --open->second.refs > 0) {
+        return Status::OK();
+      }
+      unmap = open->second.base;
+      opened_.erase(open);
     }
-    const bool opened = it->second.opened;
-    const HandleBytes handle = it->second.handle;
-    pools_.erase(it);
-    imported = {};
-    if (!opened) return Status::OK();
-    auto open = opened_.find(handle);
-    if (open == opened_.end() || --open->second.refs > 0) return Status::OK();
-    const cudaError_t e = cudaIpcCloseMemHandle(open->second.base);
-    opened_.erase(open);
+    const cudaError_t e = cudaIpcCloseMemHandle(unmap);
     return e == cudaSuccess ? Status::OK() : Fail("cudaIpcCloseMemHandle", e);
   }
 
@@ -683,14 +754,49 @@ class CudaBackend final : public DeviceBackend {
     }
     for (auto it = s.pending.begin();
          it != s.pending.end() && it->first <= sequence;) {
-      cudaEventDestroy(it->second);
+      if (s.spare.size() < kSpareEvents) {
+        s.spare.push_back(it->second);
+      } else {
+        cudaEventDestroy(it->second);
+      }
       it = s.pending.erase(it);
     }
     s.done_through = sequence;
     return true;
   }
 
+  // Grows `list` to hold `bytes` (pinned, mapped; at least 64 KiB, doubling
+  // so a long run of gathers allocates a few times at most).
+  // REQUIRES: the list is not in use.
+  Status FitRowList(RowList& list, size_t bytes) {
+    if (list.used == nullptr) {
+      const cudaError_t e =
+          cudaEventCreateWithFlags(&list.used, cudaEventDisableTiming);
+      if (e != cudaSuccess) return Fail("cudaEventCreate (row list)", e);
+    }
+    if (list.bytes >= bytes) return Status::OK();
+    const size_t size = std::max({bytes, 2 * list.bytes, size_t{64} << 10});
+    if (list.host != nullptr) cudaFreeHost(list.host);
+    list = RowList{.used = list.used};
+    void* host = nullptr;
+    cudaError_t e =
+        cudaHostAlloc(&host, size, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) return Fail("cudaHostAlloc (row list)", e);
+    void* device = nullptr;
+    e = cudaHostGetDevicePointer(&device, host, 0);
+    if (e != cudaSuccess) {
+      cudaFreeHost(host);
+      return Fail("cudaHostGetDevicePointer (row list)", e);
+    }
+    list.host = static_cast<std::byte*>(host);
+    list.device = static_cast<std::byte*>(device);
+    list.bytes = size;
+    return Status::OK();
+  }
+
   const int device_;
+  // Serializes mapping and unmapping imported handles (taken before mu_).
+  Mutex open_mu_;
   mutable Mutex mu_;
   std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
   uint32_t next_id_ GUARDED_BY(mu_) = 1;

@@ -141,8 +141,9 @@ void GatherAndCheck(DeviceBackend& b, uint32_t row_bytes, bool pinned,
 
 TEST(CudaBackendTest, GatherRowsPacksScatteredRowsInSelectionOrder) {
   CUDA_OR_SKIP(b);
-  // 656: GLM-5 fp8 latent rows; 1152: bf16 rows; 100: the byte path.
-  for (uint32_t row_bytes : {656u, 1152u, 100u}) {
+  // 656: GLM-5 fp8 latent rows; 1152: bf16 rows; 132: the index-key row
+  // (4-byte chunks plus a tail); 100 and 7: 4-byte and byte chunks.
+  for (uint32_t row_bytes : {656u, 1152u, 132u, 100u, 7u}) {
     GatherAndCheck(*b, row_bytes, /*pinned=*/true, row_bytes);
     GatherAndCheck(*b, row_bytes, /*pinned=*/false, row_bytes + 1);
     GatherAndCheck(*b, row_bytes, /*pinned=*/true, row_bytes + 2,
