@@ -126,7 +126,9 @@ class SparseWorkingSet::Impl {
   // for a token, or the device copy's error: those tokens' slots are
   // emptied for the whole group, and the group's selection is no longer
   // served (Gather and Rows fail until the next Select).
-  Status Fill(uint16_t layer_index) {
+  // `on`: gather on the engine's stream (no host wait), else on the working
+  // set's own and wait.
+  Status Fill(uint16_t layer_index, const storage::ForeignStream* on) {
     Layer& layer = layers[layer_index];
     Group& g = groups[layer.group];
     Status failed;
@@ -152,7 +154,7 @@ class SparseWorkingSet::Impl {
     }
     layer.pending.clear();
     if (device && !gather_rows.empty()) {
-      Status copied = GatherOnDevice(layer);
+      Status copied = GatherOnDevice(layer, on);
       if (!copied.ok()) {
         for (uint32_t slot : gather_slots) Evict(g, slot);
         stats.bytes_in -= gather_rows.size() * uint64_t{layer.row_bytes};
@@ -164,18 +166,64 @@ class SparseWorkingSet::Impl {
   }
 
   // gather_rows -> their gather_slots of `layer` in the device pool, one
-  // row gather, waited for: the layer's attention reads them next.
-  Status GatherOnDevice(const Layer& layer) {
+  // row gather: on the engine's stream `on` (ordered with its kernels, not
+  // waited for), or on the working set's stream and waited for; either
+  // way the layer's attention reads them next.
+  Status GatherOnDevice(const Layer& layer, const storage::ForeignStream* on) {
     storage::DeviceBackend& b = *device->backend;
     const storage::DeviceRegion slots{
         device->pool, layer.device_offset,
         uint64_t{options.slots} * layer.row_bytes};
+    if (on != nullptr) {
+      TIERKV_RETURN_IF_ERROR(b.GatherRowsOn(*on, slots, gather_rows,
+                                            layer.row_bytes, gather_slots));
+      engine_stream = *on;
+      stats.gathers++;
+      return Status::OK();
+    }
     TIERKV_RETURN_IF_ERROR(
         b.GatherRows(0, slots, gather_rows, layer.row_bytes, gather_slots));
     auto done = b.RecordEvent(0);
     if (!done.ok()) return done.status();
     stats.gathers++;
     return b.WaitEvent(*done, kDeviceTimeout);
+  }
+
+  // Before a fill or read without the engine's stream, after stream-ordered
+  // gathers: the working set's own stream waits for what the engine's
+  // stream held (those gathers), and the host for that, so neither a new
+  // gather nor a host read overtakes them on the slots.
+  Status SettleEngineStream() {
+    if (!engine_stream) return Status::OK();
+    storage::DeviceBackend& b = *device->backend;
+    TIERKV_RETURN_IF_ERROR(b.StreamWaitForeign(0, *engine_stream));
+    auto done = b.RecordEvent(0);
+    if (!done.ok()) return done.status();
+    TIERKV_RETURN_IF_ERROR(b.WaitEvent(*done, kDeviceTimeout));
+    engine_stream.reset();
+    return Status::OK();
+  }
+
+  Result<WorkingSetRows> RowsOn(uint16_t layer_index,
+                                const EngineStream& stream) {
+    if (!device) {
+      return Status::InvalidArgument(
+          "working set: a stream-ordered Rows needs a device buffer "
+          "(WorkingSetMemory::kDevice)");
+    }
+    storage::ForeignStream on;
+    if (device->backend->host_addressable()) {  // emulated
+      if (stream.handle == nullptr) {
+        return Status::InvalidArgument(
+            "working set: on the emulated device, EngineStream::handle is "
+            "the emulated DeviceBackend standing in for the engine's");
+      }
+      on.emulated = static_cast<storage::DeviceBackend*>(stream.handle);
+      on.emulated_stream = stream.emulated_stream;
+    } else {
+      on.cuda = stream.handle;
+    }
+    return Rows(layer_index, &on);
   }
 
   void Evict(Group& g, uint32_t slot) {
@@ -222,8 +270,12 @@ class SparseWorkingSet::Impl {
             "working set: no row of token {} in layer {}", id, full));
       }
     }
-    // Rows still owed by the previous selection go in before slots move.
-    for (uint16_t l : g.layers) TIERKV_RETURN_IF_ERROR(Fill(l));
+    // Rows still owed by the previous selection go in before slots move,
+    // on the engine's stream when the engine orders fills on one.
+    for (uint16_t l : g.layers) {
+      TIERKV_RETURN_IF_ERROR(
+          Fill(l, engine_stream ? &*engine_stream : nullptr));
+    }
     g.policy->BeginStep(++g.step, context);
     g.has_selection = false;  // until every id has a slot
     g.ids.assign(ids.begin(), ids.end());
@@ -268,7 +320,7 @@ class SparseWorkingSet::Impl {
 
   // The layer, once its group has a selection and the layer's rows of it
   // are in.
-  Result<Layer*> Ready(uint16_t layer_index) {
+  Result<Layer*> Ready(uint16_t layer_index, const storage::ForeignStream* on) {
     if (layer_index >= layers.size()) {
       return Status::InvalidArgument(
           fmt::format("working set: no layer {}", layer_index));
@@ -280,12 +332,15 @@ class SparseWorkingSet::Impl {
           "last one failed)",
           layer_index));
     }
-    TIERKV_RETURN_IF_ERROR(Fill(layer_index));
+    if (on == nullptr) TIERKV_RETURN_IF_ERROR(SettleEngineStream());
+    TIERKV_RETURN_IF_ERROR(Fill(layer_index, on));
     return &layer;
   }
 
-  Result<WorkingSetRows> Rows(uint16_t layer_index) {
-    auto ready = Ready(layer_index);
+  // `on` as Fill's.
+  Result<WorkingSetRows> Rows(uint16_t layer_index,
+                              const storage::ForeignStream* on = nullptr) {
+    auto ready = Ready(layer_index, on);
     if (!ready.ok()) return ready.status();
     const Layer& layer = **ready;
     WorkingSetRows rows;
@@ -379,6 +434,10 @@ class SparseWorkingSet::Impl {
     (void)device->backend->FreePool(device->pool);
   }
 
+  // The engine's stream of the last stream-ordered Rows: fills follow on
+  // it, until work on the working set's own stream orders itself after it.
+  std::optional<storage::ForeignStream> engine_stream;
+
   struct DeviceSlots {
     std::unique_ptr<storage::DeviceBackend> backend;
     uint32_t pool = 0;
@@ -458,6 +517,11 @@ Status SparseWorkingSet::Gather(uint16_t layer, std::span<std::byte> out) {
 
 Result<WorkingSetRows> SparseWorkingSet::Rows(uint16_t layer) {
   return impl_->Rows(layer);
+}
+
+Result<WorkingSetRows> SparseWorkingSet::Rows(uint16_t layer,
+                                              const EngineStream& stream) {
+  return impl_->RowsOn(layer, stream);
 }
 
 Status SparseWorkingSet::RegisterSourceMemory(std::span<std::byte> memory) {

@@ -169,13 +169,10 @@ Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
   return CopyToHostImpl(stream, dst, src);
 }
 
-Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
-                                 std::span<const std::byte* const> rows,
-                                 uint32_t row_bytes,
-                                 std::span<const uint32_t> dst_rows) {
-  if (failed()) return health();
-  DeviceScope scope(this);
-  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+Status DeviceBackend::CheckGather(const DeviceRegion& dst,
+                                  std::span<const std::byte* const> rows,
+                                  uint32_t row_bytes,
+                                  std::span<const uint32_t> dst_rows) const {
   TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
   if (row_bytes == 0) {
     return Status::InvalidArgument("gather of rows of 0 bytes");
@@ -208,7 +205,47 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
     if (row == nullptr)
       return Status::InvalidArgument("a gathered row is NULL");
   }
+  return Status::OK();
+}
+
+Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
+                                 std::span<const std::byte* const> rows,
+                                 uint32_t row_bytes,
+                                 std::span<const uint32_t> dst_rows) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckGather(dst, rows, row_bytes, dst_rows));
   return GatherRowsImpl(stream, dst, rows, row_bytes, dst_rows);
+}
+
+Status DeviceBackend::GatherRowsOn(const ForeignStream& stream,
+                                   DeviceRegion dst,
+                                   std::span<const std::byte* const> rows,
+                                   uint32_t row_bytes,
+                                   std::span<const uint32_t> dst_rows) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckGather(dst, rows, row_bytes, dst_rows));
+  if (rows.empty()) return Status::OK();
+  return GatherRowsOnImpl(stream, dst, rows, row_bytes, dst_rows);
+}
+
+Status DeviceBackend::StreamWaitForeign(StreamId stream,
+                                        const ForeignStream& foreign) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  return StreamWaitForeignImpl(stream, foreign);
+}
+
+Status DeviceBackend::LaunchHostFunction(StreamId stream,
+                                         std::function<void()> fn) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  if (!fn) return Status::InvalidArgument("an empty host function");
+  return LaunchHostFunctionImpl(stream, std::move(fn));
 }
 
 Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {

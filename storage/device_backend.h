@@ -104,6 +104,19 @@ struct DeviceRegion {
 
 using StreamId = uint32_t;
 
+class DeviceBackend;
+
+// Another owner's stream in this process (an engine's), for device work
+// that must be ordered with the owner's own work. CUDA: `cuda`, a
+// cudaStream_t on the backend's device (nullptr is the legacy default
+// stream). Emulated: stream `emulated_stream` of another emulated backend
+// (`emulated`), the engine's stand-in where there is no GPU.
+struct ForeignStream {
+  void* cuda = nullptr;
+  DeviceBackend* emulated = nullptr;
+  StreamId emulated_stream = 0;
+};
+
 // A point in a stream: done once every operation submitted to the stream
 // before it is done.
 struct DeviceEvent {
@@ -189,6 +202,28 @@ class DeviceBackend {
                     std::span<const std::byte* const> rows, uint32_t row_bytes,
                     std::span<const uint32_t> dst_rows = {});
 
+  // GatherRows queued on another owner's stream instead of one of this
+  // backend's: it starts after the work queued there before it, and what
+  // is queued there after it starts after it is done, with no host wait
+  // (the engine's attention reads what the gather wrote; the next step's
+  // gather overwrites slots only after the engine's previous readers).
+  // Errors of the gather's own work fail the backend (device faults are
+  // sticky, see Errors) and show at the next call.
+  // REQUIRES: the stream, this backend and `dst` outlive the queued work
+  // (the engine synchronizes its stream before ending either).
+  Status GatherRowsOn(const ForeignStream& stream, DeviceRegion dst,
+                      std::span<const std::byte* const> rows,
+                      uint32_t row_bytes,
+                      std::span<const uint32_t> dst_rows = {});
+  // Work submitted to `stream` after this call starts once the work queued
+  // on `foreign` before it is done: an event to wait on, on the device, not
+  // the host (CUDA: cudaEventRecord + cudaStreamWaitEvent).
+  Status StreamWaitForeign(StreamId stream, const ForeignStream& foreign);
+  // Runs `fn` on a host thread once the work queued on `stream` before it
+  // is done; work queued after it waits for it (CUDA: cudaLaunchHostFunc).
+  // `fn` must not call this backend (CUDA forbids runtime calls there).
+  Status LaunchHostFunction(StreamId stream, std::function<void()> fn);
+
   // The address of a pool's first byte in this process: host memory on the
   // emulated backend (host_addressable() is true), a device pointer on CUDA
   // (for kernels; the host must not dereference it). NotFound for an
@@ -259,6 +294,15 @@ class DeviceBackend {
                                 std::span<const std::byte* const> rows,
                                 uint32_t row_bytes,
                                 std::span<const uint32_t> dst_rows) = 0;
+  // As GatherRowsImpl; `stream` is as the caller gave it.
+  virtual Status GatherRowsOnImpl(const ForeignStream& stream, DeviceRegion dst,
+                                  std::span<const std::byte* const> rows,
+                                  uint32_t row_bytes,
+                                  std::span<const uint32_t> dst_rows) = 0;
+  virtual Status StreamWaitForeignImpl(StreamId stream,
+                                       const ForeignStream& foreign) = 0;
+  virtual Status LaunchHostFunctionImpl(StreamId stream,
+                                        std::function<void()> fn) = 0;
   // REQUIRES: the pool exists.
   virtual std::byte* PoolBaseImpl(uint32_t pool) = 0;
   virtual Status RegisterHostImpl(std::span<std::byte> memory) = 0;
@@ -285,6 +329,10 @@ class DeviceBackend {
 
   Status CheckStream(StreamId stream) const;
   Status CheckRegion(const DeviceRegion& region) const;
+  // GatherRows' and GatherRowsOn's argument checks.
+  Status CheckGather(const DeviceRegion& dst,
+                     std::span<const std::byte* const> rows, uint32_t row_bytes,
+                     std::span<const uint32_t> dst_rows) const;
 
   const std::string name_;
   const uint32_t streams_;

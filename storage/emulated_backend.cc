@@ -91,6 +91,13 @@ class Stream {
     return completed_ >= sequence;
   }
 
+  // Blocks until `sequence` operations completed; leaves the stream's
+  // error for its own WaitEvent (another stream waiting on this one).
+  void WaitDone(uint64_t sequence) {
+    MutexLock lock(&mu_);
+    while (completed_ < sequence) cv_.Wait(&mu_);
+  }
+
   Status Wait(uint64_t sequence, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     MutexLock lock(&mu_);
@@ -287,6 +294,57 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  // The engine's stand-in stream is another emulated backend's: the gather
+  // runs in its order, on its worker thread.
+  Status GatherRowsOnImpl(const ForeignStream& foreign, DeviceRegion dst,
+                          std::span<const std::byte* const> rows,
+                          uint32_t row_bytes,
+                          std::span<const uint32_t> dst_rows) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    auto theirs = ForeignQueue(foreign);
+    if (!theirs.ok()) return theirs.status();
+    std::byte* to = Address(dst);
+    std::vector<const std::byte*> list(rows.begin(), rows.end());
+    std::vector<uint32_t> slots(dst_rows.begin(), dst_rows.end());
+    (*theirs)->Submit([this, to, list = std::move(list),
+                       slots = std::move(slots), row_bytes] {
+      // A fault fails this backend (its next call says so); the engine's
+      // stream itself goes on, as a CUDA stream would not, but nothing of
+      // this backend runs any more.
+      if (!BeforeWork().ok()) return Status::OK();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const size_t row = slots.empty() ? i : slots[i];
+        std::memcpy(to + row * row_bytes, list[i], row_bytes);
+      }
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Status StreamWaitForeignImpl(StreamId stream,
+                               const ForeignStream& foreign) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    auto theirs = ForeignQueue(foreign);
+    if (!theirs.ok()) return theirs.status();
+    Stream* other = *theirs;
+    const uint64_t sequence = other->Record();
+    streams_[stream]->Submit([other, sequence] {
+      other->WaitDone(sequence);
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Status LaunchHostFunctionImpl(StreamId stream,
+                                std::function<void()> fn) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    streams_[stream]->Submit([fn = std::move(fn)] {
+      fn();
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
   std::byte* PoolBaseImpl(uint32_t pool) override {
     return Address(DeviceRegion{pool, 0, 0});
   }
@@ -429,6 +487,23 @@ class EmulatedBackend final : public DeviceBackend {
   std::byte* Address(const DeviceRegion& region) const {
     MutexLock lock(&mu_);
     return pools_.at(region.pool).region->bytes().data() + region.offset;
+  }
+
+  // The queue of a foreign stream: on this backend, another emulated
+  // backend's stream.
+  static Result<Stream*> ForeignQueue(const ForeignStream& foreign) {
+    auto* other = dynamic_cast<EmulatedBackend*>(foreign.emulated);
+    if (other == nullptr) {
+      return Status::InvalidArgument(
+          "an emulated device orders work on another emulated backend's "
+          "stream (ForeignStream::emulated), not a CUDA stream");
+    }
+    if (foreign.emulated_stream >= other->streams_.size()) {
+      return Status::InvalidArgument(
+          fmt::format("stream {} of an emulated backend with {} streams",
+                      foreign.emulated_stream, other->streams_.size()));
+    }
+    return other->streams_[foreign.emulated_stream].get();
   }
 
   // Run by every copy and gather on its stream's worker, before the work:

@@ -138,6 +138,16 @@ struct WorkingSetRows {
   bool host_addressable = true;
 };
 
+// The engine's stream, for device work ordered with the engine's own
+// (Rows with a stream). CUDA: `handle` is a cudaStream_t of this process on
+// buffer_device() (nullptr: the legacy default stream). On the emulated
+// device (no GPU): `handle` is the tierkv::storage::DeviceBackend* standing
+// in for the engine's device, `emulated_stream` one of its streams (tests).
+struct EngineStream {
+  void* handle = nullptr;
+  uint32_t emulated_stream = 0;
+};
+
 // Selected-token counts of one page on one full layer.
 struct SelectionCount {
   uint32_t page = 0;   // token / page_tokens
@@ -183,6 +193,20 @@ class SparseWorkingSet {
   // The same rows in place, after copying in the ones that selection missed
   // for this layer (as Gather). Errors as Gather's.
   Result<WorkingSetRows> Rows(uint16_t layer);
+
+  // Rows, stream-ordered: the decode hot path on a device buffer. The rows
+  // the selection missed for this layer are gathered on the engine's
+  // `stream`, after the work queued there before (the previous step's
+  // attention, which may still read the slots the gather overwrites) and
+  // before what the engine queues after (this layer's attention), and the
+  // call returns without waiting on the host. Later fills (Select's rows
+  // owed by the previous selection) follow on the same stream; Gather and
+  // Rows without a stream order themselves after it on the device. A fault
+  // of the gather fails the device (sticky, as CUDA's) and the next call
+  // says so. InvalidArgument on a host buffer or a stream of another kind
+  // than the buffer's device; else errors as Rows'.
+  // REQUIRES: the engine synchronizes `stream` before the working set ends.
+  Result<WorkingSetRows> Rows(uint16_t layer, const EngineStream& stream);
 
   // kDevice: registers host memory the sources' rows lie in (the mapped
   // host arena, the engine's registered pool) with the device, so misses

@@ -122,6 +122,14 @@ struct RowList {
   bool in_use = false;  // `used` was recorded since the last rewrite
 };
 
+// Two row lists taken in turn: a gather writes one while the previous
+// gather's kernel may still read the other.
+struct RowLists {
+  Mutex mu;
+  RowList list[2] GUARDED_BY(mu);
+  uint32_t next GUARDED_BY(mu) = 0;
+};
+
 struct Stream {
   cudaStream_t handle = nullptr;
   Mutex mu;
@@ -130,11 +138,7 @@ struct Stream {
   std::map<uint64_t, cudaEvent_t> pending GUARDED_BY(mu);
   std::vector<cudaEvent_t> spare GUARDED_BY(mu);  // done, kept for reuse
   Status error GUARDED_BY(mu);
-  // Two row lists taken in turn: a gather writes one while the previous
-  // gather's kernel may still read the other.
-  Mutex lists_mu;
-  RowList lists[2] GUARDED_BY(lists_mu);
-  uint32_t next_list GUARDED_BY(lists_mu) = 0;
+  RowLists lists;
 };
 
 // Done events kept per stream for reuse (cudaEventCreate costs more than a
@@ -156,15 +160,12 @@ class CudaBackend final : public DeviceBackend {
         for (auto& [seq, event] : s->pending) cudaEventDestroy(event);
         for (cudaEvent_t event : s->spare) cudaEventDestroy(event);
       }
-      {
-        MutexLock lock(&s->lists_mu);
-        for (RowList& list : s->lists) {
-          if (list.host != nullptr) cudaFreeHost(list.host);
-          if (list.used != nullptr) cudaEventDestroy(list.used);
-        }
-      }
+      FreeRowLists(s->lists);
       cudaStreamDestroy(s->handle);
     }
+    // Foreign streams' gathers: their owners synchronized them before
+    // this backend ends (GatherRowsOn's contract).
+    FreeRowLists(foreign_lists_);
     MutexLock lock(&mu_);
     for (auto& [handle, open] : opened_) cudaIpcCloseMemHandle(open.base);
     for (auto& [id, pool] : pools_) {
@@ -257,10 +258,78 @@ class CudaBackend final : public DeviceBackend {
                         std::span<const std::byte* const> rows,
                         uint32_t row_bytes,
                         std::span<const uint32_t> dst_rows) override {
+    Stream& st = *streams_[stream];
+    return GatherOn(st.handle, st.lists, dst, rows, row_bytes, dst_rows);
+  }
+
+  // An engine's stream: the kernel goes on it directly, so it is ordered
+  // with the engine's work both ways.
+  Status GatherRowsOnImpl(const ForeignStream& foreign, DeviceRegion dst,
+                          std::span<const std::byte* const> rows,
+                          uint32_t row_bytes,
+                          std::span<const uint32_t> dst_rows) override {
+    if (foreign.emulated != nullptr) {
+      return Status::InvalidArgument(
+          "a CUDA backend orders work on a cudaStream_t "
+          "(ForeignStream::cuda), not on an emulated backend's stream");
+    }
+    return GatherOn(static_cast<cudaStream_t>(foreign.cuda), foreign_lists_,
+                    dst, rows, row_bytes, dst_rows);
+  }
+
+  Status StreamWaitForeignImpl(StreamId stream,
+                               const ForeignStream& foreign) override {
+    if (foreign.emulated != nullptr) {
+      return Status::InvalidArgument(
+          "a CUDA backend waits on a cudaStream_t (ForeignStream::cuda)");
+    }
+    TIERKV_RETURN_IF_ERROR(Use());
+    Stream& s = *streams_[stream];
+    MutexLock lock(&s.mu);
+    cudaEvent_t event = nullptr;
+    if (!s.spare.empty()) {
+      event = s.spare.back();
+      s.spare.pop_back();
+    } else {
+      const cudaError_t made =
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (made != cudaSuccess) return Fail("cudaEventCreate", made);
+    }
+    cudaError_t e =
+        cudaEventRecord(event, static_cast<cudaStream_t>(foreign.cuda));
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s.handle, event, 0);
+    // The wait is queued: the event may be reused (a record replaces what
+    // a later wait sees, not what this one captured).
+    s.spare.push_back(event);
+    return e == cudaSuccess ? Status::OK() : Fail("cudaStreamWaitEvent", e);
+  }
+
+  Status LaunchHostFunctionImpl(StreamId stream,
+                                std::function<void()> fn) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    auto* heap = new std::function<void()>(std::move(fn));
+    const cudaError_t e = cudaLaunchHostFunc(
+        streams_[stream]->handle,
+        [](void* p) {
+          auto* f = static_cast<std::function<void()>*>(p);
+          (*f)();
+          delete f;
+        },
+        heap);
+    if (e != cudaSuccess) {
+      delete heap;
+      return Fail("cudaLaunchHostFunc", e);
+    }
+    return Status::OK();
+  }
+
+  // One gather on `s`, its row list in one of `lists`.
+  Status GatherOn(cudaStream_t s, RowLists& lists, DeviceRegion dst,
+                  std::span<const std::byte* const> rows, uint32_t row_bytes,
+                  std::span<const uint32_t> dst_rows) {
     if (rows.empty()) return Status::OK();
     TIERKV_RETURN_IF_ERROR(Use());
     std::byte* out = Address(dst);
-    const cudaStream_t s = streams_[stream]->handle;
     auto target = [&](size_t i) {
       return out + uint64_t{dst_rows.empty() ? static_cast<uint32_t>(i)
                                              : dst_rows[i]} *
@@ -285,12 +354,11 @@ class CudaBackend final : public DeviceBackend {
     }
     // The row list goes to the kernel through a mapped pinned buffer (see
     // RowList): no allocation, no copy on the stream.
-    Stream& st = *streams_[stream];
     const size_t list_bytes = rows.size() * sizeof(const std::byte*);
     const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
-    MutexLock lists_lock(&st.lists_mu);
-    RowList& list = st.lists[st.next_list];
-    st.next_list ^= 1;
+    MutexLock lists_lock(&lists.mu);
+    RowList& list = lists.list[lists.next];
+    lists.next ^= 1;
     if (list.in_use) {
       // Two gathers ago on this stream: normally long done.
       const cudaError_t e = cudaEventSynchronize(list.used);
@@ -794,7 +862,16 @@ class CudaBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  static void FreeRowLists(RowLists& lists) {
+    MutexLock lock(&lists.mu);
+    for (RowList& list : lists.list) {
+      if (list.host != nullptr) cudaFreeHost(list.host);
+      if (list.used != nullptr) cudaEventDestroy(list.used);
+    }
+  }
+
   const int device_;
+  RowLists foreign_lists_;  // GatherRowsOn's
   // Serializes mapping and unmapping imported handles (taken before mu_).
   Mutex open_mu_;
   mutable Mutex mu_;

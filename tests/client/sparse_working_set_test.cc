@@ -4,11 +4,14 @@
 // replacement, protection, IndexShare groups and clear errors.
 #include "tierkv/sparse_working_set.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -357,6 +360,98 @@ TEST(SparseWorkingSetDeviceTest, TheSlotsGoOnTheCallersCurrentDevice) {
   ws->reset();
   on_1->reset();
   storage::SetEmulatedCurrentDevice(0);
+}
+
+// Stream-ordered Rows: each step's misses are gathered on the engine's
+// stream, after the engine's previous readers of the slots and before its
+// next, and Rows returns without a host wait. The engine's first reader is
+// held on its stream while eight more steps are selected, each replacing
+// every slot: were the gathers not ordered behind it, they would overwrite
+// the rows it has yet to read (and a host wait would hang behind it).
+TEST(SparseWorkingSetDeviceTest, RowsOnTheEnginesStreamAreOrderedWithIt) {
+  Rows rows(1000);
+  auto ws = SparseWorkingSet::Create(Rows::Layout(),
+                                     {.slots = 4,
+                                      .memory = WorkingSetMemory::kDevice,
+                                      .device_backend = "emulated"},
+                                     rows.Source());
+  ASSERT_OK(ws);
+  // The engine's device and stream (CUDA: its cudaStream_t).
+  auto engine = storage::OpenEmulatedBackend({.streams = 1});
+  ASSERT_OK(engine);
+  const EngineStream stream{.handle = engine->get()};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<std::string> wrong;  // what the engine's readers saw amiss
+  constexpr int kSteps = 9;
+  std::mt19937 rng(5);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<int32_t> ids(1000);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(4);
+    ASSERT_OK((*ws)->Select(0, ids, 1000));
+    auto r = (*ws)->Rows(0, stream);
+    ASSERT_OK(r);
+    // The engine's attention for this step: reads the slots in place.
+    std::vector<uint32_t> slots(r->slots.begin(), r->slots.end());
+    ASSERT_OK((*engine)->LaunchHostFunction(
+        0, [&, step, base = r->base, row_bytes = r->row_bytes, slots,
+            want = rows.Expected(0, ids)] {
+          std::unique_lock lock(mu);
+          if (step == 0) cv.wait(lock, [&] { return go; });
+          std::vector<std::byte> got;
+          for (uint32_t slot : slots) {
+            got.insert(got.end(), base + size_t{slot} * row_bytes,
+                       base + size_t{slot + 1} * row_bytes);
+          }
+          if (got != want) wrong.push_back(fmt::format("step {}", step));
+        }));
+  }
+  // Every step was queued while the first reader still held the stream:
+  // layer 0's gathers, and layer 1's (it shares layer 0's selection) that
+  // each next Select owed, on the same stream.
+  EXPECT_EQ((*ws)->stats().gathers, uint64_t{2 * kSteps - 1});
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  auto all = (*engine)->RecordEvent(0);
+  ASSERT_OK(all);
+  ASSERT_OK((*engine)->WaitEvent(*all, std::chrono::seconds(10)));
+  std::lock_guard lock(mu);
+  EXPECT_TRUE(wrong.empty()) << wrong.size() << " readers saw other rows, "
+                             << "first at " << wrong.front();
+}
+
+// Without a stream after stream-ordered steps: the host read waits for
+// the gathers still queued on the engine's stream.
+TEST(SparseWorkingSetDeviceTest, AHostReadAfterStreamOrderedRowsSeesThem) {
+  Rows rows(100);
+  auto ws = SparseWorkingSet::Create(Rows::Layout(),
+                                     {.slots = 4,
+                                      .memory = WorkingSetMemory::kDevice,
+                                      .device_backend = "emulated"},
+                                     rows.Source());
+  ASSERT_OK(ws);
+  auto engine = storage::OpenEmulatedBackend({.streams = 1});
+  ASSERT_OK(engine);
+  const std::vector<int32_t> ids = {9, 3, 50, 7};
+  ASSERT_OK((*ws)->Select(0, ids, 100));
+  ASSERT_OK((*ws)->Rows(0, EngineStream{.handle = engine->get()}));
+  EXPECT_EQ(GatherOf(**ws, 0, ids.size(), 8), rows.Expected(0, ids));
+  // A host buffer has no stream to order on.
+  auto host = SparseWorkingSet::Create(Rows::Layout(), {}, rows.Source());
+  ASSERT_OK(host);
+  ASSERT_OK((*host)->Select(0, ids, 100));
+  EXPECT_EQ(
+      (*host)->Rows(0, EngineStream{.handle = engine->get()}).status().code(),
+      StatusCode::kInvalidArgument);
+  auto sync = (*engine)->RecordEvent(0);
+  ASSERT_OK(sync);
+  ASSERT_OK((*engine)->WaitEvent(*sync, std::chrono::seconds(10)));
 }
 
 TEST(SparseWorkingSetDeviceTest, AnUnknownOrMissingDeviceIsAClearError) {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/testing/status_matchers.h"
@@ -320,6 +321,54 @@ TEST(DeviceBackendTest, AWaitThatTimesOutLeavesTheEventNotDone) {
   EXPECT_OK(b->WaitEvent(*event, kTimeout));
   EXPECT_TRUE(b->EventDone(*event));
   EXPECT_FALSE(b->failed());
+}
+
+// Ordering with an engine's stream, on the device: our stream waits for
+// the work queued on theirs (StreamWaitForeign), and a gather queued on
+// theirs runs in their order (GatherRowsOn).
+TEST(DeviceBackendTest, WorkIsOrderedWithAnotherOwnersStream) {
+  auto ours = Emulated();
+  auto theirs = Emulated({.streams = 1});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<std::string> order;
+  ASSERT_OK(theirs->LaunchHostFunction(0, [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return go; });
+    order.push_back("engine kernel");
+  }));
+  const ForeignStream engine{.emulated = theirs.get(), .emulated_stream = 0};
+  auto pool = ours->AllocatePool(4096);
+  ASSERT_OK(pool);
+  const auto data = Pattern(1024, 3);
+  const std::byte* rows[] = {data.data(), data.data() + 512};
+  ASSERT_OK(ours->GatherRowsOn(engine, {pool->id, 0, 1024}, rows, 512));
+  ASSERT_OK(ours->StreamWaitForeign(0, engine));
+  ASSERT_OK(ours->LaunchHostFunction(0, [&] {
+    std::lock_guard lock(mu);
+    order.push_back("after the engine's stream");
+  }));
+  auto after = ours->RecordEvent(0);
+  ASSERT_OK(after);
+  EXPECT_FALSE(ours->EventDone(*after));  // held behind the engine's kernel
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  ASSERT_OK(ours->WaitEvent(*after, kTimeout));
+  EXPECT_EQ(order, (std::vector<std::string>{"engine kernel",
+                                             "after the engine's stream"}));
+  auto base = ours->PoolBase(pool->id);
+  ASSERT_OK(base);
+  EXPECT_EQ(std::memcmp(*base, data.data(), 1024), 0);
+  // A CUDA stream means nothing to the emulated backend.
+  EXPECT_EQ(ours->StreamWaitForeign(0, {.cuda = &go}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ours->GatherRowsOn({.cuda = &go}, {pool->id, 0, 1024}, rows, 512).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(DeviceBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
