@@ -525,6 +525,23 @@ Status Client::RegisterPool(const PoolSpec& pool) {
     StatusResponse resp;
     return impl_->Call(Opcode::kRegisterPool, Encode(req), resp);
   }
+  if (pool.kind == PoolSpec::Kind::kDeviceFd) {
+    if (pool.device_pool_bytes == 0 || pool.fd < 0) {
+      return Status::InvalidArgument(
+          "a device pool exported as a descriptor needs the descriptor and "
+          "the allocation's size");
+    }
+    RegisterPoolRequest req{.layer = pool.layer,
+                            .part = pool.part,
+                            .kind = RegisterPoolRequest::kDeviceFd,
+                            .offset = pool.offset,
+                            .slot_bytes = pool.slot_bytes,
+                            .slot_count = pool.slot_count,
+                            .device_pool_bytes = pool.device_pool_bytes};
+    StatusResponse resp;
+    return impl_->Call(Opcode::kRegisterPool, Encode(req), resp, nullptr,
+                       pool.fd);
+  }
   if (pool.kind != PoolSpec::Kind::kMemfd) {
     return Status::InvalidArgument("unsupported pool kind");
   }

@@ -429,9 +429,19 @@ HandlerReply CacheService::RegisterPool(uint64_t conn, Namespace& ns, In in,
     return Ok(StatusResponse{
         engine_->RegisterDevicePool(conn, *ns.engine, handle, layout)});
   }
+  if (req.kind == RegisterPoolRequest::kDeviceFd) {
+    if (fd < 0) {
+      return Ok(StatusResponse{Status::InvalidArgument(
+          "a device pool exported as a descriptor needs that descriptor")});
+    }
+    return Ok(StatusResponse{engine_->RegisterDevicePoolFd(
+        conn, *ns.engine, fd, req.device_pool_bytes, layout)});
+  }
   if (req.kind != RegisterPoolRequest::kMemfd) {
     return Ok(StatusResponse{Status::InvalidArgument(fmt::format(
-        "unknown pool kind {} (0: memfd, 1: device IPC handle)", req.kind))});
+        "unknown pool kind {} (0: memfd, 1: device IPC handle, 2: device "
+        "allocation descriptor)",
+        req.kind))});
   }
   if (fd < 0) {
     return Ok(StatusResponse{

@@ -747,9 +747,8 @@ Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
                  Pool{.region = std::move(region).value(), .layout = pool});
 }
 
-Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
-                                       const IpcHandle& handle,
-                                       const PoolLayout& pool) {
+Status CacheEngine::CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
+                                    uint64_t allocation_bytes) const {
   if (options_.device == nullptr) {
     return Status::InvalidArgument(
         "this tierkvd has no device backend: device pools need an [hbm] "
@@ -757,14 +756,33 @@ Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
   }
   TIERKV_RETURN_IF_ERROR(CheckPoolLayout(ns, pool));
   const uint64_t bytes = uint64_t{pool.slot_count} * pool.slot_bytes;
-  if (pool.offset > handle.pool_bytes ||
-      bytes > handle.pool_bytes - pool.offset) {
+  if (pool.offset > allocation_bytes ||
+      bytes > allocation_bytes - pool.offset) {
     return Status::InvalidArgument(fmt::format(
         "pool of {} slots x {} B at offset {} exceeds the {}-byte device "
         "allocation",
-        pool.slot_count, pool.slot_bytes, pool.offset, handle.pool_bytes));
+        pool.slot_count, pool.slot_bytes, pool.offset, allocation_bytes));
   }
-  auto imported = options_.device->ImportPool(handle);
+  return Status::OK();
+}
+
+Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
+                                       const IpcHandle& handle,
+                                       const PoolLayout& pool) {
+  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, handle.pool_bytes));
+  return AddDevicePool(owner, options_.device->ImportPool(handle), pool);
+}
+
+Status CacheEngine::RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns,
+                                         int fd, uint64_t allocation_bytes,
+                                         const PoolLayout& pool) {
+  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, allocation_bytes));
+  return AddDevicePool(
+      owner, options_.device->ImportPoolFd(fd, allocation_bytes), pool);
+}
+
+Status CacheEngine::AddDevicePool(uint64_t owner, Result<ImportedPool> imported,
+                                  const PoolLayout& pool) {
   if (!imported.ok()) return imported.status();
   auto device =
       std::make_shared<ImportedDevicePool>(options_.device, *imported);

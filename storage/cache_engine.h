@@ -339,6 +339,13 @@ class CacheEngine {
   // done. InvalidArgument as for RegisterPool, for slots past the
   // allocation, or without a device backend; NotFound when the handle's
   // pool (or process) is gone.
+  // The same for a device allocation exported as a file descriptor
+  // (DeviceBackend::ExportRangeFd; borrowed) of `allocation_bytes`: memory
+  // without a legacy IPC handle, whose import stays valid after the engine
+  // frees it or exits.
+  Status RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns, int fd,
+                              uint64_t allocation_bytes,
+                              const PoolLayout& pool);
   Status RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
                             const IpcHandle& handle, const PoolLayout& pool);
   // Maps memfd `fd` as `count` LoadTickets of `owner` (replacing earlier
@@ -459,6 +466,13 @@ class CacheEngine {
   Status CheckPoolLayout(EngineNamespace& ns, const PoolLayout& pool) const;
   // Adds `pool` as the owner's pool of (layer, part).
   Status AddPool(uint64_t owner, Pool pool);
+  // RegisterDevicePool's checks: a device backend, the layout, the slots
+  // inside the allocation.
+  Status CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
+                         uint64_t allocation_bytes) const;
+  // Adds an imported device pool (or says why the import failed).
+  Status AddDevicePool(uint64_t owner, Result<ImportedPool> imported,
+                       const PoolLayout& pool);
   // What a transfer job needs, resolved under owners_mu_ at submission,
   // and its progress. Each layer is cut into `splits` page ranges (units);
   // up to transfer_lanes workers claim units in order (layer 0's first,

@@ -339,6 +339,29 @@ Result<ExportedRange> DeviceBackend::ExportRange(const std::byte* data,
   return ExportRangeImpl(data, bytes);
 }
 
+Result<ExportedFd> DeviceBackend::ExportRangeFd(const std::byte* data,
+                                                uint64_t bytes) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  if (data == nullptr || bytes == 0 ||
+      bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(data)) {
+    return Status::InvalidArgument(
+        fmt::format("exporting device range [{}, +{})",
+                    static_cast<const void*>(data), bytes));
+  }
+  return ExportRangeFdImpl(data, bytes);
+}
+
+Result<ImportedPool> DeviceBackend::ImportPoolFd(int fd, uint64_t pool_bytes) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  if (fd < 0) return Status::InvalidArgument("a device pool fd of -1");
+  if (pool_bytes == 0) {
+    return Status::InvalidArgument("a device pool of 0 bytes");
+  }
+  return ImportPoolFdImpl(fd, pool_bytes);
+}
+
 Result<ImportedPool> DeviceBackend::ImportPool(const IpcHandle& handle) {
   if (failed()) return health();
   DeviceScope scope(this);

@@ -139,6 +139,14 @@ struct ExportedRange {
   uint64_t offset = 0;
 };
 
+// The fd path's export: a descriptor of the physical allocation holding a
+// range (the caller owns it), the allocation's size and the range's offset.
+struct ExportedFd {
+  int fd = -1;
+  uint64_t pool_bytes = 0;
+  uint64_t offset = 0;
+};
+
 // An imported pool in this process: `base` addresses its bytes (host memory
 // for the emulated backend, a device pointer for CUDA), and the importing
 // backend addresses it as DeviceRegion pool `pool` (copies and gathers into
@@ -262,6 +270,19 @@ class DeviceBackend {
   // or its allocation cannot be exported by cudaIpcGetMemHandle
   // (cudaMallocAsync pools, PyTorch's expandable segments).
   Result<ExportedRange> ExportRange(const std::byte* data, uint64_t bytes);
+  // The fd path, for memory cudaIpcGetMemHandle cannot export (CUDA's
+  // virtual memory API: cudaMallocAsync pools, PyTorch's expandable
+  // segments): [data, data + bytes) inside one physical allocation, as a
+  // file descriptor of that allocation (CUDA: cuMemExportToShareableHandle,
+  // a POSIX fd; emulated: the pool's memfd), which travels over a Unix
+  // socket (SCM_RIGHTS). An importer's mapping holds the allocation: it
+  // stays valid after the exporter frees it or exits, unlike a legacy IPC
+  // handle's. InvalidArgument when the range is not in one such allocation.
+  Result<ExportedFd> ExportRangeFd(const std::byte* data, uint64_t bytes);
+  // Imports what ExportRangeFd exported (the fd is borrowed; the mapping
+  // keeps its own reference). InvalidArgument when `pool_bytes` is 0 or
+  // more than the allocation holds, or the fd is not such an allocation.
+  Result<ImportedPool> ImportPoolFd(int fd, uint64_t pool_bytes);
   // In any process of the node, including another backend instance.
   // InvalidArgument for a malformed handle, NotFound when its pool (or
   // process) is gone.
@@ -315,6 +336,12 @@ class DeviceBackend {
   // REQUIRES: data != nullptr, bytes > 0, no overflow.
   virtual Result<ExportedRange> ExportRangeImpl(const std::byte* data,
                                                 uint64_t bytes) = 0;
+  // As ExportRangeImpl.
+  virtual Result<ExportedFd> ExportRangeFdImpl(const std::byte* data,
+                                               uint64_t bytes) = 0;
+  // REQUIRES: fd >= 0, pool_bytes > 0.
+  virtual Result<ImportedPool> ImportPoolFdImpl(int fd,
+                                                uint64_t pool_bytes) = 0;
   virtual Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) = 0;
   virtual Status CloseImportedImpl(ImportedPool& imported) = 0;
 

@@ -22,6 +22,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -453,20 +455,50 @@ class EmulatedBackend final : public DeviceBackend {
       ::close(fd);
       return Status::NotFound("the device pool changed size");
     }
-    // MappedRegion checks the seals, so the exporter cannot shrink it.
-    auto region = MappedRegion::Map(fd, f.bytes);
+    auto imported = MapImported(fd, f.bytes, f.nonce);
     ::close(fd);  // the mapping keeps the memory
-    if (!region.ok()) return region.status();
-    MutexLock lock(&mu_);
-    const uint32_t id = next_id_++;
-    Pool pool;
-    pool.region = std::move(region).value();
-    pool.bytes = f.bytes;
-    pool.nonce = f.nonce;
-    pool.imported = true;
-    void* base = pool.region->bytes().data();
-    pools_.emplace(id, std::move(pool));
-    return ImportedPool{base, f.bytes, id, f.nonce};
+    return imported;
+  }
+
+  // The pool's memfd itself is the fd: an importer's mapping holds the
+  // memory, as a CUDA importer's cuMemMap holds the physical allocation.
+  Result<ExportedFd> ExportRangeFdImpl(const std::byte* data,
+                                       uint64_t bytes) override {
+    auto range = ExportRangeImpl(data, bytes);
+    if (!range.ok()) return range.status();
+    HandleFields f;
+    std::memcpy(&f, range->handle.bytes.data(), sizeof(f));
+    int fd = -1;
+    {
+      MutexLock lock(&mu_);
+      fd = ::fcntl(pools_.at(f.pool).fd, F_DUPFD_CLOEXEC, 0);
+    }
+    if (fd < 0) return Errno("dup (device pool fd)");
+    return ExportedFd{fd, range->handle.pool_bytes, range->offset};
+  }
+
+  Result<ImportedPool> ImportPoolFdImpl(int fd, uint64_t pool_bytes) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    // Only an emulated device pool's memfd (its name carries the nonce).
+    char target[256] = {};
+    const std::string path = fmt::format("/proc/self/fd/{}", fd);
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    const std::string_view name(target, n < 0 ? 0 : static_cast<size_t>(n));
+    const size_t at = name.find("tierkv-hbm-");
+    uint64_t nonce = 0;
+    if (at == std::string_view::npos ||
+        std::sscanf(name.data() + at, "tierkv-hbm-%16" SCNx64, &nonce) != 1) {
+      return Status::InvalidArgument(
+          "the fd is not an emulated device pool's (a tierkv-hbm memfd)");
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) < pool_bytes) {
+      return Status::InvalidArgument(
+          fmt::format("the device pool fd says {} bytes; the allocation has {}",
+                      pool_bytes, st.st_size));
+    }
+    return MapImported(fd, pool_bytes, nonce);
   }
 
   Status CloseImportedImpl(ImportedPool& imported) override {
@@ -487,6 +519,23 @@ class EmulatedBackend final : public DeviceBackend {
   std::byte* Address(const DeviceRegion& region) const {
     MutexLock lock(&mu_);
     return pools_.at(region.pool).region->bytes().data() + region.offset;
+  }
+
+  // Maps `bytes` of an exported pool's memfd and adds it as an imported
+  // pool. MappedRegion checks the seals, so the exporter cannot shrink it.
+  Result<ImportedPool> MapImported(int fd, uint64_t bytes, uint64_t nonce) {
+    auto region = MappedRegion::Map(fd, bytes);
+    if (!region.ok()) return region.status();
+    MutexLock lock(&mu_);
+    const uint32_t id = next_id_++;
+    Pool pool;
+    pool.region = std::move(region).value();
+    pool.bytes = bytes;
+    pool.nonce = nonce;
+    pool.imported = true;
+    void* base = pool.region->bytes().data();
+    pools_.emplace(id, std::move(pool));
+    return ImportedPool{base, bytes, id, nonce};
   }
 
   // The queue of a foreign stream: on this backend, another emulated

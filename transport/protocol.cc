@@ -329,6 +329,9 @@ std::vector<std::byte> Encode(const RegisterPoolRequest& m) {
       std::memcpy(&word, m.device_handle.data() + i, 8);
       w.Int(word);
     }
+  }
+  if (m.kind == RegisterPoolRequest::kDeviceIpc ||
+      m.kind == RegisterPoolRequest::kDeviceFd) {
     w.Int(m.device_pool_bytes);
   }
   return w.Take();
@@ -346,6 +349,9 @@ Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
       const auto word = r.Int<uint64_t>();
       std::memcpy(out.device_handle.data() + i, &word, 8);
     }
+  }
+  if (out.kind == RegisterPoolRequest::kDeviceIpc ||
+      out.kind == RegisterPoolRequest::kDeviceFd) {
     out.device_pool_bytes = r.Int<uint64_t>();
   }
   return r.status();

@@ -165,10 +165,12 @@ struct ReleaseRequest {
 };
 
 // kRegisterPool: a memfd pool's descriptor travels with the request; a
-// device pool's IPC handle is in it.
+// device pool's IPC handle is in it; a device allocation exported as a
+// descriptor (kDeviceFd) travels with it, its size in the request.
 struct RegisterPoolRequest {
   static constexpr uint8_t kMemfd = 0;
   static constexpr uint8_t kDeviceIpc = 1;
+  static constexpr uint8_t kDeviceFd = 2;
   uint16_t layer = 0;
   uint8_t part = 0;
   uint8_t kind = kMemfd;
@@ -177,6 +179,7 @@ struct RegisterPoolRequest {
   uint32_t slot_count = 0;
   // kDeviceIpc only (on the wire only for it).
   std::array<std::byte, 64> device_handle{};
+  // kDeviceIpc and kDeviceFd (on the wire only for them).
   uint64_t device_pool_bytes = 0;
 };
 

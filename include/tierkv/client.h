@@ -153,16 +153,25 @@ class PinLease {
 //     and `offset` = the tensor's address - that base
 //     (storage::DeviceBackend::ExportRange computes both). Memory from
 //     cudaMallocAsync pools or PyTorch's expandable segments has no such
-//     handle (ExportRange says so).
+//     handle (ExportRange says so): use kDeviceFd.
+//   kDeviceFd: device memory exported as a file descriptor of its physical
+//     allocation (the CUDA virtual memory API: cuMemExportToShareableHandle,
+//     storage::DeviceBackend::ExportRangeFd), for the memory kDeviceIpc
+//     cannot name (cudaMallocAsync pools, PyTorch's expandable segments).
+//     `fd` travels over the socket; `device_pool_bytes` is the allocation's
+//     size and `offset` where the slots begin in it. The daemon's mapping
+//     holds the allocation, so it stays valid even if the engine frees it
+//     or exits while a transfer runs (a kDeviceIpc import does not).
 struct PoolSpec {
   enum class Kind : uint8_t {
     kMemfd = 0,
     kDeviceIpc = 1,
+    kDeviceFd = 2,
   };
   Kind kind = Kind::kMemfd;
-  int fd = -1;  // kMemfd: borrowed; the daemon keeps its own duplicate
+  int fd = -1;  // kMemfd, kDeviceFd: borrowed; the daemon keeps a duplicate
   std::array<std::byte, 64> device_handle{};  // kDeviceIpc
-  uint64_t device_pool_bytes = 0;             // kDeviceIpc
+  uint64_t device_pool_bytes = 0;             // kDeviceIpc, kDeviceFd
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;
   uint32_t slot_count = 0;

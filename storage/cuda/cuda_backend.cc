@@ -45,6 +45,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "common/mutex.h"
@@ -60,6 +61,57 @@ static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(HandleBytes));
 // ImportedPool::token values.
 constexpr uint64_t kImportedHere = 1;    // a pool this process exported
 constexpr uint64_t kImportedOpened = 2;  // cudaIpcOpenMemHandle
+constexpr uint64_t kImportedFd = 3;      // the fd path (cuMemMap)
+
+// The driver's virtual memory API (the fd path), fetched through the
+// runtime so that nothing links libcuda (as cuMemGetAddressRange below).
+struct VmmApi {
+  decltype(&::cuMemRetainAllocationHandle) retain = nullptr;
+  decltype(&::cuMemExportToShareableHandle) export_fd = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_fd = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  bool ok = false;
+};
+
+const VmmApi& Vmm() {
+  static const VmmApi api = [] {
+    VmmApi a;
+    bool all = true;
+    auto get = [&all](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
+                                           &found) == cudaSuccess &&
+          found == cudaDriverEntryPointSuccess) {
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      }
+      all = all && fn != nullptr;
+    };
+    get("cuMemRetainAllocationHandle", a.retain);
+    get("cuMemExportToShareableHandle", a.export_fd);
+    get("cuMemImportFromShareableHandle", a.import_fd);
+    get("cuMemRelease", a.release);
+    get("cuMemAddressReserve", a.reserve);
+    get("cuMemAddressFree", a.address_free);
+    get("cuMemMap", a.map);
+    get("cuMemUnmap", a.unmap);
+    get("cuMemSetAccess", a.set_access);
+    a.ok = all;
+    return a;
+  }();
+  return api;
+}
+
+Status NoVmm() {
+  return Status::Unavailable(
+      "the CUDA driver lacks the virtual memory API (cuMem*) the fd path "
+      "needs");
+}
 
 std::string CudaText(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
@@ -169,6 +221,7 @@ class CudaBackend final : public DeviceBackend {
     MutexLock lock(&mu_);
     for (auto& [handle, open] : opened_) cudaIpcCloseMemHandle(open.base);
     for (auto& [id, pool] : pools_) {
+      if (pool.fd_mapped) UnmapFdImport(pool.base, pool.bytes, pool.vmm);
       if (pool.imported) continue;
       ForgetExportLocked(pool);
       cudaFree(pool.base);
@@ -572,6 +625,97 @@ class CudaBackend final : public DeviceBackend {
     return out;
   }
 
+  // Memory of the virtual memory API (cuMemCreate + cuMemMap: cudaMallocAsync
+  // pools, PyTorch's expandable segments), which has no legacy IPC handle.
+  Result<ExportedFd> ExportRangeFdImpl(const std::byte* data,
+                                       uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const VmmApi& vmm = Vmm();
+    if (!vmm.ok) return NoVmm();
+    auto range = AllocationRange(data);
+    if (!range.ok()) {
+      return Status::InvalidArgument(fmt::format(
+          "{} is not device memory of this process ({})",
+          static_cast<const void*>(data), range.status().message()));
+    }
+    const uint64_t offset = static_cast<uint64_t>(data - range->base);
+    if (bytes > range->bytes - offset) {
+      return PastAllocation(offset, bytes, range->bytes);
+    }
+    CUmemGenericAllocationHandle h = 0;
+    if (vmm.retain(&h, const_cast<std::byte*>(data)) != CUDA_SUCCESS) {
+      return Status::InvalidArgument(fmt::format(
+          "{} is not memory of the CUDA virtual memory API (cuMemCreate); "
+          "cudaMalloc'd memory is exported by ExportRange",
+          static_cast<const void*>(data)));
+    }
+    int fd = -1;
+    const CUresult r =
+        vmm.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    vmm.release(h);  // the retain's reference; the fd holds its own
+    if (r != CUDA_SUCCESS) {
+      return Status::InvalidArgument(fmt::format(
+          "the allocation holding {} cannot be exported as a file "
+          "descriptor (cuMemExportToShareableHandle: error {}): it must be "
+          "created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its "
+          "requested handle types",
+          static_cast<const void*>(data), static_cast<int>(r)));
+    }
+    return ExportedFd{fd, range->bytes, offset};
+  }
+
+  // Maps the exported allocation into a reserved address range of this
+  // process; the mapping holds the physical memory until CloseImported,
+  // whatever its exporter does.
+  Result<ImportedPool> ImportPoolFdImpl(int fd, uint64_t pool_bytes) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const VmmApi& vmm = Vmm();
+    if (!vmm.ok) return NoVmm();
+    MutexLock open_lock(&open_mu_);  // mapping: see ImportPoolImpl
+    CUmemGenericAllocationHandle h = 0;
+    if (vmm.import_fd(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+        CUDA_SUCCESS) {
+      return Status::InvalidArgument(
+          "the fd is not an exported CUDA allocation "
+          "(cuMemImportFromShareableHandle refused it)");
+    }
+    CUdeviceptr va = 0;
+    if (vmm.reserve(&va, pool_bytes, 0, 0, 0) != CUDA_SUCCESS) {
+      vmm.release(h);
+      return Status::ResourceExhausted(fmt::format(
+          "cuMemAddressReserve of {} bytes for a device pool", pool_bytes));
+    }
+    // A size past the allocation, or not a multiple of its granularity,
+    // fails here: a lying client cannot make copies run past the mapping.
+    if (vmm.map(va, pool_bytes, 0, h, 0) != CUDA_SUCCESS) {
+      vmm.address_free(va, pool_bytes);
+      vmm.release(h);
+      return Status::InvalidArgument(fmt::format(
+          "cannot map {} bytes of the exported allocation (more than it "
+          "holds, or not a multiple of its granularity)",
+          pool_bytes));
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (vmm.set_access(va, pool_bytes, &access, 1) != CUDA_SUCCESS) {
+      UnmapFdImport(reinterpret_cast<std::byte*>(va), pool_bytes, h);
+      return Status::IOError(fmt::format(
+          "cuMemSetAccess for device {} on an imported pool", device_));
+    }
+    auto* base = reinterpret_cast<std::byte*>(va);
+    MutexLock lock(&mu_);
+    const uint32_t id = next_id_++;
+    pools_[id] = Pool{.base = base,
+                      .bytes = pool_bytes,
+                      .imported = true,
+                      .fd_mapped = true,
+                      .vmm = h};
+    return ImportedPool{base, pool_bytes, id, kImportedFd};
+  }
+
   Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
     if (handle.pool_bytes == 0) {
       return Status::InvalidArgument("a device pool handle of 0 bytes");
@@ -644,7 +788,8 @@ class CudaBackend final : public DeviceBackend {
   Status CloseImportedImpl(ImportedPool& imported) override {
     TIERKV_RETURN_IF_ERROR(Use());
     MutexLock open_lock(&open_mu_);  // unmapping, like mapping: see Import
-    std::byte* unmap = nullptr;
+    Pool closed;
+    std::byte* ipc_unmap = nullptr;  // a legacy handle's last import
     {
       MutexLock lock(&mu_);
       auto it = pools_.find(imported.pool);
@@ -652,19 +797,21 @@ class CudaBackend final : public DeviceBackend {
           it->second.base != imported.base) {
         return Status::InvalidArgument("not a pool this backend imported");
       }
-      const bool opened = it->second.opened;
-      const HandleBytes handle = it->second.handle;
+      closed = it->second;
       pools_.erase(it);
       imported = {};
-      if (!opened) return Status::OK();
-      auto open = opened_.find(handle);
-      if (open == opened_.end() || --open->second.refs > 0) {
-        return Status::OK();
+      if (closed.opened) {
+        auto open = opened_.find(closed.handle);
+        if (open != opened_.end() && --open->second.refs == 0) {
+          ipc_unmap = open->second.base;
+          opened_.erase(open);
+        }
       }
-      unmap = open->second.base;
-      opened_.erase(open);
     }
-    const cudaError_t e = cudaIpcCloseMemHandle(unmap);
+    // Unmapping outside mu_, which every copy takes.
+    if (closed.fd_mapped) UnmapFdImport(closed.base, closed.bytes, closed.vmm);
+    if (ipc_unmap == nullptr) return Status::OK();
+    const cudaError_t e = cudaIpcCloseMemHandle(ipc_unmap);
     return e == cudaSuccess ? Status::OK() : Fail("cudaIpcCloseMemHandle", e);
   }
 
@@ -674,9 +821,22 @@ class CudaBackend final : public DeviceBackend {
     uint64_t bytes = 0;
     HandleBytes handle{};
     bool exported = false;
-    bool imported = false;  // another pool's memory, addressed here
-    bool opened = false;    // by cudaIpcOpenMemHandle (closed with it)
+    bool imported = false;   // another pool's memory, addressed here
+    bool opened = false;     // by cudaIpcOpenMemHandle (closed with it)
+    bool fd_mapped = false;  // by the fd path (ImportPoolFd)
+    CUmemGenericAllocationHandle vmm{};  // fd_mapped: the imported handle
   };
+
+  // Undoes ImportPoolFd's mapping; the physical memory goes once its last
+  // holder (the exporter, another importer) lets go.
+  static void UnmapFdImport(std::byte* base, uint64_t bytes,
+                            CUmemGenericAllocationHandle h) {
+    const VmmApi& vmm = Vmm();
+    const auto va = reinterpret_cast<CUdeviceptr>(base);
+    vmm.unmap(va, bytes);
+    vmm.address_free(va, bytes);
+    vmm.release(h);
+  }
 
   // A handle opened by cudaIpcOpenMemHandle, shared by its imports.
   struct Opened {

@@ -272,6 +272,104 @@ TEST_F(DevicePoolTest, InteriorTensorsAreRegisteredByAllocationAndOffset) {
   ASSERT_OK(device.FreePool(segment->id));
 }
 
+// The fd path (memory without a legacy IPC handle: cudaMallocAsync pools,
+// PyTorch's expandable segments): each tensor inside one allocation goes
+// as a descriptor of that allocation plus its offset; the Load lands in
+// the slots. The daemon's mapping holds the allocation: after the engine
+// frees it, the daemon still serves, and a Load into the freed pool
+// writes the daemon's own reference to it, never a fault.
+TEST_F(DevicePoolTest, AllocationsExportedAsDescriptorsOutliveTheirExporter) {
+  Start();
+  auto c = Open();
+  const auto pages = Pages(2);
+  PutAll(*c, pages);
+  const LayoutSpec layout = DeviceLayout();
+  constexpr uint32_t kSlots = 2;
+  auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated});
+  ASSERT_OK(b);
+  DeviceBackend& device = **b;
+  uint64_t end = 512;  // the first tensor starts inside the allocation
+  std::vector<std::pair<SegmentKey, uint64_t>> at;  // (layer, part) -> offset
+  for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+    for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+      at.push_back({{PageHash{}, l, p}, end});
+      end += layout.SegmentBytes(l, p) * kSlots;
+    }
+  }
+  auto segment = device.AllocatePool(end);
+  ASSERT_OK(segment);
+  auto base = device.PoolBase(segment->id);
+  ASSERT_OK(base);
+  for (const auto& [key, offset] : at) {
+    const uint64_t seg = layout.SegmentBytes(key.layer, key.part);
+    auto exported = device.ExportRangeFd(*base + offset, seg * kSlots);
+    ASSERT_OK(exported);
+    EXPECT_EQ(exported->offset, offset);
+    EXPECT_EQ(exported->pool_bytes, end);
+    const Status registered =
+        c->RegisterPool({.kind = PoolSpec::Kind::kDeviceFd,
+                         .fd = exported->fd,
+                         .device_pool_bytes = exported->pool_bytes,
+                         .offset = exported->offset,
+                         .slot_bytes = seg,
+                         .slot_count = kSlots,
+                         .layer = key.layer,
+                         .part = key.part});
+    ::close(exported->fd);  // the daemon holds its own
+    ASSERT_OK(registered);
+  }
+  const std::vector<uint32_t> slots = {1, 0};
+  {
+    auto load = c->Load(pages, slots);
+    ASSERT_OK(load);
+    auto all = load->Wait();
+    ASSERT_OK(all);
+    for (const Status& s : *all) ASSERT_OK(s);
+  }
+  for (const auto& [key, offset] : at) {
+    const uint64_t seg = layout.SegmentBytes(key.layer, key.part);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const auto want = SegmentBytes({pages[i], key.layer, key.part}, seg);
+      EXPECT_EQ(std::memcmp(*base + offset + slots[i] * seg, want.data(), seg),
+                0)
+          << "layer " << key.layer << " part " << int(key.part);
+    }
+  }
+  // A size larger than the allocation is refused by the daemon.
+  {
+    auto exported = device.ExportRangeFd(*base + 512, 64);
+    ASSERT_OK(exported);
+    const Status too_big =
+        c->RegisterPool({.kind = PoolSpec::Kind::kDeviceFd,
+                         .fd = exported->fd,
+                         .device_pool_bytes = end * 2,
+                         .offset = 0,
+                         .slot_bytes = layout.SegmentBytes(0, 0),
+                         .slot_count = kSlots,
+                         .layer = 0,
+                         .part = 0});
+    ::close(exported->fd);
+    EXPECT_EQ(too_big.code(), StatusCode::kInvalidArgument)
+        << too_big.ToString();
+  }
+  // The engine frees the allocation while it stays registered: the
+  // daemon's mapping keeps the memory, so a Load still completes.
+  ASSERT_OK(device.FreePool(segment->id));
+  {
+    auto load = c->Load(pages, slots);
+    ASSERT_OK(load);
+    auto all = load->Wait();
+    ASSERT_OK(all);
+    for (const Status& s : *all) EXPECT_OK(s);
+  }
+  // The daemon serves on: a new engine finds the pages.
+  auto fresh = Open();
+  ASSERT_NE(fresh, nullptr);
+  auto m = fresh->Match(pages);
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, pages.size());
+}
+
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
   Start();
   auto c = Open();

@@ -26,7 +26,7 @@ TOKEN = "ops-test-token"
 ALL_TIERS_CONFIG = f"""
 [nvme]
 path = "{{DIR}}/nvme.data"
-capacity_bytes = "64MiB"
+capacity_bytes = "256MiB"
 sync = false
 [hbm]
 backend = "emulated"

@@ -188,7 +188,7 @@ def test_every_panel_and_recording_rule_on_a_real_prometheus(
 
         capacity = sum(values(prom.query(
             'tierkv_tier_bytes{state="capacity"}')))
-        assert capacity == 16 * 2**20 + 16 * 2**20 + 64 * 2**20
+        assert capacity == 16 * 2**20 + 16 * 2**20 + 256 * 2**20
 
         # Every recording rule: present, finite, and within its range.
         rules = yaml.safe_load(

@@ -83,6 +83,36 @@ TEST(ProtocolTest, LayoutWithPerLayerPartsRoundTrips) {
   EXPECT_EQ(out.layout, layout);
 }
 
+// Each pool kind carries what it needs, and only that: a memfd nothing, a
+// device IPC handle its 64 bytes and size, a device descriptor its size.
+TEST(ProtocolTest, RegisterPoolCarriesWhatEachKindNeeds) {
+  RegisterPoolRequest ipc{.layer = 3,
+                          .part = 1,
+                          .kind = RegisterPoolRequest::kDeviceIpc,
+                          .offset = 4096,
+                          .slot_bytes = 656,
+                          .slot_count = 64,
+                          .device_pool_bytes = 1 << 30};
+  ipc.device_handle[7] = std::byte{0x42};
+  RegisterPoolRequest fd = ipc;
+  fd.kind = RegisterPoolRequest::kDeviceFd;
+  fd.device_handle = {};
+  RegisterPoolRequest memfd = fd;
+  memfd.kind = RegisterPoolRequest::kMemfd;
+  memfd.device_pool_bytes = 0;
+  for (const RegisterPoolRequest& in : {ipc, fd, memfd}) {
+    RegisterPoolRequest out;
+    const auto bytes = Encode(in);
+    ASSERT_OK(Decode(bytes, out));
+    EXPECT_EQ(out.kind, in.kind);
+    EXPECT_EQ(out.offset, in.offset);
+    EXPECT_EQ(out.device_handle, in.device_handle);
+    EXPECT_EQ(out.device_pool_bytes, in.device_pool_bytes);
+  }
+  EXPECT_EQ(Encode(ipc).size(), Encode(fd).size() + 64);
+  EXPECT_EQ(Encode(fd).size(), Encode(memfd).size() + 8);
+}
+
 TEST(ProtocolTest, TrailingBytesAndTruncationAreRejected) {
   auto bytes = Encode(MatchRequest{{PageHash{1, 1}, PageHash{2, 2}}});
   MatchRequest m;
