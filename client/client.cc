@@ -521,7 +521,8 @@ Status Client::RegisterPool(const PoolSpec& pool) {
                             .slot_bytes = pool.slot_bytes,
                             .slot_count = pool.slot_count,
                             .device_handle = pool.device_handle,
-                            .device_pool_bytes = pool.device_pool_bytes};
+                            .device_pool_bytes = pool.device_pool_bytes,
+                            .device_uuid = pool.device_uuid};
     StatusResponse resp;
     return impl_->Call(Opcode::kRegisterPool, Encode(req), resp);
   }
@@ -537,7 +538,8 @@ Status Client::RegisterPool(const PoolSpec& pool) {
                             .offset = pool.offset,
                             .slot_bytes = pool.slot_bytes,
                             .slot_count = pool.slot_count,
-                            .device_pool_bytes = pool.device_pool_bytes};
+                            .device_pool_bytes = pool.device_pool_bytes,
+                            .device_uuid = pool.device_uuid};
     StatusResponse resp;
     return impl_->Call(Opcode::kRegisterPool, Encode(req), resp, nullptr,
                        pool.fd);

@@ -426,8 +426,8 @@ HandlerReply CacheService::RegisterPool(uint64_t conn, Namespace& ns, In in,
     storage::IpcHandle handle;
     handle.bytes = req.device_handle;
     handle.pool_bytes = req.device_pool_bytes;
-    return Ok(StatusResponse{
-        engine_->RegisterDevicePool(conn, *ns.engine, handle, layout)});
+    return Ok(StatusResponse{engine_->RegisterDevicePool(
+        conn, *ns.engine, handle, req.device_uuid, layout)});
   }
   if (req.kind == RegisterPoolRequest::kDeviceFd) {
     if (fd < 0) {
@@ -435,7 +435,7 @@ HandlerReply CacheService::RegisterPool(uint64_t conn, Namespace& ns, In in,
           "a device pool exported as a descriptor needs that descriptor")});
     }
     return Ok(StatusResponse{engine_->RegisterDevicePoolFd(
-        conn, *ns.engine, fd, req.device_pool_bytes, layout)});
+        conn, *ns.engine, fd, req.device_pool_bytes, req.device_uuid, layout)});
   }
   if (req.kind != RegisterPoolRequest::kMemfd) {
     return Ok(StatusResponse{Status::InvalidArgument(fmt::format(

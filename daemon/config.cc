@@ -353,7 +353,14 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(CheckKeys(
         *hbm, "hbm", {"backend", "device", "capacity_bytes", "streams"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*hbm, "hbm", "backend", c.hbm.backend));
-    TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "device", c.hbm.device));
+    if (const toml::node* device = hbm->get("device");
+        device != nullptr && device->is_string()) {
+      auto uuid = storage::ParseDeviceUuid(*device->value<std::string>());
+      if (!uuid.ok()) return Bad("hbm.device", uuid.status().message());
+      c.hbm.device_uuid = *uuid;
+    } else {
+      TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "device", c.hbm.device));
+    }
     TIERKV_RETURN_IF_ERROR(
         ReadBytes(*hbm, "hbm", "capacity_bytes", c.hbm.capacity_bytes));
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "streams", c.hbm.streams));

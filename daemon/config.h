@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/device_uuid.h"
 #include "storage/eviction_policy_kind.h"
 #include "storage/write_policy.h"
 #include "tierkv/status.h"
@@ -76,7 +77,11 @@ struct HbmConfig {
   // "auto" (CUDA when built in and a device is present, else emulated in
   // host memory), "cuda" or "emulated". Default: auto.
   std::string backend = "auto";
-  int32_t device = 0;           // CUDA device ordinal. Default: 0
+  // The GPU: a CUDA device ordinal (`device = 1`), or its UUID
+  // (`device = "GPU-..."`, as `nvidia-smi -L` prints), which stays right
+  // whatever CUDA_VISIBLE_DEVICES renumbers. Default: 0.
+  int32_t device = 0;
+  std::optional<storage::DeviceUuid> device_uuid;
   uint64_t capacity_bytes = 0;  // 0 disables the tier. Default: disabled
   uint32_t streams = 2;         // copy streams, 1..64. Default: 2
   bool enabled() const { return capacity_bytes > 0; }

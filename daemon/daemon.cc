@@ -58,6 +58,7 @@ Status Daemon::OpenHbmTier() {
   auto backend = storage::DeviceBackend::Open(
       {.kind = *kind,
        .device = c.device,
+       .device_uuid = c.device_uuid,
        .streams = c.streams,
        .emulated_capacity_bytes = c.capacity_bytes},
       &fell_back);

@@ -748,11 +748,22 @@ Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
 }
 
 Status CacheEngine::CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
-                                    uint64_t allocation_bytes) const {
+                                    uint64_t allocation_bytes,
+                                    const DeviceUuid& device_uuid) const {
   if (options_.device == nullptr) {
     return Status::InvalidArgument(
         "this tierkvd has no device backend: device pools need an [hbm] "
         "section");
+  }
+  if (!IsUnsetDeviceUuid(device_uuid) &&
+      device_uuid != options_.device->uuid()) {
+    return Status::InvalidArgument(fmt::format(
+        "the device pool is on {}, tierkvd's [hbm] device is {}: run a "
+        "tierkvd with [hbm] device = \"{}\" for that GPU, or register host "
+        "pools",
+        FormatDeviceUuid(device_uuid),
+        FormatDeviceUuid(options_.device->uuid()),
+        FormatDeviceUuid(device_uuid)));
   }
   TIERKV_RETURN_IF_ERROR(CheckPoolLayout(ns, pool));
   const uint64_t bytes = uint64_t{pool.slot_count} * pool.slot_bytes;
@@ -768,15 +779,19 @@ Status CacheEngine::CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
 
 Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
                                        const IpcHandle& handle,
+                                       const DeviceUuid& device_uuid,
                                        const PoolLayout& pool) {
-  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, handle.pool_bytes));
+  TIERKV_RETURN_IF_ERROR(
+      CheckDevicePool(ns, pool, handle.pool_bytes, device_uuid));
   return AddDevicePool(owner, options_.device->ImportPool(handle), pool);
 }
 
 Status CacheEngine::RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns,
                                          int fd, uint64_t allocation_bytes,
+                                         const DeviceUuid& device_uuid,
                                          const PoolLayout& pool) {
-  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, allocation_bytes));
+  TIERKV_RETURN_IF_ERROR(
+      CheckDevicePool(ns, pool, allocation_bytes, device_uuid));
   return AddDevicePool(
       owner, options_.device->ImportPoolFd(fd, allocation_bytes), pool);
 }

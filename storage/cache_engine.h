@@ -345,9 +345,14 @@ class CacheEngine {
   // frees it or exits.
   Status RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns, int fd,
                               uint64_t allocation_bytes,
+                              const DeviceUuid& device_uuid,
                               const PoolLayout& pool);
+  // `device_uuid`: the GPU holding the pool (all zero: not said); another
+  // GPU than options.device's is InvalidArgument, naming both.
   Status RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
-                            const IpcHandle& handle, const PoolLayout& pool);
+                            const IpcHandle& handle,
+                            const DeviceUuid& device_uuid,
+                            const PoolLayout& pool);
   // Maps memfd `fd` as `count` LoadTickets of `owner` (replacing earlier
   // ones). InvalidArgument as for pools, or count 0.
   Status RegisterTickets(uint64_t owner, int fd, uint32_t count);
@@ -469,7 +474,8 @@ class CacheEngine {
   // RegisterDevicePool's checks: a device backend, the layout, the slots
   // inside the allocation.
   Status CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
-                         uint64_t allocation_bytes) const;
+                         uint64_t allocation_bytes,
+                         const DeviceUuid& device_uuid) const;
   // Adds an imported device pool (or says why the import failed).
   Status AddDevicePool(uint64_t owner, Result<ImportedPool> imported,
                        const PoolLayout& pool);

@@ -57,12 +57,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "common/mutex.h"
 #include "storage/device_backend_kind.h"
+#include "storage/device_uuid.h"
 #include "tierkv/status.h"
 
 namespace tierkv::storage {
@@ -74,6 +76,9 @@ struct DeviceBackendOptions {
   // an engine that called cudaSetDevice / torch.cuda.set_device works.
   static constexpr int kCurrentDevice = -1;
   int device = 0;
+  // When set, the device with this UUID instead (`device` is ignored):
+  // ordinals depend on CUDA_VISIBLE_DEVICES, UUIDs do not.
+  std::optional<DeviceUuid> device_uuid;
   uint32_t streams = 2;  // in-order queues; 1..64
   // Emulated only: total bytes its pools may hold (an allocation past it
   // is ResourceExhausted, as cudaMalloc's cudaErrorMemoryAllocation is).
@@ -137,6 +142,7 @@ struct IpcHandle {
 struct ExportedRange {
   IpcHandle handle;
   uint64_t offset = 0;
+  DeviceUuid device_uuid{};  // the GPU holding the memory
 };
 
 // The fd path's export: a descriptor of the physical allocation holding a
@@ -145,6 +151,7 @@ struct ExportedFd {
   int fd = -1;
   uint64_t pool_bytes = 0;
   uint64_t offset = 0;
+  DeviceUuid device_uuid{};  // the GPU holding the memory
 };
 
 // An imported pool in this process: `base` addresses its bytes (host memory
@@ -176,8 +183,10 @@ class DeviceBackend {
 
   std::string_view name() const { return name_; }
   uint32_t streams() const { return streams_; }
-  // The device ordinal the backend works on (kCurrentDevice resolved).
+  // The device ordinal the backend works on (kCurrentDevice resolved), in
+  // this process's numbering, and the device's UUID (the same everywhere).
   virtual int device() const = 0;
+  virtual DeviceUuid uuid() const = 0;
 
   // True once a device fault failed the backend (see Errors above); cheap.
   bool failed() const { return failed_.load(std::memory_order_acquire); }

@@ -150,7 +150,8 @@ class EmulatedBackend final : public DeviceBackend {
  public:
   explicit EmulatedBackend(const DeviceBackendOptions& o)
       : DeviceBackend("emulated", o.streams),
-        device_(o.device == DeviceBackendOptions::kCurrentDevice
+        device_(o.device_uuid ? EmulatedDeviceOrdinal(*o.device_uuid)
+                : o.device == DeviceBackendOptions::kCurrentDevice
                     ? t_current_device
                     : o.device),
         capacity_(o.emulated_capacity_bytes),
@@ -352,6 +353,7 @@ class EmulatedBackend final : public DeviceBackend {
   }
   bool host_addressable() const override { return true; }
   int device() const override { return device_; }
+  DeviceUuid uuid() const override { return EmulatedDeviceUuid(device_); }
 
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
@@ -429,7 +431,7 @@ class EmulatedBackend final : public DeviceBackend {
     }
     auto handle = ExportPoolImpl(id);
     if (!handle.ok()) return handle.status();
-    return ExportedRange{*handle, offset};
+    return ExportedRange{*handle, offset, uuid()};
   }
 
   Result<ImportedPool> ImportPoolImpl(const IpcHandle& handle) override {
@@ -474,7 +476,7 @@ class EmulatedBackend final : public DeviceBackend {
       fd = ::fcntl(pools_.at(f.pool).fd, F_DUPFD_CLOEXEC, 0);
     }
     if (fd < 0) return Errno("dup (device pool fd)");
-    return ExportedFd{fd, range->handle.pool_bytes, range->offset};
+    return ExportedFd{fd, range->handle.pool_bytes, range->offset, uuid()};
   }
 
   Result<ImportedPool> ImportPoolFdImpl(int fd, uint64_t pool_bytes) override {
@@ -614,6 +616,12 @@ Result<std::unique_ptr<DeviceBackend>> OpenEmulatedBackend(
   if (options.device < DeviceBackendOptions::kCurrentDevice) {
     return Status::InvalidArgument(
         fmt::format("device ordinal {} is negative", options.device));
+  }
+  if (options.device_uuid && EmulatedDeviceOrdinal(*options.device_uuid) < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "{} is not an emulated device's UUID (emulated device n is {})",
+        FormatDeviceUuid(*options.device_uuid),
+        FormatDeviceUuid(EmulatedDeviceUuid(0)).replace(36, 4, "nnnn")));
   }
   return std::unique_ptr<DeviceBackend>(new EmulatedBackend(options));
 }

@@ -333,6 +333,11 @@ std::vector<std::byte> Encode(const RegisterPoolRequest& m) {
   if (m.kind == RegisterPoolRequest::kDeviceIpc ||
       m.kind == RegisterPoolRequest::kDeviceFd) {
     w.Int(m.device_pool_bytes);
+    for (size_t i = 0; i < m.device_uuid.size(); i += 8) {
+      uint64_t word;
+      std::memcpy(&word, m.device_uuid.data() + i, 8);
+      w.Int(word);
+    }
   }
   return w.Take();
 }
@@ -353,6 +358,10 @@ Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
   if (out.kind == RegisterPoolRequest::kDeviceIpc ||
       out.kind == RegisterPoolRequest::kDeviceFd) {
     out.device_pool_bytes = r.Int<uint64_t>();
+    for (size_t i = 0; i < out.device_uuid.size(); i += 8) {
+      const auto word = r.Int<uint64_t>();
+      std::memcpy(out.device_uuid.data() + i, &word, 8);
+    }
   }
   return r.status();
 }

@@ -179,8 +179,10 @@ struct RegisterPoolRequest {
   uint32_t slot_count = 0;
   // kDeviceIpc only (on the wire only for it).
   std::array<std::byte, 64> device_handle{};
-  // kDeviceIpc and kDeviceFd (on the wire only for them).
+  // kDeviceIpc and kDeviceFd (on the wire only for them): the allocation's
+  // size, and the UUID of the GPU holding it (all zero: not said).
   uint64_t device_pool_bytes = 0;
+  std::array<std::byte, 16> device_uuid{};
 };
 
 // kRegisterTickets: the tickets' memfd travels with the request.

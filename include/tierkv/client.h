@@ -172,6 +172,13 @@ struct PoolSpec {
   int fd = -1;  // kMemfd, kDeviceFd: borrowed; the daemon keeps a duplicate
   std::array<std::byte, 64> device_handle{};  // kDeviceIpc
   uint64_t device_pool_bytes = 0;             // kDeviceIpc, kDeviceFd
+  // kDeviceIpc, kDeviceFd: the UUID of the GPU holding the memory
+  // (cudaDeviceProp::uuid; ExportRange and ExportRangeFd give it). Device
+  // ordinals differ between processes (CUDA_VISIBLE_DEVICES), UUIDs do
+  // not: tierkvd refuses a pool on another GPU than its [hbm] device, by
+  // name, instead of copying across GPUs. All zero: not said (checked by
+  // the copies only).
+  std::array<std::byte, 16> device_uuid{};
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;
   uint32_t slot_count = 0;

@@ -39,6 +39,7 @@
 #include <cuda.h>  // CUresult, CUdeviceptr: types only, no libcuda
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -125,6 +126,20 @@ Status CudaError(std::string_view what, cudaError_t e) {
   return Status::IOError(fmt::format("{}: {}", what, CudaText(e)));
 }
 
+Result<DeviceUuid> UuidOfDevice(int ordinal) {
+  cudaDeviceProp prop{};
+  const cudaError_t e = cudaGetDeviceProperties(&prop, ordinal);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Unavailable(fmt::format(
+        "CUDA device {}: properties unreadable: {}", ordinal, CudaText(e)));
+  }
+  DeviceUuid uuid;
+  static_assert(sizeof(prop.uuid) == sizeof(uuid));
+  std::memcpy(uuid.data(), &prop.uuid, sizeof(uuid));
+  return uuid;
+}
+
 // The errors after which "the process must be terminated and relaunched"
 // (CUDA's driver_types.h): every later call of the process returns them.
 bool IsStickyCudaError(cudaError_t e) {
@@ -199,9 +214,10 @@ constexpr size_t kSpareEvents = 64;
 
 class CudaBackend final : public DeviceBackend {
  public:
-  // REQUIRES: o.device is an ordinal (OpenCudaBackend resolved it).
-  explicit CudaBackend(const DeviceBackendOptions& o)
-      : DeviceBackend("cuda", o.streams), device_(o.device) {}
+  // REQUIRES: o.device is an ordinal (OpenCudaBackend resolved it), whose
+  // UUID is `uuid`.
+  CudaBackend(const DeviceBackendOptions& o, const DeviceUuid& uuid)
+      : DeviceBackend("cuda", o.streams), device_(o.device), uuid_(uuid) {}
 
   ~CudaBackend() override {
     if (cudaSetDevice(device_) != cudaSuccess) return;
@@ -443,6 +459,7 @@ class CudaBackend final : public DeviceBackend {
   }
   bool host_addressable() const override { return false; }
   int device() const override { return device_; }
+  DeviceUuid uuid() const override { return uuid_; }
 
   Status RegisterHostImpl(std::span<std::byte> memory) override {
     TIERKV_RETURN_IF_ERROR(Use());
@@ -591,7 +608,7 @@ class CudaBackend final : public DeviceBackend {
     if (own != 0) {
       auto handle = ExportPoolImpl(own);
       if (!handle.ok()) return handle.status();
-      return ExportedRange{*handle, offset};
+      return ExportedRange{*handle, offset, uuid_};
     }
     // Another allocator's memory (PyTorch's caching allocator): the
     // driver knows the allocation around it.
@@ -622,6 +639,9 @@ class CudaBackend final : public DeviceBackend {
     std::memcpy(out.handle.bytes.data(), &h, sizeof(h));
     out.handle.pool_bytes = range->bytes;
     out.offset = offset;
+    auto holder = UuidOfMemory(data);
+    if (!holder.ok()) return holder.status();
+    out.device_uuid = *holder;
     return out;
   }
 
@@ -661,7 +681,12 @@ class CudaBackend final : public DeviceBackend {
           "requested handle types",
           static_cast<const void*>(data), static_cast<int>(r)));
     }
-    return ExportedFd{fd, range->bytes, offset};
+    auto holder = UuidOfMemory(data);
+    if (!holder.ok()) {
+      ::close(fd);
+      return holder.status();
+    }
+    return ExportedFd{fd, range->bytes, offset, *holder};
   }
 
   // Maps the exported allocation into a reserved address range of this
@@ -862,6 +887,18 @@ class CudaBackend final : public DeviceBackend {
     std::byte* device = nullptr;  // the range's address on the device
   };
 
+  // The UUID of the device whose memory `p` is.
+  static Result<DeviceUuid> UuidOfMemory(const void* p) {
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+      cudaGetLastError();
+      return Status::InvalidArgument(
+          fmt::format("{} is not device memory (cudaPointerGetAttributes)", p));
+    }
+    return UuidOfDevice(attr.device);
+  }
+
   static Status PastAllocation(uint64_t offset, uint64_t bytes,
                                uint64_t allocation) {
     return Status::InvalidArgument(
@@ -1031,6 +1068,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   const int device_;
+  const DeviceUuid uuid_;
   RowLists foreign_lists_;  // GatherRowsOn's
   // Serializes mapping and unmapping imported handles (taken before mu_).
   Mutex open_mu_;
@@ -1061,6 +1099,24 @@ Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
   }
   if (count == 0) {
     return Status::Unavailable("no CUDA device: cudaGetDeviceCount found 0");
+  }
+  if (options.device_uuid) {
+    // CUDA_VISIBLE_DEVICES renumbers devices; the UUID finds the one meant.
+    std::string seen;
+    options.device = -1;
+    for (int i = 0; i < count && options.device < 0; ++i) {
+      auto uuid = UuidOfDevice(i);
+      if (!uuid.ok()) return uuid.status();
+      if (*uuid == *options.device_uuid) options.device = i;
+      seen += fmt::format("{}{} ({})", seen.empty() ? "" : ", ",
+                          FormatDeviceUuid(*uuid), i);
+    }
+    if (options.device < 0) {
+      return Status::InvalidArgument(
+          fmt::format("no CUDA device of this process has UUID {} (it sees "
+                      "{}; check CUDA_VISIBLE_DEVICES)",
+                      FormatDeviceUuid(*options.device_uuid), seen));
+    }
   }
   if (options.device == DeviceBackendOptions::kCurrentDevice &&
       cudaGetDevice(&options.device) != cudaSuccess) {
@@ -1094,7 +1150,9 @@ Result<std::unique_ptr<DeviceBackend>> OpenCudaBackend(
         options.device, major, minor, DescribeArchitectures(*built), major,
         minor));
   }
-  auto backend = std::make_unique<CudaBackend>(options);
+  auto uuid = UuidOfDevice(options.device);
+  if (!uuid.ok()) return uuid.status();
+  auto backend = std::make_unique<CudaBackend>(options, *uuid);
   TIERKV_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<DeviceBackend>(std::move(backend));
 }

@@ -99,13 +99,15 @@ class DevicePools {
 
 class DevicePoolTest : public ::testing::Test {
  protected:
-  void Start(bool hbm = true) {
+  // `hbm_device`: the [hbm] device line's value ("" for the default).
+  void Start(bool hbm = true, std::string_view hbm_device = "") {
     daemon_ = std::make_unique<DaemonProcess>();
     std::string toml = fmt::format(
         "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = \"64MiB\"\n",
         dir_.path().string());
     if (hbm) {
       toml += "[hbm]\nbackend = \"emulated\"\ncapacity_bytes = \"16MiB\"\n";
+      if (!hbm_device.empty()) toml += fmt::format("device = {}\n", hbm_device);
     }
     toml += fmt::format(
         "[[namespace]]\nname = \"default\"\ntoken = \"{}\"\nhost_bytes = "
@@ -368,6 +370,50 @@ TEST_F(DevicePoolTest, AllocationsExportedAsDescriptorsOutliveTheirExporter) {
   auto m = fresh->Match(pages);
   ASSERT_OK(m);
   EXPECT_EQ(m->leading_pages, pages.size());
+}
+
+// Ordinals differ between processes (CUDA_VISIBLE_DEVICES), UUIDs do not:
+// a pool on another GPU than the daemon's [hbm] device is refused by name,
+// and a daemon configured with that GPU's UUID takes it.
+TEST_F(DevicePoolTest, PoolsAreMatchedToTheDaemonsGpuByUuid) {
+  auto on_1 =
+      DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated, .device = 1});
+  ASSERT_OK(on_1);
+  const uint64_t seg = DeviceLayout().SegmentBytes(0, 0);
+  auto pool = (*on_1)->AllocatePool(seg * 4);
+  ASSERT_OK(pool);
+  auto base = (*on_1)->PoolBase(pool->id);
+  ASSERT_OK(base);
+  auto exported = (*on_1)->ExportRange(*base, seg * 4);
+  ASSERT_OK(exported);
+  EXPECT_EQ(exported->device_uuid, storage::EmulatedDeviceUuid(1));
+  const PoolSpec spec{.kind = PoolSpec::Kind::kDeviceIpc,
+                      .device_handle = exported->handle.bytes,
+                      .device_pool_bytes = exported->handle.pool_bytes,
+                      .device_uuid = exported->device_uuid,
+                      .offset = exported->offset,
+                      .slot_bytes = seg,
+                      .slot_count = 4,
+                      .layer = 0,
+                      .part = 0};
+  Start();  // [hbm] device 0
+  {
+    auto c = Open();
+    const Status refused = c->RegisterPool(spec);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(
+        refused.message().find("GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001"),
+        std::string::npos)
+        << refused.ToString();
+    EXPECT_NE(
+        refused.message().find("GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0000"),
+        std::string::npos)
+        << refused.ToString();
+  }
+  daemon_.reset();
+  Start(true, "\"GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001\"");
+  auto c = Open();
+  EXPECT_OK(c->RegisterPool(spec));
 }
 
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {

@@ -124,10 +124,19 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
   EXPECT_EQ(c->hbm.capacity_bytes, uint64_t{64} << 20);
   EXPECT_EQ(c->hbm.streams, 4u);
   EXPECT_TRUE(c->hbm.enabled());
+  EXPECT_FALSE(c->hbm.device_uuid.has_value());
   EXPECT_FALSE(EmbeddedDefaults().hbm.enabled());  // off unless configured
+  // The GPU by UUID, as nvidia-smi -L prints it.
+  auto by_uuid = Load(
+      dir, "[hbm]\ndevice = \"GPU-5c3f1a2b-0d4e-6f70-8192-a3b4c5d6e7f8\"\n");
+  ASSERT_OK(by_uuid);
+  ASSERT_TRUE(by_uuid->hbm.device_uuid.has_value());
+  EXPECT_EQ(storage::FormatDeviceUuid(*by_uuid->hbm.device_uuid),
+            "GPU-5c3f1a2b-0d4e-6f70-8192-a3b4c5d6e7f8");
   for (const char* bad :
        {"[hbm]\nbackend = \"gpu\"\n", "[hbm]\nstreams = 0\n",
-        "[hbm]\ncapacity_bytes = 1000\n", "[hbm]\nsize = 1\n"}) {
+        "[hbm]\ncapacity_bytes = 1000\n", "[hbm]\nsize = 1\n",
+        "[hbm]\ndevice = \"GPU-5c3f1a2b\"\n", "[hbm]\ndevice = -1\n"}) {
     auto r = Load(dir, bad);
     ASSERT_FALSE(r.ok() && r->Validate().ok()) << bad;
     const Status s = r.ok() ? r->Validate() : r.status();

@@ -782,7 +782,7 @@ class CacheEngineDevicePoolTest : public CacheEnginePoolTest {
         auto handle = engine_device_->ExportPool(pool->id);
         ASSERT_OK(handle);
         ASSERT_OK(engine_->RegisterDevicePool(
-            kOwner, *ns_, *handle,
+            kOwner, *ns_, *handle, engine_device_->uuid(),
             {.layer = l, .part = p, .slot_bytes = seg, .slot_count = kSlots}));
       }
     }

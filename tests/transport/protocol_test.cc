@@ -84,7 +84,8 @@ TEST(ProtocolTest, LayoutWithPerLayerPartsRoundTrips) {
 }
 
 // Each pool kind carries what it needs, and only that: a memfd nothing, a
-// device IPC handle its 64 bytes and size, a device descriptor its size.
+// device IPC handle its 64 bytes, size and GPU, a device descriptor its
+// size and GPU.
 TEST(ProtocolTest, RegisterPoolCarriesWhatEachKindNeeds) {
   RegisterPoolRequest ipc{.layer = 3,
                           .part = 1,
@@ -94,12 +95,14 @@ TEST(ProtocolTest, RegisterPoolCarriesWhatEachKindNeeds) {
                           .slot_count = 64,
                           .device_pool_bytes = 1 << 30};
   ipc.device_handle[7] = std::byte{0x42};
+  ipc.device_uuid[15] = std::byte{0x07};
   RegisterPoolRequest fd = ipc;
   fd.kind = RegisterPoolRequest::kDeviceFd;
   fd.device_handle = {};
   RegisterPoolRequest memfd = fd;
   memfd.kind = RegisterPoolRequest::kMemfd;
   memfd.device_pool_bytes = 0;
+  memfd.device_uuid = {};
   for (const RegisterPoolRequest& in : {ipc, fd, memfd}) {
     RegisterPoolRequest out;
     const auto bytes = Encode(in);
@@ -108,9 +111,10 @@ TEST(ProtocolTest, RegisterPoolCarriesWhatEachKindNeeds) {
     EXPECT_EQ(out.offset, in.offset);
     EXPECT_EQ(out.device_handle, in.device_handle);
     EXPECT_EQ(out.device_pool_bytes, in.device_pool_bytes);
+    EXPECT_EQ(out.device_uuid, in.device_uuid);
   }
   EXPECT_EQ(Encode(ipc).size(), Encode(fd).size() + 64);
-  EXPECT_EQ(Encode(fd).size(), Encode(memfd).size() + 8);
+  EXPECT_EQ(Encode(fd).size(), Encode(memfd).size() + 8 + 16);
 }
 
 TEST(ProtocolTest, TrailingBytesAndTruncationAreRejected) {
