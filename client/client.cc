@@ -16,6 +16,7 @@
 #include "common/load_ticket.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
+#include "storage/device_backend.h"
 #include "transport/protocol.h"
 #include "transport/uds_channel.h"
 
@@ -29,6 +30,15 @@ class Client::Impl {
       : channel_(std::move(channel)) {}
   ~Impl() {
     if (arena_) ::munmap(arena_, arena_bytes_);
+    {
+      MutexLock lock(&stream_mu_);
+      if (stream_backend_) {
+        // Best effort: the mapping goes away next either way.
+        (void)stream_backend_->UnregisterHost(
+            reinterpret_cast<std::byte*>(tickets_));
+        stream_backend_.reset();
+      }
+    }
     if (tickets_) ::munmap(tickets_, ticket_count_ * sizeof(LoadTicket));
   }
 
@@ -40,6 +50,27 @@ class Client::Impl {
     free_tickets_.push_back(ticket);
   }
   LoadTicket& Ticket(uint32_t i) const { return tickets_[i]; }
+  // The next LoadTicket::gate_target of ticket `i` (never 0). REQUIRES:
+  // the caller holds the ticket.
+  uint32_t NextGateTarget(uint32_t i) {
+    uint32_t& seq = gate_targets_[i];
+    if (++seq == 0) ++seq;
+    return seq;
+  }
+
+  // The device backend that orders transfers with engines' streams, opened
+  // on first use (ClientOptions::stream_backend) with the ticket region
+  // registered, so the device reads and writes its words. REQUIRES: the
+  // ticket region exists (a ticket was taken).
+  Result<storage::DeviceBackend*> StreamBackend() EXCLUDES(stream_mu_);
+  // `stream` as the stream backend addresses it.
+  storage::ForeignStream Foreign(const EngineStream& stream) const {
+    if (stream_emulated_) {
+      return {.emulated = static_cast<storage::DeviceBackend*>(stream.handle),
+              .emulated_stream = stream.emulated_stream};
+    }
+    return {.cuda = stream.handle};
+  }
 
   // One WaitLayer / Wait call: `waited` is zero when it returned at once.
   void RecordWait(std::chrono::nanoseconds waited) { waits_.Record(waited); }
@@ -104,6 +135,15 @@ class Client::Impl {
   std::vector<uint32_t> free_tickets_ GUARDED_BY(tickets_mu_);
   bool tickets_ready_ GUARDED_BY(tickets_mu_) = false;
 
+  // Per ticket, owned by whoever holds the ticket (see NextGateTarget).
+  std::vector<uint32_t> gate_targets_;
+
+  storage::DeviceBackendKind stream_kind_ = storage::DeviceBackendKind::kAuto;
+  Mutex stream_mu_;
+  std::unique_ptr<storage::DeviceBackend> stream_backend_
+      GUARDED_BY(stream_mu_);
+  std::atomic<bool> stream_emulated_{false};  // set with stream_backend_
+
   // Time engine threads spent blocked in WaitLayer / Wait, shipped to the
   // daemon piggybacked on transfer requests (lock-free: relaxed atomics).
   LatencyHistogram waits_;
@@ -142,6 +182,7 @@ Result<uint32_t> Client::Impl::TakeTicket() {
       return s;
     }
     tickets_ = static_cast<LoadTicket*>(base);
+    gate_targets_.assign(ticket_count_, 0);
     for (uint32_t i = ticket_count_; i-- > 0;) free_tickets_.push_back(i);
     tickets_ready_ = true;
   }
@@ -151,6 +192,28 @@ Result<uint32_t> Client::Impl::TakeTicket() {
   const uint32_t t = free_tickets_.back();
   free_tickets_.pop_back();
   return t;
+}
+
+Result<storage::DeviceBackend*> Client::Impl::StreamBackend() {
+  MutexLock lock(&stream_mu_);
+  if (stream_backend_) return stream_backend_.get();
+  // The caller's current device: where the engine's stream is.
+  auto opened = storage::DeviceBackend::Open(
+      {.kind = stream_kind_,
+       .device = storage::DeviceBackendOptions::kCurrentDevice,
+       .streams = 1});
+  if (!opened.ok()) {
+    return Status(opened.status().code(),
+                  "ordering a transfer with the engine's stream: " +
+                      std::string(opened.status().message()));
+  }
+  const uint64_t bytes = uint64_t{ticket_count_} * sizeof(LoadTicket);
+  TIERKV_RETURN_IF_ERROR(
+      (*opened)->RegisterHost({reinterpret_cast<std::byte*>(tickets_), bytes}));
+  stream_emulated_.store((*opened)->name() == "emulated",
+                         std::memory_order_release);
+  stream_backend_ = std::move(opened).value();
+  return stream_backend_.get();
 }
 
 namespace {
@@ -195,6 +258,12 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   impl->prefault_ = options.prefault_arena;
   impl->timeout_ = options.timeout;
   impl->ticket_count_ = std::max<uint32_t>(1, options.max_transfers_in_flight);
+  auto kind = storage::ParseDeviceBackendKind(options.stream_backend);
+  if (!kind.ok()) {
+    return Status::InvalidArgument("ClientOptions::stream_backend: " +
+                                   std::string(kind.status().message()));
+  }
+  impl->stream_kind_ = *kind;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -569,19 +638,34 @@ Status Client::RegisterPool(const PoolSpec& pool) {
 Result<TransferHandle> Client::Load(std::span<const PageHash> pages,
                                     std::span<const uint32_t> slots,
                                     LayerRange layers) {
-  return Transfer(/*load=*/true, pages, slots, layers);
+  return Transfer(/*load=*/true, pages, slots, layers, nullptr);
+}
+
+Result<TransferHandle> Client::Load(std::span<const PageHash> pages,
+                                    std::span<const uint32_t> slots,
+                                    LayerRange layers,
+                                    const EngineStream& after) {
+  return Transfer(/*load=*/true, pages, slots, layers, &after);
+}
+
+Result<TransferHandle> Client::Store(std::span<const PageHash> pages,
+                                     std::span<const uint32_t> slots,
+                                     LayerRange layers,
+                                     const EngineStream& after) {
+  return Transfer(/*load=*/false, pages, slots, layers, &after);
 }
 
 Result<TransferHandle> Client::Store(std::span<const PageHash> pages,
                                      std::span<const uint32_t> slots,
                                      LayerRange layers) {
-  return Transfer(/*load=*/false, pages, slots, layers);
+  return Transfer(/*load=*/false, pages, slots, layers, nullptr);
 }
 
 Result<TransferHandle> Client::Transfer(bool load,
                                         std::span<const PageHash> pages,
                                         std::span<const uint32_t> slots,
-                                        LayerRange layers) {
+                                        LayerRange layers,
+                                        const EngineStream* after) {
   if (pages.size() != slots.size()) {
     return Status::InvalidArgument("one slot per page");
   }
@@ -598,6 +682,25 @@ Result<TransferHandle> Client::Transfer(bool load,
                    : static_cast<uint16_t>(layout->num_layers() - layers.first);
   auto ticket = impl_->TakeTicket();
   if (!ticket.ok()) return ticket.status();
+  // Set before the request goes out (LoadTicket::gate, device_layers): the
+  // daemon reads both when it accepts it.
+  LoadTicket& words = impl_->Ticket(*ticket);
+  const uint32_t device_base =
+      words.device_layers.load(std::memory_order_acquire);
+  words.gate_target.store(0, std::memory_order_relaxed);
+  if (after != nullptr) {
+    auto backend = impl_->StreamBackend();
+    const uint32_t target = impl_->NextGateTarget(*ticket);
+    Status queued = backend.ok()
+                        ? (*backend)->WriteValueOn(impl_->Foreign(*after),
+                                                   &words.gate, target)
+                        : backend.status();
+    if (!queued.ok()) {
+      impl_->ReturnTicket(*ticket);
+      return queued;
+    }
+    words.gate_target.store(target, std::memory_order_release);
+  }
   TransferRequest req{*ticket,
                       layers.first,
                       count,
@@ -608,12 +711,15 @@ Result<TransferHandle> Client::Transfer(bool load,
   Status s =
       impl_->Call(load ? Opcode::kLoad : Opcode::kStore, Encode(req), resp);
   if (!s.ok()) {
-    impl_->ReturnTicket(*ticket);  // refused: the daemon never touched it
+    // Refused: the daemon never touched it (a queued gate write is of an
+    // old target by the ticket's next use, see LoadTicket::gate_target).
+    impl_->ReturnTicket(*ticket);
     return s;
   }
   TransferHandle h;
   h.client_ = this;
   h.ticket_ = *ticket;
+  h.device_base_ = device_base;
   h.first_ = layers.first;
   h.count_ = count;
   h.pages_ = static_cast<uint32_t>(pages.size());
@@ -675,7 +781,8 @@ TransferHandle::TransferHandle(TransferHandle&& o) noexcept
       ticket_(o.ticket_),
       first_(o.first_),
       count_(o.count_),
-      pages_(o.pages_) {}
+      pages_(o.pages_),
+      device_base_(o.device_base_) {}
 
 TransferHandle& TransferHandle::operator=(TransferHandle&& o) noexcept {
   if (this != &o) {
@@ -689,11 +796,31 @@ TransferHandle::~TransferHandle() {
   if (!client_) return;
   Client::Impl& impl = *client_->impl_;
   LoadTicket& t = impl.Ticket(ticket_);
-  if (WaitAtLeast(t.finished, 1,
-                  std::chrono::steady_clock::now() + impl.timeout_)) {
-    impl.ReturnTicket(ticket_);
-  }
+  const bool finished = WaitAtLeast(
+      t.finished, 1, std::chrono::steady_clock::now() + impl.timeout_);
+  // Whatever the daemon did, no engine stream waits on this transfer any
+  // more (a no-op when the daemon published every layer).
+  ReleaseStreamWaits();
+  if (finished) impl.ReturnTicket(ticket_);
   // Else the daemon may still write it: leak the ticket rather than reuse.
+}
+
+void TransferHandle::ReleaseStreamWaits() {
+  RaiseTo(client_->impl_->Ticket(ticket_).device_layers, device_base_ + count_);
+}
+
+Status TransferHandle::StreamWaitLayer(uint16_t layer,
+                                       const EngineStream& stream) {
+  if (!client_) return Status::InvalidArgument("empty transfer handle");
+  if (layer < first_ || layer >= first_ + count_) {
+    return Status::InvalidArgument("layer outside the transfer");
+  }
+  Client::Impl& impl = *client_->impl_;
+  auto backend = impl.StreamBackend();
+  if (!backend.ok()) return backend.status();
+  return (*backend)->WaitValueOn(impl.Foreign(stream),
+                                 &impl.Ticket(ticket_).device_layers,
+                                 device_base_ + (layer - first_) + 1u);
 }
 
 bool TransferHandle::LayerReady(uint16_t layer) const {
@@ -719,6 +846,8 @@ Result<std::vector<Status>> TransferHandle::AwaitLayer(uint16_t layer) {
   LoadTicket& t = impl.Ticket(ticket_);
   if (!WaitAtLeast(t.layers_done, layer - first_ + 1u,
                    std::chrono::steady_clock::now() + impl.timeout_)) {
+    // Giving up: the engine's stream must not wait for what may never come.
+    ReleaseStreamWaits();
     return Status::IOError("the daemon did not finish layer " +
                            std::to_string(layer) + " in time");
   }

@@ -6,6 +6,26 @@
 //   layers_done  the number of layers of the request that are complete, in
 //                layer order (release-stored by the daemon, then a futex
 //                wake on it; the client acquire-loads it and futex-waits);
+//   device_layers the same progress for the engine's GPU, whose stream waits
+//                on this word (CUDA: cuStreamWaitValue32 GEQ, the ticket
+//                being host memory mapped for the device) instead of its
+//                host thread on layers_done. A cyclic counter that never
+//                goes back (comparisons are CUDA's: (int32_t)(a - b) >= 0),
+//                so a wait queued for an earlier use of the ticket can never
+//                block on a later one: a transfer starts at the value the
+//                previous one left (its base) and the daemon raises it to
+//                base + layers as it publishes layers_done; a client that
+//                gives up on the transfer (a timeout, a lost daemon) raises
+//                it to base + its layer count, so no stream waits for ever;
+//   gate, gate_target  an ordered transfer (Client::Load/Store `after`):
+//                gate_target is 0 for none; else the daemon starts once
+//                gate reaches it (cyclically), written by the engine's
+//                stream after the work the slots wait for (CUDA:
+//                cuStreamWriteValue32). The client sets gate_target before
+//                it sends the request, from a per-ticket sequence of its
+//                own (never 0), so a late stream write of an earlier use
+//                cannot open a later one's gate. The daemon waits up to its
+//                device_copy_timeout;
 //   errors       (page, layer, part, status code) of segments that could not
 //                be moved after the daemon accepted the request (an NVMe
 //                read error, a checksum failure): such a page is a miss for
@@ -40,7 +60,7 @@ struct LoadTicket {
   std::atomic<uint32_t> error_count{0};  // may exceed kMaxErrors (overflow)
   // 1 once the daemon is done with the ticket (a futex word too).
   std::atomic<uint32_t> finished{0};
-  uint32_t reserved = 0;
+  std::atomic<uint32_t> gate{0};
   // Stamps (CLOCK_MONOTONIC ns), published by the release store of
   // layers_done. Atomic (relaxed) although that order suffices: the daemon
   // rewrites them when a client reuses the ticket, and the client and the
@@ -49,11 +69,29 @@ struct LoadTicket {
   std::atomic<uint64_t> accepted_ns{0};
   std::atomic<uint64_t> first_layer_ns{0};
   std::atomic<uint64_t> last_layer_ns{0};
+  std::atomic<uint32_t> device_layers{0};
+  std::atomic<uint32_t> gate_target{0};
   Error errors[kMaxErrors];
-  uint8_t padding[4096 - 40 - kMaxErrors * sizeof(Error)];
+  uint8_t padding[4096 - 48 - kMaxErrors * sizeof(Error)];
 };
 static_assert(sizeof(LoadTicket) == 4096);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Cyclic order of the device words (CUDA's stream-wait GEQ): true when
+// `a` is at or past `b`, across wrap-around.
+inline bool CyclicAtLeast(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>(a - b) >= 0;
+}
+
+// Raises `word` to `value` unless it is already there (release):
+// device_layers only moves forward, whoever writes it.
+inline void RaiseTo(std::atomic<uint32_t>& word, uint32_t value) {
+  uint32_t seen = word.load(std::memory_order_relaxed);
+  while (!CyclicAtLeast(seen, value) &&
+         !word.compare_exchange_weak(seen, value, std::memory_order_release,
+                                     std::memory_order_relaxed)) {
+  }
+}
 
 }  // namespace tierkv

@@ -542,6 +542,12 @@ HandlerReply CacheService::Stats(Namespace& ns) {
       {"stores", es.stores},
       {"prefetches", es.prefetches},
       {"topk_reports", es.topk_reports},
+      // Transfers ordered after an engine's stream (Client::Load/Store with
+      // `after`): waiting for it now, ever, and given up on.
+      {"stream_gate",
+       {{"waiting", es.stream_gate_waiting},
+        {"waits", es.stream_gate_waits},
+        {"timeouts", es.stream_gate_timeouts}}},
       {"load_seconds",
        {{"count", LatencyHistogram::SampleCount(es.load_latency)},
         {"sum", static_cast<double>(es.load_latency_nanos) * 1e-9}}},

@@ -108,6 +108,19 @@ std::vector<MetricFamily> TransferMetrics::Collect() const {
                      MetricType::Counter);
   AddValue(busy, {}, d(s.backpressure_busy));
   out.push_back(std::move(busy));
+  auto gated = Family("tierkv_stream_gate_waiting",
+                      "Transfers waiting for their engine's stream to reach "
+                      "them (Load/Store ordered after it)",
+                      MetricType::Gauge);
+  AddValue(gated, {}, d(s.stream_gate_waiting));
+  out.push_back(std::move(gated));
+  auto gate_timeouts =
+      Family("tierkv_stream_gate_timeouts_total",
+             "Ordered transfers whose engine stream did not reach them "
+             "within device_copy_timeout (nothing moved, segments Busy)",
+             MetricType::Counter);
+  AddValue(gate_timeouts, {}, d(s.stream_gate_timeouts));
+  out.push_back(std::move(gate_timeouts));
   return out;
 }
 

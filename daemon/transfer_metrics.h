@@ -15,7 +15,8 @@
 //   layer published);
 //   tierkv_registered_pools, tierkv_worker_queue_depth,
 //   tierkv_worker_rejections_total, tierkv_backpressure_waits_total,
-//   tierkv_backpressure_busy_total.
+//   tierkv_backpressure_busy_total, tierkv_stream_gate_waiting,
+//   tierkv_stream_gate_timeouts_total.
 //
 // Thread safety: Collect() may run concurrently with engine operations.
 #pragma once

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <tuple>
 #include <unordered_set>
 
@@ -629,6 +630,9 @@ EngineStats CacheEngine::SharedStats() const {
   auto get = [](const std::atomic<uint64_t>& a) {
     return a.load(std::memory_order_relaxed);
   };
+  s.stream_gate_waiting = get(stream_gate_waiting_);
+  s.stream_gate_waits = get(stream_gate_waits_);
+  s.stream_gate_timeouts = get(stream_gate_timeouts_);
   if (hbm_) {
     s.has_hbm = true;
     s.hbm = hbm_->Stats();
@@ -686,8 +690,11 @@ uint64_t MonotonicNanos(std::chrono::steady_clock::time_point t) {
 
 // Publishes that `layers` layers are complete and wakes every waiter (the
 // client futex-waits on the word in its own mapping of the same memfd).
-void PublishLayers(LoadTicket& ticket, uint32_t layers) {
+// `device_base`: the ticket's device_layers when the transfer began, which
+// the engine's stream waits on instead (LoadTicket::device_layers).
+void PublishLayers(LoadTicket& ticket, uint32_t layers, uint32_t device_base) {
   ticket.layers_done.store(layers, std::memory_order_release);
+  RaiseTo(ticket.device_layers, device_base + layers);
   ::syscall(SYS_futex, &ticket.layers_done, FUTEX_WAKE, INT_MAX, nullptr,
             nullptr, 0);
 }
@@ -873,6 +880,10 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   ticket.first_layer_ns.store(0, std::memory_order_relaxed);
   ticket.last_layer_ns.store(0, std::memory_order_relaxed);
   ticket.layers_done.store(0, std::memory_order_release);
+  // The client set both before it sent the request; read once, so a
+  // client rewriting them later changes nothing here.
+  job->gate_target = ticket.gate_target.load(std::memory_order_acquire);
+  job->device_base = ticket.device_layers.load(std::memory_order_acquire);
   job->layout = std::move(layout);
   job->t = std::move(t);
   job->splits = std::clamp<uint32_t>(
@@ -928,6 +939,7 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     }
   }
   const uint32_t pages = static_cast<uint32_t>(job->t.pages.size());
+  const bool gate_open = PassStreamGate(*job);
   while (true) {
     const uint32_t u = job->next_unit.fetch_add(1, std::memory_order_relaxed);
     const uint32_t k = u / job->splits, s = u % job->splits;
@@ -937,7 +949,16 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
         static_cast<uint32_t>(uint64_t{pages} * s / job->splits);
     const uint32_t end =
         static_cast<uint32_t>(uint64_t{pages} * (s + 1) / job->splits);
-    if (job->load) {
+    if (!gate_open) {
+      // The engine's stream never reached the transfer: its slots may still
+      // be in use, so nothing is moved and every segment says why.
+      const uint16_t l = job->t.first_layer + k;
+      for (uint32_t i = begin; i < end; ++i) {
+        for (uint8_t p = 0; p < job->pools[k].size(); ++p) {
+          RecordError(*job, i, l, p, StatusCode::kBusy);
+        }
+      }
+    } else if (job->load) {
       LoadLayer(*job, k, begin, end);
     } else {
       StoreLayer(*job, k, begin, end);
@@ -951,6 +972,56 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     if (job->load) PromoteLoaded(*job);
     PublishFinished(TicketAt(*job->tickets, job->t.ticket));
   }
+}
+
+bool CacheEngine::PassStreamGate(TransferJob& job) {
+  using Job = TransferJob;
+  const uint8_t known = job.gate.load(std::memory_order_acquire);
+  if (known != Job::kGateUnknown) return known == Job::kGatePassed;
+  const std::atomic<uint32_t>& word = TicketAt(*job.tickets, job.t.ticket).gate;
+  const uint32_t target = job.gate_target;
+  auto open = [&word, target] {
+    return target == 0 ||
+           CyclicAtLeast(word.load(std::memory_order_acquire), target);
+  };
+  if (open()) {
+    job.gate.store(Job::kGatePassed, std::memory_order_release);
+    return true;
+  }
+  // Every lane waits; the first counts the transfer.
+  const bool counts = !job.gate_counted.exchange(true);
+  if (counts) {
+    stream_gate_waits_.fetch_add(1, std::memory_order_relaxed);
+    stream_gate_waiting_.fetch_add(1, std::memory_order_relaxed);
+  }
+  const auto deadline = job.accepted + options_.device_copy_timeout;
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(10);
+  bool passed = false;
+  while (job.gate.load(std::memory_order_acquire) == Job::kGateUnknown) {
+    if (open()) {
+      passed = true;
+      break;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    if (now - start < std::chrono::microseconds(20)) continue;
+    if (now - start < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(100));
+  }
+  if (counts) stream_gate_waiting_.fetch_sub(1, std::memory_order_relaxed);
+  uint8_t expected = Job::kGateUnknown;
+  const uint8_t mine = passed ? Job::kGatePassed : Job::kGateTimedOut;
+  if (job.gate.compare_exchange_strong(expected, mine,
+                                       std::memory_order_acq_rel)) {
+    if (!passed) stream_gate_timeouts_.fetch_add(1, std::memory_order_relaxed);
+    return passed;
+  }
+  return expected == Job::kGatePassed;  // another lane decided first
 }
 
 void CacheEngine::PromoteLoaded(TransferJob& job) {
@@ -999,7 +1070,7 @@ void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
     (job.load ? load_latency_ : store_latency_).Record(now - job.accepted);
   }
   // Under mu, so the published count only grows.
-  PublishLayers(ticket, job.published);
+  PublishLayers(ticket, job.published, job.device_base);
 }
 
 void CacheEngine::RecordError(TransferJob& job, uint32_t page, uint16_t layer,

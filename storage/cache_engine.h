@@ -227,7 +227,11 @@ struct EngineStats {
   uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
   uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
   uint64_t loads = 0, stores = 0;
-  uint64_t prefetches = 0;        // Prefetch calls accepted
+  uint64_t prefetches = 0;  // Prefetch calls accepted
+  // Transfers ordered after an engine's stream (LoadTicket::gate): waiting
+  // for it now, ever waited, and given up on after device_copy_timeout.
+  uint64_t stream_gate_waiting = 0, stream_gate_waits = 0,
+           stream_gate_timeouts = 0;
   uint64_t topk_reports = 0;      // SelectionReport items received
   uint64_t registered_pools = 0;  // over every connection
   // Time from a Load / Store being accepted until its last layer was
@@ -494,7 +498,14 @@ class CacheEngine {
     std::shared_ptr<const LayoutSpec> layout;
     std::vector<std::vector<Pool>> pools;  // [layer - first][part]
     std::shared_ptr<MappedRegion> tickets;
-    uint32_t splits = 1;                 // units per layer
+    uint32_t splits = 1;  // units per layer
+    // The engine's stream gate (LoadTicket::gate): kGateUnknown until a
+    // lane looked, then passed or timed out for every lane.
+    enum : uint8_t { kGateUnknown, kGatePassed, kGateTimedOut };
+    std::atomic<uint8_t> gate{kGateUnknown};
+    std::atomic<bool> gate_counted{false};  // in stream_gate_waits_
+    uint32_t gate_target = 0;  // LoadTicket::gate_target at submission
+    uint32_t device_base = 0;  // LoadTicket::device_layers at submission
     std::atomic<uint32_t> next_unit{0};  // the next unit to claim
     std::atomic<uint32_t> lanes{1};      // workers still on the job
     Mutex mu;                            // the ticket's errors and count
@@ -516,6 +527,12 @@ class CacheEngine {
   // queue is full).
   Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load,
                        std::chrono::steady_clock::time_point accepted);
+  // An ordered transfer waits until the engine's stream opened its gate
+  // (LoadTicket::gate), spinning briefly, then yielding and sleeping (the
+  // device writes the word: no futex wakes it), for up to
+  // device_copy_timeout after the request was accepted. True once open or
+  // when the transfer has no gate; false when it timed out, for every lane.
+  bool PassStreamGate(TransferJob& job);
   // One worker's share of a job: claims layers until none is left; the last
   // lane out marks the ticket finished. The first lane also starts the
   // others, where workers are free.
@@ -578,6 +595,8 @@ class CacheEngine {
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
+  std::atomic<uint64_t> stream_gate_waiting_{0}, stream_gate_waits_{0},
+      stream_gate_timeouts_{0};
   // Device streams not in use by a transfer unit. A unit holds one stream
   // alone from its first copy to its event: a stream's errors are sticky
   // until the next WaitEvent, so two units sharing one could each see the

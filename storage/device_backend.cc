@@ -248,6 +248,43 @@ Status DeviceBackend::LaunchHostFunction(StreamId stream,
   return LaunchHostFunctionImpl(stream, std::move(fn));
 }
 
+Status DeviceBackend::CheckHostWord(const void* word) {
+  const auto address = reinterpret_cast<uintptr_t>(word);
+  if (word == nullptr || address % alignof(std::atomic<uint32_t>) != 0) {
+    return Status::InvalidArgument(
+        fmt::format("a stream memory word at {} is not 4-byte aligned", word));
+  }
+  MutexLock lock(&host_mu_);
+  auto after = host_ranges_.upper_bound(address);
+  if (after == host_ranges_.begin() ||
+      std::prev(after)->first + std::prev(after)->second <
+          address + sizeof(uint32_t)) {
+    return Status::InvalidArgument(fmt::format(
+        "the stream memory word at {} is not in host memory registered with "
+        "the device backend (RegisterHost)",
+        word));
+  }
+  return Status::OK();
+}
+
+Status DeviceBackend::WaitValueOn(const ForeignStream& stream,
+                                  const std::atomic<uint32_t>* word,
+                                  uint32_t value) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckHostWord(word));
+  return WaitValueOnImpl(stream, word, value);
+}
+
+Status DeviceBackend::WriteValueOn(const ForeignStream& stream,
+                                   std::atomic<uint32_t>* word,
+                                   uint32_t value) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckHostWord(word));
+  return WriteValueOnImpl(stream, word, value);
+}
+
 Result<std::byte*> DeviceBackend::PoolBase(uint32_t pool) {
   if (failed()) return health();
   DeviceScope scope(this);

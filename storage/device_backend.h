@@ -241,6 +241,26 @@ class DeviceBackend {
   // `fn` must not call this backend (CUDA forbids runtime calls there).
   Status LaunchHostFunction(StreamId stream, std::function<void()> fn);
 
+  // Device-side synchronisation through a 32-bit word of host memory,
+  // which may be shared with another process: an engine's stream and
+  // tierkvd order their device work through a LoadTicket's words this way,
+  // with no host thread waiting (CUDA: cuStreamWaitValue32 and
+  // cuStreamWriteValue32, stream memory operations; emulated: the stream's
+  // worker polls or stores the word). The word must lie in host memory
+  // registered with this backend (RegisterHost: CUDA maps it for the
+  // device) and be 4-byte aligned; InvalidArgument otherwise.
+  // Work queued on `stream` after WaitValueOn starts once *word >= value,
+  // compared cyclically as CUDA's GEQ does ((int32_t)(*word - value) >= 0,
+  // so a counter may wrap around). Nothing times it out: whoever owns the word
+  // must raise it eventually, or the stream waits for ever
+  // (LoadTicket::device_layers says how tierkv guarantees that).
+  Status WaitValueOn(const ForeignStream& stream,
+                     const std::atomic<uint32_t>* word, uint32_t value);
+  // Stores `value` to *word once the work queued on `stream` before this
+  // call is done (a release store: what that work wrote is visible first).
+  Status WriteValueOn(const ForeignStream& stream, std::atomic<uint32_t>* word,
+                      uint32_t value);
+
   // The address of a pool's first byte in this process: host memory on the
   // emulated backend (host_addressable() is true), a device pointer on CUDA
   // (for kernels; the host must not dereference it). NotFound for an
@@ -333,6 +353,13 @@ class DeviceBackend {
                                        const ForeignStream& foreign) = 0;
   virtual Status LaunchHostFunctionImpl(StreamId stream,
                                         std::function<void()> fn) = 0;
+  // REQUIRES: `word` is aligned and in a registered host range.
+  virtual Status WaitValueOnImpl(const ForeignStream& stream,
+                                 const std::atomic<uint32_t>* word,
+                                 uint32_t value) = 0;
+  virtual Status WriteValueOnImpl(const ForeignStream& stream,
+                                  std::atomic<uint32_t>* word,
+                                  uint32_t value) = 0;
   // REQUIRES: the pool exists.
   virtual std::byte* PoolBaseImpl(uint32_t pool) = 0;
   virtual Status RegisterHostImpl(std::span<std::byte> memory) = 0;
@@ -365,6 +392,8 @@ class DeviceBackend {
 
   Status CheckStream(StreamId stream) const;
   Status CheckRegion(const DeviceRegion& region) const;
+  // WaitValueOn's and WriteValueOn's: aligned, inside a registered range.
+  Status CheckHostWord(const void* word) EXCLUDES(host_mu_);
   // GatherRows' and GatherRowsOn's argument checks.
   Status CheckGather(const DeviceRegion& dst,
                      std::span<const std::byte* const> rows, uint32_t row_bytes,

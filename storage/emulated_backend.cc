@@ -338,6 +338,40 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  // The engine's stream stand-in polls the word: the other side of it is
+  // another process's store, which wakes no condition variable here.
+  Status WaitValueOnImpl(const ForeignStream& foreign,
+                         const std::atomic<uint32_t>* word,
+                         uint32_t value) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    auto theirs = ForeignQueue(foreign);
+    if (!theirs.ok()) return theirs.status();
+    (*theirs)->Submit([word, value] {
+      auto pause = std::chrono::microseconds(1);
+      // Cyclic, as CUDA's GEQ (device_backend.h).
+      while (static_cast<int32_t>(word->load(std::memory_order_acquire) -
+                                  value) < 0) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(200));
+      }
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
+  Status WriteValueOnImpl(const ForeignStream& foreign,
+                          std::atomic<uint32_t>* word,
+                          uint32_t value) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    auto theirs = ForeignQueue(foreign);
+    if (!theirs.ok()) return theirs.status();
+    (*theirs)->Submit([word, value] {
+      word->store(value, std::memory_order_release);
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
   Status LaunchHostFunctionImpl(StreamId stream,
                                 std::function<void()> fn) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "tierkv/engine_stream.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -49,6 +50,12 @@ struct ClientOptions {
   // Load/Store calls that may be in flight at once (one 4 KiB completion
   // ticket each, in shared memory). Default: 64.
   uint32_t max_transfers_in_flight = 64;
+  // The device backend that orders transfers with an engine's stream
+  // (the EngineStream arguments below): "cuda", "emulated" (then
+  // EngineStream::handle is an emulated storage::DeviceBackend*), or
+  // "auto": CUDA when built in and a GPU is present, else emulated.
+  // Opened on first use on the calling thread's current device.
+  std::string stream_backend = "auto";
 };
 
 // Result of Match: which of the asked pages are fully stored.
@@ -214,6 +221,24 @@ class TransferHandle {
   // Waits for every layer; the per-page Status is the first failure of any
   // layer (for a Store: WaitForSave).
   Result<std::vector<Status>> Wait();
+  // Queues on the engine's `stream` a device-side wait for layer `layer`:
+  // work queued there afterwards runs once the layer is in place (Load) or
+  // saved (Store: its slots may be overwritten), and no host thread waits
+  // (CUDA: cuStreamWaitValue32 on the ticket, host memory mapped for the
+  // device; LoadTicket::device_layers). The per-page statuses still come
+  // from WaitLayer / Wait, called later, off the hot path: a page that
+  // failed leaves its slot unwritten while the stream goes on, and the
+  // engine must not trust that slot. No stream waits for ever: when
+  // WaitLayer or Wait gives up (the client timeout) or the handle is
+  // destroyed before the daemon finished, every wait queued on this
+  // transfer is released (the slots then hold what they held). Errors:
+  // InvalidArgument for a layer outside the transfer or a stream of
+  // another kind than ClientOptions::stream_backend; the stream backend's
+  // own (Unavailable: "cuda" without a GPU).
+  // REQUIRES: the engine's stream outlives the wait (it synchronizes the
+  // stream before destroying it).
+  Status StreamWaitLayer(uint16_t layer, const EngineStream& stream);
+
   // Both record how long they blocked (0 when the layers were already
   // there) in the Client, which reports it to the daemon with its next
   // Load, Store or Prefetch (tierkv_layer_wait_seconds): the waits after a
@@ -242,6 +267,8 @@ class TransferHandle {
  private:
   friend class Client;
   bool LayerReady(uint16_t layer) const;
+  // Lets every stream wait on this transfer go (see StreamWaitLayer).
+  void ReleaseStreamWaits();
   Result<std::vector<Status>> AwaitLayer(uint16_t layer);  // not recorded
   Result<std::vector<Status>> AwaitAll();
   class Client* client_ = nullptr;
@@ -249,6 +276,7 @@ class TransferHandle {
   uint16_t first_ = 0;
   uint16_t count_ = 0;
   uint32_t pages_ = 0;
+  uint32_t device_base_ = 0;  // LoadTicket::device_layers at submission
 };
 
 class Client {
@@ -318,12 +346,33 @@ class Client {
   Result<TransferHandle> Load(std::span<const PageHash> pages,
                               std::span<const uint32_t> slots,
                               LayerRange layers = {});
+  // Load ordered after the engine's stream, for device pools: the daemon
+  // writes the slots only once the work the engine queued on `after`
+  // before this call is done (the previous step's kernels may still read
+  // the slots), and no host thread waits for it: the client queues a
+  // write of the ticket's gate word on the stream (CUDA:
+  // cuStreamWriteValue32) and the daemon starts when it sees it. Pair with
+  // TransferHandle::StreamWaitLayer, so the engine's kernels wait for the
+  // daemon on the device in turn. If the stream does not reach the write
+  // within the daemon's device_copy_timeout (30 s), nothing is moved and
+  // every page is Busy. Errors as Load's, and the stream backend's (see
+  // StreamWaitLayer).
+  Result<TransferHandle> Load(std::span<const PageHash> pages,
+                              std::span<const uint32_t> slots,
+                              LayerRange layers, const EngineStream& after);
   // Saves slot slots[i] of every layer's pools as the segments of pages[i]
   // (dedup: stored segments copy nothing); the namespace's write policy
   // then applies as for Put. Errors as for Load.
   Result<TransferHandle> Store(std::span<const PageHash> pages,
                                std::span<const uint32_t> slots,
                                LayerRange layers = {});
+  // Store ordered after the engine's stream: the daemon reads the slots
+  // only once the work queued on `after` before this call (the kernels
+  // writing them) is done, with no host wait; otherwise as Load with
+  // `after`.
+  Result<TransferHandle> Store(std::span<const PageHash> pages,
+                               std::span<const uint32_t> slots,
+                               LayerRange layers, const EngineStream& after);
   // Queues promotion NVMe -> DRAM of the leading stored pages of `pages`
   // (asynchronous; Match keeps reporting each page's tier).
   Status Prefetch(std::span<const PageHash> pages);
@@ -358,7 +407,7 @@ class Client {
   friend class TransferHandle;
   Result<TransferHandle> Transfer(bool load, std::span<const PageHash> pages,
                                   std::span<const uint32_t> slots,
-                                  LayerRange layers);
+                                  LayerRange layers, const EngineStream* after);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   Status ReleaseLease(uint64_t lease_id);

@@ -59,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tierkv/engine_stream.h"
 #include "tierkv/status.h"
 
 namespace tierkv {
@@ -136,16 +137,6 @@ struct WorkingSetRows {
   uint32_t row_bytes = 0;
   std::span<const uint32_t> slots;
   bool host_addressable = true;
-};
-
-// The engine's stream, for device work ordered with the engine's own
-// (Rows with a stream). CUDA: `handle` is a cudaStream_t of this process on
-// buffer_device() (nullptr: the legacy default stream). On the emulated
-// device (no GPU): `handle` is the tierkv::storage::DeviceBackend* standing
-// in for the engine's device, `emulated_stream` one of its streams (tests).
-struct EngineStream {
-  void* handle = nullptr;
-  uint32_t emulated_stream = 0;
 };
 
 // Selected-token counts of one page on one full layer.

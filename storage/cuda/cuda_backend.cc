@@ -79,19 +79,26 @@ struct VmmApi {
   bool ok = false;
 };
 
+// Sets `fn` to the driver's entry point `name` (its CUDA 12 ABI); false
+// when the driver has none.
+template <typename Fn>
+bool GetDriverEntry(const char* name, Fn& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
+                                       &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess) {
+    fn = reinterpret_cast<Fn>(p);
+  }
+  return fn != nullptr;
+}
+
 const VmmApi& Vmm() {
   static const VmmApi api = [] {
     VmmApi a;
     bool all = true;
     auto get = [&all](const char* name, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
-                                           &found) == cudaSuccess &&
-          found == cudaDriverEntryPointSuccess) {
-        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-      }
-      all = all && fn != nullptr;
+      all = GetDriverEntry(name, fn) && all;
     };
     get("cuMemRetainAllocationHandle", a.retain);
     get("cuMemExportToShareableHandle", a.export_fd);
@@ -103,6 +110,24 @@ const VmmApi& Vmm() {
     get("cuMemUnmap", a.unmap);
     get("cuMemSetAccess", a.set_access);
     a.ok = all;
+    return a;
+  }();
+  return api;
+}
+
+// Stream memory operations (WaitValueOn, WriteValueOn), as Vmm().
+struct StreamMemOpsApi {
+  decltype(&::cuStreamWaitValue32) wait = nullptr;
+  decltype(&::cuStreamWriteValue32) write = nullptr;
+  bool ok = false;
+};
+
+const StreamMemOpsApi& StreamMemOps() {
+  static const StreamMemOpsApi api = [] {
+    StreamMemOpsApi a;
+    const bool wait = GetDriverEntry("cuStreamWaitValue32", a.wait);
+    const bool write = GetDriverEntry("cuStreamWriteValue32", a.write);
+    a.ok = wait && write;
     return a;
   }();
   return api;
@@ -371,6 +396,58 @@ class CudaBackend final : public DeviceBackend {
     // a later wait sees, not what this one captured).
     s.spare.push_back(event);
     return e == cudaSuccess ? Status::OK() : Fail("cudaStreamWaitEvent", e);
+  }
+
+  Status WaitValueOnImpl(const ForeignStream& foreign,
+                         const std::atomic<uint32_t>* word,
+                         uint32_t value) override {
+    return StreamMemOp(foreign, word, value, /*write=*/false);
+  }
+  Status WriteValueOnImpl(const ForeignStream& foreign,
+                          std::atomic<uint32_t>* word,
+                          uint32_t value) override {
+    return StreamMemOp(foreign, word, value, /*write=*/true);
+  }
+
+  // cuStreamWaitValue32 (GEQ) or cuStreamWriteValue32 on the device
+  // address of a registered host word. A write is ordered after the
+  // stream's earlier work by the stream itself; a wait makes later work
+  // wait, and the engine's kernels then read what the daemon's copies
+  // wrote (complete before the daemon's host raised the word).
+  Status StreamMemOp(const ForeignStream& foreign, const void* word,
+                     uint32_t value, bool write) {
+    if (foreign.emulated != nullptr) {
+      return Status::InvalidArgument(
+          "a CUDA backend orders work on a cudaStream_t (ForeignStream::cuda)");
+    }
+    const StreamMemOpsApi& api = StreamMemOps();
+    if (!api.ok) {
+      return Status::Unavailable(
+          "the CUDA driver lacks stream memory operations "
+          "(cuStreamWaitValue32)");
+    }
+    TIERKV_RETURN_IF_ERROR(Use());
+    const std::byte* device = nullptr;
+    {
+      MutexLock lock(&mu_);
+      device = DeviceAddressLocked(static_cast<const std::byte*>(word),
+                                   sizeof(uint32_t));
+    }
+    if (device == nullptr) {
+      return Status::InvalidArgument("the word is not registered host memory");
+    }
+    auto stream = static_cast<CUstream>(foreign.cuda);
+    const auto address = reinterpret_cast<CUdeviceptr>(device);
+    const CUresult r =
+        write ? api.write(stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT)
+              : api.wait(stream, address, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      return Status::IOError(
+          fmt::format("{} on the engine's stream: error {}",
+                      write ? "cuStreamWriteValue32" : "cuStreamWaitValue32",
+                      static_cast<int>(r)));
+    }
+    return Status::OK();
   }
 
   Status LaunchHostFunctionImpl(StreamId stream,

@@ -10,9 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "storage/device_backend.h"
 #include "tests/client/client_test_util.h"
@@ -80,6 +83,15 @@ class DevicePools {
     Sync();
   }
   DeviceBackend& backend() { return *backend_; }
+  // The slot's bytes in place: the emulated device's memory is host memory
+  // (what the engine's kernels read and write in these tests).
+  std::span<std::byte> Slot(uint16_t l, uint8_t p, uint32_t slot) {
+    const Pool& pool = pools_.at({l, p});
+    auto base = backend_->PoolBase(pool.id);
+    EXPECT_OK(base);
+    if (!base.ok()) return {};
+    return {*base + slot * pool.slot_bytes, pool.slot_bytes};
+  }
   uint32_t pool_id(uint16_t l, uint8_t p) const { return pools_.at({l, p}).id; }
 
  private:
@@ -113,7 +125,7 @@ class DevicePoolTest : public ::testing::Test {
         "[[namespace]]\nname = \"default\"\ntoken = \"{}\"\nhost_bytes = "
         "\"4MiB\"\nshards = 1\nwrite_policy = \"none\"\n",
         kToken);
-    ASSERT_OK(daemon_->Start({.config_toml = toml}));
+    ASSERT_OK(daemon_->Start({.config_toml = toml, .env = env_}));
   }
   std::unique_ptr<Client> Open() {
     auto c = daemon_->Connect("default", kToken);
@@ -137,6 +149,7 @@ class DevicePoolTest : public ::testing::Test {
   }
 
   TempDir dir_{"/var/tmp"};  // O_DIRECT needs a disk-backed file
+  std::vector<std::pair<std::string, std::string>> env_;  // the daemon's
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -414,6 +427,157 @@ TEST_F(DevicePoolTest, PoolsAreMatchedToTheDaemonsGpuByUuid) {
   Start(true, "\"GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001\"");
   auto c = Open();
   EXPECT_OK(c->RegisterPool(spec));
+}
+
+// Stream interop across processes: the engine's kernels (host functions on
+// its emulated stream here) wait for a Load's layers on the device
+// (StreamWaitLayer), never on the host; a Store ordered after the engine's
+// stream (`after`) saves what the engine's still-queued kernels write, not
+// what the slots held when it was issued.
+TEST_F(DevicePoolTest, TransfersAreOrderedWithTheEnginesStream) {
+  constexpr uint16_t kStalled = 2;  // of 4 layers
+  StallFifo fifo(dir_.path().string() + "/stall.fifo");
+  env_ = {{"TIERKV_TEST_STALL_LAYER",
+           std::to_string(kStalled) + ":" + fifo.path()}};
+  Start();
+  auto c = Open();
+  const auto pages = Pages(4);
+  PutAll(*c, pages);
+  DevicePools pools(DeviceLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*c));
+  const EngineStream engine{.handle = &pools.backend(), .emulated_stream = 1};
+
+  // The engine's layer l kernel reads slot 5 (page 0) once layer l is in.
+  const std::vector<uint32_t> slots = {5, 1, 2, 3};
+  auto load = c->Load(pages, slots);
+  ASSERT_OK(load);
+  std::vector<std::vector<std::byte>> seen(4);
+  std::vector<storage::DeviceEvent> after_layer;
+  for (uint16_t l = 0; l < 4; ++l) {
+    ASSERT_OK(load->StreamWaitLayer(l, engine));
+    ASSERT_OK(pools.backend().LaunchHostFunction(1, [&seen, &pools, l] {
+      auto slot = pools.Slot(l, 0, 5);
+      seen[l].assign(slot.begin(), slot.end());
+    }));
+    auto e = pools.backend().RecordEvent(1);
+    ASSERT_OK(e);
+    after_layer.push_back(*e);
+  }
+  // Layers before the daemon's stalled one reach the engine's kernels;
+  // the stalled one holds them, though no host thread waits for it.
+  ASSERT_OK(pools.backend().WaitEvent(after_layer[kStalled - 1], kTimeout));
+  EXPECT_FALSE(pools.backend().EventDone(after_layer[kStalled]));
+  EXPECT_TRUE(seen[kStalled].empty());
+  fifo.Release();
+  ASSERT_OK(pools.backend().WaitEvent(after_layer[3], kTimeout));
+  for (uint16_t l = 0; l < 4; ++l) {
+    const SegmentKey k{pages[0], l, 0};
+    EXPECT_EQ(seen[l], SegmentBytes(k, seen[l].size())) << k.ToString();
+  }
+  auto loaded = load->Wait();
+  ASSERT_OK(loaded);
+  for (const Status& s : *loaded) EXPECT_OK(s);
+
+  // A Store ordered after the engine's stream, whose kernel writing the
+  // slots is still held: the daemon waits for it (no host thread does).
+  const auto fresh = Pages(2, 50000);
+  const std::vector<uint32_t> fresh_slots = {6, 7};
+  for (uint16_t l = 0; l < 4; ++l) {
+    for (uint8_t p = 0; p < (l % 2 == 0 ? 2 : 1); ++p) {
+      for (uint32_t slot : fresh_slots) {
+        auto bytes = pools.Slot(l, p, slot);
+        std::fill(bytes.begin(), bytes.end(), std::byte{0x5a});
+      }
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  ASSERT_OK(pools.backend().LaunchHostFunction(1, [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return go; });
+    for (uint16_t l = 0; l < 4; ++l) {
+      for (uint8_t p = 0; p < (l % 2 == 0 ? 2 : 1); ++p) {
+        for (size_t i = 0; i < fresh.size(); ++i) {
+          auto slot = pools.Slot(l, p, fresh_slots[i]);
+          const auto want = SegmentBytes({fresh[i], l, p}, slot.size());
+          std::copy(want.begin(), want.end(), slot.begin());
+        }
+      }
+    }
+  }));
+  auto store = c->Store(fresh, fresh_slots, {}, engine);
+  ASSERT_OK(store);
+  // The daemon says it is waiting for the engine's stream.
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (Stats(*c)["transfers"]["stream_gate"]["waiting"] != 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(Stats(*c)["transfers"]["stream_gate"]["waiting"], 1)
+      << Stats(*c)["transfers"].dump();
+  EXPECT_EQ(store->LayersDone(), 0);
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  auto stored = store->Wait();
+  ASSERT_OK(stored);
+  for (const Status& s : *stored) EXPECT_OK(s);
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    for (const SegmentKey& k : Keys(fresh[i])) {
+      std::vector<std::byte> got(DeviceLayout().SegmentBytes(k.layer, k.part));
+      SegmentRead r{k, got};
+      ASSERT_OK(c->Get(std::span(&r, 1))[0]);
+      EXPECT_EQ(got, SegmentBytes(k, got.size())) << k.ToString();
+    }
+  }
+  const auto gate = Stats(*c)["transfers"]["stream_gate"];
+  EXPECT_EQ(gate["waits"], 1) << gate.dump();
+  EXPECT_EQ(gate["waiting"], 0) << gate.dump();
+  EXPECT_EQ(gate["timeouts"], 0) << gate.dump();
+}
+
+// A client that gives up on a Load (its timeout) lets the engine's stream
+// go: nothing on the GPU waits for a daemon that may never answer, and the
+// slot holds what it held.
+TEST_F(DevicePoolTest, AClientThatGivesUpReleasesTheEnginesStream) {
+  StallFifo fifo(dir_.path().string() + "/stall.fifo");
+  env_ = {{"TIERKV_TEST_STALL_LAYER", "1:" + fifo.path()}};
+  Start();
+  auto opened = Client::Connect({.socket_path = daemon_->socket_path(),
+                                 .timeout = std::chrono::milliseconds(300)});
+  ASSERT_OK(opened);
+  Client& c = **opened;
+  ASSERT_OK(c.OpenNamespace("default", kToken));
+  ASSERT_OK(c.RegisterLayout(DeviceLayout()));
+  const auto pages = Pages(2);
+  PutAll(c, pages);
+  DevicePools pools(DeviceLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(c));
+  auto before = pools.Slot(1, 0, 2);
+  std::fill(before.begin(), before.end(), std::byte{0xee});
+  const EngineStream engine{.handle = &pools.backend(), .emulated_stream = 1};
+
+  auto load = c.Load(pages, std::vector<uint32_t>{2, 3});
+  ASSERT_OK(load);
+  ASSERT_OK(load->StreamWaitLayer(1, engine));
+  std::vector<std::byte> seen;
+  ASSERT_OK(pools.backend().LaunchHostFunction(1, [&] {
+    auto slot = pools.Slot(1, 0, 2);
+    seen.assign(slot.begin(), slot.end());
+  }));
+  auto kernel = pools.backend().RecordEvent(1);
+  ASSERT_OK(kernel);
+  // The daemon is held before layer 1: the client's wait gives up...
+  auto waited = load->WaitLayer(1);
+  EXPECT_EQ(waited.status().code(), StatusCode::kIOError)
+      << waited.status().ToString();
+  // ... and the engine's stream goes on, the slot unwritten.
+  ASSERT_OK(pools.backend().WaitEvent(*kernel, kTimeout));
+  EXPECT_EQ(seen, std::vector<std::byte>(seen.size(), std::byte{0xee}));
+  fifo.Release();
 }
 
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {

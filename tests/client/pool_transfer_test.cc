@@ -81,35 +81,6 @@ class EnginePools {
   std::map<std::pair<uint16_t, uint8_t>, Region> regions_;
 };
 
-// The test's end of a TIERKV_TEST_STALL_LAYER FIFO. Opened O_RDWR, which
-// never blocks on Linux and keeps a writer present, so the daemon's
-// open(O_RDONLY) returns at once and its read() waits for Release(). A
-// failing test closes the descriptor on the way out: the daemon reads EOF
-// and the stalled worker goes on, so no failure can hang the test.
-class StallFifo {
- public:
-  explicit StallFifo(std::string path) : path_(std::move(path)) {
-    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0) << std::strerror(errno);
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
-    EXPECT_GE(fd_, 0) << std::strerror(errno);
-  }
-  ~StallFifo() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  StallFifo(const StallFifo&) = delete;
-  StallFifo& operator=(const StallFifo&) = delete;
-
-  const std::string& path() const { return path_; }
-  void Release() {
-    const char byte = 1;
-    EXPECT_EQ(::write(fd_, &byte, 1), 1) << std::strerror(errno);
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
 class PoolTransferTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(data_dir_.empty()); }

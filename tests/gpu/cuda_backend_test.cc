@@ -2,9 +2,9 @@
 // (registered and unregistered host rows, vector and byte paths), an
 // allocation the device cannot hold, IPC export to another process (a
 // re-executed copy of this binary) and back, and an importer that dies
-// holding the handle. Built whenever nvcc is (CI compiles and links it);
-// every test skips on a machine without a device, and tests/gpu/run.sh
-// fails on a skip (TIERKV_REQUIRE_GPU=1).
+// holding the handle, stream memory operations on host words. Built whenever
+// nvcc is (CI compiles and links it); every test skips on a machine without a
+// device, and tests/gpu/run.sh fails on a skip (TIERKV_REQUIRE_GPU=1).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -151,6 +152,40 @@ TEST(CudaBackendTest, GatherRowsPacksScatteredRowsInSelectionOrder) {
     GatherAndCheck(*b, row_bytes, /*pinned=*/false, row_bytes + 3,
                    /*into_slots=*/true);
   }
+}
+
+// The words tierkvd and an engine's stream synchronise through (a
+// LoadTicket's device_layers and gate): a cudaStream_t waits for one word
+// of registered host memory (cuStreamWaitValue32, cyclic GEQ) and then
+// writes another (cuStreamWriteValue32), with no host thread waiting.
+TEST(CudaBackendTest, AStreamWaitsForAndWritesWordsOfHostMemory) {
+  CUDA_OR_SKIP(b);
+  cudaStream_t engine = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&engine, cudaStreamNonBlocking),
+            cudaSuccess);
+  alignas(4096) static std::atomic<uint32_t> words[1024];
+  for (auto& w : words) w.store(0);
+  ASSERT_OK(b->RegisterHost({reinterpret_cast<std::byte*>(words), 4096}));
+  const ForeignStream fs{.cuda = engine};
+  words[2].store(0xfffffffe);
+  ASSERT_OK(b->WaitValueOn(fs, &words[0], 3));
+  ASSERT_OK(b->WaitValueOn(fs, &words[2], 1));  // past the wrap
+  ASSERT_OK(b->WriteValueOn(fs, &words[1], 9));
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(done, engine), cudaSuccess);
+  words[0].store(2);  // not yet
+  EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady);
+  words[0].store(3);
+  EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady);  // words[2] holds it
+  EXPECT_EQ(words[1].load(), 0u);
+  words[2].store(1);
+  ASSERT_EQ(cudaEventSynchronize(done), cudaSuccess);
+  EXPECT_EQ(words[1].load(), 9u);
+  EXPECT_EQ(cudaEventDestroy(done), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(engine), cudaSuccess);
+  ASSERT_OK(b->UnregisterHost(reinterpret_cast<std::byte*>(words)));
 }
 
 TEST(CudaBackendTest, AnAllocationTooLargeIsExhaustedAndNotSticky) {

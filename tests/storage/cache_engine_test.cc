@@ -919,5 +919,54 @@ TEST_F(CacheEngineDevicePoolTest, ATimedOutCopyKeepsItsMemoryUntilItIsOver) {
   EXPECT_EQ(m->leading_pages, 0u);
 }
 
+// A transfer ordered after an engine's stream that never reaches it (a
+// hung engine, a hostile client): the daemon gives up after
+// device_copy_timeout, moves nothing (the slots may still be in use) and
+// says Busy for every segment; the gate does not hold the next transfer.
+TEST_F(CacheEngineDevicePoolTest, AGateTheEnginesStreamNeverOpensTimesOut) {
+  engine_options_.device_copy_timeout = std::chrono::milliseconds(50);
+  OpenWithDevice();
+  PutPage(1);
+  Ticket(0).gate_target.store(7);  // the stream would write 7; it never does
+  Ticket(0).gate.store(6);
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {3},
+                           .first_layer = 0,
+                           .num_layers = 2,
+                           .ticket = 0}));
+  WaitFinished(0);
+  const uint32_t parts =
+      TestLayout().layers[0].parts.size() + TestLayout().layers[1].parts.size();
+  ASSERT_EQ(Ticket(0).error_count.load(), parts);
+  for (uint32_t e = 0; e < parts; ++e) {
+    EXPECT_EQ(Ticket(0).errors[e].code,
+              static_cast<uint8_t>(StatusCode::kBusy));
+  }
+  // device_layers still moved on: an engine's stream waiting on it goes on.
+  EXPECT_EQ(Ticket(0).device_layers.load(), 2u);
+  EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.stream_gate_waits, 1u);
+  EXPECT_EQ(st.stream_gate_timeouts, 1u);
+  EXPECT_EQ(st.stream_gate_waiting, 0u);
+  EXPECT_EQ(st.load_segments_host, 0u);
+
+  // The next use of the ticket has no gate (target 0) and starts from the
+  // device_layers the last one left.
+  Ticket(0).gate_target.store(0);
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {3},
+                           .first_layer = 0,
+                           .num_layers = 2,
+                           .ticket = 0}));
+  WaitFinished(0);
+  EXPECT_EQ(Ticket(0).error_count.load(), 0u);
+  EXPECT_EQ(Ticket(0).device_layers.load(), 4u);
+  st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.stream_gate_timeouts, 1u);
+  EXPECT_EQ(st.load_segments_host, parts);
+}
+
 }  // namespace
 }  // namespace tierkv::storage

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
@@ -369,6 +370,71 @@ TEST(DeviceBackendTest, WorkIsOrderedWithAnotherOwnersStream) {
   EXPECT_EQ(
       ours->GatherRowsOn({.cuda = &go}, {pool->id, 0, 1024}, rows, 512).code(),
       StatusCode::kInvalidArgument);
+}
+
+// The words a LoadTicket holds for an engine's stream and tierkvd:
+// registered host memory, one process here (the words are plain shared
+// memory either way).
+TEST(DeviceBackendTest, StreamsWaitForAndWriteWordsOfHostMemory) {
+  auto ours = Emulated();
+  auto theirs = Emulated({.streams = 1});
+  const ForeignStream engine{.emulated = theirs.get(), .emulated_stream = 0};
+  std::vector<std::atomic<uint32_t>> words(1024);  // 4 KiB
+  ASSERT_OK(
+      ours->RegisterHost({reinterpret_cast<std::byte*>(words.data()), 4096}));
+
+  // Work queued after a wait runs once the word reaches the value.
+  std::atomic<int> ran{0};
+  ASSERT_OK(ours->WaitValueOn(engine, &words[0], 3));
+  ASSERT_OK(theirs->LaunchHostFunction(0, [&] { ran.store(1); }));
+  auto after = theirs->RecordEvent(0);
+  ASSERT_OK(after);
+  words[0].store(2);  // not yet
+  EXPECT_EQ(ran.load(), 0);
+  words[0].store(3);
+  ASSERT_OK(theirs->WaitEvent(*after, kTimeout));
+  EXPECT_EQ(ran.load(), 1);
+
+  // Cyclic, as CUDA compares: 1 is past 0xfffffffe, 5 is past 0xfffffff0.
+  words[1].store(0xfffffffe);
+  ASSERT_OK(ours->WaitValueOn(engine, &words[1], 1));
+  ASSERT_OK(ours->WaitValueOn(engine, &words[0], 0xfffffff0u + 3));
+  auto wrapped = theirs->RecordEvent(0);
+  ASSERT_OK(wrapped);
+  words[1].store(1);
+  ASSERT_OK(theirs->WaitEvent(*wrapped, kTimeout));
+
+  // A write lands after the work queued before it, not before.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  ASSERT_OK(theirs->LaunchHostFunction(0, [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return go; });
+  }));
+  ASSERT_OK(ours->WriteValueOn(engine, &words[2], 7));
+  auto written = theirs->RecordEvent(0);
+  ASSERT_OK(written);
+  EXPECT_EQ(words[2].load(), 0u);  // held behind the engine's work
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  ASSERT_OK(theirs->WaitEvent(*written, kTimeout));
+  EXPECT_EQ(words[2].load(), 7u);
+
+  // The words must be registered and aligned; a CUDA stream is refused.
+  std::atomic<uint32_t> elsewhere{0};
+  EXPECT_EQ(ours->WaitValueOn(engine, &elsewhere, 1).code(),
+            StatusCode::kInvalidArgument);
+  auto* misaligned = reinterpret_cast<std::atomic<uint32_t>*>(
+      reinterpret_cast<std::byte*>(words.data()) + 2);
+  EXPECT_EQ(ours->WriteValueOn(engine, misaligned, 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ours->WaitValueOn({.cuda = &go}, &words[0], 1).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_OK(ours->UnregisterHost(reinterpret_cast<std::byte*>(words.data())));
 }
 
 TEST(DeviceBackendTest, AnotherProcessImportsThePoolAndSeesItsBytes) {
