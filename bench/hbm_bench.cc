@@ -4,11 +4,24 @@
 //
 //   pages   host -> device and device -> host copies of whole pages (one
 //           call per page, pages in random order from an arena twice the
-//           size), from pinned (RegisterHost) and pageable host memory.
+//           size), from pinned (RegisterHost) and pageable host memory;
+//           host -> device also as one CopyToDeviceBatch (the daemon's
+//           path into device pools).
 //   gather  per layer, `--rows` rows of `--row-bytes` picked at random from
 //           a pinned (or pageable) arena of 64K rows, packed into a device
 //           buffer by GatherRows (the sparse working set's miss path), for
 //           `--layers` layers back to back.
+//   device->device
+//           the same pages copied pool to pool (CopyOnDevice, one call per
+//           page: an HBM-tier hit into an engine's pool), against one
+//           contiguous device-to-device copy of the same bytes.
+//   wait    latency of a 4 KiB copy plus WaitEvent, against the same copy
+//           detected by spinning on EventDone (the floor of completion
+//           detection), median of --waits.
+//   register
+//           RegisterHost (CUDA: cudaHostRegister, pinning) of a fresh
+//           --register-mib MiB buffer, per GiB, against a memset of the
+//           same bytes (faulting them in).
 //   reference
 //           on CUDA: one CopyToDevice / CopyToHost of a contiguous pinned
 //           buffer (cudaMemcpyAsync) of the same bytes per page set or
@@ -49,6 +62,8 @@ struct HbmBenchOptions {
   std::vector<uint32_t> row_bytes = {656, 1152};
   uint32_t layers = 78;  // GLM-5.2
   uint32_t rounds = 7;
+  uint32_t waits = 2000;
+  uint32_t register_mib = 1024;
   std::string json_path;
 };
 
@@ -77,7 +92,7 @@ class HbmBench {
         "layers, {} rounds (median)\n",
         b_.name(), o_.pages, o_.page_bytes, total / 1e6, o_.rows, o_.layers,
         o_.rounds);
-    fmt::print("  {:<34} {:>10} {:>12} {:>10} {:>8}\n", "case", "MB", "GB/s",
+    fmt::print("  {:<36} {:>10} {:>12} {:>10} {:>8}\n", "case", "MB", "GB/s",
                "ref GB/s", "ratio");
 
     const bool emulated = b_.name() == "emulated";
@@ -114,6 +129,19 @@ class HbmBench {
       });
       Report(fmt::format("pages host->device {}", pin ? "pinned" : "pageable"),
              total, h2d, ref_h2d);
+      // The daemon's path: a unit's pages as one CopyToDeviceBatch.
+      std::vector<DeviceRegion> dsts;
+      std::vector<std::span<const std::byte>> srcs;
+      for (uint32_t i = 0; i < o_.pages; ++i) {
+        dsts.push_back({pool_, i * o_.page_bytes, o_.page_bytes});
+        srcs.push_back(
+            std::span(arena).subspan(slot[i] * o_.page_bytes, o_.page_bytes));
+      }
+      const double batched =
+          Time(total, [&] { return b_.CopyToDeviceBatch(0, dsts, srcs); });
+      Report(fmt::format("pages host->device {} batched",
+                         pin ? "pinned" : "pageable"),
+             total, batched, ref_h2d);
       const double d2h = Time(total, [&] {
         for (uint32_t i = 0; i < o_.pages; ++i) {
           TIERKV_RETURN_IF_ERROR(b_.CopyToHost(
@@ -126,7 +154,10 @@ class HbmBench {
       Report(fmt::format("pages device->host {}", pin ? "pinned" : "pageable"),
              total, d2h, ref_d2h);
     }
+    DeviceToDevice(total, slot);
     for (uint32_t row_bytes : o_.row_bytes) Gather(row_bytes);
+    WaitLatency();
+    Registration();
     if (Status s = b_.UnregisterHost(pinned_.data()); !s.ok()) {
       return Fail("unpin", s);
     }
@@ -218,6 +249,100 @@ class HbmBench {
     }
   }
 
+  // Pages pool to pool, as the HBM tier serves a hit into an engine's
+  // pool, against one contiguous device-to-device copy.
+  void DeviceToDevice(uint64_t total, const std::vector<uint32_t>& slot) {
+    auto from = b_.AllocatePool(2 * total);
+    if (!from.ok()) {
+      Fail("device->device pool", from.status());
+      return;
+    }
+    const double ref = Time(total, [&] {
+      return b_.CopyOnDevice(0, {pool_, 0, total}, {from->id, 0, total});
+    });
+    Report("reference device->device contiguous", total, ref, ref);
+    const double t = Time(total, [&] {
+      for (uint32_t i = 0; i < o_.pages; ++i) {
+        TIERKV_RETURN_IF_ERROR(b_.CopyOnDevice(
+            0, {pool_, i * o_.page_bytes, o_.page_bytes},
+            {from->id, slot[i] * o_.page_bytes, o_.page_bytes}));
+      }
+      return Status::OK();
+    });
+    Report("pages device->device", total, t, ref);
+    if (Status s = b_.FreePool(from->id); !s.ok()) Fail("free", s);
+  }
+
+  // A 4 KiB copy and WaitEvent, against the same copy detected by spinning
+  // on EventDone: what the wait's sleeping adds to a layer's latency.
+  void WaitLatency() {
+    const uint64_t bytes = 4096;
+    auto one = [&](bool spin) -> double {
+      const auto t0 = Clock::now();
+      Status s = b_.CopyToDevice(0, {pool_, 0, bytes},
+                                 std::span(pinned_).first(bytes));
+      auto e = s.ok() ? b_.RecordEvent(0) : Result<storage::DeviceEvent>(s);
+      if (!e.ok()) return -1;
+      if (spin) {
+        while (!b_.EventDone(*e)) {
+        }
+      } else if (!b_.WaitEvent(*e, std::chrono::seconds(10)).ok()) {
+        return -1;
+      }
+      return std::chrono::duration<double, std::micro>(Clock::now() - t0)
+          .count();
+    };
+    std::vector<double> waited, spun;
+    for (uint32_t i = 0; i < o_.waits; ++i) {
+      const double w = one(false), p = one(true);
+      if (w < 0 || p < 0) {
+        Fail("wait latency", Status::IOError("a 4 KiB copy failed"));
+        return;
+      }
+      waited.push_back(w);
+      spun.push_back(p);
+    }
+    ReportLatency("wait 4 KiB copy + WaitEvent, us", Median(waited),
+                  Median(spun));
+  }
+
+  // Pinning a fresh buffer, per GiB, against faulting it in with memset.
+  void Registration() {
+    const uint64_t bytes = uint64_t{o_.register_mib} << 20;
+    // Not yet touched, so both the pinning and the memset fault them in.
+    auto first = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    auto second = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    const auto t0 = Clock::now();
+    std::memset(second.get(), 7, bytes);
+    const double touch =
+        std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto t1 = Clock::now();
+    Status s = b_.RegisterHost({first.get(), bytes});
+    const double pin = std::chrono::duration<double>(Clock::now() - t1).count();
+    if (!s.ok()) {
+      Fail("register", s);
+      return;
+    }
+    if (Status u = b_.UnregisterHost(first.get()); !u.ok()) {
+      Fail("unregister", u);
+    }
+    const double gib = static_cast<double>(bytes) / (1 << 30);
+    ReportLatency(fmt::format("register {} MiB, ms per GiB", o_.register_mib),
+                  pin / gib * 1e3, touch / gib * 1e3);
+  }
+
+  // A latency case: `value` against `reference` (same unit; lower is
+  // better), ratio = reference / value as for bandwidths (1 is the floor).
+  void ReportLatency(const std::string& name, double value, double reference) {
+    if (value <= 0 || reference <= 0) return;
+    fmt::print("  {:<36} {:>10} {:>12.2f} {:>10.2f} {:>7.2f}x\n", name, "",
+               value, reference, reference / value);
+    cases_.push_back({{"case", name},
+                      {"value", value},
+                      {"reference", reference},
+                      {"ratio", reference / value}});
+  }
+
   // Median seconds of `rounds` rounds of `submit` + an event wait; -1 on
   // an error (reported).
   template <typename Submit>
@@ -247,7 +372,7 @@ class HbmBench {
     if (seconds <= 0 || ref_seconds <= 0) return;
     const double gbps = bytes / seconds / 1e9;
     const double ref_gbps = bytes / ref_seconds / 1e9;
-    fmt::print("  {:<34} {:>10.1f} {:>12.2f} {:>10.2f} {:>7.2f}x\n", name,
+    fmt::print("  {:<36} {:>10.1f} {:>12.2f} {:>10.2f} {:>7.2f}x\n", name,
                bytes / 1e6, gbps, ref_gbps, gbps / ref_gbps);
     cases_.push_back({{"case", name},
                       {"bytes", bytes},
@@ -304,6 +429,11 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   sub->add_option("--row-bytes", opts->row_bytes)->capture_default_str();
   sub->add_option("--layers", opts->layers)->capture_default_str();
   sub->add_option("--rounds", opts->rounds)->capture_default_str();
+  sub->add_option("--waits", opts->waits, "4 KiB copies timed for WaitEvent")
+      ->capture_default_str();
+  sub->add_option("--register-mib", opts->register_mib,
+                  "host buffer pinned for the registration time")
+      ->capture_default_str();
   sub->add_option("--json", opts->json_path, "also write the figures here");
   sub->callback([opts] { SetExitCode(Run(*opts)); });
 });

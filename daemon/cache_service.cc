@@ -602,7 +602,13 @@ HandlerReply CacheService::Stats(Namespace& ns) {
     j["device"] = {{"failed", es.device_failed},
                    {"error", es.device_error},
                    {"quarantined_units", es.device_quarantined},
-                   {"quarantined_units_total", es.device_quarantined_total}};
+                   {"quarantined_units_total", es.device_quarantined_total},
+                   // NVMe reads into device pools: pinned bounce buffers.
+                   {"staging",
+                    {{"capacity_bytes", es.device_staging.capacity_bytes},
+                     {"in_use_bytes", es.device_staging.in_use_bytes},
+                     {"pinned_borrows", es.device_staging.pinned_borrows},
+                     {"heap_borrows", es.device_staging.heap_borrows}}}};
   }
   j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
   if (es.has_nvme) {

@@ -105,6 +105,18 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   }
   if (options.device != nullptr) {
     engine->PinHostArenas();
+    if (options.device_staging_bytes > 0) {
+      auto staging =
+          PinnedStaging::Create(*options.device, options.device_staging_bytes);
+      if (staging.ok()) {
+        engine->staging_ = std::move(staging).value();
+      } else {
+        StorageLog().warn(
+            "no pinned staging for NVMe reads into device pools ({}): they "
+            "go through pageable memory",
+            staging.status().ToString());
+      }
+    }
     MutexLock lock(&engine->device_streams_mu_);
     for (StreamId id = 0; id < options.device->streams(); ++id) {
       engine->free_device_streams_.push_back(id);
@@ -644,6 +656,7 @@ EngineStats CacheEngine::SharedStats() const {
     if (s.device_failed) s.device_error = options_.device->health().message();
     s.device_quarantined = quarantine_.held();
     s.device_quarantined_total = quarantine_.total();
+    if (staging_) s.device_staging = staging_->Stats();
   }
   s.load_segments_hbm = get(load_segments_hbm_);
   s.load_bytes_hbm = get(load_bytes_hbm_);
@@ -1319,16 +1332,37 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   uint64_t host_bytes = 0, nvme_bytes = 0, nvme_segments = 0;
   std::vector<NvmeReadItem> reads;
   std::vector<uint32_t> read_page;
-  std::vector<std::byte> bounce;
+  PinnedStaging::Buffer bounce;
+  // Host -> device copies go in batches (one submission per source tier:
+  // CopyToDeviceBatch), each page's HBM admission queued after its batch.
+  std::vector<uint32_t> batch_pages;
+  std::vector<DeviceRegion> batch_slots;
+  std::vector<std::span<const std::byte>> batch_sources;
   auto copy = [&](uint32_t i, std::span<const std::byte> src) {
-    const DeviceRegion slot = pool.DeviceSlot(t.slots[i]);
-    if (Status s = device.CopyToDevice(stream, slot, src); !s.ok()) {
-      RecordError(job, i, l, p, s.code());
-      return false;
+    batch_pages.push_back(i);
+    batch_slots.push_back(pool.DeviceSlot(t.slots[i]));
+    batch_sources.push_back(src);
+  };
+  // Submits the batch; false for a page whose copy was refused (its error
+  // recorded).
+  auto submit = [&]() -> std::vector<bool> {
+    std::vector<bool> ok(batch_pages.size(), true);
+    Status s = device.CopyToDeviceBatch(stream, batch_slots, batch_sources);
+    for (size_t b = 0; b < batch_pages.size(); ++b) {
+      const uint32_t i = batch_pages[b];
+      if (!s.ok()) {
+        RecordError(job, i, l, p, s.code());
+        ok[b] = false;
+        continue;
+      }
+      copied.push_back(i);
+      QueueHbmAdmission(ns, {t.pages[i], l, p}, batch_slots[b], stream,
+                        &admitted);
     }
-    copied.push_back(i);
-    QueueHbmAdmission(ns, {t.pages[i], l, p}, slot, stream, &admitted);
-    return true;
+    batch_pages.clear();
+    batch_slots.clear();
+    batch_sources.clear();
+    return ok;
   };
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
@@ -1347,12 +1381,8 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     }
     auto loc = ns.host_->Acquire(key);
     if (loc.ok() && loc->size == bytes) {
-      if (copy(i, {ns.host_->arena().base() + loc->offset, bytes})) {
-        held.push_back(key);
-        host_bytes += bytes;
-      } else {
-        ns.host_->Release(key);
-      }
+      copy(i, {ns.host_->arena().base() + loc->offset, bytes});
+      held.push_back(key);  // released once the copy is over (or refused)
       continue;
     }
     if (loc.ok()) ns.host_->Release(key);
@@ -1363,14 +1393,34 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
       load_misses_.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  uint64_t host_segments = 0;
+  for (bool ok : submit()) {
+    host_segments += ok ? 1 : 0;
+    host_bytes += ok ? bytes : 0;
+  }
   if (!read_page.empty()) {
-    bounce.resize(read_page.size() * bytes);
+    const uint64_t bounce_bytes = read_page.size() * bytes;
+    if (staging_) {
+      bounce = staging_->Borrow(bounce_bytes);
+    } else {
+      auto heap = std::make_shared<std::vector<std::byte>>(bounce_bytes);
+      bounce = {*heap, false, heap};
+    }
+    if (bounce.bytes.empty()) {
+      for (uint32_t i : read_page) {
+        RecordError(job, i, l, p, StatusCode::kResourceExhausted);
+      }
+      read_page.clear();
+    }
     for (size_t r = 0; r < read_page.size(); ++r) {
       reads.push_back({SegmentKey{t.pages[read_page[r]], l, p},
-                       {bounce.data() + r * bytes, bytes}});
+                       bounce.bytes.subspan(r * bytes, bytes)});
     }
+  }
+  if (!read_page.empty()) {
     auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
     std::vector<SegmentKey> read_ok;
+    std::vector<size_t> batch_reads;  // the reads[] index of each copy
     for (size_t r = 0; r < reads.size(); ++r) {
       const uint32_t i = read_page[r];
       if (!got[r].ok() || *got[r] != bytes) {
@@ -1380,11 +1430,15 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
         load_misses_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      if (copy(i, reads[r].dst)) {
-        read_ok.push_back(reads[r].key);
-        nvme_bytes += bytes;
-        ++nvme_segments;
-      }
+      copy(i, reads[r].dst);
+      batch_reads.push_back(r);
+    }
+    const std::vector<bool> ok = submit();
+    for (size_t b = 0; b < ok.size(); ++b) {
+      if (!ok[b]) continue;
+      read_ok.push_back(reads[batch_reads[b]].key);
+      nvme_bytes += bytes;
+      ++nvme_segments;
     }
     if (!read_ok.empty()) {
       MutexLock lock(&job.mu);
@@ -1395,7 +1449,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   // after WaitLayer is on the device. What the copies read (host segments,
   // HBM entries, the bounce buffer, the engine's pool) stays theirs until
   // they are over, even past a timed-out wait.
-  const size_t hbm_hits = hbm_held.size(), host_hits = held.size();
+  const size_t hbm_hits = hbm_held.size();
   auto release = [this, &ns, held = std::move(held),
                   hbm_held = std::move(hbm_held),
                   admitted = std::move(admitted), bounce = std::move(bounce),
@@ -1417,7 +1471,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   }
   load_segments_hbm_.fetch_add(hbm_hits, std::memory_order_relaxed);
   load_bytes_hbm_.fetch_add(hbm_hits * bytes, std::memory_order_relaxed);
-  load_segments_host_.fetch_add(host_hits, std::memory_order_relaxed);
+  load_segments_host_.fetch_add(host_segments, std::memory_order_relaxed);
   load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
   load_segments_nvme_.fetch_add(nvme_segments, std::memory_order_relaxed);
   load_bytes_nvme_.fetch_add(nvme_bytes, std::memory_order_relaxed);

@@ -44,6 +44,7 @@
 #include "storage/lease_table.h"
 #include "storage/mapped_region.h"
 #include "storage/nvme_store.h"
+#include "storage/pinned_staging.h"
 #include "storage/tier_mover.h"
 #include "storage/worker_pool.h"
 #include "storage/write_policy.h"
@@ -92,6 +93,10 @@ struct CacheEngineOptions {
   // How long one unit of a transfer waits for its device copies.
   // Default: 30 s.
   std::chrono::milliseconds device_copy_timeout{30000};
+  // Host memory pinned for `device` at start, lent as bounce buffers to
+  // NVMe reads on their way into device pools (PinnedStaging); reads past
+  // it use heap memory. 0: none. Default: 32 MiB.
+  uint64_t device_staging_bytes = uint64_t{32} << 20;
   // Source of time for lease expiry; borrowed. Default: the steady clock.
   const Clock* clock = SteadyClock::Default();
 
@@ -209,6 +214,9 @@ struct EngineStats {
   std::string device_error;
   uint64_t device_quarantined = 0;
   uint64_t device_quarantined_total = 0;
+  // Bounce buffers of NVMe reads into device pools (PinnedStaging): the
+  // pinned arena (0 when there is none) and how reads were served.
+  PinnedStagingStats device_staging;
   bool has_nvme = false;
   NvmeStoreStats nvme;
   TierMoverStats mover;
@@ -607,6 +615,9 @@ class CacheEngine {
   CondVar device_streams_cv_;
   std::vector<StreamId> free_device_streams_ GUARDED_BY(device_streams_mu_);
   std::unique_ptr<HbmTier> hbm_;  // null without one
+  // Null without a device or when pinning was refused. Before quarantine_:
+  // released memory held there goes back before the arena ends.
+  std::unique_ptr<PinnedStaging> staging_;
   // See WaitDeviceCopies. Mutable: Stats reaps it too, so quarantined
   // memory comes back on the daemon's periodic scrape when no transfer runs.
   mutable DeviceQuarantine quarantine_;

@@ -141,6 +141,30 @@ Status DeviceBackend::CopyToDevice(StreamId stream, DeviceRegion dst,
   return CopyToDeviceImpl(stream, dst, src);
 }
 
+Status DeviceBackend::CopyToDeviceBatch(
+    StreamId stream, std::span<const DeviceRegion> dsts,
+    std::span<const std::span<const std::byte>> srcs) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  if (dsts.size() != srcs.size()) {
+    return Status::InvalidArgument(
+        fmt::format("a batch of {} device regions for {} host ranges",
+                    dsts.size(), srcs.size()));
+  }
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    TIERKV_RETURN_IF_ERROR(CheckRegion(dsts[i]));
+    if (srcs[i].size() != dsts[i].bytes ||
+        (srcs[i].data() == nullptr && !srcs[i].empty())) {
+      return Status::InvalidArgument(fmt::format(
+          "batch item {}: copy of {} host bytes into a {}-byte device region",
+          i, srcs[i].size(), dsts[i].bytes));
+    }
+  }
+  if (dsts.empty()) return Status::OK();
+  return CopyToDeviceBatchImpl(stream, dsts, srcs);
+}
+
 Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
                                    DeviceRegion src) {
   if (failed()) return health();

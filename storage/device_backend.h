@@ -205,6 +205,12 @@ class DeviceBackend {
                       std::span<const std::byte> src);
   Status CopyToHost(StreamId stream, std::span<std::byte> dst,
                     DeviceRegion src);
+  // CopyToDevice of srcs[i] into dsts[i] for every i, in order, as one
+  // submission (CUDA: cudaMemcpyBatchAsync, so a layer's pages cost the
+  // copy engines one call instead of one per page; a runtime without it:
+  // one cudaMemcpyAsync each). Every item is checked before any is queued.
+  Status CopyToDeviceBatch(StreamId stream, std::span<const DeviceRegion> dsts,
+                           std::span<const std::span<const std::byte>> srcs);
   // Device to device, within a pool or across pools (imported ones too);
   // the regions must be the same size.
   Status CopyOnDevice(StreamId stream, DeviceRegion dst, DeviceRegion src);
@@ -337,6 +343,10 @@ class DeviceBackend {
                                   std::span<const std::byte> src) = 0;
   virtual Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
                                 DeviceRegion src) = 0;
+  // REQUIRES: as many dsts as srcs, each pair checked.
+  virtual Status CopyToDeviceBatchImpl(
+      StreamId stream, std::span<const DeviceRegion> dsts,
+      std::span<const std::span<const std::byte>> srcs) = 0;
   virtual Status CopyOnDeviceImpl(StreamId stream, DeviceRegion dst,
                                   DeviceRegion src) = 0;
   // dst_rows: empty (contiguous) or one row index per row, checked.

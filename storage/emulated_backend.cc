@@ -249,6 +249,27 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  // One operation on the stream; each copy counts for fault injection as
+  // a copy of its own would.
+  Status CopyToDeviceBatchImpl(
+      StreamId stream, std::span<const DeviceRegion> dsts,
+      std::span<const std::span<const std::byte>> srcs) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    std::vector<std::pair<std::byte*, std::span<const std::byte>>> copies;
+    copies.reserve(dsts.size());
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      copies.emplace_back(Address(dsts[i]), srcs[i]);
+    }
+    streams_[stream]->Submit([this, copies = std::move(copies)] {
+      for (const auto& [to, from] : copies) {
+        TIERKV_RETURN_IF_ERROR(BeforeWork());
+        std::memcpy(to, from.data(), from.size());
+      }
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
   Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
                         DeviceRegion src) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -326,6 +327,47 @@ class CudaBackend final : public DeviceBackend {
                         cudaMemcpyHostToDevice, streams_[stream]->handle);
     return e == cudaSuccess ? Status::OK()
                             : Fail("cudaMemcpyAsync host to device", e);
+  }
+
+  // cudaMemcpyBatchAsync (CUDA 12.8+): the sources are read in stream
+  // order (they are tierkv's DRAM or bounce buffers, valid until the
+  // stream's event). A runtime or driver without it (cudaErrorNotSupported,
+  // cudaErrorCallRequiresNewerDriver) gets one cudaMemcpyAsync per copy,
+  // decided once.
+  Status CopyToDeviceBatchImpl(
+      StreamId stream, std::span<const DeviceRegion> dsts,
+      std::span<const std::span<const std::byte>> srcs) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    cudaStream_t s = streams_[stream]->handle;
+    if (batch_copies_.load(std::memory_order_relaxed)) {
+      std::vector<void*> to(dsts.size());
+      std::vector<const void*> from(dsts.size());
+      std::vector<size_t> sizes(dsts.size());
+      for (size_t i = 0; i < dsts.size(); ++i) {
+        to[i] = Address(dsts[i]);
+        from[i] = srcs[i].data();
+        sizes[i] = srcs[i].size();
+      }
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      const cudaError_t e =
+          cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), to.size(),
+                               &attributes, &first, 1, s);
+      if (e == cudaSuccess) return Status::OK();
+      if (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver) {
+        return Fail("cudaMemcpyBatchAsync host to device", e);
+      }
+      cudaGetLastError();  // not sticky: clear it
+      batch_copies_.store(false, std::memory_order_relaxed);
+    }
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      const cudaError_t e =
+          cudaMemcpyAsync(Address(dsts[i]), srcs[i].data(), srcs[i].size(),
+                          cudaMemcpyHostToDevice, s);
+      if (e != cudaSuccess) return Fail("cudaMemcpyAsync host to device", e);
+    }
+    return Status::OK();
   }
 
   Status CopyToHostImpl(StreamId stream, std::span<std::byte> dst,
@@ -1153,6 +1195,8 @@ class CudaBackend final : public DeviceBackend {
   std::map<uint32_t, Pool> pools_ GUARDED_BY(mu_);
   uint32_t next_id_ GUARDED_BY(mu_) = 1;
   std::map<uintptr_t, HostRange> host_ GUARDED_BY(mu_);
+  // False once the runtime or driver said it has no cudaMemcpyBatchAsync.
+  std::atomic<bool> batch_copies_{true};
   std::map<HandleBytes, Opened> opened_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Stream>> streams_;  // fixed after Init
 };

@@ -194,6 +194,12 @@ TEST_F(DevicePoolTest, LoadFillsTheEnginesDevicePoolsFromDramAndNvme) {
   EXPECT_EQ(st["load_segments"]["nvme"], 12) << st.dump();
   EXPECT_EQ(st["load_segments"]["host"], 12) << st.dump();
   EXPECT_EQ(st["registered_pools"], 6);
+  // The NVMe pages went through the pinned staging arena, and came back.
+  const auto staging = Stats(*c)["device"]["staging"];
+  EXPECT_EQ(staging["capacity_bytes"], 32 << 20) << staging.dump();
+  EXPECT_GT(staging["pinned_borrows"].get<uint64_t>(), 0u) << staging.dump();
+  EXPECT_EQ(staging["heap_borrows"], 0) << staging.dump();
+  EXPECT_EQ(staging["in_use_bytes"], 0) << staging.dump();
 
   // A page stored nowhere: NotFound, its device slot untouched.
   const std::vector<std::byte> before = pools.Read(1, 0, 1);

@@ -12,12 +12,18 @@
 #               device machine pass $OUT so they come back)
 #
 # One line per check, `gpu: PASS|FAIL <check> <figures>`; exit 0 only when
-# every check passed. With a GPU, in order: the device and driver, the CUDA
-# unit tests (a skip is a failure), tierkvd serving with [hbm] backend =
-# "cuda" and a host arena registered, and tierkv-bench hbm with its
-# acceptance ratios (pinned page loads >= 0.8x and row gather >= 0.6x of
-# one contiguous pinned cudaMemcpyAsync, same run). Meant to finish within
-# 5 minutes on an H200 machine.
+# every check passed. With a GPU, in order: the device and driver, tierkvd
+# serving with [hbm] backend = "cuda" and a host arena registered, the CUDA
+# tests (a skip is a failure; they include the daemon path: a real tierkvd
+# on the GPU and this process as an engine whose tensors inside one
+# allocation are loaded from DRAM, NVMe and HBM with its stream waiting on
+# the device, a Store ordered after its stream, an engine killed with
+# pools registered; and the working set with a consumer on another
+# stream), compute-sanitizer memcheck and racecheck where present, and
+# tierkv-bench hbm with its acceptance ratios (pinned page loads, batched
+# as the daemon issues them, >= 0.8x and row gather >= 0.6x of one contiguous pinned cudaMemcpyAsync, same
+# run) and its device->device, WaitEvent and registration figures. Meant
+# to finish within 5 minutes on an H200 machine.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 gpu=1
@@ -118,12 +124,33 @@ rm -rf "$daemon_dir"
 
 # 3. On the GPU: the CUDA unit tests (every one must run) and the benchmark.
 if ((gpu)); then
-  if TIERKV_REQUIRE_GPU=1 "$bin/gpu_tests" --gtest_brief=0 \
+  # TIERKV_BIN_DIR: the daemon-path tests start the bundle's tierkvd.
+  if TIERKV_REQUIRE_GPU=1 TIERKV_BIN_DIR=$bin "$bin/gpu_tests" --gtest_brief=0 \
       --gtest_output="json:$out/gpu_tests.json" > "$out/gpu_tests.log" 2>&1; then
     say "PASS gpu_tests: $(grep -E '^\[  PASSED  \]' "$out/gpu_tests.log")"
   else
     say "FAIL gpu_tests: $(grep -E 'Failure|FAILED' "$out/gpu_tests.log" | head -5 | tr '\n' ' ')"
     fail=1
+  fi
+  # compute-sanitizer (memcheck, then racecheck on the kernels) over the
+  # backend and working-set tests, where the machine has one; bounded so
+  # the whole check stays within its time.
+  sanitizer=$(command -v compute-sanitizer ||
+    ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -n $sanitizer ]]; then
+    for tool in memcheck racecheck; do
+      if TIERKV_REQUIRE_GPU=1 timeout 150 "$sanitizer" --tool "$tool" \
+          --error-exitcode 9 "$bin/gpu_tests" \
+          --gtest_filter='CudaBackendTest.*:CudaWorkingSetTest.*' \
+          > "$out/sanitizer-$tool.log" 2>&1; then
+        say "PASS compute-sanitizer $tool: $(grep -m1 -E 'ERROR SUMMARY' "$out/sanitizer-$tool.log")"
+      else
+        say "FAIL compute-sanitizer $tool (exit $?): $(grep -E 'ERROR SUMMARY|Invalid|Race|Failure' "$out/sanitizer-$tool.log" | head -4 | tr '\n' ' ')"
+        fail=1
+      fi
+    done
+  else
+    say "info: no compute-sanitizer on this machine"
   fi
   if "$bin/tierkv-bench" hbm --backend cuda --json "$out/hbm.json" > "$out/hbm.log" 2>&1; then
     sed 's/^/gpu:   /' "$out/hbm.log"
@@ -132,7 +159,7 @@ if ((gpu)); then
 import json, sys
 cases = {c["case"]: c for c in json.load(open(sys.argv[1]))["cases"]}
 bad = 0
-for name, floor in [("pages host->device pinned", 0.8),
+for name, floor in [("pages host->device pinned batched", 0.8),
                     ("gather 656-B rows pinned", 0.6),
                     ("gather 1152-B rows pinned", 0.6)]:
     c = cases.get(name)
@@ -143,6 +170,16 @@ for name, floor in [("pages host->device pinned", 0.8),
     print(f"gpu: {'PASS' if ok else 'FAIL'} hbm {name}: {c['gbps']:.2f} GB/s = "
           f"{c['ratio']:.2f}x contiguous pinned {c['reference_gbps']:.2f} GB/s "
           f"(needs >= {floor}x)")
+for name in ["pages host->device pinned", "pages device->device",
+             "wait 4 KiB copy + WaitEvent, us"]:
+    c = cases.get(name)
+    if c is None:
+        print(f"gpu: FAIL hbm {name}: missing"); bad = 1; continue
+    print(f"gpu: info hbm {name}: ratio {c['ratio']:.2f}x (same-run reference)")
+for name, c in cases.items():
+    if name.startswith("register "):
+        print(f"gpu: info hbm {name}: {c['value']:.1f} ms/GiB, "
+              f"{c['ratio']:.2f}x a memset of the same bytes")
 sys.exit(bad)
 PY
     else

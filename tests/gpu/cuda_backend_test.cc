@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,9 +20,8 @@
 #include <vector>
 
 #include "storage/device_backend.h"
+#include "tests/gpu/spawn_self.h"
 #include "tests/testing/status_matchers.h"
-
-extern char** environ;
 
 namespace tierkv::storage {
 namespace {
@@ -98,6 +96,41 @@ TEST(CudaBackendTest, CopiesRoundTripInOrderFromPageableAndPinnedMemory) {
   EXPECT_EQ(back, second);
   ASSERT_OK(b->UnregisterHost(second.data()));
   EXPECT_EQ(b->UnregisterHost(second.data()).code(), StatusCode::kNotFound);
+  ASSERT_OK(b->FreePool(pool->id));
+}
+
+// A layer's pages as one cudaMemcpyBatchAsync (or the per-copy fallback),
+// from pinned and pageable memory, in scrambled slots.
+TEST(CudaBackendTest, ABatchOfPageCopiesLandsInItsSlots) {
+  CUDA_OR_SKIP(b);
+  constexpr uint64_t kPage = 41984;
+  constexpr uint32_t kPages = 256;
+  auto pool = b->AllocatePool(kPage * kPages);
+  ASSERT_OK(pool);
+  for (bool pinned : {true, false}) {
+    auto arena = Pattern(kPage * kPages, pinned ? 21 : 22);
+    if (pinned) ASSERT_OK(b->RegisterHost(arena));
+    std::vector<uint32_t> slot(kPages);
+    std::iota(slot.begin(), slot.end(), 0u);
+    std::shuffle(slot.begin(), slot.end(), std::mt19937(pinned));
+    std::vector<DeviceRegion> dsts;
+    std::vector<std::span<const std::byte>> srcs;
+    for (uint32_t i = 0; i < kPages; ++i) {
+      dsts.push_back({pool->id, slot[i] * kPage, kPage});
+      srcs.push_back(std::span(arena).subspan(i * kPage, kPage));
+    }
+    ASSERT_OK(b->CopyToDeviceBatch(0, dsts, srcs));
+    std::vector<std::byte> back(kPage * kPages);
+    ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, back.size()}));
+    Sync(*b, 0);
+    for (uint32_t i = 0; i < kPages; ++i) {
+      ASSERT_EQ(std::memcmp(back.data() + slot[i] * kPage,
+                            arena.data() + i * kPage, kPage),
+                0)
+          << "page " << i << ", pinned " << pinned;
+    }
+    if (pinned) ASSERT_OK(b->UnregisterHost(arena.data()));
+  }
   ASSERT_OK(b->FreePool(pool->id));
 }
 
@@ -205,25 +238,9 @@ TEST(CudaBackendTest, AnAllocationTooLargeIsExhaustedAndNotSticky) {
 int RunImporter(const IpcHandle& h, std::string_view mode) {
   std::string hex;
   for (std::byte b : h.bytes) hex += fmt::format("{:02x}", int(b));
-  const std::string env =
-      fmt::format("{}={}:{}:{}", kImportEnv, mode, h.pool_bytes, hex);
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  envp.push_back(const_cast<char*>(env.c_str()));
-  envp.push_back(nullptr);
-  std::string self(4096, '\0');
-  self.resize(static_cast<size_t>(
-      ::readlink("/proc/self/exe", self.data(), self.size() - 1)));
-  std::string filter = "--gtest_filter=CudaImporterChild.Imports";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t pid = 0;
-  if (::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()) !=
-      0) {
-    return -1;
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return testing::RunThisBinaryAs(
+      "CudaImporterChild.Imports",
+      fmt::format("{}={}:{}:{}", kImportEnv, mode, h.pool_bytes, hex));
 }
 
 // Only in the re-executed child (RunImporter); skipped otherwise.

@@ -372,6 +372,40 @@ TEST(DeviceBackendTest, WorkIsOrderedWithAnotherOwnersStream) {
       StatusCode::kInvalidArgument);
 }
 
+TEST(DeviceBackendTest, ABatchOfCopiesLandsInOrderAndIsCheckedWhole) {
+  auto b = Emulated();
+  auto pool = b->AllocatePool(1 << 16);
+  ASSERT_OK(pool);
+  const auto data = Pattern(3 * 4096, 11);
+  const std::span<const std::byte> all(data);
+  // Page 2 lands at offset 0, page 0 at 8192; two copies to 4096, the
+  // later wins (in order).
+  const std::vector<DeviceRegion> dsts = {{pool->id, 0, 4096},
+                                          {pool->id, 8192, 4096},
+                                          {pool->id, 4096, 4096},
+                                          {pool->id, 4096, 4096}};
+  const std::vector<std::span<const std::byte>> srcs = {
+      all.subspan(8192, 4096), all.first(4096), all.subspan(4096, 4096),
+      all.subspan(8192, 4096)};
+  ASSERT_OK(b->CopyToDeviceBatch(0, dsts, srcs));
+  std::vector<std::byte> back(3 * 4096);
+  ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, back.size()}));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  EXPECT_EQ(std::memcmp(back.data(), data.data() + 8192, 4096), 0);
+  EXPECT_EQ(std::memcmp(back.data() + 4096, data.data() + 8192, 4096), 0);
+  EXPECT_EQ(std::memcmp(back.data() + 8192, data.data(), 4096), 0);
+  // One bad item refuses the whole batch before anything is queued.
+  const std::vector<DeviceRegion> bad = {{pool->id, 0, 4096},
+                                         {pool->id, 1 << 16, 4096}};
+  EXPECT_EQ(b->CopyToDeviceBatch(0, bad, std::span(srcs).first(2)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->CopyToDeviceBatch(0, dsts, std::span(srcs).first(3)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(b->CopyToDeviceBatch(0, {}, {}));
+}
+
 // The words a LoadTicket holds for an engine's stream and tierkvd:
 // registered host memory, one process here (the words are plain shared
 // memory either way).
