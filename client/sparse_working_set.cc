@@ -371,14 +371,28 @@ class SparseWorkingSet::Impl {
       }
       return Status::OK();
     }
-    // A device the host cannot address: every row back, in order.
+    // A device the host cannot address: the selection packed on the
+    // device (one kernel), then copied back in one piece.
     storage::DeviceBackend& b = *device->backend;
-    const uint64_t offset = layers[layer_index].device_offset;
-    for (size_t i = 0; i < rows->slots.size(); ++i) {
-      TIERKV_RETURN_IF_ERROR(b.CopyToHost(
-          0, out.subspan(i * rb, rb),
-          {device->pool, offset + uint64_t{rows->slots[i]} * rb, rb}));
+    if (out.empty()) return Status::OK();
+    if (device->pack_bytes < out.size()) {
+      // Grown once to the largest selection; nothing is in flight (every
+      // Gather waits for its copy).
+      if (device->pack_bytes != 0) {
+        TIERKV_RETURN_IF_ERROR(b.FreePool(device->pack_pool));
+        device->pack_bytes = 0;
+      }
+      auto pack = b.AllocatePool(out.size());
+      if (!pack.ok()) return pack.status();
+      device->pack_pool = pack->id;
+      device->pack_bytes = out.size();
     }
+    const uint64_t offset = layers[layer_index].device_offset;
+    const storage::DeviceRegion packed{device->pack_pool, 0, out.size()};
+    TIERKV_RETURN_IF_ERROR(b.PackRows(
+        0, packed, {device->pool, offset, uint64_t{options.slots} * rb}, rb,
+        rows->slots));
+    TIERKV_RETURN_IF_ERROR(b.CopyToHost(0, out, packed));
     auto done = b.RecordEvent(0);
     if (!done.ok()) return done.status();
     return b.WaitEvent(*done, kDeviceTimeout);
@@ -432,6 +446,9 @@ class SparseWorkingSet::Impl {
       (void)device->backend->UnregisterHost(range);
     }
     (void)device->backend->FreePool(device->pool);
+    if (device->pack_bytes != 0) {
+      (void)device->backend->FreePool(device->pack_pool);
+    }
   }
 
   // The engine's stream of the last stream-ordered Rows: fills follow on
@@ -443,6 +460,10 @@ class SparseWorkingSet::Impl {
     uint32_t pool = 0;
     std::byte* base = nullptr;  // of the pool, in this process
     std::vector<std::byte*> registered;
+    // Gather's packed selection (PackRows), allocated at the first Gather
+    // on a device the host cannot address.
+    uint32_t pack_pool = 0;
+    uint64_t pack_bytes = 0;
   };
 
   static uint64_t CountKey(uint32_t page, uint16_t layer) {

@@ -243,6 +243,35 @@ Status DeviceBackend::GatherRows(StreamId stream, DeviceRegion dst,
   return GatherRowsImpl(stream, dst, rows, row_bytes, dst_rows);
 }
 
+Status DeviceBackend::PackRows(StreamId stream, DeviceRegion dst,
+                               DeviceRegion src, uint32_t row_bytes,
+                               std::span<const uint32_t> src_rows) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(dst));
+  TIERKV_RETURN_IF_ERROR(CheckRegion(src));
+  if (row_bytes == 0 || src.bytes % row_bytes != 0 ||
+      dst.bytes != src_rows.size() * uint64_t{row_bytes}) {
+    return Status::InvalidArgument(fmt::format(
+        "pack of {} rows of {} bytes from a {}-byte region into a {}-byte one",
+        src_rows.size(), row_bytes, src.bytes, dst.bytes));
+  }
+  const uint64_t rows = src.bytes / row_bytes;
+  for (uint32_t row : src_rows) {
+    if (row >= rows) {
+      return Status::InvalidArgument(
+          fmt::format("pack of row {} of a region of {} rows", row, rows));
+    }
+  }
+  if (dst.pool == src.pool && dst.offset < src.offset + src.bytes &&
+      src.offset < dst.offset + dst.bytes) {
+    return Status::InvalidArgument("pack into the region it reads");
+  }
+  if (src_rows.empty()) return Status::OK();
+  return PackRowsImpl(stream, dst, src, row_bytes, src_rows);
+}
+
 Status DeviceBackend::GatherRowsOn(const ForeignStream& stream,
                                    DeviceRegion dst,
                                    std::span<const std::byte* const> rows,

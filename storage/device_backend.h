@@ -225,6 +225,15 @@ class DeviceBackend {
                     std::span<const std::byte* const> rows, uint32_t row_bytes,
                     std::span<const uint32_t> dst_rows = {});
 
+  // The device-side pack of rows already on the device: row src_rows[i]
+  // of `src` (a buffer of whole rows of row_bytes) -> row i of `dst`,
+  // whose bytes must be src_rows.size() * row_bytes (CUDA: the gather
+  // kernel, one launch): the working set's Gather packs the selection
+  // there and copies it to the host in one piece, not row by row. Rows may
+  // repeat; `src` and `dst` must not overlap.
+  Status PackRows(StreamId stream, DeviceRegion dst, DeviceRegion src,
+                  uint32_t row_bytes, std::span<const uint32_t> src_rows);
+
   // GatherRows queued on another owner's stream instead of one of this
   // backend's: it starts after the work queued there before it, and what
   // is queued there after it starts after it is done, with no host wait
@@ -354,6 +363,10 @@ class DeviceBackend {
                                 std::span<const std::byte* const> rows,
                                 uint32_t row_bytes,
                                 std::span<const uint32_t> dst_rows) = 0;
+  // REQUIRES: arguments checked (PackRows).
+  virtual Status PackRowsImpl(StreamId stream, DeviceRegion dst,
+                              DeviceRegion src, uint32_t row_bytes,
+                              std::span<const uint32_t> src_rows) = 0;
   // As GatherRowsImpl; `stream` is as the caller gave it.
   virtual Status GatherRowsOnImpl(const ForeignStream& stream, DeviceRegion dst,
                                   std::span<const std::byte* const> rows,

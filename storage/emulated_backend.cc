@@ -318,6 +318,25 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  Status PackRowsImpl(StreamId stream, DeviceRegion dst, DeviceRegion src,
+                      uint32_t row_bytes,
+                      std::span<const uint32_t> src_rows) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    std::byte* to = Address(dst);
+    const std::byte* from = Address(src);
+    std::vector<uint32_t> rows(src_rows.begin(), src_rows.end());
+    streams_[stream]->Submit(
+        [this, to, from, rows = std::move(rows), row_bytes] {
+          TIERKV_RETURN_IF_ERROR(BeforeWork());
+          for (size_t i = 0; i < rows.size(); ++i) {
+            std::memcpy(to + i * row_bytes,
+                        from + uint64_t{rows[i]} * row_bytes, row_bytes);
+          }
+          return Status::OK();
+        });
+    return Status::OK();
+  }
+
   // The engine's stand-in stream is another emulated backend's: the gather
   // runs in its order, on its worker thread.
   Status GatherRowsOnImpl(const ForeignStream& foreign, DeviceRegion dst,

@@ -176,9 +176,11 @@ class SparseWorkingSet {
   // selection missed for this layer. InvalidArgument when `out` has the
   // wrong size or the group has no selection; NotFound when the source
   // has no row of a missed id in this layer (that id leaves the slots).
-  // On a device buffer that the host cannot address (CUDA), every row is
-  // copied back to the host: a host consumer's convenience; a device
-  // consumer uses Rows.
+  // On a device buffer that the host cannot address (CUDA), the rows are
+  // packed on the device (one kernel, into a buffer of the largest
+  // selection's size allocated at the first such Gather) and copied back
+  // in one piece: a host consumer's convenience; a device consumer uses
+  // Rows.
   Status Gather(uint16_t layer, std::span<std::byte> out);
 
   // The same rows in place, after copying in the ones that selection missed

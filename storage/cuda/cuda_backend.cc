@@ -540,9 +540,32 @@ class CudaBackend final : public DeviceBackend {
       }
       return Status::OK();
     }
-    // The row list goes to the kernel through a mapped pinned buffer (see
-    // RowList): no allocation, no copy on the stream.
-    const size_t list_bytes = rows.size() * sizeof(const std::byte*);
+    return LaunchRowList(s, lists, out, mapped, row_bytes, dst_rows);
+  }
+
+  // Rows already on the device: their device addresses are the row list.
+  Status PackRowsImpl(StreamId stream, DeviceRegion dst, DeviceRegion src,
+                      uint32_t row_bytes,
+                      std::span<const uint32_t> src_rows) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    const std::byte* from = Address(src);
+    std::vector<const std::byte*> rows(src_rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i] = from + uint64_t{src_rows[i]} * row_bytes;
+    }
+    Stream& st = *streams_[stream];
+    return LaunchRowList(st.handle, st.lists, Address(dst), rows, row_bytes,
+                         {});
+  }
+
+  // The gather kernel over `device_rows` (addresses the device reads) into
+  // `out`, row i to row dst_rows[i] (or i). The row list goes to the kernel
+  // through a mapped pinned buffer (see RowList): no allocation, no copy
+  // on the stream.
+  Status LaunchRowList(cudaStream_t s, RowLists& lists, std::byte* out,
+                       std::span<const std::byte* const> device_rows,
+                       uint32_t row_bytes, std::span<const uint32_t> dst_rows) {
+    const size_t list_bytes = device_rows.size() * sizeof(const std::byte*);
     const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
     MutexLock lists_lock(&lists.mu);
     RowList& list = lists.list[lists.next];
@@ -554,7 +577,7 @@ class CudaBackend final : public DeviceBackend {
       list.in_use = false;
     }
     TIERKV_RETURN_IF_ERROR(FitRowList(list, list_bytes + slot_bytes));
-    std::memcpy(list.host, mapped.data(), list_bytes);
+    std::memcpy(list.host, device_rows.data(), list_bytes);
     if (slot_bytes != 0) {
       std::memcpy(list.host + list_bytes, dst_rows.data(), slot_bytes);
     }
@@ -565,7 +588,7 @@ class CudaBackend final : public DeviceBackend {
     cudaError_t e = cuda::LaunchGatherRows(
         out, slots_on_device,
         reinterpret_cast<const std::byte* const*>(list.device),
-        static_cast<uint32_t>(rows.size()), row_bytes, s);
+        static_cast<uint32_t>(device_rows.size()), row_bytes, s);
     if (e != cudaSuccess) return Fail("row gather", e);
     e = cudaEventRecord(list.used, s);
     if (e != cudaSuccess) return Fail("cudaEventRecord (row list)", e);

@@ -406,6 +406,44 @@ TEST(DeviceBackendTest, ABatchOfCopiesLandsInOrderAndIsCheckedWhole) {
   EXPECT_OK(b->CopyToDeviceBatch(0, {}, {}));
 }
 
+TEST(DeviceBackendTest, PackRowsPacksDeviceRowsInSelectionOrder) {
+  auto b = Emulated();
+  constexpr uint32_t kRow = 132, kRows = 64;  // the index-key row
+  auto slots = b->AllocatePool(kRow * kRows);
+  auto packed = b->AllocatePool(kRow * 4);
+  ASSERT_OK(slots);
+  ASSERT_OK(packed);
+  const auto data = Pattern(kRow * kRows, 12);
+  ASSERT_OK(b->CopyToDevice(0, {slots->id, 0, data.size()}, data));
+  const std::vector<uint32_t> pick = {63, 0, 17, 17};  // a row may repeat
+  ASSERT_OK(b->PackRows(0, {packed->id, 0, kRow * 4},
+                        {slots->id, 0, kRow * kRows}, kRow, pick));
+  std::vector<std::byte> back(kRow * 4);
+  ASSERT_OK(b->CopyToHost(0, back, {packed->id, 0, back.size()}));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  for (size_t i = 0; i < pick.size(); ++i) {
+    EXPECT_EQ(
+        std::memcmp(back.data() + i * kRow, data.data() + pick[i] * kRow, kRow),
+        0)
+        << "row " << i;
+  }
+  const std::vector<uint32_t> outside = {64};
+  EXPECT_EQ(b->PackRows(0, {packed->id, 0, kRow}, {slots->id, 0, kRow * kRows},
+                        kRow, outside)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->PackRows(0, {packed->id, 0, kRow * 3},
+                        {slots->id, 0, kRow * kRows}, kRow, pick)
+                .code(),
+            StatusCode::kInvalidArgument);  // 4 rows into room for 3
+  EXPECT_EQ(b->PackRows(0, {slots->id, 0, kRow}, {slots->id, 0, kRow * kRows},
+                        kRow, std::span(pick).first(1))
+                .code(),
+            StatusCode::kInvalidArgument);  // overlapping
+}
+
 // The words a LoadTicket holds for an engine's stream and tierkvd:
 // registered host memory, one process here (the words are plain shared
 // memory either way).
