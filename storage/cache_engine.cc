@@ -118,8 +118,9 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
       }
     }
     MutexLock lock(&engine->device_streams_mu_);
+    auto& free = engine->free_device_streams_[options.device];
     for (StreamId id = 0; id < options.device->streams(); ++id) {
-      engine->free_device_streams_.push_back(id);
+      free.push_back(id);
     }
   }
   engine->leases_ =
@@ -768,22 +769,11 @@ Status CacheEngine::RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
 }
 
 Status CacheEngine::CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
-                                    uint64_t allocation_bytes,
-                                    const DeviceUuid& device_uuid) const {
+                                    uint64_t allocation_bytes) const {
   if (options_.device == nullptr) {
     return Status::InvalidArgument(
         "this tierkvd has no device backend: device pools need an [hbm] "
         "section");
-  }
-  if (!IsUnsetDeviceUuid(device_uuid) &&
-      device_uuid != options_.device->uuid()) {
-    return Status::InvalidArgument(fmt::format(
-        "the device pool is on {}, tierkvd's [hbm] device is {}: run a "
-        "tierkvd with [hbm] device = \"{}\" for that GPU, or register host "
-        "pools",
-        FormatDeviceUuid(device_uuid),
-        FormatDeviceUuid(options_.device->uuid()),
-        FormatDeviceUuid(device_uuid)));
   }
   TIERKV_RETURN_IF_ERROR(CheckPoolLayout(ns, pool));
   const uint64_t bytes = uint64_t{pool.slot_count} * pool.slot_bytes;
@@ -801,26 +791,28 @@ Status CacheEngine::RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
                                        const IpcHandle& handle,
                                        const DeviceUuid& device_uuid,
                                        const PoolLayout& pool) {
-  TIERKV_RETURN_IF_ERROR(
-      CheckDevicePool(ns, pool, handle.pool_bytes, device_uuid));
-  return AddDevicePool(owner, options_.device->ImportPool(handle), pool);
+  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, handle.pool_bytes));
+  auto device = DeviceFor(device_uuid);
+  if (!device.ok()) return device.status();
+  return AddDevicePool(owner, *device, (*device)->ImportPool(handle), pool);
 }
 
 Status CacheEngine::RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns,
                                          int fd, uint64_t allocation_bytes,
                                          const DeviceUuid& device_uuid,
                                          const PoolLayout& pool) {
-  TIERKV_RETURN_IF_ERROR(
-      CheckDevicePool(ns, pool, allocation_bytes, device_uuid));
-  return AddDevicePool(
-      owner, options_.device->ImportPoolFd(fd, allocation_bytes), pool);
+  TIERKV_RETURN_IF_ERROR(CheckDevicePool(ns, pool, allocation_bytes));
+  auto device = DeviceFor(device_uuid);
+  if (!device.ok()) return device.status();
+  return AddDevicePool(owner, *device,
+                       (*device)->ImportPoolFd(fd, allocation_bytes), pool);
 }
 
-Status CacheEngine::AddDevicePool(uint64_t owner, Result<ImportedPool> imported,
+Status CacheEngine::AddDevicePool(uint64_t owner, DeviceBackend* backend,
+                                  Result<ImportedPool> imported,
                                   const PoolLayout& pool) {
   if (!imported.ok()) return imported.status();
-  auto device =
-      std::make_shared<ImportedDevicePool>(options_.device, *imported);
+  auto device = std::make_shared<ImportedDevicePool>(backend, *imported);
   return AddPool(owner, Pool{.device = std::move(device), .layout = pool});
 }
 
@@ -1114,9 +1106,10 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   std::vector<ReadOf> read_of;
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {
-      const StreamId stream = AcquireDeviceStream();
+      DeviceBackend& device = *pool.device->backend;
+      const StreamId stream = AcquireDeviceStream(device);
       LoadUnitToDevice(job, pool, k, begin, end, stream);
-      ReleaseDeviceStream(stream);
+      ReleaseDeviceStream(device, stream);
       continue;
     }
     const uint8_t p = pool.layout.part;
@@ -1179,9 +1172,10 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   const bool deepest_first = DeepestFirst(ns);
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {
-      const StreamId stream = AcquireDeviceStream();
+      DeviceBackend& device = *pool.device->backend;
+      const StreamId stream = AcquireDeviceStream(device);
       StoreUnitFromDevice(job, pool, k, begin, end, stream);
-      ReleaseDeviceStream(stream);
+      ReleaseDeviceStream(device, stream);
       continue;
     }
     const uint8_t p = pool.layout.part;
@@ -1228,28 +1222,64 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   if (dirty && mover_) mover_->Kick();
 }
 
-StreamId CacheEngine::AcquireDeviceStream() {
+StreamId CacheEngine::AcquireDeviceStream(DeviceBackend& device) {
   MutexLock lock(&device_streams_mu_);
-  while (free_device_streams_.empty()) {
-    device_streams_cv_.Wait(&device_streams_mu_);
-  }
-  const StreamId stream = free_device_streams_.back();
-  free_device_streams_.pop_back();
+  std::vector<StreamId>& free = free_device_streams_[&device];
+  while (free.empty()) device_streams_cv_.Wait(&device_streams_mu_);
+  const StreamId stream = free.back();
+  free.pop_back();
   return stream;
 }
 
-void CacheEngine::ReleaseDeviceStream(StreamId stream) {
+void CacheEngine::ReleaseDeviceStream(DeviceBackend& device, StreamId stream) {
   {
     MutexLock lock(&device_streams_mu_);
-    free_device_streams_.push_back(stream);
+    free_device_streams_[&device].push_back(stream);
   }
-  device_streams_cv_.Signal();
+  // Waiters of every device share the condition variable.
+  device_streams_cv_.SignalAll();
+}
+
+Result<DeviceBackend*> CacheEngine::DeviceFor(const DeviceUuid& uuid) {
+  DeviceBackend* const primary = options_.device;
+  if (IsUnsetDeviceUuid(uuid) || uuid == primary->uuid()) return primary;
+  MutexLock lock(&other_devices_mu_);
+  auto it = other_devices_.find(uuid);
+  if (it != other_devices_.end()) return it->second.get();
+  // The same kind as the [hbm] backend, on the engine's GPU. Host memory
+  // pinned by the primary is pinned for every device of the process
+  // (cudaHostRegisterPortable), so DRAM copies stay DMA here too.
+  auto kind = ParseDeviceBackendKind(primary->name());
+  if (!kind.ok()) return kind.status();
+  auto opened = DeviceBackend::Open(
+      {.kind = *kind, .device_uuid = uuid, .streams = primary->streams()});
+  if (!opened.ok()) {
+    return Status(
+        opened.status().code(),
+        fmt::format("the device pool is on {}, which this tierkvd "
+                    "cannot open: {}",
+                    FormatDeviceUuid(uuid), opened.status().message()));
+  }
+  StorageLog().info(
+      "device pools on {} (device {} here): served from DRAM and NVMe; the "
+      "HBM tier stays on {}",
+      FormatDeviceUuid(uuid), (*opened)->device(),
+      FormatDeviceUuid(primary->uuid()));
+  DeviceBackend* backend = opened->get();
+  {
+    MutexLock streams_lock(&device_streams_mu_);
+    std::vector<StreamId>& free = free_device_streams_[backend];
+    for (StreamId id = 0; id < backend->streams(); ++id) free.push_back(id);
+  }
+  other_devices_.emplace(uuid, std::move(opened).value());
+  return backend;
 }
 
 void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
+                                    const DeviceBackend& device,
                                     const DeviceRegion& src, StreamId stream,
                                     std::vector<SegmentKey>* admitted) {
-  if (!HbmUsable()) return;
+  if (&device != options_.device || !HbmUsable()) return;
   auto at = hbm_->Reserve(ns.index_, key, src.bytes);
   if (!at.ok()) return;  // no room, or already there
   if (options_.device
@@ -1325,7 +1355,9 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   // admitted into HBM by a device copy from the slot just filled, and
   // committed there once the event says the bytes are in place.
   quarantine_.Reap();
-  HbmTier* const hbm = HbmUsable() ? hbm_.get() : nullptr;
+  // The HBM tier serves pools on its own GPU only (no peer copies).
+  HbmTier* const hbm =
+      &device == options_.device && HbmUsable() ? hbm_.get() : nullptr;
   const uint32_t hbm_pool = options_.hbm_pool.id;
   std::vector<SegmentKey> held, hbm_held, admitted;
   std::vector<uint32_t> copied;  // pages whose copy was submitted
@@ -1356,7 +1388,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
         continue;
       }
       copied.push_back(i);
-      QueueHbmAdmission(ns, {t.pages[i], l, p}, batch_slots[b], stream,
+      QueueHbmAdmission(ns, {t.pages[i], l, p}, device, batch_slots[b], stream,
                         &admitted);
     }
     batch_pages.clear();
@@ -1516,7 +1548,8 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
     reserved.emplace_back(i, key);
     // A segment an engine just computed is likely read again soon: keep a
     // copy in HBM too (device to device, off the PCIe bus).
-    QueueHbmAdmission(ns, key, pool.DeviceSlot(t.slots[i]), stream, &admitted);
+    QueueHbmAdmission(ns, key, device, pool.DeviceSlot(t.slots[i]), stream,
+                      &admitted);
   }
   if (reserved.empty()) return;
   // Failed copies give their reservations back, once the copies are over

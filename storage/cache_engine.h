@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -359,8 +360,9 @@ class CacheEngine {
                               uint64_t allocation_bytes,
                               const DeviceUuid& device_uuid,
                               const PoolLayout& pool);
-  // `device_uuid`: the GPU holding the pool (all zero: not said); another
-  // GPU than options.device's is InvalidArgument, naming both.
+  // `device_uuid`: the GPU holding the pool (all zero: not said, taken as
+  // options.device's); another GPU's pool is imported by a backend opened
+  // for that GPU (DeviceFor), and an error names a GPU it cannot open.
   Status RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
                             const IpcHandle& handle,
                             const DeviceUuid& device_uuid,
@@ -486,11 +488,16 @@ class CacheEngine {
   // RegisterDevicePool's checks: a device backend, the layout, the slots
   // inside the allocation.
   Status CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
-                         uint64_t allocation_bytes,
-                         const DeviceUuid& device_uuid) const;
+                         uint64_t allocation_bytes) const;
   // Adds an imported device pool (or says why the import failed).
-  Status AddDevicePool(uint64_t owner, Result<ImportedPool> imported,
-                       const PoolLayout& pool);
+  Status AddDevicePool(uint64_t owner, DeviceBackend* backend,
+                       Result<ImportedPool> imported, const PoolLayout& pool);
+  // The backend for device pools on the GPU `uuid`: options_.device when
+  // unset or its own; else one of the same kind opened for that GPU on
+  // first use (kept until the engine ends). Pools on another GPU than the
+  // HBM tier's are served from DRAM and NVMe only.
+  Result<DeviceBackend*> DeviceFor(const DeviceUuid& uuid)
+      EXCLUDES(other_devices_mu_, device_streams_mu_);
   // What a transfer job needs, resolved under owners_mu_ at submission,
   // and its progress. Each layer is cut into `splits` page ranges (units);
   // up to transfer_lanes workers claim units in order (layer 0's first,
@@ -555,11 +562,12 @@ class CacheEngine {
   void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
                            uint32_t begin, uint32_t end, StreamId stream);
   // HBM admission of a segment whose bytes `src` holds (a device pool's
-  // slot): reserves it and queues the device copy on `stream`, adding the
-  // key to `admitted` (nothing without an HBM tier or room).
+  // slot on `device`): reserves it and queues the device copy on `stream`,
+  // adding the key to `admitted` (nothing without an HBM tier or room, or
+  // when `device` is another GPU's).
   void QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
-                         const DeviceRegion& src, StreamId stream,
-                         std::vector<SegmentKey>* admitted);
+                         const DeviceBackend& device, const DeviceRegion& src,
+                         StreamId stream, std::vector<SegmentKey>* admitted);
   // After the stream's event: commits what was admitted, or aborts it.
   void FinishHbmAdmissions(EngineNamespace& ns,
                            std::span<const SegmentKey> admitted, bool copied);
@@ -588,6 +596,12 @@ class CacheEngine {
 
   const CacheEngineOptions options_;
   NvmeStore* const nvme_;  // borrowed; null without NVMe
+  // Backends for device pools on other GPUs than options_.device's
+  // (DeviceFor). Declared early: they end after every pool, job and
+  // quarantined copy that uses them.
+  Mutex other_devices_mu_;
+  std::map<DeviceUuid, std::unique_ptr<DeviceBackend>> other_devices_
+      GUARDED_BY(other_devices_mu_);
   std::vector<std::unique_ptr<EngineNamespace>> spaces_;
   std::unique_ptr<LeaseTable> leases_;
   std::unique_ptr<TierMover> mover_;     // null without NVMe
@@ -609,11 +623,14 @@ class CacheEngine {
   // alone from its first copy to its event: a stream's errors are sticky
   // until the next WaitEvent, so two units sharing one could each see the
   // other's error (and one publish a layer whose copy failed).
-  StreamId AcquireDeviceStream() EXCLUDES(device_streams_mu_);
-  void ReleaseDeviceStream(StreamId stream) EXCLUDES(device_streams_mu_);
+  StreamId AcquireDeviceStream(DeviceBackend& device)
+      EXCLUDES(device_streams_mu_);
+  void ReleaseDeviceStream(DeviceBackend& device, StreamId stream)
+      EXCLUDES(device_streams_mu_);
   Mutex device_streams_mu_;
   CondVar device_streams_cv_;
-  std::vector<StreamId> free_device_streams_ GUARDED_BY(device_streams_mu_);
+  std::map<const DeviceBackend*, std::vector<StreamId>> free_device_streams_
+      GUARDED_BY(device_streams_mu_);
   std::unique_ptr<HbmTier> hbm_;  // null without one
   // Null without a device or when pinning was refused. Before quarantine_:
   // released memory held there goes back before the arena ends.

@@ -182,9 +182,10 @@ struct PoolSpec {
   // kDeviceIpc, kDeviceFd: the UUID of the GPU holding the memory
   // (cudaDeviceProp::uuid; ExportRange and ExportRangeFd give it). Device
   // ordinals differ between processes (CUDA_VISIBLE_DEVICES), UUIDs do
-  // not: tierkvd refuses a pool on another GPU than its [hbm] device, by
-  // name, instead of copying across GPUs. All zero: not said (checked by
-  // the copies only).
+  // not: tierkvd moves a pool's bytes with a backend on that GPU (one
+  // tierkvd serves every GPU of the node; its HBM tier serves the pools on
+  // its [hbm] device only), and refuses a GPU it cannot open, by name. All
+  // zero: not said (taken as the [hbm] device).
   std::array<std::byte, 16> device_uuid{};
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;

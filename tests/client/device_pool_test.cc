@@ -38,8 +38,11 @@ LayoutSpec DeviceLayout() { return IndexShareLayout(4, 2); }
 // (layer, part), exported for the daemon.
 class DevicePools {
  public:
-  DevicePools(const LayoutSpec& layout, uint32_t slots) : slots_(slots) {
-    auto b = DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated});
+  // On emulated GPU `device` (its UUID goes with every pool).
+  DevicePools(const LayoutSpec& layout, uint32_t slots, int device = 0)
+      : slots_(slots) {
+    auto b = DeviceBackend::Open(
+        {.kind = DeviceBackendKind::kEmulated, .device = device});
     EXPECT_OK(b);
     backend_ = std::move(b).value();
     for (uint16_t l = 0; l < layout.num_layers(); ++l) {
@@ -59,6 +62,7 @@ class DevicePools {
           c.RegisterPool({.kind = PoolSpec::Kind::kDeviceIpc,
                           .device_handle = handle->bytes,
                           .device_pool_bytes = handle->pool_bytes,
+                          .device_uuid = backend_->uuid(),
                           .slot_bytes = pool.slot_bytes,
                           .slot_count = slots_,
                           .layer = k.first,
@@ -391,48 +395,77 @@ TEST_F(DevicePoolTest, AllocationsExportedAsDescriptorsOutliveTheirExporter) {
   EXPECT_EQ(m->leading_pages, pages.size());
 }
 
-// Ordinals differ between processes (CUDA_VISIBLE_DEVICES), UUIDs do not:
-// a pool on another GPU than the daemon's [hbm] device is refused by name,
-// and a daemon configured with that GPU's UUID takes it.
-TEST_F(DevicePoolTest, PoolsAreMatchedToTheDaemonsGpuByUuid) {
-  auto on_1 =
-      DeviceBackend::Open({.kind = DeviceBackendKind::kEmulated, .device = 1});
-  ASSERT_OK(on_1);
-  const uint64_t seg = DeviceLayout().SegmentBytes(0, 0);
-  auto pool = (*on_1)->AllocatePool(seg * 4);
-  ASSERT_OK(pool);
-  auto base = (*on_1)->PoolBase(pool->id);
-  ASSERT_OK(base);
-  auto exported = (*on_1)->ExportRange(*base, seg * 4);
-  ASSERT_OK(exported);
-  EXPECT_EQ(exported->device_uuid, storage::EmulatedDeviceUuid(1));
-  const PoolSpec spec{.kind = PoolSpec::Kind::kDeviceIpc,
-                      .device_handle = exported->handle.bytes,
-                      .device_pool_bytes = exported->handle.pool_bytes,
-                      .device_uuid = exported->device_uuid,
-                      .offset = exported->offset,
-                      .slot_bytes = seg,
-                      .slot_count = 4,
-                      .layer = 0,
-                      .part = 0};
+// One tierkvd serves the engines of every GPU of the node (TP ranks, one
+// per GPU): a pool on another GPU than the [hbm] device is imported there
+// and served from DRAM and NVMe (the HBM tier copies on its own GPU only),
+// and GPUs are named by UUID, which CUDA_VISIBLE_DEVICES cannot renumber.
+TEST_F(DevicePoolTest, PoolsOnEveryGpuAreServedAndMatchedByUuid) {
   Start();  // [hbm] device 0
-  {
-    auto c = Open();
-    const Status refused = c->RegisterPool(spec);
-    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(
-        refused.message().find("GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001"),
-        std::string::npos)
-        << refused.ToString();
-    EXPECT_NE(
-        refused.message().find("GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0000"),
-        std::string::npos)
-        << refused.ToString();
-  }
+  const auto pages = Pages(2);
+  const std::vector<uint32_t> slots = {3, 1};
+  auto load_twice = [&](Client& c, DevicePools& pools) {
+    for (int round = 0; round < 2; ++round) {
+      auto load = c.Load(pages, slots);
+      ASSERT_OK(load);
+      auto all = load->Wait();
+      ASSERT_OK(all);
+      for (const Status& s : *all) ASSERT_OK(s);
+      for (size_t i = 0; i < pages.size(); ++i) {
+        for (const SegmentKey& k : Keys(pages[i])) {
+          const auto got = pools.Read(k.layer, k.part, slots[i]);
+          ASSERT_EQ(got, SegmentBytes(k, got.size())) << k.ToString();
+        }
+      }
+    }
+  };
+  auto on_1 = Open();
+  PutAll(*on_1, pages);
+  DevicePools pools_1(DeviceLayout(), 4, /*device=*/1);
+  ASSERT_OK(pools_1.RegisterAll(*on_1));
+  load_twice(*on_1, pools_1);
+  auto st = Stats(*on_1)["transfers"];
+  EXPECT_EQ(st["load_segments"]["host"], 2 * 12) << st.dump();
+  EXPECT_EQ(st["load_segments"]["hbm"], 0) << st.dump();
+  EXPECT_NE(daemon_->log().find("GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001"),
+            std::string::npos)
+      << daemon_->log();
+  // The [hbm] device's own engine gets the HBM tier.
+  auto on_0 = Open();
+  DevicePools pools_0(DeviceLayout(), 4, /*device=*/0);
+  ASSERT_OK(pools_0.RegisterAll(*on_0));
+  load_twice(*on_0, pools_0);
+  st = Stats(*on_0)["transfers"];
+  EXPECT_EQ(st["load_segments"]["hbm"], 12) << st.dump();
+
+  // A GPU this machine does not have: refused, by name.
+  PoolSpec elsewhere{.kind = PoolSpec::Kind::kDeviceIpc,
+                     .device_pool_bytes = 1 << 20,
+                     .slot_bytes = DeviceLayout().SegmentBytes(0, 0),
+                     .slot_count = 4};
+  auto uuid =
+      storage::ParseDeviceUuid("GPU-12345678-9abc-def0-1234-56789abcdef0");
+  ASSERT_OK(uuid);
+  elsewhere.device_uuid = *uuid;
+  auto on_none = Open();
+  const Status refused = on_none->RegisterPool(elsewhere);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("GPU-12345678-9abc-def0-1234-56789abcdef0"),
+            std::string::npos)
+      << refused.ToString();
+
+  // [hbm] device by UUID: that GPU's engine then gets the HBM tier.
+  on_1.reset();
+  on_0.reset();
+  on_none.reset();
   daemon_.reset();
   Start(true, "\"GPU-eeeeeeee-eeee-eeee-eeee-eeeeeeee0001\"");
-  auto c = Open();
-  EXPECT_OK(c->RegisterPool(spec));
+  auto again = Open();
+  PutAll(*again, pages);
+  DevicePools pools_1b(DeviceLayout(), 4, /*device=*/1);
+  ASSERT_OK(pools_1b.RegisterAll(*again));
+  load_twice(*again, pools_1b);
+  st = Stats(*again)["transfers"];
+  EXPECT_EQ(st["load_segments"]["hbm"], 12) << st.dump();
 }
 
 // Stream interop across processes: the engine's kernels (host functions on
