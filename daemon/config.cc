@@ -206,6 +206,11 @@ Status DaemonConfig::Validate() const {
     return Bad("hbm.streams", "must be in [1, 64]");
   }
   if (hbm.device < 0) return Bad("hbm.device", "must be >= 0");
+  if (hbm.emulated_fault_after_copies != 0 && hbm.backend != "emulated") {
+    return Bad("hbm.emulated_fault_after_copies",
+               "is a fault drill of the emulated backend: set hbm.backend = "
+               "\"emulated\"");
+  }
   if (hbm.capacity_bytes % 4096 != 0) {
     return Bad("hbm.capacity_bytes", "must be a multiple of 4 KiB");
   }
@@ -350,8 +355,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       root, "top level",
       {"server", "metrics", "leases", "log", "nvme", "hbm", "namespace"}));
   if (auto* hbm = root["hbm"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(CheckKeys(
-        *hbm, "hbm", {"backend", "device", "capacity_bytes", "streams"}));
+    TIERKV_RETURN_IF_ERROR(
+        CheckKeys(*hbm, "hbm",
+                  {"backend", "device", "capacity_bytes", "streams",
+                   "emulated_fault_after_copies"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*hbm, "hbm", "backend", c.hbm.backend));
     if (const toml::node* device = hbm->get("device");
         device != nullptr && device->is_string()) {
@@ -364,6 +371,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         ReadBytes(*hbm, "hbm", "capacity_bytes", c.hbm.capacity_bytes));
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "streams", c.hbm.streams));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "emulated_fault_after_copies",
+                                   c.hbm.emulated_fault_after_copies));
   }
   if (auto* nvme = root["nvme"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(

@@ -84,6 +84,11 @@ struct HbmConfig {
   std::optional<storage::DeviceUuid> device_uuid;
   uint64_t capacity_bytes = 0;  // 0 disables the tier. Default: disabled
   uint32_t streams = 2;         // copy streams, 1..64. Default: 2
+  // A fault drill, emulated backend only: the device fails, as a sticky
+  // CUDA error fails it, at the copy after this many (0: never), so an
+  // operator can rehearse TierkvDeviceFailed and its runbook, and tests
+  // can run the daemon's degradation end to end. Default: 0.
+  uint64_t emulated_fault_after_copies = 0;
   bool enabled() const { return capacity_bytes > 0; }
 };
 

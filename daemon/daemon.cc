@@ -60,7 +60,8 @@ Status Daemon::OpenHbmTier() {
        .device = c.device,
        .device_uuid = c.device_uuid,
        .streams = c.streams,
-       .emulated_capacity_bytes = c.capacity_bytes},
+       .emulated_capacity_bytes = c.capacity_bytes,
+       .emulated_fault_after_copies = c.emulated_fault_after_copies},
       &fell_back);
   if (!backend.ok()) {
     return Status(backend.status().code(),
@@ -73,6 +74,12 @@ Status Daemon::OpenHbmTier() {
                   "HBM tier: " + std::string(pool.status().message()));
   }
   hbm_pool_ = *pool;
+  if (c.emulated_fault_after_copies != 0) {
+    spdlog::warn(
+        "HBM tier: FAULT DRILL: the emulated device fails after {} copies "
+        "(hbm.emulated_fault_after_copies)",
+        c.emulated_fault_after_copies);
+  }
   spdlog::info(
       "HBM tier: {} backend{}{}, a {} MiB pool on device {}, {} streams: "
       "it keeps copies of what engines' device pools load and store",

@@ -124,6 +124,7 @@ class DevicePoolTest : public ::testing::Test {
     if (hbm) {
       toml += "[hbm]\nbackend = \"emulated\"\ncapacity_bytes = \"16MiB\"\n";
       if (!hbm_device.empty()) toml += fmt::format("device = {}\n", hbm_device);
+      toml += hbm_extra_;
     }
     toml += fmt::format(
         "[[namespace]]\nname = \"default\"\ntoken = \"{}\"\nhost_bytes = "
@@ -154,6 +155,7 @@ class DevicePoolTest : public ::testing::Test {
 
   TempDir dir_{"/var/tmp"};  // O_DIRECT needs a disk-backed file
   std::vector<std::pair<std::string, std::string>> env_;  // the daemon's
+  std::string hbm_extra_;                                 // more [hbm] lines
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -617,6 +619,49 @@ TEST_F(DevicePoolTest, AClientThatGivesUpReleasesTheEnginesStream) {
   ASSERT_OK(pools.backend().WaitEvent(*kernel, kTimeout));
   EXPECT_EQ(seen, std::vector<std::byte>(seen.size(), std::byte{0xee}));
   fifo.Release();
+}
+
+// A device fault in a real tierkvd (the emulated backend's fault drill):
+// the Load's segments fail with Unavailable instead of IOError for ever,
+// the HBM tier is off, the failure is logged once and exported
+// (tierkv_device_up 0, `device` in the stats), and DRAM keeps serving.
+TEST_F(DevicePoolTest, ADeviceFaultTurnsTheHbmTierOffLoudly) {
+  hbm_extra_ = "emulated_fault_after_copies = 1\n";
+  Start();
+  EXPECT_NE(daemon_->log().find("FAULT DRILL"), std::string::npos)
+      << daemon_->log();
+  auto c = Open();
+  const auto pages = Pages(2);
+  PutAll(*c, pages);
+  DevicePools pools(DeviceLayout(), 4);
+  ASSERT_OK(pools.RegisterAll(*c));
+  auto load = c->Load(pages, std::vector<uint32_t>{0, 1});
+  ASSERT_OK(load);
+  auto statuses = load->Wait();
+  ASSERT_OK(statuses);
+  for (const Status& s : *statuses) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  }
+  const auto device = Stats(*c)["device"];
+  EXPECT_EQ(device["failed"], true) << device.dump();
+  EXPECT_NE(device["error"].get<std::string>().find("injected"),
+            std::string::npos)
+      << device.dump();
+  auto text = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_OK(text);
+  EXPECT_EQ(MetricValue(*text, "tierkv_device_up"), 0) << *text;
+  // The next Load fails at once, and says so the same way.
+  auto again = c->Load(pages, std::vector<uint32_t>{2, 3});
+  ASSERT_OK(again);
+  auto second = again->Wait();
+  ASSERT_OK(second);
+  EXPECT_EQ((*second)[0].code(), StatusCode::kUnavailable);
+  // Host DRAM serves on, and the failure was logged once.
+  EXPECT_TRUE(ReadsBackExact(*c, pages[0], DeviceLayout().SegmentBytes(0, 0)));
+  const std::string log = daemon_->log();
+  const std::string said = "the HBM tier is off";
+  ASSERT_NE(log.find(said), std::string::npos) << log;
+  EXPECT_EQ(log.find(said, log.find(said) + 1), std::string::npos) << log;
 }
 
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {

@@ -117,8 +117,10 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
   testing::TempDir dir;
   auto c = Load(dir,
                 "[hbm]\nbackend = \"emulated\"\ndevice = 1\n"
-                "capacity_bytes = \"64MiB\"\nstreams = 4\n");
+                "capacity_bytes = \"64MiB\"\nstreams = 4\n"
+                "emulated_fault_after_copies = 9\n");
   ASSERT_OK(c);
+  EXPECT_EQ(c->hbm.emulated_fault_after_copies, 9u);
   EXPECT_EQ(c->hbm.backend, "emulated");
   EXPECT_EQ(c->hbm.device, 1);
   EXPECT_EQ(c->hbm.capacity_bytes, uint64_t{64} << 20);
@@ -136,7 +138,9 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
   for (const char* bad :
        {"[hbm]\nbackend = \"gpu\"\n", "[hbm]\nstreams = 0\n",
         "[hbm]\ncapacity_bytes = 1000\n", "[hbm]\nsize = 1\n",
-        "[hbm]\ndevice = \"GPU-5c3f1a2b\"\n", "[hbm]\ndevice = -1\n"}) {
+        "[hbm]\ndevice = \"GPU-5c3f1a2b\"\n", "[hbm]\ndevice = -1\n",
+        // the fault drill is the emulated backend's only
+        "[hbm]\nbackend = \"auto\"\nemulated_fault_after_copies = 1\n"}) {
     auto r = Load(dir, bad);
     ASSERT_FALSE(r.ok() && r->Validate().ok()) << bad;
     const Status s = r.ok() ? r->Validate() : r.status();
