@@ -1246,6 +1246,14 @@ Result<DeviceBackend*> CacheEngine::DeviceFor(const DeviceUuid& uuid) {
   MutexLock lock(&other_devices_mu_);
   auto it = other_devices_.find(uuid);
   if (it != other_devices_.end()) return it->second.get();
+  // A bound no node reaches (NVL72 trays hold 4 GPUs, HGX boards 8), so no
+  // client can make the daemon open backends without end (the emulated
+  // backend names any number of devices).
+  constexpr size_t kMaxDevices = 64;
+  if (other_devices_.size() + 1 >= kMaxDevices) {
+    return Status::ResourceExhausted(fmt::format(
+        "device pools on more than {} GPUs of one node", kMaxDevices));
+  }
   // The same kind as the [hbm] backend, on the engine's GPU. Host memory
   // pinned by the primary is pinned for every device of the process
   // (cudaHostRegisterPortable), so DRAM copies stay DMA here too.

@@ -664,6 +664,29 @@ TEST_F(DevicePoolTest, ADeviceFaultTurnsTheHbmTierOffLoudly) {
   EXPECT_EQ(log.find(said, log.find(said) + 1), std::string::npos) << log;
 }
 
+// A client naming GPU after GPU cannot make the daemon open device
+// backends without end (the emulated backend names any number).
+TEST_F(DevicePoolTest, DevicePoolsSpanABoundedNumberOfGpus) {
+  Start();
+  auto c = Open();
+  PoolSpec spec{.kind = PoolSpec::Kind::kDeviceIpc,
+                .device_pool_bytes = 1 << 20,
+                .slot_bytes = DeviceLayout().SegmentBytes(0, 0),
+                .slot_count = 4};
+  Status last;
+  int opened = 0;
+  for (int gpu = 1; gpu <= 100; ++gpu) {
+    spec.device_uuid = storage::EmulatedDeviceUuid(gpu);
+    last = c->RegisterPool(spec);  // a handle of nothing: never imported
+    ASSERT_FALSE(last.ok());
+    if (last.code() == StatusCode::kResourceExhausted) break;
+    ++opened;
+  }
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last.ToString();
+  EXPECT_EQ(opened, 63);
+  ASSERT_OK(c->Ping().status());
+}
+
 TEST_F(DevicePoolTest, ASecondLoadIsServedFromTheHbmTierAndMatchSaysSo) {
   Start();
   auto c = Open();
