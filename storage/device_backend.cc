@@ -416,16 +416,21 @@ Result<IpcHandle> DeviceBackend::ExportPool(uint32_t pool) {
   return ExportPoolImpl(pool);
 }
 
-Result<ExportedRange> DeviceBackend::ExportRange(const std::byte* data,
-                                                 uint64_t bytes) {
-  if (failed()) return health();
-  DeviceScope scope(this);
+Status DeviceBackend::CheckExportRange(const std::byte* data, uint64_t bytes) {
   if (data == nullptr || bytes == 0 ||
       bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(data)) {
     return Status::InvalidArgument(
         fmt::format("exporting device range [{}, +{})",
                     static_cast<const void*>(data), bytes));
   }
+  return Status::OK();
+}
+
+Result<ExportedRange> DeviceBackend::ExportRange(const std::byte* data,
+                                                 uint64_t bytes) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckExportRange(data, bytes));
   return ExportRangeImpl(data, bytes);
 }
 
@@ -433,12 +438,7 @@ Result<ExportedFd> DeviceBackend::ExportRangeFd(const std::byte* data,
                                                 uint64_t bytes) {
   if (failed()) return health();
   DeviceScope scope(this);
-  if (data == nullptr || bytes == 0 ||
-      bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(data)) {
-    return Status::InvalidArgument(
-        fmt::format("exporting device range [{}, +{})",
-                    static_cast<const void*>(data), bytes));
-  }
+  TIERKV_RETURN_IF_ERROR(CheckExportRange(data, bytes));
   return ExportRangeFdImpl(data, bytes);
 }
 

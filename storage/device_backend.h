@@ -415,6 +415,8 @@ class DeviceBackend {
 
   Status CheckStream(StreamId stream) const;
   Status CheckRegion(const DeviceRegion& region) const;
+  // ExportRange's and ExportRangeFd's: non-null, non-empty, no overflow.
+  static Status CheckExportRange(const std::byte* data, uint64_t bytes);
   // WaitValueOn's and WriteValueOn's: aligned, inside a registered range.
   Status CheckHostWord(const void* word) EXCLUDES(host_mu_);
   // GatherRows' and GatherRowsOn's argument checks.

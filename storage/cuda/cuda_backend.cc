@@ -422,15 +422,9 @@ class CudaBackend final : public DeviceBackend {
     TIERKV_RETURN_IF_ERROR(Use());
     Stream& s = *streams_[stream];
     MutexLock lock(&s.mu);
-    cudaEvent_t event = nullptr;
-    if (!s.spare.empty()) {
-      event = s.spare.back();
-      s.spare.pop_back();
-    } else {
-      const cudaError_t made =
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      if (made != cudaSuccess) return Fail("cudaEventCreate", made);
-    }
+    auto taken = TakeEventLocked(s);
+    if (!taken.ok()) return taken.status();
+    cudaEvent_t event = *taken;
     cudaError_t e =
         cudaEventRecord(event, static_cast<cudaStream_t>(foreign.cuda));
     if (e == cudaSuccess) e = cudaStreamWaitEvent(s.handle, event, 0);
@@ -631,19 +625,27 @@ class CudaBackend final : public DeviceBackend {
     return e == cudaSuccess ? Status::OK() : Fail("cudaHostUnregister", e);
   }
 
+  // An event from the stream's pool, or a new one.
+  Result<cudaEvent_t> TakeEventLocked(Stream& s) REQUIRES(s.mu) {
+    if (!s.spare.empty()) {
+      cudaEvent_t event = s.spare.back();
+      s.spare.pop_back();
+      return event;
+    }
+    cudaEvent_t event = nullptr;
+    const cudaError_t made =
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (made != cudaSuccess) return Fail("cudaEventCreate", made);
+    return event;
+  }
+
   Result<DeviceEvent> RecordEventImpl(StreamId stream) override {
     TIERKV_RETURN_IF_ERROR(Use());
     Stream& s = *streams_[stream];
     MutexLock lock(&s.mu);
-    cudaEvent_t event = nullptr;
-    if (!s.spare.empty()) {
-      event = s.spare.back();
-      s.spare.pop_back();
-    } else {
-      const cudaError_t made =
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      if (made != cudaSuccess) return Fail("cudaEventCreate", made);
-    }
+    auto taken = TakeEventLocked(s);
+    if (!taken.ok()) return taken.status();
+    cudaEvent_t event = *taken;
     const cudaError_t e = cudaEventRecord(event, s.handle);
     if (e != cudaSuccess) {
       cudaEventDestroy(event);
