@@ -395,7 +395,7 @@ HandlerReply CacheService::Pin(uint64_t conn, Namespace& ns, In in) {
 void CacheService::Flush(Namespace& ns, In in, Responder responder) {
   KeysRequest req;
   if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
-  if (!engine_->has_nvme()) {
+  if (!engine_->can_persist()) {
     ItemStatusResponse resp;
     resp.status = Status::InvalidArgument("this daemon has no NVMe tier");
     return responder.Send(Ok(resp));

@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "common/load_ticket.h"
+#include "storage/nvme/nvme_tier.h"
 #include "storage/storage_log.h"
 #include "storage/stream_copy.h"
 
@@ -46,16 +47,30 @@ std::shared_ptr<const LayoutSpec> EngineNamespace::layout() const {
   return layout_;
 }
 
-CacheEngine::CacheEngine(const CacheEngineOptions& options, NvmeStore* nvme)
-    : options_(options), nvme_(nvme) {}
+CacheEngine::CacheEngine(const CacheEngineOptions& options,
+                         const NvmeStore* nvme,
+                         std::unique_ptr<TierChain> chain)
+    : options_(options), nvme_(nvme), chain_(std::move(chain)) {}
 
 Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
     NvmeStore* nvme) {
+  std::vector<std::unique_ptr<Tier>> below;
+  if (nvme) below.push_back(std::make_unique<NvmeTier>(nvme));
+  return Open(options, std::move(spaces), std::move(below), nvme);
+}
+
+Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
+    const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
+    std::vector<std::unique_ptr<Tier>> below, const NvmeStore* nvme) {
   TIERKV_RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<CacheEngine> engine(new CacheEngine(options, nvme));
+  auto chain = TierChain::Create(std::move(below), options.placement);
+  if (!chain.ok()) return chain.status();
+  std::unique_ptr<CacheEngine> engine(
+      new CacheEngine(options, nvme, std::move(chain).value()));
+  TierChain* const tiers_below = engine->chain_.get();
   std::unordered_set<std::string> names;
-  std::vector<const TierPair*> pairs;
+  std::vector<const NamespaceTiers*> pairs;
   std::vector<uint64_t> hbm_quotas;
   for (NamespaceOptions& o : spaces) {
     hbm_quotas.push_back(o.hbm_quota_bytes);
@@ -69,31 +84,20 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
                     "namespace '" + o.host.name +
                         "': " + std::string(host.status().message()));
     }
-    if (nvme) {
-      // Not lazily on the first demotion: that catalog sync would stall a
-      // data path already under pressure.
-      if (Status s = nvme->OpenNamespace(o.host.name); !s.ok()) {
-        // A full disk is no reason not to serve DRAM: its NVMe writes are
-        // refused until the catalog is writable again, when it registers.
-        if (!nvme->read_only()) {
-          return Status(s.code(), "namespace '" + o.host.name +
-                                      "': cannot register it on NVMe: " +
-                                      std::string(s.message()));
-        }
-        StorageLog().warn(
-            "namespace '{}': not registered on NVMe (catalog read-only: {}); "
-            "it is served from DRAM",
-            o.host.name, s.ToString());
-      }
+    const TierNamespace tns{.id = static_cast<uint32_t>(engine->spaces_.size()),
+                            .name = o.host.name};
+    if (Status s = tiers_below->OpenNamespace(tns); !s.ok()) {
+      return Status(s.code(), "namespace '" + o.host.name +
+                                  "': cannot register it below DRAM: " +
+                                  std::string(s.message()));
     }
     auto ns = std::make_unique<EngineNamespace>();
     ns->host_ = std::move(host).value();
-    ns->index_ = static_cast<uint32_t>(engine->spaces_.size());
-    ns->tiers_ = TierPair{
-        .ns = o.host.name,
+    ns->index_ = tns.id;
+    ns->tiers_ = NamespaceTiers{
+        .ns = tns,
         .host = ns->host_.get(),
-        .nvme = nvme,
-        .policy = nvme ? o.write_policy : WritePolicy::kNone,
+        .policy = tiers_below->empty() ? WritePolicy::kNone : o.write_policy,
         .fingerprint = &ns->fingerprint_,
     };
     pairs.push_back(&ns->tiers_);
@@ -125,14 +129,18 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   }
   engine->leases_ =
       std::make_unique<LeaseTable>(options.clock, options.lease_limits);
-  if (nvme) {
-    engine->mover_ = std::make_unique<TierMover>(options.mover, pairs);
+  if (!tiers_below->empty()) {
+    engine->mover_ =
+        std::make_unique<TierMover>(options.mover, tiers_below, pairs);
   }
-  // Transfer lanes read NVMe from these threads: each sets up its io_uring
-  // ring now rather than in the first Load it serves (a few ms, up to ~20
-  // ms measured, on the critical path of that Load's layer 0).
+  // Transfer lanes read the tiers below from these threads: each sets up
+  // its io_uring ring now rather than in the first Load it serves (a few
+  // ms, up to ~20 ms measured, on the critical path of that Load's layer
+  // 0).
   std::function<void()> prepare_thread;
-  if (nvme) prepare_thread = [nvme] { nvme->device().PrepareThisThread(); };
+  if (!tiers_below->empty()) {
+    prepare_thread = [tiers_below] { tiers_below->PrepareThisThread(); };
+  }
   engine->workers_ = std::make_unique<WorkerPool>(
       options.workers, options.worker_queue, std::move(prepare_thread));
   return engine;
@@ -237,52 +245,77 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   if (!layout) {
     return Status::InvalidArgument("register a layout before Match");
   }
-  const uint64_t fingerprint = ns.fingerprint();
   EngineMatch out;
   out.tiers.reserve(pages.size());
-  bool leading = true;
-  std::vector<SegmentKey> promote;  // NVMe-only segments of leading pages
-  // Prefetching more than half the host tier would evict what it brought
-  // in before the Get that follows.
-  const uint64_t prefetch_budget = ns.host_->capacity_bytes() / 2;
-  uint64_t prefetch_bytes = 0;
-  for (const PageHash& page : pages) {
-    Tier tier = Tier::kHost;
-    // Every segment also in HBM: a Load into a device pool is served there.
-    bool all_hbm = HbmUsable();
-    const size_t mark = promote.size();
-    for (uint16_t l = 0; tier != Tier::kMiss && l < layout->num_layers(); ++l) {
+  // Pass 1, DRAM (and HBM), page by page in order, touching what DRAM holds
+  // as a read would. What DRAM lacks is looked up below it in pass 2, in
+  // one batch (one Lookup per tier); until then such a page counts as
+  // stored, so its later segments are touched too. Without a tier below,
+  // a DRAM miss ends the page at once.
+  const bool below = !chain_->empty();
+  std::vector<SegmentKey> below_keys;  // DRAM misses, in page order
+  std::vector<uint32_t> below_page;    // the page of each
+  std::vector<bool> all_hbm(pages.size(), false);
+  for (uint32_t n = 0; n < pages.size(); ++n) {
+    bool hbm = HbmUsable();  // every segment in HBM too
+    bool miss = false;
+    for (uint16_t l = 0; !miss && l < layout->num_layers(); ++l) {
       const auto parts = layout->layers[l].parts.size();
-      for (uint8_t p = 0; tier != Tier::kMiss && p < parts; ++p) {
-        const SegmentKey key{page, l, p};
-        all_hbm = all_hbm && hbm_->Contains(ns.index_, key);
+      for (uint8_t p = 0; !miss && p < parts; ++p) {
+        const SegmentKey key{pages[n], l, p};
+        hbm = hbm && hbm_->Contains(ns.index_, key);
         if (ns.host_->Touch(key)) continue;
-        if (nvme_ && nvme_->Contains(ns.name(), key, fingerprint)) {
-          tier = Tier::kNvme;
-          const uint64_t bytes = layout->SegmentBytes(l, p);
-          if (prefetch_bytes + bytes <= prefetch_budget) {
-            promote.push_back(key);
-            prefetch_bytes += bytes;
-          }
+        if (below) {
+          below_keys.push_back(key);
+          below_page.push_back(n);
         } else {
-          tier = Tier::kMiss;
+          miss = true;
         }
       }
     }
-    if (all_hbm && tier != Tier::kMiss) tier = Tier::kHbm;
-    out.tiers.push_back(tier);
-    leading = leading && tier != Tier::kMiss;
-    if (leading) {
-      out.leading_pages++;
-      out.leading_nvme_pages += tier == Tier::kNvme;
-      out.leading_hbm_pages += tier == Tier::kHbm;
-    } else {
-      // Only what the engine will read next.
-      for (size_t k = mark; k < promote.size(); ++k) {
-        prefetch_bytes -=
-            layout->SegmentBytes(promote[k].layer, promote[k].part);
+    all_hbm[n] = hbm && !miss;
+    out.tiers.push_back(miss ? tierkv::Tier::kMiss : tierkv::Tier::kHost);
+  }
+  // Pass 2: where below DRAM the rest is; a page is as slow as its slowest
+  // segment's tier, and missing when one segment is nowhere.
+  std::vector<TierChain::Location> where;
+  if (!below_keys.empty()) {
+    where = chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below_keys);
+  }
+  for (size_t b = 0; b < below_keys.size(); ++b) {
+    tierkv::Tier& tier = out.tiers[below_page[b]];
+    if (where[b].tier == TierChain::kNowhere) {
+      tier = tierkv::Tier::kMiss;
+    } else if (tier != tierkv::Tier::kMiss) {
+      tier = std::max(tier, chain_->at(where[b].tier).kind());
+    }
+  }
+  // Leading pages, and the prefetch of their segments below DRAM (only what
+  // the engine reads next). Prefetching more than half the host tier would
+  // evict what it brought in before the Get that follows.
+  const uint64_t prefetch_budget = ns.host_->capacity_bytes() / 2;
+  uint64_t prefetch_bytes = 0;
+  std::vector<SegmentKey> promote;
+  size_t b = 0;
+  for (uint32_t n = 0; n < pages.size(); ++n) {
+    tierkv::Tier& tier = out.tiers[n];
+    if (tier == tierkv::Tier::kMiss) break;
+    if (all_hbm[n]) tier = tierkv::Tier::kHbm;
+    out.leading_pages++;
+    out.leading_nvme_pages += tier == tierkv::Tier::kNvme;
+    out.leading_hbm_pages += tier == tierkv::Tier::kHbm;
+    for (; b < below_keys.size() && below_page[b] == n; ++b) {
+      const uint64_t bytes = where[b].bytes;
+      if (prefetch_bytes + bytes <= prefetch_budget) {
+        promote.push_back(below_keys[b]);
+        prefetch_bytes += bytes;
       }
-      promote.resize(mark);
+    }
+  }
+  // Pages past the first miss that are wholly in HBM say so too.
+  for (uint32_t n = out.leading_pages; n < pages.size(); ++n) {
+    if (all_hbm[n] && out.tiers[n] != tierkv::Tier::kMiss) {
+      out.tiers[n] = tierkv::Tier::kHbm;
     }
   }
   if (mover_ && promotion == NvmePromotion::kQueue && !promote.empty()) {
@@ -402,7 +435,7 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
                           std::function<void(EngineRead)> done) {
   EngineRead read;
   read.items.reserve(keys.size());
-  read.source.assign(keys.size(), Tier::kMiss);
+  read.source.assign(keys.size(), tierkv::Tier::kMiss);
   std::vector<size_t> missing;
   const size_t room = LeaseRoom(owner, ns, keys.size());
   Status limit_error;  // the same for every item past the room
@@ -415,8 +448,8 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
     }
     Result<SegmentLocation> loc = ns.host_->Acquire(keys[i]);
     if (loc.ok()) {
-      read.source[i] = Tier::kHost;
-    } else if (nvme_ && loc.status().IsNotFound()) {
+      read.source[i] = tierkv::Tier::kHost;
+    } else if (!chain_->empty() && loc.status().IsNotFound()) {
       missing.push_back(i);
     }
     read.items.push_back(std::move(loc));
@@ -456,10 +489,11 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
     for (size_t i : missing) wanted.push_back(keys[i]);
     // Held: a promoted segment is referenced from its commit on, so a
     // concurrent reservation cannot evict it before this read takes it.
+    std::vector<tierkv::Tier> sources;
     const std::vector<Status> promoted = mover_->PromoteBatch(
         ns.tiers_, wanted,
         std::chrono::steady_clock::now() + options_.write_back_wait,
-        /*hold=*/true);
+        /*hold=*/true, &sources);
     for (size_t m = 0; m < missing.size(); ++m) {
       const size_t i = missing[m];
       if (!promoted[m].ok()) {
@@ -469,7 +503,7 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
       // The read's own reference, then the promotion's handed back.
       read.items[i] = ns.host_->Acquire(keys[i]);
       ns.host_->Release(keys[i]);
-      if (read.items[i].ok()) read.source[i] = Tier::kNvme;
+      if (read.items[i].ok()) read.source[i] = sources[m];
     }
   }
   std::vector<std::pair<size_t, LeasedSegment>> candidates;
@@ -482,7 +516,7 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
       AdmitLeaseBytes(owner, ns, candidates, [&](size_t i, Status refused) {
         ns.host_->Release(keys[i]);
         read.items[i] = std::move(refused);
-        read.source[i] = Tier::kMiss;
+        read.source[i] = tierkv::Tier::kMiss;
       });
   if (!leased.empty()) {
     read.lease_id = leases_->Add(owner, LeaseKind::kRead, ns.host_.get(),
@@ -596,7 +630,7 @@ size_t CacheEngine::active_leases() const { return leases_->size(); }
 
 void CacheEngine::Flush(EngineNamespace& ns, std::vector<SegmentKey> keys,
                         std::function<void(std::vector<Status>)> done) {
-  if (!nvme_) {
+  if (!chain_->can_persist()) {
     done(std::vector<Status>(
         keys.size(), Status::InvalidArgument("this daemon has no NVMe tier")));
     return;
@@ -633,8 +667,8 @@ EngineStats CacheEngine::SharedStats() const {
   if (nvme_) {
     s.has_nvme = true;
     s.nvme = nvme_->Stats();
-    s.mover = mover_->Stats();
   }
+  if (mover_) s.mover = mover_->Stats();
   s.active_leases = leases_->size();
   s.worker_queue_depth = workers_->queue_depth();
   s.worker_rejections = worker_rejections_.load(std::memory_order_relaxed);
@@ -1097,7 +1131,7 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   const uint16_t l = t.first_layer + k;
   // What DRAM lacks, read from NVMe in one batch for every part of the
   // unit, so the device queue holds all of it at once.
-  std::vector<NvmeReadItem> reads;
+  std::vector<TierReadItem> reads;
   struct ReadOf {
     uint32_t page;
     uint8_t part;
@@ -1126,7 +1160,7 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
         continue;
       }
       if (loc.ok()) ns.host_->Release(key);
-      if (nvme_) {
+      if (!chain_->empty()) {
         reads.push_back({key, {slot, pool.layout.slot_bytes}});
         read_of.push_back({i, p, pool.layout.slot_bytes});
       } else {
@@ -1140,7 +1174,7 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   // either way the checksum is verified before a hit counts. While this
   // batch drains, the other lanes' batches (the rest of this layer, then
   // the next) keep the device's queue full.
-  auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
+  auto got = chain_->ReadAndWait(ns.tiers_.ns, ns.fingerprint(), reads).items;
   std::vector<SegmentKey> read_ok;
   for (size_t r = 0; r < reads.size(); ++r) {
     if (got[r].ok() && *got[r] == read_of[r].bytes) {
@@ -1370,7 +1404,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   std::vector<SegmentKey> held, hbm_held, admitted;
   std::vector<uint32_t> copied;  // pages whose copy was submitted
   uint64_t host_bytes = 0, nvme_bytes = 0, nvme_segments = 0;
-  std::vector<NvmeReadItem> reads;
+  std::vector<TierReadItem> reads;
   std::vector<uint32_t> read_page;
   PinnedStaging::Buffer bounce;
   // Host -> device copies go in batches (one submission per source tier:
@@ -1426,7 +1460,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
       continue;
     }
     if (loc.ok()) ns.host_->Release(key);
-    if (nvme_) {
+    if (!chain_->empty()) {
       read_page.push_back(i);
     } else {
       RecordError(job, i, l, p, StatusCode::kNotFound);
@@ -1458,7 +1492,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     }
   }
   if (!read_page.empty()) {
-    auto got = nvme_->ReadBatch(ns.name(), ns.fingerprint(), reads);
+    auto got = chain_->ReadAndWait(ns.tiers_.ns, ns.fingerprint(), reads).items;
     std::vector<SegmentKey> read_ok;
     std::vector<size_t> batch_reads;  // the reads[] index of each copy
     for (size_t r = 0; r < reads.size(); ++r) {

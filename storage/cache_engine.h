@@ -46,6 +46,9 @@
 #include "storage/mapped_region.h"
 #include "storage/nvme_store.h"
 #include "storage/pinned_staging.h"
+#include "storage/tier/placement.h"
+#include "storage/tier/tier.h"
+#include "storage/tier/tier_chain.h"
 #include "storage/tier_mover.h"
 #include "storage/worker_pool.h"
 #include "storage/write_policy.h"
@@ -81,8 +84,11 @@ struct CacheEngineOptions {
   // this (every decode step scans all index keys of a full layer, while it
   // reads a latent row only when selected). Default: 4.
   double index_key_report_weight = 4.0;
-  // Background demotion and prefetch (used only with an NVMe tier).
+  // Background demotion and prefetch (used only with tiers below DRAM).
   TierMoverOptions mover;
+  // The order of the tiers below DRAM and where write-back goes
+  // (placement.h). Default: the tiers as handed to Open.
+  PlacementOptions placement;
   // The device backend engines' device pools are imported into
   // (RegisterDevicePool); borrowed, must outlive the engine. Default: none
   // (device pools are refused).
@@ -116,7 +122,7 @@ struct NamespaceOptions {
 // life; callers pass it back to name the namespace of a call.
 class EngineNamespace {
  public:
-  const std::string& name() const { return tiers_.ns; }
+  const std::string& name() const { return tiers_.ns.name; }
   WritePolicy write_policy() const { return tiers_.policy; }
   HostTier& host() const { return *host_; }
   // The registered layout, if any (immutable once registered; sharing it
@@ -130,9 +136,9 @@ class EngineNamespace {
  private:
   friend class CacheEngine;
   std::unique_ptr<HostTier> host_;
-  uint32_t index_ = 0;   // in the engine (the HBM tier's namespace id)
+  uint32_t index_ = 0;   // in the engine (every tier's namespace id)
   bool pinned_ = false;  // its arena is registered with options.device
-  TierPair tiers_;
+  NamespaceTiers tiers_;
   mutable Mutex layout_mu_;
   std::shared_ptr<const LayoutSpec> layout_ GUARDED_BY(layout_mu_);
   // Release-published after layout_ is set; read lock-free by the data path.
@@ -146,7 +152,7 @@ struct EngineMatch {
   uint32_t leading_hbm_pages = 0;   // of those, pages wholly in HBM too
   // Per page: the slowest tier holding one of its segments, or kMiss;
   // kHbm for a stored page whose every segment the HBM tier holds too.
-  std::vector<Tier> tiers;
+  std::vector<tierkv::Tier> tiers;
 };
 
 struct SegmentSize {
@@ -168,7 +174,8 @@ struct EngineRead {
   // Per key: where the bytes are in the arena (valid until the lease ends),
   // NotFound (miss) or Busy (no worker free / no host room to promote).
   std::vector<Result<SegmentLocation>> items;
-  std::vector<Tier> source;  // per key: kHost, kNvme (promoted) or kMiss
+  // Per key: kHost, the tier below DRAM it was promoted from, or kMiss.
+  std::vector<tierkv::Tier> source;
 };
 
 struct EnginePin {
@@ -252,10 +259,17 @@ struct EngineStats {
 
 class CacheEngine {
  public:
-  // Validates everything, creates each namespace's host tier and starts the
-  // workers. `nvme` is borrowed (null: no NVMe tier) and must outlive the
-  // engine. Errors: InvalidArgument (options, duplicate names), IOError
-  // (arena creation).
+  // Validates everything, creates each namespace's host tier, opens every
+  // namespace in the tiers `below` DRAM (ordered by options.placement into
+  // the engine's TierChain) and starts the workers. `nvme`, when given, is
+  // only read for its stats (EngineStats::nvme) and must outlive the
+  // engine. Errors: InvalidArgument (options, placement, duplicate names),
+  // IOError (arena creation, a tier refusing a namespace).
+  static Result<std::unique_ptr<CacheEngine>> Open(
+      const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
+      std::vector<std::unique_ptr<Tier>> below,
+      const NvmeStore* nvme = nullptr);
+  // Open with NVMe (borrowed; null: none) as the one tier below DRAM.
   static Result<std::unique_ptr<CacheEngine>> Open(
       const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
       NvmeStore* nvme);
@@ -271,7 +285,11 @@ class CacheEngine {
   const std::vector<std::unique_ptr<EngineNamespace>>& namespaces() const {
     return spaces_;
   }
-  bool has_nvme() const { return nvme_ != nullptr; }
+  // Whether Flush can make segments durable (a persistent tier takes the
+  // write-back).
+  bool can_persist() const { return chain_->can_persist(); }
+  // The tiers below DRAM.
+  const TierChain& chain() const { return *chain_; }
 
   // Registers the namespace's layout the first time; later calls must pass
   // the same layout (else InvalidArgument).
@@ -399,7 +417,8 @@ class CacheEngine {
   EngineStats Stats(EngineNamespace& ns) const EXCLUDES(owners_mu_);
   // The daemon-wide part of Stats() (no namespace: `host` is empty).
   EngineStats SharedStats() const EXCLUDES(owners_mu_);
-  // The shared NVMe tier and mover (null without NVMe), for metrics.
+  // The NVMe store given to Open (null without), and the mover (null
+  // without tiers below DRAM), for metrics.
   const NvmeStore* nvme() const { return nvme_; }
   const TierMover* mover() const { return mover_.get(); }
 
@@ -420,7 +439,8 @@ class CacheEngine {
   }
 
  private:
-  CacheEngine(const CacheEngineOptions& options, NvmeStore* nvme);
+  CacheEngine(const CacheEngineOptions& options, const NvmeStore* nvme,
+              std::unique_ptr<TierChain> chain);
   // Segments `owner` may still lease in `ns` (LeaseTable::Room), and the
   // ResourceExhausted the items past that room get.
   size_t LeaseRoom(uint64_t owner, const EngineNamespace& ns,
@@ -595,7 +615,8 @@ class CacheEngine {
                           uint8_t part, StatusCode code);
 
   const CacheEngineOptions options_;
-  NvmeStore* const nvme_;  // borrowed; null without NVMe
+  const NvmeStore* const nvme_;             // borrowed, for stats; may be null
+  const std::unique_ptr<TierChain> chain_;  // never null; may be empty
   // Backends for device pools on other GPUs than options_.device's
   // (DeviceFor). Declared early: they end after every pool, job and
   // quarantined copy that uses them.

@@ -719,15 +719,26 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
 std::optional<uint64_t> NvmeStore::Lookup(std::string_view ns,
                                           const SegmentKey& key,
                                           uint64_t layout_fingerprint) const {
+  const uint64_t bytes = LookupBatch(ns, layout_fingerprint, {&key, 1})[0];
+  if (bytes == 0) return std::nullopt;
+  return bytes;
+}
+
+std::vector<uint64_t> NvmeStore::LookupBatch(
+    std::string_view ns, uint64_t layout_fingerprint,
+    std::span<const SegmentKey> keys) const {
+  std::vector<uint64_t> out(keys.size(), 0);
   auto ns_id = catalog_->FindNamespace(ns);
-  if (!ns_id.ok()) return std::nullopt;
+  if (!ns_id.ok()) return out;
   MutexLock lock(&mu_);
-  auto it = index_.find(FullKey{*ns_id, key});
-  if (it == index_.end() ||
-      it->second->entry.layout_fingerprint != layout_fingerprint) {
-    return std::nullopt;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(FullKey{*ns_id, keys[i]});
+    if (it != index_.end() &&
+        it->second->entry.layout_fingerprint == layout_fingerprint) {
+      out[i] = it->second->entry.length;
+    }
   }
-  return it->second->entry.length;
+  return out;
 }
 
 Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {

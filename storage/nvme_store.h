@@ -56,6 +56,7 @@
 #include "storage/device.h"
 #include "storage/extent_allocator.h"
 #include "storage/nvme_catalog.h"
+#include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -111,25 +112,16 @@ struct NvmeStoreOptions {
   Status Validate() const;
 };
 
-// Whether a Write is durable (power-loss safe) when it returns, or only
-// crash safe until the next Sync().
-enum class Durability { kDurable, kDeferred };
-
-// One segment to store: `data` is borrowed for the duration of Write().
-struct NvmeWriteItem {
-  SegmentKey key;
-  std::span<const std::byte> data;
-};
+// One segment to store (Tier's item, so NvmeTier hands batches through
+// as they are): `data` is borrowed for the duration of Write().
+using NvmeWriteItem = TierWriteItem;
 
 // One segment to read: up to dst.size() bytes land at the front of `dst`,
 // which is borrowed for the duration of ReadBatch(). A block-aligned `dst`
 // at least as large as the segment rounded up to block_size is read into
 // directly (no bounce copy); bytes past the segment's length may then be
 // overwritten with padding.
-struct NvmeReadItem {
-  SegmentKey key;
-  std::span<std::byte> dst;
-};
+using NvmeReadItem = TierReadItem;
 
 // What Open() found in the catalog.
 struct NvmeRecoveryReport {
@@ -262,6 +254,12 @@ class NvmeStore {
                 uint64_t layout_fingerprint) const {
     return Lookup(ns, key, layout_fingerprint).has_value();
   }
+  // Lookup of a batch under one lock: each key's length, 0 when absent or
+  // stored with another layout.
+  std::vector<uint64_t> LookupBatch(std::string_view ns,
+                                    uint64_t layout_fingerprint,
+                                    std::span<const SegmentKey> keys) const
+      EXCLUDES(mu_);
 
   // Drops the segment. NotFound when absent; IOError when the catalog delete
   // cannot be made durable (the segment is gone from this process either

@@ -1,5 +1,5 @@
 // TierMover: batched demotion, promotion and persistence between the host
-// and NVMe tiers (see tier_mover.h).
+// tiers and the chain below them (see tier_mover.h).
 #include "storage/tier_mover.h"
 
 #include <spdlog/spdlog.h>
@@ -24,16 +24,18 @@ Status TierMoverOptions::Validate() const {
   return Status::OK();
 }
 
-TierMover::TierMover(const TierMoverOptions& options,
-                     std::vector<const TierPair*> namespaces)
-    : options_(options), namespaces_(std::move(namespaces)) {
+TierMover::TierMover(const TierMoverOptions& options, const TierChain* chain,
+                     std::vector<const NamespaceTiers*> namespaces)
+    : options_(options),
+      chain_(chain),
+      target_(chain->demotion_target()),
+      namespaces_(std::move(namespaces)) {
   // Each worker sets up its io_uring ring (and registered buffers) now, not
   // on its first demotion: the daemon's fds and memory are then what they
   // will be, from start-up on.
-  NvmeStore* nvme = namespaces_.empty() ? nullptr : namespaces_[0]->nvme;
   for (uint32_t i = 0; i < options.workers; ++i) {
-    workers_.emplace_back([this, nvme] {
-      if (nvme != nullptr) nvme->device().PrepareThisThread();
+    workers_.emplace_back([this] {
+      chain_->PrepareThisThread();
       WorkerLoop();
     });
   }
@@ -57,7 +59,8 @@ void TierMover::Kick() {
   work_cv_.Signal();
 }
 
-void TierMover::Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys) {
+void TierMover::Prefetch(const NamespaceTiers* tiers,
+                         std::vector<SegmentKey> keys) {
   if (keys.empty()) return;
   {
     MutexLock lock(&mu_);
@@ -125,35 +128,30 @@ void TierMover::SyncIfDue() {
     }
     unsynced_since_.reset();  // what is written from now on waits again
   }
-  std::vector<NvmeStore*> done;
-  for (const TierPair* tiers : namespaces_) {
-    NvmeStore* nvme = tiers->nvme;
-    if (!nvme || std::find(done.begin(), done.end(), nvme) != done.end() ||
-        !nvme->HasUnsyncedWrites()) {
-      continue;
+  SyncChain("demoted");
+}
+
+void TierMover::SyncChain(const char* what) {
+  if (!chain_->HasUnsyncedWrites()) return;
+  if (Status s = chain_->Sync(); s.ok()) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // The written segments stay readable; try again an interval later.
+    sync_failures_.fetch_add(1, std::memory_order_relaxed);
+    {
+      MutexLock lock(&mu_);
+      if (!unsynced_since_) unsynced_since_ = std::chrono::steady_clock::now();
     }
-    done.push_back(nvme);
-    if (Status s = nvme->Sync(); s.ok()) {
-      syncs_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      // The demoted segments stay readable; try again an interval later.
-      sync_failures_.fetch_add(1, std::memory_order_relaxed);
-      {
-        MutexLock lock(&mu_);
-        if (!unsynced_since_)
-          unsynced_since_ = std::chrono::steady_clock::now();
-      }
-      spdlog::warn("tier mover: syncing demoted segments failed: {}",
-                   s.ToString());
-    }
+    spdlog::warn("tier mover: syncing {} segments failed: {}", what,
+                 s.ToString());
   }
 }
 
 std::vector<Status> TierMover::WriteAndAnnounce(
-    const TierPair& tiers, std::span<const NvmeWriteItem> items,
+    const NamespaceTiers& tiers, std::span<const TierWriteItem> items,
     Durability durability) {
   std::vector<Status> statuses =
-      tiers.nvme->Write(tiers.ns, tiers.Fingerprint(), items, durability);
+      WriteAndWait(*target_, tiers.ns, tiers.Fingerprint(), items, durability);
   for (size_t k = 0; k < items.size(); ++k) {
     if (!statuses[k].ok()) continue;  // AlreadyExists: nothing was written
     written_segments_.fetch_add(1, std::memory_order_relaxed);
@@ -175,8 +173,8 @@ bool TierMover::DemoteOnce() {
   const uint32_t start =
       next_namespace_.fetch_add(1, std::memory_order_relaxed);
   for (size_t i = 0; i < n; ++i) {
-    const TierPair& tiers = *namespaces_[(start + i) % n];
-    if (tiers.policy == WritePolicy::kNone || !tiers.nvme) continue;
+    const NamespaceTiers& tiers = *namespaces_[(start + i) % n];
+    if (tiers.policy == WritePolicy::kNone) continue;
     if (DemoteBatch(tiers, /*only_needed=*/tiers.policy ==
                                WritePolicy::kWriteBack) > 0) {
       return true;
@@ -185,14 +183,14 @@ bool TierMover::DemoteOnce() {
   return false;
 }
 
-size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
+size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   std::vector<DirtySegment> batch =
       tiers.host->TakeDirty(options_.demotion_batch_segments,
                             options_.demotion_batch_bytes, only_needed);
   if (batch.empty()) return 0;
   // Taken segments are immutable and cannot be evicted until
   // FinishPersist, so the device reads them straight from the arena.
-  std::vector<NvmeWriteItem> items;
+  std::vector<TierWriteItem> items;
   items.reserve(batch.size());
   for (const DirtySegment& d : batch) {
     items.push_back(
@@ -226,7 +224,7 @@ size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
     spdlog::warn(
         "namespace '{}': write-back of {} segments failed ({}); they stay in "
         "host DRAM as cache entries only (logged at most every 10 s)",
-        tiers.ns, failed, failure.ToString());
+        tiers.ns.name, failed, failure.ToString());
   }
   demotion_batches_.fetch_add(1, std::memory_order_relaxed);
   return batch.size();
@@ -235,12 +233,8 @@ size_t TierMover::DemoteBatch(const TierPair& tiers, bool only_needed) {
 uint64_t TierMover::PersistDirty(
     std::chrono::steady_clock::time_point deadline) {
   uint64_t written = 0;
-  std::vector<NvmeStore*> stores;
-  for (const TierPair* tiers : namespaces_) {
-    if (tiers->policy == WritePolicy::kNone || !tiers->nvme) continue;
-    if (std::find(stores.begin(), stores.end(), tiers->nvme) == stores.end()) {
-      stores.push_back(tiers->nvme);
-    }
+  for (const NamespaceTiers* tiers : namespaces_) {
+    if (tiers->policy == WritePolicy::kNone) continue;
     // A segment that failed to write goes back to the dirty list and would
     // be taken again: stop at the first batch that writes nothing new.
     const uint64_t failed_before =
@@ -254,47 +248,46 @@ uint64_t TierMover::PersistDirty(
       }
     }
   }
-  for (NvmeStore* nvme : stores) {
-    if (!nvme->HasUnsyncedWrites()) continue;
-    if (Status s = nvme->Sync(); s.ok()) {
-      syncs_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      sync_failures_.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("tier mover: syncing persisted segments failed: {}",
-                   s.ToString());
-    }
-  }
+  SyncChain("persisted");
   return written;
 }
 
 std::vector<Status> TierMover::PromoteBatch(
-    const TierPair& tiers, std::span<const SegmentKey> keys,
-    std::chrono::steady_clock::time_point wait_until, bool hold) {
+    const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
+    std::chrono::steady_clock::time_point wait_until, bool hold,
+    std::vector<tierkv::Tier>* sources) {
   std::vector<Status> results(keys.size());
+  std::vector<tierkv::Tier> source(keys.size(), tierkv::Tier::kMiss);
   const uint64_t fingerprint = tiers.Fingerprint();
   const uint64_t round_bytes =
       std::max<uint64_t>(1, std::min(options_.promotion_batch_bytes,
                                      tiers.host->capacity_bytes() / 4));
   std::vector<size_t> todo(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
+  std::vector<SegmentKey> probe;
   while (!todo.empty()) {
-    std::vector<NvmeReadItem> reads;
+    std::vector<TierReadItem> reads;
     std::vector<size_t> read_of;  // key index per read
     std::vector<size_t> next_round, busy;
     uint64_t busy_generation = 0;
     uint64_t bytes = 0;
-    for (size_t i : todo) {
-      auto size = tiers.nvme->Lookup(tiers.ns, keys[i], fingerprint);
-      if (!size) {
-        results[i] = Status::NotFound("segment not on NVMe");
+    probe.clear();
+    for (size_t i : todo) probe.push_back(keys[i]);
+    const std::vector<TierChain::Location> where =
+        chain_->Locate(tiers.ns, fingerprint, probe);
+    for (size_t t = 0; t < todo.size(); ++t) {
+      const size_t i = todo[t];
+      const uint64_t size = where[t].bytes;
+      if (where[t].tier == TierChain::kNowhere) {
+        results[i] = Status::NotFound("segment in no tier below DRAM");
         continue;
       }
-      if (!reads.empty() && bytes + *size > round_bytes) {
+      if (!reads.empty() && bytes + size > round_bytes) {
         next_round.push_back(i);
         continue;
       }
       const uint64_t generation = tiers.host->Generation();
-      auto reserved = tiers.host->Reserve(keys[i], *size);
+      auto reserved = tiers.host->Reserve(keys[i], size);
       if (!reserved.ok()) {
         results[i] = reserved.status();
         if (reserved.status().code() == StatusCode::kBusy) {
@@ -305,6 +298,7 @@ std::vector<Status> TierMover::PromoteBatch(
       }
       results[i] = Status::OK();
       if (reserved->already_stored) {  // another promoter won
+        source[i] = chain_->at(where[t].tier).kind();
         if (hold && !tiers.host->Acquire(keys[i]).ok()) {
           results[i] = Status::NotFound("segment evicted again meanwhile");
         }
@@ -314,22 +308,24 @@ std::vector<Status> TierMover::PromoteBatch(
                        {tiers.host->arena().base() + reserved->location.offset,
                         reserved->location.size}});
       read_of.push_back(i);
-      bytes += *size;
+      bytes += size;
     }
     if (!reads.empty()) {
-      auto got = tiers.nvme->ReadBatch(tiers.ns, fingerprint, reads);
+      TierChain::ReadResult got_all =
+          chain_->ReadAndWait(tiers.ns, fingerprint, reads);
+      const std::vector<Result<uint64_t>>& got = got_all.items;
       for (size_t r = 0; r < reads.size(); ++r) {
         const size_t i = read_of[r];
         if (got[r].ok() && *got[r] == reads[r].dst.size()) {
-          // Clean: NVMe holds it, so eviction may drop the host copy.
+          source[i] = chain_->at(got_all.served_by[r]).kind();
+          // Clean: a tier below holds it, so eviction may drop the copy.
           results[i] =
               tiers.host->Commit(keys[i], /*dirty=*/false, /*acquire=*/hold);
         } else {
           tiers.host->Abort(keys[i]);
-          results[i] =
-              got[r].ok()
-                  ? Status::Corruption("NVMe segment changed size mid-read")
-                  : got[r].status();
+          results[i] = got[r].ok()
+                           ? Status::Corruption("segment changed size mid-read")
+                           : got[r].status();
         }
         (results[i].ok() ? promotions_done_ : promotions_failed_)
             .fetch_add(1, std::memory_order_relaxed);
@@ -351,10 +347,16 @@ std::vector<Status> TierMover::PromoteBatch(
     next_round.insert(next_round.end(), busy.begin(), busy.end());
     todo = std::move(next_round);
   }
+  if (sources != nullptr) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!results[i].ok()) source[i] = tierkv::Tier::kMiss;
+    }
+    *sources = std::move(source);
+  }
   return results;
 }
 
-std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
+std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
                                             std::span<const SegmentKey> keys) {
   std::vector<Status> results(keys.size());
   const uint64_t fingerprint = tiers.Fingerprint();
@@ -362,11 +364,17 @@ std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
       std::chrono::steady_clock::now() + options_.reservation_wait;
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+  std::vector<SegmentKey> probe;
   while (!pending.empty()) {
-    std::vector<NvmeWriteItem> items;
+    std::vector<TierWriteItem> items;
     std::vector<size_t> item_of;
-    for (size_t i : pending) {
-      if (tiers.nvme->Contains(tiers.ns, keys[i], fingerprint)) {
+    probe.clear();
+    for (size_t i : pending) probe.push_back(keys[i]);
+    const std::vector<uint64_t> stored =
+        target_->Lookup(tiers.ns, fingerprint, probe);
+    for (size_t p = 0; p < pending.size(); ++p) {
+      const size_t i = pending[p];
+      if (stored[p] != 0) {
         results[i] = Status::OK();
         continue;
       }
@@ -388,7 +396,7 @@ std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
     if (!items.empty()) {
       statuses = WriteAndAnnounce(tiers, items, Durability::kDurable);
     }
-    for (const NvmeWriteItem& item : items) tiers.host->Release(item.key);
+    for (const TierWriteItem& item : items) tiers.host->Release(item.key);
     pending.clear();
     for (size_t k = 0; k < items.size(); ++k) {
       const size_t i = item_of[k];
@@ -413,12 +421,12 @@ std::vector<Status> TierMover::PersistBatch(const TierPair& tiers,
       break;
     }
   }
-  // Segments found already on NVMe may have come from deferred demotions:
+  // Segments found already there may have come from deferred demotions:
   // one sync makes them durable too (a no-op when the durable Write above
   // already covered them).
   if (std::any_of(results.begin(), results.end(),
                   [](const Status& r) { return r.ok(); })) {
-    if (Status s = tiers.nvme->Sync(); !s.ok()) {
+    if (Status s = target_->Sync(); !s.ok()) {
       for (Status& r : results) {
         if (r.ok()) r = s;
       }

@@ -1,23 +1,24 @@
-// TierMover: moves segments between namespaces' host tiers and the shared
-// NVMe tier in the background (DESIGN.md §4, "mover").
+// TierMover: moves segments between namespaces' host tiers and the tiers
+// below them (a TierChain: NVMe, or whatever the placement names) in the
+// background (DESIGN.md §4, "mover").
 //
-//   demotion  host -> NVMe. Workers take batches of the oldest dirty host
-//             segments (HostTier::TakeDirty: write_through takes every dirty
-//             segment, write_back only while a shard runs short of clean
-//             space), write each batch with one NvmeStore::Write (queue depth
-//             IO straight from the arena, one data sync, one catalog batch)
-//             and mark them clean. No bytes are queued, so nothing can be
-//             dropped: when dirty data outruns the disk, HostTier::Reserve
-//             answers Busy (backpressure) until a batch lands.
-//   promotion NVMe -> host. PromoteBatch() reads a batch with one
-//             NvmeStore::ReadBatch per promotion_batch_bytes into freshly
-//             reserved arena space; Get
-//             calls it on demand, and Prefetch() queues a batch for the
-//             workers (a bounded queue of hints: a full queue drops the
-//             batch and counts it; the Get that follows promotes on demand).
-//   persist   PersistBatch() writes host segments to NVMe now (Flush): one
-//             NvmeStore::Write for the batch, so one data sync and one
-//             catalog sync per call.
+//   demotion  host -> the chain's demotion target. Workers take batches of
+//             the oldest dirty host segments (HostTier::TakeDirty:
+//             write_through takes every dirty segment, write_back only while
+//             a shard runs short of clean space), write each batch with one
+//             Tier::Write (for NVMe: queue-depth IO straight from the arena,
+//             one catalog batch) and mark them clean. No bytes are queued,
+//             so nothing can be dropped: when dirty data outruns the tier,
+//             HostTier::Reserve answers Busy (backpressure) until a batch
+//             lands.
+//   promotion chain -> host. PromoteBatch() locates a round of
+//             promotion_batch_bytes (one Lookup per tier), reserves arena
+//             space and reads it with one chain read; Get calls it on
+//             demand, and Prefetch() queues a batch for the workers (a
+//             bounded queue of hints: a full queue drops the batch and
+//             counts it; the Get that follows promotes on demand).
+//   persist   PersistBatch() writes host segments to the demotion target
+//             now (Flush): one durable Write for the batch.
 //
 // Thread safety: thread-safe.
 #pragma once
@@ -34,7 +35,7 @@
 
 #include "common/mutex.h"
 #include "storage/host_tier.h"
-#include "storage/nvme_store.h"
+#include "storage/tier/tier_chain.h"
 #include "storage/write_policy.h"
 
 namespace tierkv::storage {
@@ -43,15 +44,15 @@ struct TierMoverOptions {
   // Worker threads. Default: 2. 0 runs none (nothing moves in the
   // background; for tests).
   uint32_t workers = 2;
-  // Largest demotion batch: segments and bytes per NvmeStore::Write. Large
+  // Largest demotion batch: segments and bytes per Tier::Write. Large
   // batches keep the device at queue depth and amortize the data and
   // catalog syncs. Default: 512 segments, 32 MiB.
   uint32_t demotion_batch_segments = 512;
   uint64_t demotion_batch_bytes = uint64_t{32} << 20;
   // Prefetch batches waiting for a worker; more are dropped. Default: 256.
   uint32_t prefetch_queue = 256;
-  // Largest promotion round: bytes reserved in DRAM and read with one
-  // ReadBatch (never more than a quarter of a host shard, so a round cannot
+  // Largest promotion round: bytes reserved in DRAM and read with one chain
+  // read (never more than a quarter of the host tier, so a round cannot
   // evict itself). Default: 16 MiB.
   uint64_t promotion_batch_bytes = uint64_t{16} << 20;
   // Demotions are written without syncs (Durability::kDeferred: crash safe
@@ -86,15 +87,14 @@ struct TierMoverStats {
   uint64_t prefetch_queue_depth = 0;
 };
 
-// One namespace's tiers, as the mover sees them. The pointers are borrowed:
-// the owner keeps them alive until the mover is destroyed.
-struct TierPair {
-  std::string ns;
+// One namespace, as the mover sees it. The pointers are borrowed: the
+// owner keeps them alive until the mover is destroyed.
+struct NamespaceTiers {
+  TierNamespace ns;
   HostTier* host = nullptr;
-  NvmeStore* nvme = nullptr;
   WritePolicy policy = WritePolicy::kNone;
   // The namespace's layout fingerprint (0 before a layout is registered),
-  // stored with its NVMe data.
+  // stored with its data below DRAM.
   const std::atomic<uint64_t>* fingerprint = nullptr;
 
   uint64_t Fingerprint() const {
@@ -105,10 +105,11 @@ struct TierPair {
 class TierMover {
  public:
   // Starts the workers over `namespaces` (borrowed, fixed for the mover's
-  // life), whose dirty segments they persist by each one's policy.
-  // REQUIRES: options.Validate() is OK.
-  TierMover(const TierMoverOptions& options,
-            std::vector<const TierPair*> namespaces);
+  // life), whose dirty segments they persist by each one's policy into
+  // `chain`'s demotion target and promote from `chain` (borrowed).
+  // REQUIRES: options.Validate() is OK; the chain is not empty.
+  TierMover(const TierMoverOptions& options, const TierChain* chain,
+            std::vector<const NamespaceTiers*> namespaces);
   ~TierMover();  // joins the workers; queued prefetches are dropped
 
   TierMover(const TierMover&) = delete;
@@ -118,37 +119,41 @@ class TierMover {
   // backpressure. Cheap; call after each batch of commits.
   void Kick();
 
-  // Queues promotion of `keys` (NVMe-only segments) into the host tier.
-  void Prefetch(const TierPair* tiers, std::vector<SegmentKey> keys);
+  // Queues promotion of `keys` (segments below DRAM only) into the host
+  // tier.
+  void Prefetch(const NamespaceTiers* tiers, std::vector<SegmentKey> keys);
 
-  // Reads `keys` from NVMe into the host tier, one ReadBatch per round of
-  // promotion_batch_bytes. A key whose reservation is Busy (another writer
-  // of it, or write-back backpressure) is retried whenever its host shard
-  // changes, until `wait_until`. One Status per key: OK when the segment
+  // Reads `keys` from the chain into the host tier, one chain read per
+  // round of promotion_batch_bytes. A key whose reservation is Busy (another
+  // writer of it, or write-back backpressure) is retried whenever its host
+  // shard changes, until `wait_until`. One Status per key: OK when the segment
   // is in the host tier afterwards (also if it already was, or another
-  // promoter won); NotFound when NVMe does not have it (or it failed its
-  // checksum); Busy or ResourceExhausted when the host tier had no room
+  // promoter won); NotFound when no tier below has it (or its copy failed
+  // verification); Busy or ResourceExhausted when the host tier had no room
   // for it in time. With `hold`, every OK key also holds a reference on
   // its host segment (as HostTier::Acquire), taken when it was committed,
   // so nothing evicts it before the caller reads it (a promotion racing a
   // full tier under a score-based policy lost its segment in that gap);
   // the caller Releases it. A key found stored but gone before it could be
-  // referenced is NotFound.
+  // referenced is NotFound. With `sources`, (*sources)[i] is the kind of
+  // the tier below DRAM key i came from (kMiss when not OK).
   std::vector<Status> PromoteBatch(
-      const TierPair& tiers, std::span<const SegmentKey> keys,
-      std::chrono::steady_clock::time_point wait_until = {}, bool hold = false);
+      const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
+      std::chrono::steady_clock::time_point wait_until = {}, bool hold = false,
+      std::vector<tierkv::Tier>* sources = nullptr);
 
-  // Writes host segments `keys` to NVMe now with one NvmeStore::Write. One
-  // Status per key: OK when on NVMe (now or before); NotFound when in
-  // neither tier; IOError / ResourceExhausted from the NVMe tier; Busy when
-  // another write of the key did not finish within reservation_wait.
-  std::vector<Status> PersistBatch(const TierPair& tiers,
+  // Writes host segments `keys` to the demotion target now with one durable
+  // Tier::Write, then syncs it. One Status per key: OK when there (now or
+  // before); NotFound when in neither tier; IOError / ResourceExhausted
+  // from the target; Busy when another write of the key did not finish
+  // within reservation_wait.
+  std::vector<Status> PersistBatch(const NamespaceTiers& tiers,
                                    std::span<const SegmentKey> keys);
 
   // Writes every dirty segment of every namespace with a write policy to
-  // NVMe (batches as in demotion, the workers helping), then syncs once:
-  // for a graceful shutdown, so a restarted daemon serves what DRAM held.
-  // Stops starting batches at `deadline`. Returns the segments written;
+  // the demotion target (batches as in demotion, the workers helping), then
+  // syncs once: for a graceful shutdown, so a restarted daemon serves what DRAM
+  // held. Stops starting batches at `deadline`. Returns the segments written;
   // those still dirty at the deadline stay in DRAM only.
   uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
 
@@ -163,19 +168,22 @@ class TierMover {
   bool DemoteOnce();
   // Takes one batch of `tiers`' dirty segments (`only_needed`: see
   // HostTier::TakeDirty) and writes it; the segments written, 0 if none.
-  size_t DemoteBatch(const TierPair& tiers, bool only_needed);
+  size_t DemoteBatch(const NamespaceTiers& tiers, bool only_needed);
   void WorkerLoop();
-  // Writes `items` of `tiers` with one NvmeStore::Write and wakes
-  // PersistBatch calls waiting for a concurrent write to finish.
-  std::vector<Status> WriteAndAnnounce(const TierPair& tiers,
-                                       std::span<const NvmeWriteItem> items,
+  // Writes `items` of `tiers` with one Tier::Write to the demotion target
+  // and wakes PersistBatch calls waiting for a concurrent write to finish.
+  std::vector<Status> WriteAndAnnounce(const NamespaceTiers& tiers,
+                                       std::span<const TierWriteItem> items,
                                        Durability durability);
-  // Syncs each NVMe store with deferred writes once the oldest unsynced
-  // demotion is sync_interval old.
+  // Syncs the chain once the oldest unsynced demotion is sync_interval old.
   void SyncIfDue() EXCLUDES(mu_);
+  // Syncs the chain if it has unsynced writes, counting the outcome.
+  void SyncChain(const char* what);
 
   const TierMoverOptions options_;
-  const std::vector<const TierPair*> namespaces_;
+  const TierChain* const chain_;
+  Tier* const target_;  // chain_->demotion_target()
+  const std::vector<const NamespaceTiers*> namespaces_;
 
   mutable Mutex mu_;
   CondVar work_cv_;
@@ -184,7 +192,7 @@ class TierMover {
   uint64_t write_generation_ GUARDED_BY(mu_) = 0;
   CondVar persisted_cv_;
   struct PrefetchJob {
-    const TierPair* tiers;
+    const NamespaceTiers* tiers;
     std::vector<SegmentKey> keys;
   };
   std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);

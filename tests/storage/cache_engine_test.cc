@@ -167,8 +167,9 @@ TEST_F(CacheEngineTest, MatchCountsOnlyPagesWithEveryLayerAndPart) {
   auto m = engine_->Match(*ns_, pages);
   ASSERT_OK(m);
   EXPECT_EQ(m->leading_pages, 2u);
-  EXPECT_EQ(m->tiers, (std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kMiss,
-                                         Tier::kHost}));
+  EXPECT_EQ(m->tiers, (std::vector<tierkv::Tier>{
+                          tierkv::Tier::kHost, tierkv::Tier::kHost,
+                          tierkv::Tier::kMiss, tierkv::Tier::kHost}));
 }
 
 TEST_F(CacheEngineTest, DedupIsASuccessAndChecksTheLayout) {
@@ -301,7 +302,7 @@ TEST_F(CacheEngineTest, NvmeOnlyPagesArePromotedOnAcquireWithOneReadBatch) {
   uint64_t from_nvme = 0;
   for (size_t i = 0; i < wanted.size(); ++i) {
     ASSERT_OK(read.items[i]);
-    from_nvme += read.source[i] == Tier::kNvme;
+    from_nvme += read.source[i] == tierkv::Tier::kNvme;
     const auto want = Bytes(wanted[i], read.items[i]->size);
     EXPECT_EQ(std::memcmp(ns_->host().arena().base() + read.items[i]->offset,
                           want.data(), want.size()),
@@ -836,7 +837,8 @@ TEST_F(CacheEngineDevicePoolTest, ADeviceFaultTurnsHbmOffAndTheHostServes) {
   auto m = engine_->Match(*ns_, std::vector<PageHash>{Page(0), Page(1)});
   ASSERT_OK(m);
   EXPECT_EQ(m->leading_pages, 2u);
-  EXPECT_EQ(m->tiers, (std::vector<Tier>{Tier::kHost, Tier::kHost}));
+  EXPECT_EQ(m->tiers, (std::vector<tierkv::Tier>{tierkv::Tier::kHost,
+                                                 tierkv::Tier::kHost}));
 }
 
 TEST_F(CacheEngineDevicePoolTest,

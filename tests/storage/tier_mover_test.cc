@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "storage/nvme/nvme_tier.h"
 #include "tests/testing/fault_injection_device.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
@@ -40,11 +41,16 @@ class TierMoverTest : public ::testing::Test {
     auto nvme = NvmeStore::Open(o);
     ASSERT_OK(nvme);
     nvme_ = std::move(nvme).value();
+    std::vector<std::unique_ptr<Tier>> below;
+    below.push_back(std::make_unique<NvmeTier>(nvme_.get()));
+    auto chain = TierChain::Create(std::move(below), {});
+    ASSERT_OK(chain);
+    chain_ = std::move(chain).value();
   }
 
   // The namespace as the mover sees it, with `policy`.
-  const TierPair* Tiers(WritePolicy policy = WritePolicy::kNone) {
-    pair_ = {"ns", host_.get(), nvme_.get(), policy, &fingerprint_};
+  const NamespaceTiers* Tiers(WritePolicy policy = WritePolicy::kNone) {
+    pair_ = {{.id = 0, .name = "ns"}, host_.get(), policy, &fingerprint_};
     return &pair_;
   }
 
@@ -92,14 +98,16 @@ class TierMoverTest : public ::testing::Test {
 
   testing::TempDir dir_;
   std::atomic<uint64_t> fingerprint_{kFp};
-  TierPair pair_;
+  NamespaceTiers pair_;
   std::unique_ptr<HostTier> host_;
   std::shared_ptr<FaultInjectionDevice> faults_;
   std::unique_ptr<NvmeStore> nvme_;
+  std::unique_ptr<TierChain> chain_;  // after nvme_: destroyed first
 };
 
 TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
-  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteBack)});
+  TierMover mover({.workers = 1}, chain_.get(),
+                  {Tiers(WritePolicy::kWriteBack)});
   // 4 MiB of DRAM holds 56 segments; put 200 as fast as possible. A Put
   // that meets backpressure waits for the mover, as a client would retry.
   uint64_t busy = 0;
@@ -127,7 +135,8 @@ TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
 }
 
 TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
-  TierMover mover({.workers = 2}, {Tiers(WritePolicy::kWriteThrough)});
+  TierMover mover({.workers = 2}, chain_.get(),
+                  {Tiers(WritePolicy::kWriteThrough)});
   for (uint64_t n = 0; n < 10; ++n) PutHost(n, /*dirty=*/true);
   mover.Kick();
   mover.TEST_Drain();
@@ -153,7 +162,8 @@ TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
 // A held promotion is referenced from its commit on: a full tier evicts
 // everything else before it, until the reader releases it.
 TEST_F(TierMoverTest, AHeldPromotionCannotBeEvictedBeforeItIsRead) {
-  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteThrough)});
+  TierMover mover({.workers = 1}, chain_.get(),
+                  {Tiers(WritePolicy::kWriteThrough)});
   PutHost(0, /*dirty=*/true);
   mover.Kick();
   mover.TEST_Drain();
@@ -177,7 +187,7 @@ TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
       HostTier::Create({.name = "ns", .capacity_bytes = 64 << 20, .shards = 4});
   ASSERT_OK(host);
   host_ = std::move(host).value();
-  TierMover mover({.workers = 0}, {Tiers()});
+  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
   std::vector<SegmentKey> keys;
   for (uint64_t n = 0; n < 1000; ++n) {
     auto r = host_->Reserve(Key(n), 8192);
@@ -192,7 +202,7 @@ TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
 }
 
 TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
-  TierMover mover({.workers = 0}, {Tiers()});
+  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
   PutHost(1);
   ASSERT_OK(PersistOne(mover, 1));
   PutHost(2);
@@ -213,7 +223,8 @@ TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
 }
 
 TEST_F(TierMoverTest, FailedWriteBackLeavesTheSegmentCachedAndEvictable) {
-  TierMover mover({.workers = 1}, {Tiers(WritePolicy::kWriteThrough)});
+  TierMover mover({.workers = 1}, chain_.get(),
+                  {Tiers(WritePolicy::kWriteThrough)});
   faults_->FailWrites(ENOSPC);
   PutHost(1, /*dirty=*/true);
   mover.Kick();
@@ -224,7 +235,7 @@ TEST_F(TierMoverTest, FailedWriteBackLeavesTheSegmentCachedAndEvictable) {
 }
 
 TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
-  TierMover mover({.workers = 0}, {Tiers()});
+  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
   PutHost(5);
   ASSERT_OK(PersistOne(mover, 5));
   auto entry = nvme_->TEST_Entry("ns", Key(5));
@@ -240,7 +251,7 @@ TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
 }
 
 TEST_F(TierMoverTest, FullPrefetchQueueDropsHintsInsteadOfBlocking) {
-  TierMover mover({.workers = 0, .prefetch_queue = 1}, {Tiers()});
+  TierMover mover({.workers = 0, .prefetch_queue = 1}, chain_.get(), {Tiers()});
   for (uint64_t n = 0; n < 20; ++n) mover.Prefetch(Tiers(), {Key(n)});
   const auto s = mover.Stats();
   EXPECT_EQ(s.prefetch_batches, 1u);
@@ -250,7 +261,8 @@ TEST_F(TierMoverTest, FullPrefetchQueueDropsHintsInsteadOfBlocking) {
 
 TEST_F(TierMoverTest,
        ReadsRacingWriteBackEvictionAndPromotionNeverSeeTornData) {
-  TierMover mover({.workers = 2}, {Tiers(WritePolicy::kWriteBack)});
+  TierMover mover({.workers = 2}, chain_.get(),
+                  {Tiers(WritePolicy::kWriteBack)});
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};
   std::thread reader([&] {
