@@ -336,13 +336,10 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
   EngineReservation r;
   r.items.reserve(items.size());
   std::vector<size_t> busy;
-  const size_t room = LeaseRoom(owner, ns, items.size());
-  Status limit_error;  // the same for every item past the room
+  LeaseRoomCheck room = CheckLeaseRoom(owner, ns, items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    if (i >= room) {
-      if (limit_error.ok())
-        limit_error = LeaseLimitError(owner, ns, items.size());
-      r.items.push_back(limit_error);
+    if (i >= room.room) {
+      r.items.push_back(room.error);
       continue;
     }
     if (Status s = CheckSize(ns, items[i].key, items[i].size); !s.ok()) {
@@ -387,19 +384,8 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
     const auto deadline =
         std::chrono::steady_clock::now() + options_.write_back_wait;
     for (size_t i : busy) {
-      const SegmentSize& item = items[i];
-      // Each retry needs a reason: a commit, abort or finished write-back
-      // in the tier since the last attempt.
-      while (r.items[i].status().code() == StatusCode::kBusy) {
-        const uint64_t seen = ns.host_->Generation();
-        r.items[i] = ns.host_->Reserve(item.key, item.size);
-        if (r.items[i].status().code() != StatusCode::kBusy) break;
-        mover_->Kick();
-        if (!ns.host_->WaitChange(seen, deadline)) break;
-      }
-      if (r.items[i].status().code() == StatusCode::kBusy) {
-        backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
-      }
+      r.items[i] =
+          ReserveAfterWriteBack(ns, items[i].key, items[i].size, deadline);
     }
   }
   std::vector<std::pair<size_t, LeasedSegment>> candidates;
@@ -420,6 +406,25 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
   done(std::move(r));
 }
 
+Result<Reservation> CacheEngine::ReserveAfterWriteBack(
+    EngineNamespace& ns, const SegmentKey& key, uint64_t size,
+    std::chrono::steady_clock::time_point deadline) {
+  Result<Reservation> r = Status::Busy("write-back backpressure");
+  // Each retry needs a reason: a commit, abort or finished write-back in
+  // the tier since the last attempt.
+  while (r.status().code() == StatusCode::kBusy) {
+    const uint64_t seen = ns.host_->Generation();
+    r = ns.host_->Reserve(key, size);
+    if (r.status().code() != StatusCode::kBusy) break;
+    mover_->Kick();
+    if (!ns.host_->WaitChange(seen, deadline)) break;
+  }
+  if (r.status().code() == StatusCode::kBusy) {
+    backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return r;
+}
+
 std::vector<Status> CacheEngine::Commit(uint64_t owner, EngineNamespace& ns,
                                         uint64_t lease_id,
                                         std::span<const SegmentKey> keys) {
@@ -437,13 +442,10 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
   read.items.reserve(keys.size());
   read.source.assign(keys.size(), tierkv::Tier::kMiss);
   std::vector<size_t> missing;
-  const size_t room = LeaseRoom(owner, ns, keys.size());
-  Status limit_error;  // the same for every item past the room
+  LeaseRoomCheck room = CheckLeaseRoom(owner, ns, keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (i >= room) {
-      if (limit_error.ok())
-        limit_error = LeaseLimitError(owner, ns, keys.size());
-      read.items.push_back(limit_error);
+    if (i >= room.room) {
+      read.items.push_back(room.error);
       continue;
     }
     Result<SegmentLocation> loc = ns.host_->Acquire(keys[i]);
@@ -534,13 +536,10 @@ Result<EnginePin> CacheEngine::Pin(uint64_t owner, EngineNamespace& ns,
   }
   EnginePin out;
   std::vector<std::pair<size_t, LeasedSegment>> candidates;
-  const size_t room = LeaseRoom(owner, ns, keys.size());
-  Status limit_error;  // the same for every item past the room
+  LeaseRoomCheck room = CheckLeaseRoom(owner, ns, keys.size());
   for (const SegmentKey& key : keys) {
-    if (out.items.size() >= room) {
-      if (limit_error.ok())
-        limit_error = LeaseLimitError(owner, ns, keys.size());
-      out.items.push_back(limit_error);
+    if (out.items.size() >= room.room) {
+      out.items.push_back(room.error);
       continue;
     }
     auto found = ns.host_->Acquire(key);
@@ -564,16 +563,13 @@ bool CacheEngine::DeepestFirst(const EngineNamespace& ns) {
   return ns.host_->eviction_policy() != EvictionPolicyKind::kLru;
 }
 
-size_t CacheEngine::LeaseRoom(uint64_t owner, const EngineNamespace& ns,
-                              size_t want) const {
-  return leases_->Room(owner, ns.host_.get(), want);
-}
-
-Status CacheEngine::LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
-                                    size_t want) const {
+CacheEngine::LeaseRoomCheck CacheEngine::CheckLeaseRoom(
+    uint64_t owner, const EngineNamespace& ns, size_t want) const {
   const char* limit = nullptr;
-  leases_->Room(owner, ns.host_.get(), want, &limit);
-  return LeaseLimitStatus(owner, limit);
+  LeaseRoomCheck check;
+  check.room = leases_->Room(owner, ns.host_.get(), want, &limit);
+  if (check.room < want) check.error = LeaseLimitStatus(owner, limit);
+  return check;
 }
 
 Status CacheEngine::LeaseLimitStatus(uint64_t owner, const char* limit) const {
@@ -1223,17 +1219,7 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
               std::chrono::steady_clock::now() + options_.write_back_wait;
           backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
         }
-        // Each retry needs a reason: a change in the tier.
-        while (r.status().code() == StatusCode::kBusy) {
-          const uint64_t seen = ns.host_->Generation();
-          r = ns.host_->Reserve(key, pool.layout.slot_bytes);
-          if (r.status().code() != StatusCode::kBusy) break;
-          mover_->Kick();
-          if (!ns.host_->WaitChange(seen, *deadline)) break;
-        }
-        if (r.status().code() == StatusCode::kBusy) {
-          backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
-        }
+        r = ReserveAfterWriteBack(ns, key, pool.layout.slot_bytes, *deadline);
       }
       if (!r.ok()) {
         RecordError(job, i, l, p, r.status().code());

@@ -441,13 +441,23 @@ class CacheEngine {
  private:
   CacheEngine(const CacheEngineOptions& options, const NvmeStore* nvme,
               std::unique_ptr<TierChain> chain);
-  // Segments `owner` may still lease in `ns` (LeaseTable::Room), and the
-  // ResourceExhausted the items past that room get.
-  size_t LeaseRoom(uint64_t owner, const EngineNamespace& ns,
-                   size_t want) const;
-  Status LeaseLimitError(uint64_t owner, const EngineNamespace& ns,
-                         size_t want) const;
+  // How many of `want` segments `owner` may still lease in `ns`
+  // (LeaseTable::Room), and the ResourceExhausted the items past that room
+  // get (OK when all fit).
+  struct LeaseRoomCheck {
+    size_t room = 0;
+    Status error;
+  };
+  LeaseRoomCheck CheckLeaseRoom(uint64_t owner, const EngineNamespace& ns,
+                                size_t want) const;
   Status LeaseLimitStatus(uint64_t owner, const char* limit) const;
+  // Reserves `key` in DRAM, retrying while write-back backpressure answers
+  // Busy, each time the tier changed, until `deadline` (the mover kicked
+  // every round); still Busy then is counted in backpressure_busy_.
+  // REQUIRES: mover_ (write-back needs a tier below DRAM).
+  Result<Reservation> ReserveAfterWriteBack(
+      EngineNamespace& ns, const SegmentKey& key, uint64_t size,
+      std::chrono::steady_clock::time_point deadline);
   // Whether a batch's new pages go to the namespace's eviction policy last
   // to first (a prompt's deepest pages first in line: a page is useful
   // only with every page before it). Every policy but lru, which stays
@@ -572,6 +582,17 @@ class CacheEngine {
   // lane out marks the ticket finished. The first lane also starts the
   // others, where workers are free.
   void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
+  // DRAM's copy of `key` when it holds one of `bytes`, referenced (the
+  // caller Releases it once copied); otherwise nullopt, and when no tier
+  // below DRAM could have it either, the miss of page `page` is recorded.
+  std::optional<SegmentLocation> AcquireInDram(TransferJob& job,
+                                               const SegmentKey& key,
+                                               uint64_t bytes, uint32_t page);
+  // Reads `reads` (of pages `pages`) from the tiers below DRAM; a failed
+  // read (a miss, a short or failed one) is recorded. Which succeeded.
+  std::vector<bool> ReadBelowDram(TransferJob& job,
+                                  std::span<const TierReadItem> reads,
+                                  std::span<const uint32_t> pages);
   // Pages [begin, end) of the job's layer k.
   void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
