@@ -1,426 +1,386 @@
+// Encodes and decodes the messages of protocol.h. Each message's wire layout
+// is written down once, as a Fields() function listing its fields in wire
+// order; FieldEncoder walks that list to write the bytes and FieldDecoder
+// walks the same list to read them, so the two directions cannot drift
+// apart. Decoding keeps WireReader's guarantees (bounds-checked reads,
+// counts checked against the bytes left, one ProtocolError at the end).
 #include "transport/protocol.h"
 
-#include <cstring>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace tierkv::transport {
 namespace {
 
+// The longest JSON document (kPing, kStats) and namespace name or token a
+// decoder accepts, in bytes.
 constexpr size_t kMaxJson = size_t{1} << 20;
 constexpr size_t kMaxName = 256;
-constexpr size_t kMinStatusBytes = 1 + 4;
 
 bool ValidTier(uint8_t raw) {
   return raw <= static_cast<uint8_t>(Tier::kPeer) ||
          raw == static_cast<uint8_t>(Tier::kMiss);
 }
 
-Tier ReadTier(WireReader& r) {
-  const uint8_t raw = r.Int<uint8_t>();
-  if (!ValidTier(raw)) {
-    r.Fail();
-    return Tier::kMiss;
+// `Is<T> auto& m` binds a T or a const T, so one Fields(io, m) serves the
+// encoder (const messages) and the decoder (messages it fills in);
+// `Is<T, U> auto& m` binds any of them, for messages laid out alike.
+template <typename M, typename... Ts>
+concept Is = (std::same_as<std::remove_const_t<M>, Ts> || ...);
+
+// A plain integer field; bool is left out so that flags say which kind
+// they are (Flag or LenientFlag).
+template <typename T>
+concept WireInt = std::integral<T> && !std::same_as<T, bool>;
+
+// The vocabulary of a Fields(io, m) function, the same on both visitors:
+//   io.Field(x)         x in its one encoding: a little-endian integer, a
+//                       PageHash, SegmentKey, Status, Tier (u8) or
+//                       LayoutSpec (wire.h); a std::vector as a u32 count
+//                       then its items; a struct through its own Fields()
+//   io.String(s, max)   u32 length, then the bytes; decoding refuses longer
+//                       than `max`
+//   io.Flag(b)          u8 0 or 1; decoding refuses any other value
+//   io.LenientFlag(b)   u8 0 or 1; decoding reads any non-zero value as set
+//   io.Bytes(a)         a std::array<std::byte, N>'s bytes as they are
+//   io.CountedArray(a)  u8 element count, then the elements; decoding
+//                       refuses a count other than a.size()
+//   io.Trailer(opt)     *opt when it is set and not empty(), as the last
+//                       field; decoding reads it only when bytes remain
+//   io.Check(ok)        decoding refuses the payload when `ok` is false;
+//                       encoding ignores it
+// A field that is present only for some values of an earlier field tests
+// that field in plain C++: the decoder has stored it by then. A struct's
+// Fields() overload is found by argument-dependent lookup (the visitors and
+// the overloads share this namespace), so it may come after the visitors.
+
+// Writes a message's fields. Not thread-safe; one per encoded message.
+class FieldEncoder {
+ public:
+  template <WireInt T>
+  void Field(const T& v) {
+    w_.Int(v);
   }
-  return static_cast<Tier>(raw);
-}
-
-// Decodes the leading overall Status of a response.
-template <typename Fn>
-Status DecodeResponse(std::span<const std::byte> in, Status& status, Fn body) {
-  WireReader r(in);
-  status = r.StatusValue();
-  if (r.failed()) return r.status();
-  body(r);
-  return r.status();
-}
-
-// A WaitReport trailer: u8 bucket count (must be kWaitReportBuckets), that
-// many u64 counts, u64 summed nanoseconds. Absent when nothing was waited.
-void WriteWaits(WireWriter& w, const std::optional<WaitReport>& waits) {
-  if (!waits || waits->empty()) return;
-  w.Int(kWaitReportBuckets);
-  for (uint64_t c : waits->counts) w.Int(c);
-  w.Int(waits->total_nanos);
-}
-
-// Reads the trailer when bytes remain; the caller then expects the end.
-void ReadWaits(WireReader& r, std::optional<WaitReport>& waits) {
-  waits.reset();
-  if (r.remaining() == 0) return;
-  if (r.Int<uint8_t>() != kWaitReportBuckets) {
-    r.Fail();
-    return;
+  void Field(const PageHash& h) { w_.Hash(h); }
+  void Field(const SegmentKey& k) { w_.Key(k); }
+  void Field(const Status& s) { w_.StatusValue(s); }
+  void Field(const Tier& t) { w_.Int(static_cast<uint8_t>(t)); }
+  void Field(const LayoutSpec& layout) { w_.Layout(layout); }
+  template <typename T>
+  void Field(const std::vector<T>& items) {
+    w_.Int(static_cast<uint32_t>(items.size()));
+    for (const T& item : items) Field(item);
   }
-  WaitReport report;
-  for (uint64_t& c : report.counts) c = r.Int<uint64_t>();
-  report.total_nanos = r.Int<uint64_t>();
-  if (!r.failed()) waits = report;
+  template <typename T>
+  void Field(const T& record) {
+    Fields(*this, record);
+  }
+
+  void String(const std::string& s, size_t /*max_len*/) { w_.String(s); }
+  void Flag(const bool& b) { w_.Int<uint8_t>(b ? 1 : 0); }
+  void LenientFlag(const bool& b) { Flag(b); }
+  template <size_t N>
+  void Bytes(const std::array<std::byte, N>& a) {
+    w_.Bytes(a);
+  }
+  template <typename T, size_t N>
+  void CountedArray(const std::array<T, N>& a) {
+    static_assert(N <= UINT8_MAX, "the count is a u8");
+    w_.Int(static_cast<uint8_t>(N));
+    for (const T& x : a) Field(x);
+  }
+  template <typename T>
+  void Trailer(const std::optional<T>& t) {
+    if (t && !t->empty()) Field(*t);
+  }
+  void Check(bool /*ok*/) {}
+
+  std::vector<std::byte> Take() { return w_.Take(); }
+
+ private:
+  WireWriter w_;
+};
+
+// The fewest bytes a T takes on the wire: the encoding of a default T, as
+// every default is the smallest form (empty strings, lists and messages,
+// absent trailers). Decoders accept only as many items as could fit in the
+// bytes left, so a hostile count cannot make them allocate.
+template <typename T>
+size_t MinWireBytes() {
+  static const size_t bytes = [] {
+    FieldEncoder e;
+    e.Field(T{});
+    return e.Take().size();
+  }();
+  return bytes;
+}
+
+// Reads a message's fields from an untrusted payload. The first bad read or
+// failed check fails the underlying WireReader: later reads yield zero
+// values and status() reports the ProtocolError. Not thread-safe; one per
+// decoded payload, which must outlive it.
+class FieldDecoder {
+ public:
+  explicit FieldDecoder(std::span<const std::byte> in) : r_(in) {}
+
+  template <WireInt T>
+  void Field(T& v) {
+    v = r_.Int<T>();
+  }
+  void Field(PageHash& h) { h = r_.Hash(); }
+  void Field(SegmentKey& k) { k = r_.Key(); }
+  void Field(Status& s) { s = r_.StatusValue(); }
+  void Field(Tier& t) {
+    const uint8_t raw = r_.Int<uint8_t>();
+    if (!ValidTier(raw)) {
+      r_.Fail();
+      t = Tier::kMiss;
+      return;
+    }
+    t = static_cast<Tier>(raw);
+  }
+  void Field(LayoutSpec& layout) { layout = r_.Layout(); }
+  template <typename T>
+  void Field(std::vector<T>& items) {
+    items.resize(r_.Count(MinWireBytes<T>(), kMaxBatchItems));
+    for (T& item : items) Field(item);
+  }
+  template <typename T>
+  void Field(T& record) {
+    Fields(*this, record);
+  }
+
+  void String(std::string& s, size_t max_len) { s = r_.String(max_len); }
+  void Flag(bool& b) {
+    const uint8_t raw = r_.Int<uint8_t>();
+    Check(raw <= 1);
+    b = raw == 1;
+  }
+  void LenientFlag(bool& b) { b = r_.Int<uint8_t>() != 0; }
+  template <size_t N>
+  void Bytes(std::array<std::byte, N>& a) {
+    r_.Bytes(a);
+  }
+  template <typename T, size_t N>
+  void CountedArray(std::array<T, N>& a) {
+    Check(r_.Int<uint8_t>() == N);
+    for (T& x : a) Field(x);
+  }
+  template <typename T>
+  void Trailer(std::optional<T>& t) {
+    t.reset();
+    if (r_.remaining() == 0) return;
+    T value;
+    Field(value);
+    if (!r_.failed()) t = std::move(value);
+  }
+  void Check(bool ok) {
+    if (!ok) r_.Fail();
+  }
+
+  // OK when every read was in bounds, every check held and the payload was
+  // consumed exactly.
+  Status status() const { return r_.status(); }
+
+ private:
+  WireReader r_;
+};
+
+// The messages, in wire order. Every response begins with its overall
+// Status.
+
+void Fields(auto& io, Is<JsonResponse> auto& m) {
+  io.Field(m.status);
+  io.String(m.json, kMaxJson);
+}
+
+void Fields(auto& io, Is<OpenNamespaceRequest> auto& m) {
+  io.String(m.name, kMaxName);
+  io.String(m.token, kMaxName);
+}
+
+void Fields(auto& io, Is<OpenNamespaceResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.arena_bytes);
+  // Any non-zero byte has always meant "a layout follows"; decoding stays
+  // as lenient as it was.
+  io.LenientFlag(m.has_layout);
+  if (m.has_layout) io.Field(m.layout);
+}
+
+void Fields(auto& io, Is<RegisterLayoutRequest> auto& m) { io.Field(m.layout); }
+
+// u8 bucket count (kWaitReportBuckets), the u64 counts, u64 nanoseconds.
+void Fields(auto& io, Is<WaitReport> auto& m) {
+  io.CountedArray(m.counts);
+  io.Field(m.total_nanos);
+}
+
+void Fields(auto& io, Is<MatchRequest> auto& m) {
+  io.Field(m.pages);
+  io.Trailer(m.waits);  // absent when nothing was waited for
+}
+
+void Fields(auto& io, Is<MatchResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.leading_pages);
+  io.Field(m.tiers);
+}
+
+void Fields(auto& io, Is<PutItem> auto& m) {
+  io.Field(m.key);
+  io.Field(m.size);
+}
+
+void Fields(auto& io, Is<PutReserveRequest> auto& m) { io.Field(m.items); }
+
+void Fields(auto& io, Is<Placement> auto& m) {
+  io.Field(m.status);
+  io.Field(m.offset);
+  io.Flag(m.already_stored);
+  // Dedup is a success: never flagged on an error.
+  io.Check(!m.already_stored || m.status.ok());
+}
+
+void Fields(auto& io, Is<KeysRequest> auto& m) {
+  io.Field(m.lease_id);
+  io.Field(m.ttl_ms);
+  io.Field(m.keys);
+}
+
+// The batch responses that carry a lease: the lease id (0: none), then one
+// item per item of the request.
+void Fields(auto& io,
+            Is<PutReserveResponse, ItemStatusResponse, GetResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.lease_id);
+  io.Field(m.items);
+}
+
+void Fields(auto& io, Is<Location> auto& m) {
+  io.Field(m.status);
+  io.Field(m.tier);
+  io.Field(m.offset);
+  io.Field(m.size);
+}
+
+void Fields(auto& io, Is<ReleaseRequest> auto& m) { io.Field(m.lease_id); }
+
+void Fields(auto& io, Is<StatusResponse> auto& m) { io.Field(m.status); }
+
+void Fields(auto& io, Is<ListRequest> auto& m) { io.Field(m.limit); }
+
+void Fields(auto& io, Is<ListedSegment> auto& m) {
+  io.Field(m.key);
+  io.Field(m.size);
+  io.Field(m.refs);
+  io.Field(m.tier);
+}
+
+void Fields(auto& io, Is<ListResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.segments);
+}
+
+void Fields(auto& io, Is<RegisterPoolRequest> auto& m) {
+  using Request = RegisterPoolRequest;
+  io.Field(m.layer);
+  io.Field(m.part);
+  io.Field(m.kind);
+  io.Field(m.offset);
+  io.Field(m.slot_bytes);
+  io.Field(m.slot_count);
+  if (m.kind == Request::kDeviceIpc) io.Bytes(m.device_handle);
+  if (m.kind == Request::kDeviceIpc || m.kind == Request::kDeviceFd) {
+    io.Field(m.device_pool_bytes);
+    io.Bytes(m.device_uuid);
+  }
+}
+
+void Fields(auto& io, Is<RegisterTicketsRequest> auto& m) { io.Field(m.count); }
+
+void Fields(auto& io, Is<TransferRequest> auto& m) {
+  io.Field(m.ticket);
+  io.Field(m.first_layer);
+  io.Field(m.num_layers);
+  io.Field(m.pages);
+  io.Field(m.slots);
+  io.Trailer(m.waits);  // absent when nothing was waited for
+}
+
+void Fields(auto& io, Is<SelectionReport> auto& m) {
+  io.Field(m.page);
+  io.Field(m.layer);
+  io.Field(m.count);
+}
+
+void Fields(auto& io, Is<TopkReportRequest> auto& m) { io.Field(m.items); }
+
+template <typename M>
+std::vector<std::byte> EncodeFields(const M& m) {
+  FieldEncoder encoder;
+  Fields(encoder, m);
+  return encoder.Take();
+}
+
+template <typename M>
+Status DecodeFields(std::span<const std::byte> in, M& out) {
+  FieldDecoder decoder(in);
+  Fields(decoder, out);
+  return decoder.status();
 }
 
 }  // namespace
 
-std::vector<std::byte> Encode(const JsonResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.String(m.json);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, JsonResponse& out) {
-  return DecodeResponse(in, out.status,
-                        [&](WireReader& r) { out.json = r.String(kMaxJson); });
-}
-
-std::vector<std::byte> Encode(const OpenNamespaceRequest& m) {
-  WireWriter w;
-  w.String(m.name);
-  w.String(m.token);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, OpenNamespaceRequest& out) {
-  WireReader r(in);
-  out.name = r.String(kMaxName);
-  out.token = r.String(kMaxName);
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const OpenNamespaceResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(m.arena_bytes);
-  w.Int<uint8_t>(m.has_layout ? 1 : 0);
-  if (m.has_layout) w.Layout(m.layout);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, OpenNamespaceResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.arena_bytes = r.Int<uint64_t>();
-    out.has_layout = r.Int<uint8_t>() != 0;
-    if (out.has_layout) out.layout = r.Layout();
-  });
-}
-
-std::vector<std::byte> Encode(const RegisterLayoutRequest& m) {
-  WireWriter w;
-  w.Layout(m.layout);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, RegisterLayoutRequest& out) {
-  WireReader r(in);
-  out.layout = r.Layout();
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const MatchRequest& m) {
-  WireWriter w;
-  w.Int(static_cast<uint32_t>(m.pages.size()));
-  for (const auto& h : m.pages) w.Hash(h);
-  WriteWaits(w, m.waits);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, MatchRequest& out) {
-  WireReader r(in);
-  out.pages.resize(r.Count(kWireHashBytes, kMaxBatchItems));
-  for (auto& h : out.pages) h = r.Hash();
-  ReadWaits(r, out.waits);
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const MatchResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(m.leading_pages);
-  w.Int(static_cast<uint32_t>(m.tiers.size()));
-  for (Tier t : m.tiers) w.Int(static_cast<uint8_t>(t));
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, MatchResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.leading_pages = r.Int<uint32_t>();
-    out.tiers.resize(r.Count(1, kMaxBatchItems));
-    for (auto& t : out.tiers) t = ReadTier(r);
-  });
-}
-
-std::vector<std::byte> Encode(const PutReserveRequest& m) {
-  WireWriter w;
-  w.Int(static_cast<uint32_t>(m.items.size()));
-  for (const auto& it : m.items) {
-    w.Key(it.key);
-    w.Int(it.size);
+// protocol.h's Encode/Decode pair of message M. A macro because the pairs
+// differ only in M, and protocol.h declares plain overloads so that no
+// template reaches its includers.
+#define TIERKV_ENCODE_DECODE(M)                                         \
+  std::vector<std::byte> Encode(const M& m) { return EncodeFields(m); } \
+  Status Decode(std::span<const std::byte> in, M& out) {                \
+    return DecodeFields(in, out);                                       \
   }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, PutReserveRequest& out) {
-  WireReader r(in);
-  out.items.resize(r.Count(kWireKeyBytes + 8, kMaxBatchItems));
-  for (auto& it : out.items) {
-    it.key = r.Key();
-    it.size = r.Int<uint64_t>();
-  }
-  return r.status();
-}
 
-std::vector<std::byte> Encode(const PutReserveResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(m.lease_id);
-  w.Int(static_cast<uint32_t>(m.items.size()));
-  for (const auto& it : m.items) {
-    w.StatusValue(it.status);
-    w.Int(it.offset);
-    w.Int<uint8_t>(it.already_stored ? 1 : 0);
-  }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, PutReserveResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.lease_id = r.Int<uint64_t>();
-    out.items.resize(r.Count(kMinStatusBytes + 8 + 1, kMaxBatchItems));
-    for (auto& it : out.items) {
-      it.status = r.StatusValue();
-      it.offset = r.Int<uint64_t>();
-      const uint8_t already_stored = r.Int<uint8_t>();
-      // A flag is 0 or 1, and dedup is a success: never with an error.
-      if (already_stored > 1 || (already_stored && !it.status.ok())) {
-        r.Fail();
-        return;
-      }
-      it.already_stored = already_stored == 1;
-    }
-  });
-}
+TIERKV_ENCODE_DECODE(JsonResponse)
+TIERKV_ENCODE_DECODE(OpenNamespaceRequest)
+TIERKV_ENCODE_DECODE(OpenNamespaceResponse)
+TIERKV_ENCODE_DECODE(RegisterLayoutRequest)
+TIERKV_ENCODE_DECODE(MatchRequest)
+TIERKV_ENCODE_DECODE(MatchResponse)
+TIERKV_ENCODE_DECODE(PutReserveRequest)
+TIERKV_ENCODE_DECODE(PutReserveResponse)
+TIERKV_ENCODE_DECODE(KeysRequest)
+TIERKV_ENCODE_DECODE(ItemStatusResponse)
+TIERKV_ENCODE_DECODE(GetResponse)
+TIERKV_ENCODE_DECODE(ReleaseRequest)
+TIERKV_ENCODE_DECODE(StatusResponse)
+TIERKV_ENCODE_DECODE(ListRequest)
+TIERKV_ENCODE_DECODE(ListResponse)
+TIERKV_ENCODE_DECODE(RegisterPoolRequest)
+TIERKV_ENCODE_DECODE(RegisterTicketsRequest)
+TIERKV_ENCODE_DECODE(TransferRequest)
+TIERKV_ENCODE_DECODE(TopkReportRequest)
 
-std::vector<std::byte> Encode(const KeysRequest& m) {
-  WireWriter w;
-  w.Int(m.lease_id);
-  w.Int(m.ttl_ms);
-  w.Int(static_cast<uint32_t>(m.keys.size()));
-  for (const auto& k : m.keys) w.Key(k);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, KeysRequest& out) {
-  WireReader r(in);
-  out.lease_id = r.Int<uint64_t>();
-  out.ttl_ms = r.Int<uint32_t>();
-  out.keys.resize(r.Count(kWireKeyBytes, kMaxBatchItems));
-  for (auto& k : out.keys) k = r.Key();
-  return r.status();
-}
+#undef TIERKV_ENCODE_DECODE
 
-std::vector<std::byte> Encode(const ItemStatusResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(m.lease_id);
-  w.Int(static_cast<uint32_t>(m.items.size()));
-  for (const auto& s : m.items) w.StatusValue(s);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, ItemStatusResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.lease_id = r.Int<uint64_t>();
-    out.items.resize(r.Count(kMinStatusBytes, kMaxBatchItems));
-    for (auto& s : out.items) s = r.StatusValue();
-  });
-}
-
-std::vector<std::byte> Encode(const GetResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(m.lease_id);
-  w.Int(static_cast<uint32_t>(m.items.size()));
-  for (const auto& it : m.items) {
-    w.StatusValue(it.status);
-    w.Int(static_cast<uint8_t>(it.tier));
-    w.Int(it.offset);
-    w.Int(it.size);
-  }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, GetResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.lease_id = r.Int<uint64_t>();
-    out.items.resize(r.Count(kMinStatusBytes + 17, kMaxBatchItems));
-    for (auto& it : out.items) {
-      it.status = r.StatusValue();
-      it.tier = ReadTier(r);
-      it.offset = r.Int<uint64_t>();
-      it.size = r.Int<uint64_t>();
-    }
-  });
-}
-
-std::vector<std::byte> Encode(const ReleaseRequest& m) {
-  WireWriter w;
-  w.Int(m.lease_id);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, ReleaseRequest& out) {
-  WireReader r(in);
-  out.lease_id = r.Int<uint64_t>();
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const StatusResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, StatusResponse& out) {
-  return DecodeResponse(in, out.status, [](WireReader&) {});
-}
-
-std::vector<std::byte> Encode(const ListRequest& m) {
-  WireWriter w;
-  w.Int(m.limit);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, ListRequest& out) {
-  WireReader r(in);
-  out.limit = r.Int<uint32_t>();
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const ListResponse& m) {
-  WireWriter w;
-  w.StatusValue(m.status);
-  w.Int(static_cast<uint32_t>(m.segments.size()));
-  for (const auto& s : m.segments) {
-    w.Key(s.key);
-    w.Int(s.size);
-    w.Int(s.refs);
-    w.Int(static_cast<uint8_t>(s.tier));
-  }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, ListResponse& out) {
-  return DecodeResponse(in, out.status, [&](WireReader& r) {
-    out.segments.resize(r.Count(kWireKeyBytes + 13, kMaxBatchItems));
-    for (auto& s : out.segments) {
-      s.key = r.Key();
-      s.size = r.Int<uint64_t>();
-      s.refs = r.Int<uint32_t>();
-      s.tier = ReadTier(r);
-    }
-  });
-}
-
+// An error payload is a StatusResponse whose Status is the error.
 std::vector<std::byte> EncodeError(const Status& s) {
-  WireWriter w;
-  w.StatusValue(s);
-  return w.Take();
+  return Encode(StatusResponse{s});
 }
+
 Status DecodeError(std::span<const std::byte> in) {
-  WireReader r(in);
-  Status s = r.StatusValue();
-  if (!r.status().ok()) return r.status();
-  return s;
-}
-
-std::vector<std::byte> Encode(const RegisterPoolRequest& m) {
-  WireWriter w;
-  w.Int(m.layer);
-  w.Int(m.part);
-  w.Int(m.kind);
-  w.Int(m.offset);
-  w.Int(m.slot_bytes);
-  w.Int(m.slot_count);
-  if (m.kind == RegisterPoolRequest::kDeviceIpc) {
-    for (size_t i = 0; i < m.device_handle.size(); i += 8) {
-      uint64_t word;
-      std::memcpy(&word, m.device_handle.data() + i, 8);
-      w.Int(word);
-    }
-  }
-  if (m.kind == RegisterPoolRequest::kDeviceIpc ||
-      m.kind == RegisterPoolRequest::kDeviceFd) {
-    w.Int(m.device_pool_bytes);
-    for (size_t i = 0; i < m.device_uuid.size(); i += 8) {
-      uint64_t word;
-      std::memcpy(&word, m.device_uuid.data() + i, 8);
-      w.Int(word);
-    }
-  }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, RegisterPoolRequest& out) {
-  WireReader r(in);
-  out.layer = r.Int<uint16_t>();
-  out.part = r.Int<uint8_t>();
-  out.kind = r.Int<uint8_t>();
-  out.offset = r.Int<uint64_t>();
-  out.slot_bytes = r.Int<uint64_t>();
-  out.slot_count = r.Int<uint32_t>();
-  if (out.kind == RegisterPoolRequest::kDeviceIpc) {
-    for (size_t i = 0; i < out.device_handle.size(); i += 8) {
-      const auto word = r.Int<uint64_t>();
-      std::memcpy(out.device_handle.data() + i, &word, 8);
-    }
-  }
-  if (out.kind == RegisterPoolRequest::kDeviceIpc ||
-      out.kind == RegisterPoolRequest::kDeviceFd) {
-    out.device_pool_bytes = r.Int<uint64_t>();
-    for (size_t i = 0; i < out.device_uuid.size(); i += 8) {
-      const auto word = r.Int<uint64_t>();
-      std::memcpy(out.device_uuid.data() + i, &word, 8);
-    }
-  }
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const RegisterTicketsRequest& m) {
-  WireWriter w;
-  w.Int(m.count);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, RegisterTicketsRequest& out) {
-  WireReader r(in);
-  out.count = r.Int<uint32_t>();
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const TransferRequest& m) {
-  WireWriter w;
-  w.Int(m.ticket);
-  w.Int(m.first_layer);
-  w.Int(m.num_layers);
-  w.Int(static_cast<uint32_t>(m.pages.size()));
-  for (const auto& h : m.pages) w.Hash(h);
-  w.Int(static_cast<uint32_t>(m.slots.size()));
-  for (uint32_t s : m.slots) w.Int(s);
-  WriteWaits(w, m.waits);
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, TransferRequest& out) {
-  WireReader r(in);
-  out.ticket = r.Int<uint32_t>();
-  out.first_layer = r.Int<uint16_t>();
-  out.num_layers = r.Int<uint16_t>();
-  out.pages.resize(r.Count(kWireHashBytes, kMaxBatchItems));
-  for (auto& h : out.pages) h = r.Hash();
-  out.slots.resize(r.Count(sizeof(uint32_t), kMaxBatchItems));
-  for (auto& s : out.slots) s = r.Int<uint32_t>();
-  ReadWaits(r, out.waits);
-  return r.status();
-}
-
-std::vector<std::byte> Encode(const TopkReportRequest& m) {
-  WireWriter w;
-  w.Int(static_cast<uint32_t>(m.items.size()));
-  for (const auto& it : m.items) {
-    w.Hash(it.page);
-    w.Int(it.layer);
-    w.Int(it.count);
-  }
-  return w.Take();
-}
-Status Decode(std::span<const std::byte> in, TopkReportRequest& out) {
-  WireReader r(in);
-  out.items.resize(r.Count(kWireHashBytes + 6, kMaxBatchItems));
-  for (auto& it : out.items) {
-    it.page = r.Hash();
-    it.layer = r.Int<uint16_t>();
-    it.count = r.Int<uint32_t>();
-  }
-  return r.status();
+  StatusResponse m;
+  Status decoded = Decode(in, m);
+  if (!decoded.ok()) return decoded;
+  return m.status;
 }
 
 }  // namespace tierkv::transport

@@ -47,6 +47,13 @@ class WireWriter {
     Int(k.layer);
     Int(k.part);
   }
+  // The bytes as they are, with no length prefix.
+  void Bytes(std::span<const std::byte> b) {
+    if (b.empty()) return;
+    const size_t at = buf_.size();
+    buf_.resize(at + b.size());
+    std::memcpy(buf_.data() + at, b.data(), b.size());
+  }
   void StatusValue(const Status& s);
   void Layout(const LayoutSpec& layout);
 
@@ -78,6 +85,13 @@ class WireReader {
     k.layer = Int<uint16_t>();
     k.part = Int<uint8_t>();
     return k;
+  }
+  // Fills `out` with the next out.size() bytes (no length prefix); fails
+  // the reader, leaving `out` as it was, when fewer remain.
+  void Bytes(std::span<std::byte> out) {
+    if (!Need(out.size()) || out.empty()) return;
+    std::memcpy(out.data(), data_.data() + pos_, out.size());
+    pos_ += out.size();
   }
   Status StatusValue();
   LayoutSpec Layout();
