@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
 #include "executor/model.h"
 #include "executor/presets.h"
 #include "executor/weights.h"
@@ -168,9 +169,7 @@ int RunExecutorBench(const ExecutorBenchOptions& o) {
       token = static_cast<int32_t>(
           std::max_element(logits->begin(), logits->end()) - logits->begin());
     }
-    std::vector<double> sorted = step_s;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2];
+    const double median = Median(step_s);
     const double kv_bytes = kv_bytes_sum / o.steps;
     const double idx_bytes = idx_bytes_sum / o.steps;
     const double total =

@@ -150,9 +150,9 @@ int Run(const FloodOptions& o) {
   stop = true;
   for (auto& t : flooders) t.join();
 
-  const double p50_base = Percentile(baseline, 0.5);
+  const double p50_base = Median(baseline);
   const double p99_base = Percentile(baseline, 0.99);
-  const double p50_flood = Percentile(during, 0.5);
+  const double p50_flood = Median(during);
   const double p99_flood = Percentile(during, 0.99);
   fmt::print(
       "flood bench: {} flood connection(s) leasing {} x {} KiB segments per "

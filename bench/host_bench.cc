@@ -27,6 +27,7 @@
 
 #include "bench/registry.h"
 #include "bench/sample_stats.h"
+#include "bench/size_option.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
@@ -121,21 +122,23 @@ class EchoPeer {
   int fd_ = -1;
 };
 
-uint64_t ParseSizeOrDie(const std::string& s) {
-  uint64_t mult = 1;
-  std::string digits = s;
-  if (s.ends_with("GiB"))
-    mult = 1ull << 30, digits = s.substr(0, s.size() - 3);
-  else if (s.ends_with("MiB"))
-    mult = 1ull << 20, digits = s.substr(0, s.size() - 3);
-  else if (s.ends_with("KiB"))
-    mult = 1ull << 10, digits = s.substr(0, s.size() - 3);
-  return std::stoull(digits) * mult;
-}
-
 int Run(const HostBenchOptions& o) {
-  const uint64_t working_set = ParseSizeOrDie(o.working_set);
-  const uint64_t batch_bytes = ParseSizeOrDie(o.batch);
+  const auto parsed_working_set =
+      ParseSizeOption("--working-set", o.working_set);
+  const auto parsed_batch = ParseSizeOption("--batch", o.batch);
+  for (const Status& s : {parsed_working_set.status(), parsed_batch.status()}) {
+    if (!s.ok()) {
+      fmt::print(stderr, "tierkv-bench host: {}\n", s.ToString());
+      return 1;
+    }
+  }
+  const uint64_t working_set = *parsed_working_set;
+  const uint64_t batch_bytes = *parsed_batch;
+  if (working_set == 0 || batch_bytes == 0) {
+    fmt::print(stderr,
+               "tierkv-bench host: --working-set and --batch must be > 0\n");
+    return 1;
+  }
   const std::vector<SizeCase> cases = {
       {"8KiB", 128}, {"72KiB", 1152}, {"1MiB", 16384}};
   // Arena: a working set per size plus room for the put iterations.
@@ -327,9 +330,9 @@ shards = 1
       }
     }
   }
-  const double p50 = Percentile(lat_us, 0.50), p99 = Percentile(lat_us, 0.99);
-  const double socket_p50 = Percentile(socket_us, 0.50);
-  const double socket_spin_p50 = Percentile(socket_spin_us, 0.50);
+  const double p50 = Median(lat_us), p99 = Percentile(lat_us, 0.99);
+  const double socket_p50 = Median(socket_us);
+  const double socket_spin_p50 = Median(socket_spin_us);
   fmt::print(
       "\nmatch (1 segment, {} calls): p50 {:.1f} us, p99 {:.1f} us; bare Unix "
       "socket round trip p50 {:.1f} us blocking, {:.1f} us polling "

@@ -318,9 +318,8 @@ int RunHost(const LoadBenchOptions& o, const LayoutSpec& layout,
       Median(first_s) * 1e3, Median(load_s) * 1e3,
       Median(first_s) / Median(load_s), store_gbps, store_memcpy_gbps,
       store_gbps / store_memcpy_gbps);
-  std::sort(match_us.begin(), match_us.end());
-  const double p50 = match_us[match_us.size() / 2];
-  const double p99 = match_us[match_us.size() * 99 / 100];
+  const double p50 = Median(match_us);
+  const double p99 = Percentile(match_us, 0.99);
   fmt::print(
       "       match (1 page = {} segments, 5000 calls): p50 {:.1f} us, p99 "
       "{:.1f} us\n",

@@ -51,6 +51,8 @@
 
 #include "bench/fio_runner.h"
 #include "bench/registry.h"
+#include "bench/sample_stats.h"
+#include "bench/size_option.h"
 #include "storage/io_buffer.h"
 #include "storage/nvme_store.h"
 #include "storage/uring_device.h"
@@ -88,40 +90,11 @@ struct NvmeBenchOptions {
 
 // One measured phase.
 
-Result<uint64_t> ParseSize(const std::string& s) {
-  static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
-      {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}, {"B", 1}};
-  for (const auto& [suffix, mult] : kUnits) {
-    if (s.size() > suffix.size() && s.ends_with(suffix)) {
-      try {
-        return std::stoull(s.substr(0, s.size() - suffix.size())) * mult;
-      } catch (const std::exception&) {
-        break;
-      }
-    }
-  }
-  try {
-    size_t used = 0;
-    const uint64_t v = std::stoull(s, &used);
-    if (used == s.size()) return v;
-  } catch (const std::exception&) {
-  }
-  return Status::InvalidArgument(
-      fmt::format("bad size '{}' (e.g. 72KiB, 2GiB)", s));
-}
-
 std::string HumanSize(uint64_t bytes) {
   if (bytes % (1ull << 30) == 0) return fmt::format("{}GiB", bytes >> 30);
   if (bytes % (1ull << 20) == 0) return fmt::format("{}MiB", bytes >> 20);
   if (bytes % (1ull << 10) == 0) return fmt::format("{}KiB", bytes >> 10);
   return fmt::format("{}B", bytes);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2]
-                           : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 double CpuSeconds() {
@@ -445,12 +418,12 @@ int Run(const NvmeBenchOptions& o) {
     fmt::print(stderr, "tierkv-bench nvme: {}\n", s.ToString());
     return 1;
   };
-  auto file_size = ParseSize(o.file_size);
+  auto file_size = ParseSizeOption("--file-size", o.file_size);
   if (!file_size.ok()) return fail(file_size.status());
   const uint64_t capacity = *file_size & ~uint64_t{4095};
   uint64_t phase_bytes = capacity;
   if (!o.bytes.empty()) {
-    auto b = ParseSize(o.bytes);
+    auto b = ParseSizeOption("--bytes", o.bytes);
     if (!b.ok()) return fail(b.status());
     phase_bytes = std::min(*b, capacity);
   }
@@ -458,7 +431,7 @@ int Run(const NvmeBenchOptions& o) {
   for (size_t pos = 0; pos <= o.sizes.size();) {
     size_t comma = o.sizes.find(',', pos);
     if (comma == std::string::npos) comma = o.sizes.size();
-    auto s = ParseSize(o.sizes.substr(pos, comma - pos));
+    auto s = ParseSizeOption("--sizes", o.sizes.substr(pos, comma - pos));
     if (!s.ok()) return fail(s.status());
     if (*s == 0 || *s % 4096 != 0 || *s > capacity) {
       return fail(

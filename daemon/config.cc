@@ -7,12 +7,16 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 
+#include "common/byte_size.h"
 #include "common/private_dirs.h"
 #include "storage/device_backend_kind.h"
 
@@ -23,71 +27,96 @@ Status Bad(std::string_view where, std::string_view what) {
   return Status::InvalidArgument(fmt::format("config {}: {}", where, what));
 }
 
+// The name of the [[namespace]] entry a key belongs to; none for the keys
+// of other sections.
+using Entry = std::optional<std::string_view>;
+
+// "section.key", or "namespace.key (namespace 'name')" for a key of one
+// [[namespace]] entry, as every config error begins.
+std::string KeyName(std::string_view section, std::string_view key,
+                    Entry entry = std::nullopt) {
+  if (section.empty()) return std::string(key);
+  if (!entry) return fmt::format("{}.{}", section, key);
+  return fmt::format("{}.{} (namespace '{}')", section, key, *entry);
+}
+
+std::string NamespaceKey(const NamespaceConfig& ns, std::string_view key) {
+  return KeyName("namespace", key, ns.name);
+}
+
 // Rejects keys we do not know: a typo must not silently become a default.
+// `section` is "" for the top level.
 Status CheckKeys(const toml::table& table, std::string_view section,
-                 std::set<std::string_view> known) {
+                 std::set<std::string_view> known, Entry entry = std::nullopt) {
   for (const auto& [key, value] : table) {
     if (!known.count(key.str())) {
-      return Bad(fmt::format("[{}] line {}", section, key.source().begin.line),
-                 fmt::format("unknown key '{}'", key.str()));
+      return Bad(KeyName(section, key.str(), entry),
+                 fmt::format("unknown key (line {})", key.source().begin.line));
     }
   }
   return Status::OK();
 }
 
+// The readers below leave `out` alone when `key` is absent and name the key
+// (KeyName) when its value is wrong.
+
 template <typename T>
 Status ReadInt(const toml::table& t, std::string_view section,
-               std::string_view key, T& out) {
+               std::string_view key, T& out, Entry entry = std::nullopt) {
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
-  auto v = node->value<int64_t>();
+  auto v = node->value_exact<int64_t>();
   if (!v || *v < 0 ||
       static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
-    return Bad(fmt::format("{}.{}", section, key),
-               "must be a non-negative integer in range");
+    return Bad(KeyName(section, key, entry),
+               fmt::format("must be a non-negative integer <= {}",
+                           std::numeric_limits<T>::max()));
   }
   out = static_cast<T>(*v);
   return Status::OK();
 }
 
 Status ReadString(const toml::table& t, std::string_view section,
-                  std::string_view key, std::string& out) {
+                  std::string_view key, std::string& out,
+                  Entry entry = std::nullopt) {
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
   auto v = node->value<std::string>();
-  if (!v) return Bad(fmt::format("{}.{}", section, key), "must be a string");
+  if (!v) return Bad(KeyName(section, key, entry), "must be a string");
   out = *v;
   return Status::OK();
 }
 
+// A byte count: a TOML integer, or a string in ParseByteSize's grammar
+// (common/byte_size.h). 0 is read as 0; Validate() says which keys may be.
 Status ReadBytes(const toml::table& t, std::string_view section,
-                 std::string_view key, uint64_t& out) {
+                 std::string_view key, uint64_t& out,
+                 Entry entry = std::nullopt) {
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
-  if (auto i = node->value<int64_t>()) {
-    if (*i <= 0) return Bad(fmt::format("{}.{}", section, key), "must be > 0");
+  if (auto i = node->value_exact<int64_t>()) {
+    if (*i < 0) return Bad(KeyName(section, key, entry), "must be >= 0");
     out = static_cast<uint64_t>(*i);
     return Status::OK();
   }
   if (auto s = node->value<std::string>()) {
     auto parsed = ParseByteSize(*s);
     if (!parsed.ok()) {
-      return Bad(fmt::format("{}.{}", section, key), parsed.status().message());
+      return Bad(KeyName(section, key, entry), parsed.status().message());
     }
     out = *parsed;
     return Status::OK();
   }
-  return Bad(fmt::format("{}.{}", section, key),
+  return Bad(KeyName(section, key, entry),
              "must be a byte count or a string like \"1GiB\"");
 }
 
 Status ReadBool(const toml::table& t, std::string_view section,
-                std::string_view key, bool& out) {
+                std::string_view key, bool& out, Entry entry = std::nullopt) {
   const toml::node* node = t.get(key);
   if (!node) return Status::OK();
-  auto v = node->value<bool>();
-  if (!v)
-    return Bad(fmt::format("{}.{}", section, key), "must be true or false");
+  auto v = node->value_exact<bool>();
+  if (!v) return Bad(KeyName(section, key, entry), "must be true or false");
   out = *v;
   return Status::OK();
 }
@@ -111,7 +140,72 @@ std::string RandomToken() {
   return token;
 }
 
+// Sets ns.token from ns.token_file, creating the file (and its directories)
+// with a random token when it does not exist. The errors name the file but
+// not the key; ResolveTokens adds it.
+Status ReadOrCreateTokenFile(NamespaceConfig& ns) {
+  const std::string& path = ns.token_file;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    // The token is the namespace's only secret: refuse a file anyone may
+    // read, as ssh refuses such a key (group read is how engines in the
+    // socket's group get it).
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(path + " is not a regular file");
+    }
+    if (st.st_mode & 0007) {
+      return Status::InvalidArgument(
+          fmt::format("{} is accessible by others (mode {:04o}); run chmod "
+                      "o-rwx {}",
+                      path, st.st_mode & 07777, path));
+    }
+    std::ifstream in(path);
+    if (!in) {
+      return Status::IOError(
+          fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+    }
+    std::getline(in, ns.token);
+    while (!ns.token.empty() &&
+           std::isspace(static_cast<unsigned char>(ns.token.back()))) {
+      ns.token.pop_back();
+    }
+    if (ns.token.size() < 8) {
+      return Status::InvalidArgument(
+          path + " holds fewer than 8 characters (a token is at least 8)");
+    }
+    return Status::OK();
+  }
+  if (Status s = CreatePrivateDirectories(
+          std::filesystem::path(path).parent_path(), 0750);
+      !s.ok()) {
+    return Status(s.code(),
+                  fmt::format("cannot create {}: {}", path, s.message()));
+  }
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Status::IOError(
+        fmt::format("cannot create {}: {}", path, std::strerror(errno)));
+  }
+  ns.token = RandomToken();
+  const std::string line = ns.token + "\n";
+  const ssize_t written = ::write(fd, line.data(), line.size());
+  const std::string why = written < 0 ? std::strerror(errno) : "short write";
+  ::close(fd);
+  if (written != static_cast<ssize_t>(line.size())) {
+    ::unlink(path.c_str());  // a short token would be refused next start
+    return Status::IOError(fmt::format("cannot write {}: {}", path, why));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+Status ConfigKeyError(std::string_view key, const Status& cause) {
+  if (cause.ok()) return cause;
+  return Status(cause.code(),
+                fmt::format("config {}: {}", key, cause.message()));
+}
 
 Result<WritePolicy> ParseWritePolicy(std::string_view text) {
   if (text == "write_back") return WritePolicy::kWriteBack;
@@ -119,44 +213,6 @@ Result<WritePolicy> ParseWritePolicy(std::string_view text) {
   if (text == "none") return WritePolicy::kNone;
   return Status::InvalidArgument(fmt::format(
       "unknown write_policy '{}' (write_back, write_through or none)", text));
-}
-
-Result<uint64_t> ParseByteSize(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
-    ++i;
-  uint64_t value = 0;
-  size_t digits = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    if (value > (UINT64_MAX - 9) / 10)
-      return Status::InvalidArgument("size overflows");
-    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
-    ++i;
-    ++digits;
-  }
-  if (digits == 0)
-    return Status::InvalidArgument(fmt::format("'{}' is not a size", text));
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i])))
-    ++i;
-  std::string unit;
-  for (; i < text.size(); ++i) unit += static_cast<char>(std::tolower(text[i]));
-  uint64_t mult = 1;
-  if (unit.empty() || unit == "b")
-    mult = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb")
-    mult = uint64_t{1} << 10;
-  else if (unit == "m" || unit == "mib" || unit == "mb")
-    mult = uint64_t{1} << 20;
-  else if (unit == "g" || unit == "gib" || unit == "gb")
-    mult = uint64_t{1} << 30;
-  else if (unit == "t" || unit == "tib" || unit == "tb")
-    mult = uint64_t{1} << 40;
-  else
-    return Status::InvalidArgument(fmt::format("unknown size unit '{}'", unit));
-  if (value > UINT64_MAX / mult)
-    return Status::InvalidArgument("size overflows");
-  if (value * mult == 0) return Status::InvalidArgument("size must be > 0");
-  return value * mult;
 }
 
 DaemonConfig EmbeddedDefaults() {
@@ -235,10 +291,11 @@ Status DaemonConfig::Validate() const {
   if (max_leases_per_connection == 0) {
     return Bad("leases.max_per_connection", "must be > 0");
   }
-  if (max_leased_segments_per_connection == 0 ||
-      max_leased_segments_per_namespace == 0) {
-    return Bad("leases.max_segments_per_connection",
-               "and max_segments_per_namespace must be > 0");
+  if (max_leased_segments_per_connection == 0) {
+    return Bad("leases.max_segments_per_connection", "must be > 0");
+  }
+  if (max_leased_segments_per_namespace == 0) {
+    return Bad("leases.max_segments_per_namespace", "must be > 0");
   }
   if (max_leased_bytes_percent_per_connection == 0 ||
       max_leased_bytes_percent_per_connection > 100) {
@@ -284,51 +341,56 @@ Status DaemonConfig::Validate() const {
   std::set<std::string_view> names;
   uint64_t nvme_reserved = 0;
   for (const auto& ns : namespaces) {
-    const std::string where = fmt::format("namespace '{}'", ns.name);
+    auto key = [&ns](std::string_view k) { return NamespaceKey(ns, k); };
     if (ns.name.empty() || ns.name.size() > 128)
-      return Bad(where, "name must have 1..128 characters");
+      return Bad(key("name"), "must have 1..128 characters");
     for (char ch : ns.name) {
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' &&
           ch != '_' && ch != '.' && ch != '@') {
-        return Bad(where, "name may use letters, digits and - _ . @");
+        return Bad(key("name"), "may use letters, digits and - _ . @");
       }
     }
-    if (!names.insert(ns.name).second) return Bad(where, "duplicate namespace");
+    if (!names.insert(ns.name).second) {
+      return Bad(key("name"), "duplicate namespace name");
+    }
     if (ns.token.empty() && ns.token_file.empty()) {
-      return Bad(where, "needs a token or a token_file");
+      return Bad(key("token"), "missing: give a token or a token_file");
     }
     if (!ns.token.empty() && ns.token.size() < 8) {
-      return Bad(where, "token must have at least 8 characters");
+      return Bad(key("token"), "must have at least 8 characters");
     }
     if (ns.shards == 0 || ns.shards > 256)
-      return Bad(where, "shards must be in [1, 256]");
+      return Bad(key("shards"), "must be in [1, 256]");
     if (ns.host_bytes < (uint64_t{ns.shards} << 20)) {
-      return Bad(where, "host_bytes must be at least 1 MiB per shard");
+      return Bad(key("host_bytes"),
+                 fmt::format("must be at least 1 MiB per shard ({} shards)",
+                             ns.shards));
     }
     if (ns.hbm_bytes > 0 && !hbm.enabled()) {
-      return Bad(where,
-                 "hbm_bytes needs an [hbm] tier (set hbm.capacity_bytes)");
+      return Bad(key("hbm_bytes"),
+                 "needs an [hbm] tier (set hbm.capacity_bytes)");
     }
     if (ns.hbm_bytes > hbm.capacity_bytes) {
-      return Bad(where, "hbm_bytes exceeds hbm.capacity_bytes");
+      return Bad(key("hbm_bytes"), "exceeds hbm.capacity_bytes");
     }
     if (ns.nvme_bytes > 0 && !nvme.enabled()) {
-      return Bad(where, "nvme_bytes needs an [nvme] tier (set nvme.path)");
+      return Bad(key("nvme_bytes"), "needs an [nvme] tier (set nvme.path)");
     }
     if (ns.nvme_bytes % 4096 != 0) {
-      return Bad(where, "nvme_bytes must be a multiple of 4 KiB");
+      return Bad(key("nvme_bytes"), "must be a multiple of 4 KiB");
     }
     nvme_reserved += ns.nvme_bytes;
     if (nvme.enabled() && nvme_reserved > nvme.capacity_bytes) {
-      return Bad(where, fmt::format("nvme_bytes: the namespaces reserve {} "
-                                    "bytes, more than nvme.capacity_bytes {}",
-                                    nvme_reserved, nvme.capacity_bytes));
+      return Bad(key("nvme_bytes"),
+                 fmt::format("the namespaces reserve {} bytes, more than "
+                             "nvme.capacity_bytes {}",
+                             nvme_reserved, nvme.capacity_bytes));
     }
     if (ns.write_policy && *ns.write_policy != WritePolicy::kNone &&
         !nvme.enabled()) {
-      return Bad(where, "write_policy " +
-                            std::string(WritePolicyName(*ns.write_policy)) +
-                            " needs an [nvme] tier (set nvme.path)");
+      return Bad(key("write_policy"),
+                 fmt::format("{} needs an [nvme] tier (set nvme.path)",
+                             WritePolicyName(*ns.write_policy)));
     }
   }
   return Status::OK();
@@ -352,8 +414,17 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
   }
   DaemonConfig c = base;
   TIERKV_RETURN_IF_ERROR(CheckKeys(
-      root, "top level",
+      root, "",
       {"server", "metrics", "leases", "log", "nvme", "hbm", "namespace"}));
+  // A section written as a value (`server = 1`) or an array of tables
+  // (`[[server]]`) would be skipped below without a word.
+  for (std::string_view name :
+       {"server", "metrics", "leases", "log", "nvme", "hbm"}) {
+    const toml::node* node = root.get(name);
+    if (node != nullptr && !node->is_table()) {
+      return Bad(name, fmt::format("must be a table ([{}])", name));
+    }
+  }
   if (auto* hbm = root["hbm"].as_table()) {
     TIERKV_RETURN_IF_ERROR(
         CheckKeys(*hbm, "hbm",
@@ -486,48 +557,55 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       const toml::table* t = item.as_table();
       if (!t) return Bad("namespace", "entries must be tables");
       NamespaceConfig ns;
+      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
+      const std::string entry = ns.name;  // names the entry in errors
       TIERKV_RETURN_IF_ERROR(
           CheckKeys(*t, "namespace",
                     {"name", "token", "token_file", "host_bytes", "shards",
                      "hugepages", "prefault", "write_policy", "nvme_bytes",
-                     "hbm_bytes", "max_connections", "eviction_policy"}));
-      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
-      TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "token", ns.token));
+                     "hbm_bytes", "max_connections", "eviction_policy"},
+                    entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadString(*t, "namespace", "token_file", ns.token_file));
+          ReadString(*t, "namespace", "token", ns.token, entry));
+      TIERKV_RETURN_IF_ERROR(
+          ReadString(*t, "namespace", "token_file", ns.token_file, entry));
       if (!ns.token.empty() && !ns.token_file.empty()) {
-        return Bad(fmt::format("namespace '{}'", ns.name),
+        return Bad(KeyName("namespace", "token_file", entry),
                    "give either token or token_file, not both");
       }
       TIERKV_RETURN_IF_ERROR(
-          ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes));
-      TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "shards", ns.shards));
+          ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes, entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes));
+          ReadInt(*t, "namespace", "shards", ns.shards, entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadBytes(*t, "namespace", "hbm_bytes", ns.hbm_bytes));
+          ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes, entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadInt(*t, "namespace", "max_connections", ns.max_connections));
+          ReadBytes(*t, "namespace", "hbm_bytes", ns.hbm_bytes, entry));
+      TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "max_connections",
+                                     ns.max_connections, entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadBool(*t, "namespace", "hugepages", ns.hugepages));
+          ReadBool(*t, "namespace", "hugepages", ns.hugepages, entry));
       TIERKV_RETURN_IF_ERROR(
-          ReadBool(*t, "namespace", "prefault", ns.prefault));
+          ReadBool(*t, "namespace", "prefault", ns.prefault, entry));
       std::string policy;
       TIERKV_RETURN_IF_ERROR(
-          ReadString(*t, "namespace", "write_policy", policy));
+          ReadString(*t, "namespace", "write_policy", policy, entry));
       if (!policy.empty()) {
         auto parsed = ParseWritePolicy(policy);
-        if (!parsed.ok())
-          return Bad("namespace.write_policy", parsed.status().message());
+        if (!parsed.ok()) {
+          return Bad(KeyName("namespace", "write_policy", entry),
+                     parsed.status().message());
+        }
         ns.write_policy = *parsed;
       }
       std::string eviction;
       TIERKV_RETURN_IF_ERROR(
-          ReadString(*t, "namespace", "eviction_policy", eviction));
+          ReadString(*t, "namespace", "eviction_policy", eviction, entry));
       if (!eviction.empty()) {
         auto parsed = storage::ParseEvictionPolicy(eviction);
         if (!parsed.ok()) {
-          return Bad("namespace.eviction_policy", parsed.status().message());
+          return Bad(KeyName("namespace", "eviction_policy", entry),
+                     parsed.status().message());
         }
         ns.eviction_policy = *parsed;
       }
@@ -540,51 +618,9 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
 Status ResolveTokens(DaemonConfig& config) {
   for (auto& ns : config.namespaces) {
     if (ns.token_file.empty()) continue;
-    struct stat st {};
-    if (::stat(ns.token_file.c_str(), &st) == 0) {
-      // The token is the namespace's only secret: refuse a file anyone
-      // may read, as ssh refuses such a key (group read is how engines
-      // in the socket's group get it).
-      if (!S_ISREG(st.st_mode)) {
-        return Status::InvalidArgument(
-            fmt::format("token file {} of namespace '{}' is not a regular file",
-                        ns.token_file, ns.name));
-      }
-      if (st.st_mode & 0007) {
-        return Status::InvalidArgument(fmt::format(
-            "token file {} of namespace '{}' is accessible by others (mode "
-            "{:04o}); run chmod o-rwx {}",
-            ns.token_file, ns.name, st.st_mode & 07777, ns.token_file));
-      }
+    if (Status s = ReadOrCreateTokenFile(ns); !s.ok()) {
+      return ConfigKeyError(NamespaceKey(ns, "token_file"), s);
     }
-    std::ifstream in(ns.token_file);
-    if (in) {
-      std::getline(in, ns.token);
-      while (!ns.token.empty() &&
-             std::isspace(static_cast<unsigned char>(ns.token.back()))) {
-        ns.token.pop_back();
-      }
-      if (ns.token.size() < 8) {
-        return Status::InvalidArgument(fmt::format(
-            "token file {} of namespace '{}' holds fewer than 8 characters",
-            ns.token_file, ns.name));
-      }
-      continue;
-    }
-    TIERKV_RETURN_IF_ERROR(CreatePrivateDirectories(
-        std::filesystem::path(ns.token_file).parent_path(), 0750));
-    int fd = ::open(ns.token_file.c_str(),
-                    O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      return Status::IOError(fmt::format("cannot create token file {}: {}",
-                                         ns.token_file, std::strerror(errno)));
-    }
-    ns.token = RandomToken();
-    std::string line = ns.token + "\n";
-    bool ok = ::write(fd, line.data(), line.size()) ==
-              static_cast<ssize_t>(line.size());
-    ::close(fd);
-    if (!ok) return Status::IOError("cannot write token file " + ns.token_file);
   }
   return Status::OK();
 }

@@ -20,9 +20,11 @@
 //               prefetch_queue, sync_interval_ms, shutdown_persist_ms
 //   [hbm]       backend ("auto"|"cuda"|"emulated"), device, capacity_bytes
 //               (0 disables), streams
-//   [[namespace]] name, token | token_file, host_bytes ("1GiB" or bytes),
+//   [[namespace]] name, token | token_file, host_bytes,
 //               shards, hugepages, prefault, write_policy, nvme_bytes,
 //               max_connections, eviction_policy
+// Every *_bytes key takes an integer or a string in ParseByteSize's grammar
+// (common/byte_size.h: "16MiB", "1 GiB", "64k"; all units binary).
 #pragma once
 
 #include <cstdint>
@@ -187,7 +189,8 @@ struct DaemonConfig {
   HbmConfig hbm;
   std::vector<NamespaceConfig> namespaces;
 
-  // InvalidArgument naming the first bad field.
+  // InvalidArgument naming the first bad field by its TOML key
+  // ("config server.io_threads: must be in [1, 64]").
   Status Validate() const;
 };
 
@@ -201,11 +204,16 @@ DaemonConfig EmbeddedDefaults();
 Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                     const DaemonConfig& base);
 
-// Parses "1GiB", "512 MiB", "64k", "1048576" into bytes.
-Result<uint64_t> ParseByteSize(std::string_view text);
-
 // Fills in token from token_file (creating the file with a random token
-// when missing). IOError when the file cannot be read or created.
+// when missing). IOError when the file cannot be read or created,
+// InvalidArgument when others may read it or it holds no token; either
+// names the key ("config namespace.token_file (namespace 'x'): ...").
 Status ResolveTokens(DaemonConfig& config);
+
+// `cause`, its code kept, as an error of config key `key`: "config <key>:
+// <cause's message>", the form of every config error. For what a valid
+// config meets at start-up (a path that cannot be created, an address in
+// use), so that those name their key too. OK stays OK.
+Status ConfigKeyError(std::string_view key, const Status& cause);
 
 }  // namespace tierkv::daemon

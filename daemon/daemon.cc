@@ -2,6 +2,7 @@
 // them down in order (see daemon.h).
 #include "daemon/daemon.h"
 
+#include <grp.h>
 #include <prometheus/gauge.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -28,13 +29,15 @@ Status Daemon::OpenNvmeTier() {
   o.recreate_damaged_catalog = c.recreate_damaged_catalog;
   auto store = storage::NvmeStore::Open(o);
   if (!store.ok()) {
-    return Status(
-        store.status().code(),
-        "NVMe tier at " + c.path + ": " +
-            std::string(store.status().message()) +
-            (store.status().code() == StatusCode::kCorruption
-                 ? " (set nvme.recreate_damaged_catalog = true to start empty)"
-                 : ""));
+    return ConfigKeyError(
+        "nvme.path",
+        Status(store.status().code(),
+               "NVMe tier at " + c.path + ": " +
+                   std::string(store.status().message()) +
+                   (store.status().code() == StatusCode::kCorruption
+                        ? " (set nvme.recreate_damaged_catalog = true to "
+                          "start empty)"
+                        : "")));
   }
   nvme_ = std::move(store).value();
   const auto stats = nvme_->Stats();
@@ -64,14 +67,21 @@ Status Daemon::OpenHbmTier() {
        .emulated_fault_after_copies = c.emulated_fault_after_copies},
       &fell_back);
   if (!backend.ok()) {
-    return Status(backend.status().code(),
-                  "HBM tier: " + std::string(backend.status().message()));
+    // The device could not be opened, or (a build without CUDA) the backend.
+    const bool no_cuda = *kind == storage::DeviceBackendKind::kCuda &&
+                         !storage::DeviceBackend::CudaBuiltIn();
+    return ConfigKeyError(
+        no_cuda ? "hbm.backend" : "hbm.device",
+        Status(backend.status().code(),
+               "HBM tier: " + std::string(backend.status().message())));
   }
   hbm_ = std::move(backend).value();
   auto pool = hbm_->AllocatePool(c.capacity_bytes);  // once (cudaMalloc)
   if (!pool.ok()) {
-    return Status(pool.status().code(),
-                  "HBM tier: " + std::string(pool.status().message()));
+    return ConfigKeyError(
+        "hbm.capacity_bytes",
+        Status(pool.status().code(),
+               "HBM tier: " + std::string(pool.status().message())));
   }
   hbm_pool_ = *pool;
   if (c.emulated_fault_after_copies != 0) {
@@ -196,7 +206,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           "local Prometheus, or a firewall)",
           listen);
     }
-    TIERKV_RETURN_IF_ERROR(d->metrics_.Serve(config.metrics_listen));
+    TIERKV_RETURN_IF_ERROR(ConfigKeyError(
+        "metrics.listen", d->metrics_.Serve(config.metrics_listen)));
     // The bound address (a configured port 0 picked one).
     const std::string bound = fmt::format("{}:{}", host, d->metrics_.port());
     spdlog::info("metrics on http://{0}/metrics, status page on http://{0}/",
@@ -218,7 +229,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
        .stall_timeout = std::chrono::milliseconds(config.stall_timeout_ms),
        .poll_after_work = std::chrono::microseconds(config.poll_us)},
       d->service_.get());
-  if (!server.ok()) return server.status();
+  if (!server.ok()) {
+    // The server names the path or group it could not use; this names the
+    // key.
+    const bool unknown_group =
+        !config.socket_group.empty() &&
+        ::getgrnam(config.socket_group.c_str()) == nullptr;
+    return ConfigKeyError(
+        unknown_group ? "server.socket_group" : "server.socket",
+        server.status());
+  }
   d->server_ = std::move(server).value();
   d->sweeper_ = std::thread([raw = d.get()] { raw->SweepLoop(); });
   spdlog::info("tierkvd serving on {} (mode {:o})", config.socket_path,

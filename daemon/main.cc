@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/byte_size.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/host_memory.h"
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
   }
   if (!metrics.empty()) config.metrics_listen = metrics == "off" ? "" : metrics;
   if (!host_bytes.empty()) {
-    auto bytes = ParseByteSize(host_bytes);
+    auto bytes = tierkv::ParseByteSize(host_bytes);
     if (!bytes.ok())
       return Fail(tierkv::Status::InvalidArgument(
           "--host-bytes: " + std::string(bytes.status().message())));
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
     for (auto& ns : config.namespaces) ns.shards = shards;
   if (!nvme_path.empty()) config.nvme.path = nvme_path;
   if (!nvme_bytes.empty()) {
-    auto bytes = ParseByteSize(nvme_bytes);
+    auto bytes = tierkv::ParseByteSize(nvme_bytes);
     if (!bytes.ok())
       return Fail(tierkv::Status::InvalidArgument(
           "--nvme-bytes: " + std::string(bytes.status().message())));
@@ -87,7 +88,10 @@ int main(int argc, char** argv) {
   }
   if (!write_policy.empty()) {
     auto policy = ParseWritePolicy(write_policy);
-    if (!policy.ok()) return Fail(policy.status());
+    if (!policy.ok()) {
+      return Fail(tierkv::Status::InvalidArgument(
+          "--write-policy: " + std::string(policy.status().message())));
+    }
     for (auto& ns : config.namespaces) ns.write_policy = *policy;
   }
   if (lease_ttl_ms) config.lease_ttl_ms = lease_ttl_ms;

@@ -3,9 +3,16 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "daemon/host_memory.h"
+#include "storage/device_backend.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -17,6 +24,28 @@ Result<DaemonConfig> Load(const testing::TempDir& dir,
                           const std::string& text) {
   std::ofstream(dir.File("c.toml")) << text;
   return LoadConfigFile(dir.File("c.toml"), EmbeddedDefaults());
+}
+
+struct DaemonExit {
+  int status = -1;  // the exit status; -1 when it did not exit by itself
+  std::string output;
+};
+
+// Runs a real tierkvd with `args` for at most 60 s (a config that starts
+// it is a failed test, not a hung one), its output captured.
+DaemonExit RunTierkvd(const testing::TempDir& dir, const std::string& args) {
+  const char* bin = std::getenv("TIERKV_BIN_DIR");
+  EXPECT_NE(bin, nullptr);
+  if (bin == nullptr) return {};
+  const std::string cmd = "timeout 60 " + std::string(bin) + "/tierkvd " +
+                          args + " > " + dir.File("out") + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream out(dir.File("out"));
+  DaemonExit exit;
+  exit.output.assign(std::istreambuf_iterator<char>(out),
+                     std::istreambuf_iterator<char>());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) != 124) exit.status = WEXITSTATUS(rc);
+  return exit;
 }
 
 TEST(ConfigTest, EmbeddedDefaultsAreValid) {
@@ -234,16 +263,170 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
             std::string_view::npos);
 }
 
-TEST(ConfigTest, ParsesByteSizes) {
-  EXPECT_EQ(*ParseByteSize("1GiB"), uint64_t{1} << 30);
-  EXPECT_EQ(*ParseByteSize("512 MiB"), uint64_t{512} << 20);
-  EXPECT_EQ(*ParseByteSize("64k"), 65536u);
-  EXPECT_EQ(*ParseByteSize("1048576"), 1048576u);
-  EXPECT_FALSE(ParseByteSize("").ok());
-  EXPECT_FALSE(ParseByteSize("GiB").ok());
-  EXPECT_FALSE(ParseByteSize("0").ok());
-  EXPECT_FALSE(ParseByteSize("99999999999999999999").ok());
-  EXPECT_FALSE(ParseByteSize("17000000000T").ok());
+// Issue 26: a config error names its key as "config <section>.<key>: ...",
+// for a key of a [[namespace]] entry with the entry's name.
+TEST(ConfigTest, EveryLoadErrorNamesItsKey) {
+  testing::TempDir dir;
+  const std::string ns = "[[namespace]]\nname = \"a\"\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"sokcet = 1\n", "config sokcet: unknown key (line 1)"},
+      {"[server]\nsokcet = \"/x\"\n", "config server.sokcet: unknown key"},
+      {"server = 1\n", "config server: must be a table"},
+      {"[[hbm]]\nbackend = \"emulated\"\n", "config hbm: must be a table"},
+      {"[server]\nio_threads = -1\n", "config server.io_threads: must be"},
+      {"[server]\nmax_frame_bytes = -1\n",
+       "config server.max_frame_bytes: must be >= 0"},
+      {"[server]\nmax_frame_bytes = \"16 MB/s\"\n",
+       "config server.max_frame_bytes: \"16 MB/s\": unknown unit \"MB/s\""},
+      {"[nvme]\ncapacity_bytes = true\n",
+       "config nvme.capacity_bytes: must be a byte count"},
+      {"[log]\nlevel = 3\n", "config log.level: must be a string"},
+      {"[server]\nio_threads = true\n", "config server.io_threads: must be"},
+      {"[server]\nio_threads = 2.5\n", "config server.io_threads: must be"},
+      {"[nvme]\ndirect_io = 1\n",
+       "config nvme.direct_io: must be true or false"},
+      {ns + "tokn = \"12345678\"\n",
+       "config namespace.tokn (namespace 'a'): unknown key (line 3)"},
+      {ns + "shards = -1\n", "config namespace.shards (namespace 'a'): "},
+      {ns + "host_bytes = \"1 furlong\"\n",
+       "config namespace.host_bytes (namespace 'a'): \"1 furlong\": unknown "
+       "unit \"furlong\""},
+      {ns + "host_bytes = \"1.5GiB\"\n",
+       "config namespace.host_bytes (namespace 'a'): \"1.5GiB\" is not a "
+       "whole number"},
+      {ns + "hugepages = \"yes\"\n",
+       "config namespace.hugepages (namespace 'a'): must be true or false"},
+      {ns + "token = \"12345678\"\ntoken_file = \"/x\"\n",
+       "config namespace.token_file (namespace 'a'): give either token or "
+       "token_file"},
+      {ns + "write_policy = \"sometimes\"\n",
+       "config namespace.write_policy (namespace 'a'): unknown write_policy"},
+      {ns + "eviction_policy = \"mru\"\n",
+       "config namespace.eviction_policy (namespace 'a'): "},
+  };
+  for (const auto& [toml, expected] : cases) {
+    auto r = Load(dir, toml);
+    ASSERT_FALSE(r.ok()) << toml;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << toml;
+    EXPECT_NE(r.status().message().find(expected), std::string_view::npos)
+        << toml << "\n-> " << r.status().ToString();
+  }
+}
+
+TEST(ConfigTest, EveryValidateErrorOfANamespaceNamesItsKeyAndEntry) {
+  const std::pair<std::function<void(NamespaceConfig&)>, std::string> cases[] =
+      {{[](NamespaceConfig& n) { n.name = "a/b"; },
+        "config namespace.name (namespace 'a/b'): may use"},
+       {[](NamespaceConfig& n) { n.name = ""; },
+        "config namespace.name (namespace ''): must have 1..128"},
+       {[](NamespaceConfig& n) { n.token_file.clear(); },
+        "config namespace.token (namespace 'default'): missing"},
+       {[](NamespaceConfig& n) {
+          n.token_file.clear();
+          n.token = "short";
+        },
+        "config namespace.token (namespace 'default'): must have at least 8"},
+       {[](NamespaceConfig& n) { n.shards = 0; },
+        "config namespace.shards (namespace 'default'): must be in [1, 256]"},
+       {[](NamespaceConfig& n) { n.host_bytes = 1 << 20; },
+        "config namespace.host_bytes (namespace 'default'): must be at least "
+        "1 MiB per shard (8 shards)"},
+       {[](NamespaceConfig& n) { n.hbm_bytes = 1 << 20; },
+        "config namespace.hbm_bytes (namespace 'default'): needs an [hbm]"},
+       {[](NamespaceConfig& n) { n.nvme_bytes = 1 << 20; },
+        "config namespace.nvme_bytes (namespace 'default'): needs an [nvme]"},
+       {[](NamespaceConfig& n) { n.write_policy = WritePolicy::kWriteBack; },
+        "config namespace.write_policy (namespace 'default'): write_back "
+        "needs an [nvme] tier"}};
+  for (const auto& [mutate, expected] : cases) {
+    DaemonConfig c = EmbeddedDefaults();
+    mutate(c.namespaces[0]);
+    const Status s = c.Validate();
+    EXPECT_NE(s.message().find(expected), std::string_view::npos)
+        << expected << "\n-> " << s.ToString();
+  }
+  DaemonConfig twice = EmbeddedDefaults();
+  twice.namespaces.push_back(twice.namespaces[0]);
+  EXPECT_NE(twice.Validate().message().find(
+                "config namespace.name (namespace 'default'): duplicate"),
+            std::string_view::npos)
+      << twice.Validate().ToString();
+}
+
+TEST(ConfigTest, EachLeaseSegmentLimitIsNamedOnItsOwn) {
+  DaemonConfig c = EmbeddedDefaults();
+  c.max_leased_segments_per_namespace = 0;
+  EXPECT_NE(c.Validate().message().find(
+                "config leases.max_segments_per_namespace: must be > 0"),
+            std::string_view::npos)
+      << c.Validate().ToString();
+  c = EmbeddedDefaults();
+  c.max_leased_segments_per_connection = 0;
+  EXPECT_NE(c.Validate().message().find(
+                "config leases.max_segments_per_connection: must be > 0"),
+            std::string_view::npos)
+      << c.Validate().ToString();
+}
+
+// README: hbm.capacity_bytes "0 (default) disables the tier"; nvme_bytes
+// and hbm_bytes 0 mean "no reservation" and "all of it". Zero was refused
+// as "must be > 0" before; every byte key reads 0 and Validate() judges.
+TEST(ConfigTest, ByteKeysWhoseZeroMeansSomethingTakeZero) {
+  testing::TempDir dir;
+  auto c = Load(dir,
+                "[hbm]\ncapacity_bytes = 0\n[[namespace]]\nname = \"a\"\n"
+                "token = \"12345678\"\nhost_bytes = \"8MiB\"\nnvme_bytes = 0\n"
+                "hbm_bytes = \"0GiB\"\n");
+  ASSERT_OK(c);
+  EXPECT_OK(c->Validate());
+  EXPECT_FALSE(c->hbm.enabled());
+  EXPECT_EQ(c->namespaces[0].nvme_bytes, 0u);
+  EXPECT_EQ(c->namespaces[0].hbm_bytes, 0u);
+  // A key that may not be 0 still says so, by name.
+  for (const auto& [toml, key] :
+       {std::pair{"[server]\nmax_frame_bytes = 0\n", "server.max_frame_bytes"},
+        std::pair{"[[namespace]]\nname = \"a\"\ntoken = \"12345678\"\n"
+                  "host_bytes = 0\n",
+                  "namespace.host_bytes (namespace 'a')"}}) {
+    auto zero = Load(dir, toml);
+    ASSERT_OK(zero);
+    EXPECT_NE(zero->Validate().message().find(key), std::string_view::npos)
+        << zero->Validate().ToString();
+  }
+}
+
+// Issue 26's example: a token_file whose directory cannot be made said only
+// "io_error: mkdir ...".
+TEST(ConfigTest, TokenFileErrorsNameTheKey) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("plain")) << "a file, not a directory\n";
+  std::ofstream(dir.File("short.token")) << "abc\n";
+  ASSERT_EQ(::chmod(dir.File("short.token").c_str(), 0600), 0);
+  std::filesystem::create_directory(dir.File("a-directory"));
+  const std::pair<std::string, std::string> cases[] = {
+      {dir.File("plain/sub/t.token"),
+       "cannot create " + dir.File("plain/sub/t.token") + ": mkdir"},
+      {dir.File("short.token"), "holds fewer than 8 characters"},
+      {dir.File("a-directory"), "is not a regular file"}};
+  for (const auto& [path, what] : cases) {
+    DaemonConfig c = EmbeddedDefaults();
+    c.namespaces[0].token_file = path;
+    const Status s = ResolveTokens(c);
+    ASSERT_FALSE(s.ok()) << path;
+    EXPECT_NE(
+        s.message().find("config namespace.token_file (namespace 'default'): "),
+        std::string_view::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find(what), std::string_view::npos) << s.ToString();
+  }
+}
+
+TEST(ConfigTest, ConfigKeyErrorKeepsTheCodeAndAddsTheKey) {
+  const Status s =
+      ConfigKeyError("nvme.path", Status::IOError("open /x: no such file"));
+  EXPECT_EQ(s.code(), StatusCode::kIOError);
+  EXPECT_EQ(s.message(), "config nvme.path: open /x: no such file");
+  EXPECT_OK(ConfigKeyError("nvme.path", Status::OK()));
 }
 
 TEST(ConfigTest, TokenFilesAreCreatedPrivateAndReused) {
@@ -334,32 +517,80 @@ TEST(ConfigTest, HostBytesBeyondAvailableMemoryIsRefusedNamingTheKey) {
 TEST(ConfigTest, DaemonExitsNonZeroWithAClearMessageOnABadConfig) {
   testing::TempDir dir;
   std::ofstream(dir.File("bad.toml")) << "[server]\nio_threads = 0\n";
-  const char* bin = std::getenv("TIERKV_BIN_DIR");
-  ASSERT_NE(bin, nullptr);
-  std::string cmd = std::string(bin) + "/tierkvd --config " +
-                    dir.File("bad.toml") + " --socket " + dir.File("s.sock") +
-                    " > " + dir.File("out") + " 2>&1";
-  int rc = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
-  std::ifstream out(dir.File("out"));
-  std::string text((std::istreambuf_iterator<char>(out)),
-                   std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("server.io_threads"), std::string::npos) << text;
+  const DaemonExit exit =
+      RunTierkvd(dir, "--config " + dir.File("bad.toml") + " --socket " +
+                          dir.File("s.sock"));
+  EXPECT_EQ(exit.status, 2) << exit.output;
+  EXPECT_NE(exit.output.find("server.io_threads"), std::string::npos)
+      << exit.output;
+}
+
+// Issue 26: what a valid-looking config meets at start-up (a directory that
+// cannot be made, an address that cannot be bound) is reported by a real
+// tierkvd, exit status 2, with the key to fix.
+TEST(ConfigTest, DaemonNamesTheKeyOfEveryStartUpFailure) {
+  testing::TempDir dir;
+  std::ofstream(dir.File("plain")) << "a file, not a directory\n";
+  const std::string blocked = dir.File("plain");  // mkdir under it fails
+  const std::string ns =
+      "[[namespace]]\nname = \"a\"\nhost_bytes = "
+      "\"8MiB\"\nshards = 1\nprefault = false\n";
+  const std::string token = "token = \"12345678\"\n";
+  struct Case {
+    std::string toml;
+    std::string args;
+    std::vector<std::string> expected;  // all of them, in the output
+  };
+  const Case cases[] = {
+      {ns + "token_file = \"" + blocked + "/tokens/a.token\"\n",
+       "--metrics off",
+       {"config namespace.token_file (namespace 'a'): cannot create " +
+        blocked + "/tokens/a.token: mkdir " + blocked + "/tokens"}},
+      {"[server]\nsocket = \"" + blocked + "/run/s.sock\"\n" + ns + token,
+       "--metrics off",
+       {"config server.socket: mkdir " + blocked + "/run"}},
+      {"[server]\nsocket_group = \"no-such-group-tierkv\"\n" + ns + token,
+       "--socket " + dir.File("s.sock") + " --metrics off",
+       {"config server.socket_group: ", "no-such-group-tierkv"}},
+      {"[metrics]\nlisten = \"not-an-address\"\n" + ns + token,
+       "--socket " + dir.File("s.sock"),
+       {"config metrics.listen: ", "not-an-address"}},
+      {"[nvme]\npath = \"" + blocked + "/nvme.data\"\n" + ns + token,
+       "--socket " + dir.File("s.sock") + " --metrics off",
+       {"config nvme.path: NVMe tier at " + blocked + "/nvme.data"}},
+      {ns + token,
+       "--socket " + dir.File("s.sock") + " --metrics off --write-policy often",
+       {"--write-policy: unknown write_policy 'often'"}},
+      {ns + token,
+       "--socket " + dir.File("s.sock") + " --metrics off --host-bytes 8MB/s",
+       {"--host-bytes: \"8MB/s\": unknown unit \"MB/s\""}},
+      {"[hbm]\nbackend = \"cuda\"\ndevice = 63\ncapacity_bytes = \"16MiB\"\n" +
+           ns + token,
+       "--socket " + dir.File("s.sock") + " --metrics off",
+       {storage::DeviceBackend::CudaBuiltIn() ? "config hbm.device: "
+                                              : "config hbm.backend: "}},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(dir.File("c.toml"), std::ios::trunc) << c.toml;
+    const DaemonExit exit =
+        RunTierkvd(dir, "--config " + dir.File("c.toml") + " " + c.args);
+    EXPECT_EQ(exit.status, 2) << c.toml << c.args << "\n" << exit.output;
+    for (const std::string& expected : c.expected) {
+      EXPECT_NE(exit.output.find(expected), std::string::npos)
+          << c.toml << c.args << "\nwanted: " << expected << "\n"
+          << exit.output;
+    }
+  }
 }
 
 TEST(ConfigTest, DaemonRefusesHostBytesTheMachineDoesNotHave) {
   testing::TempDir dir;
-  const char* bin = std::getenv("TIERKV_BIN_DIR");
-  ASSERT_NE(bin, nullptr);
-  std::string cmd = std::string(bin) + "/tierkvd --host-bytes 64TiB --socket " +
-                    dir.File("s.sock") + " --metrics off > " + dir.File("out") +
-                    " 2>&1";
-  int rc = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
-  std::ifstream out(dir.File("out"));
-  std::string text((std::istreambuf_iterator<char>(out)),
-                   std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("namespace.host_bytes"), std::string::npos) << text;
+  const DaemonExit exit =
+      RunTierkvd(dir, "--host-bytes 64TiB --socket " + dir.File("s.sock") +
+                          " --metrics off");
+  EXPECT_EQ(exit.status, 2) << exit.output;
+  EXPECT_NE(exit.output.find("namespace.host_bytes"), std::string::npos)
+      << exit.output;
 }
 
 }  // namespace
