@@ -46,8 +46,8 @@
 
 #include "bench/registry.h"
 #include "bench/sample_stats.h"
-#include "storage/eviction_policy.h"
-#include "storage/host_tier.h"
+#include "storage/host/host_tier.h"
+#include "storage/policy/eviction_policy.h"
 
 namespace tierkv::bench {
 namespace {

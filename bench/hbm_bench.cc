@@ -1,6 +1,6 @@
 // `tierkv-bench hbm`: the HBM tier's data movement through DeviceBackend
-// (storage/device_backend.h), each figure a ratio to a contiguous copy of
-// the same bytes measured in the same run.
+// (storage/device/device_backend.h), each figure a ratio to a contiguous copy
+// of the same bytes measured in the same run.
 //
 //   pages   host -> device and device -> host copies of whole pages (one
 //           call per page, pages in random order from an arena twice the
@@ -46,7 +46,7 @@
 
 #include "bench/registry.h"
 #include "bench/sample_stats.h"
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 
 namespace tierkv::bench {
 namespace {

@@ -53,9 +53,9 @@
 #include "bench/registry.h"
 #include "bench/sample_stats.h"
 #include "bench/size_option.h"
-#include "storage/io_buffer.h"
-#include "storage/nvme_store.h"
-#include "storage/uring_device.h"
+#include "storage/nvme/io_buffer.h"
+#include "storage/nvme/nvme_store.h"
+#include "storage/nvme/uring_device.h"
 
 namespace tierkv::bench {
 namespace {

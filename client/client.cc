@@ -16,7 +16,7 @@
 #include "common/load_ticket.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "transport/protocol.h"
 #include "transport/uds_channel.h"
 

@@ -13,7 +13,7 @@
 #include <unordered_map>
 
 #include "client/slot_policy.h"
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 
 namespace tierkv {
 
@@ -24,7 +24,7 @@ namespace {
 // A device row gather is a few microseconds of work; a stream that does
 // not finish one in this long is a broken device, reported as IOError.
 // Such a gather's slots are emptied, and need no quarantine (unlike the
-// daemon's, storage/device_quarantine.h): every gather and copy of the
+// daemon's, storage/device/device_quarantine.h): every gather and copy of the
 // working set runs on its one in-order stream, so whatever fills those
 // slots again is queued behind the late gather and lands after it, and
 // no selection serves them before a later wait on that stream succeeds.

@@ -1,11 +1,11 @@
-# The CUDA device backend (storage/cuda/): compiled when nvcc is found.
+# The CUDA device backend (storage/device/cuda/): compiled when nvcc is found.
 #   -DTIERKV_CUDA=AUTO (default): when nvcc is on PATH, in $CUDACXX or at
 #     /usr/local/cuda/bin/nvcc; ON: required (configure fails without it);
 #     OFF: never.
 # Sanitizer builds leave it out (nvcc takes no -fsanitize, and the CUDA
 # runtime and ASan's shadow memory do not mix); the client-only build has
 # no storage at all. tierkvd without a device or driver falls back to the
-# emulated backend at run time either way (storage/device_backend.h).
+# emulated backend at run time either way (storage/device/device_backend.h).
 #
 # CMake 3.25 does not know CUDA C++20 (CMAKE_CUDA_STANDARD 20 silently
 # compiles C++17, and a CUDA source in a cxx_std_20 target is an error):
@@ -25,7 +25,7 @@ if(NOT TIERKV_CUDA STREQUAL "OFF" AND NOT TIERKV_CLIENT_ONLY AND NOT TIERKV_SANI
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       # Machine code for A100/A10 (8.0, runs on 8.6), L4/L40 (8.9) and
       # H100/H200 (9.0); no PTX, so any other GPU is refused at start with
-      # the architecture to build for (storage/cuda/cuda_arch.h) instead of
+      # the architecture to build for (storage/device/cuda/cuda_arch.h) instead of
       # failing at its first kernel launch.
       set(CMAKE_CUDA_ARCHITECTURES 80-real 89-real 90-real)
     endif()

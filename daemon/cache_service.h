@@ -2,7 +2,7 @@
 // that the connection has opened a namespace with the right token, calls
 // the storage engine and encodes one result per item. It decides nothing
 // about tiers: matching, leases, promotion and persistence are the engine's
-// (storage/cache_engine.h). Calls that wait for NVMe answer from the
+// (storage/engine/cache_engine.h). Calls that wait for NVMe answer from the
 // engine's workers, never on a socket IO thread.
 //
 // Every lease a connection takes is owned by its connection id, so a
@@ -25,7 +25,7 @@
 #include "daemon/auth_throttle.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
-#include "storage/cache_engine.h"
+#include "storage/engine/cache_engine.h"
 #include "transport/protocol.h"
 #include "transport/uds_server.h"
 

@@ -18,7 +18,7 @@
 
 #include "common/byte_size.h"
 #include "common/private_dirs.h"
-#include "storage/device_backend_kind.h"
+#include "storage/device/device_backend_kind.h"
 
 namespace tierkv::daemon {
 namespace {

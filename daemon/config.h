@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "storage/device_uuid.h"
-#include "storage/eviction_policy_kind.h"
-#include "storage/write_policy.h"
+#include "storage/device/device_uuid.h"
+#include "storage/engine/write_policy.h"
+#include "storage/policy/eviction_policy_kind.h"
 #include "tierkv/status.h"
 
 namespace tierkv::daemon {
@@ -73,7 +73,7 @@ struct NvmeConfig {
 };
 
 // The HBM tier (T0): device memory behind a DeviceBackend
-// (storage/device_backend.h). So far the daemon opens the backend and
+// (storage/device/device_backend.h). So far the daemon opens the backend and
 // allocates the pool; caching pages in it is the rest of issue 10.
 struct HbmConfig {
   // "auto" (CUDA when built in and a device is present, else emulated in
@@ -110,7 +110,7 @@ struct NamespaceConfig {
   // ResourceExhausted. 0: server.max_connections. Default: 0.
   uint32_t max_connections = 0;
   // Which DRAM segment goes first when the namespace's arena is full
-  // (storage/eviction_policy.h): "lru", or "2q" (segments used once go
+  // (storage/policy/eviction_policy.h): "lru", or "2q" (segments used once go
   // before segments used again). Default: lru.
   storage::EvictionPolicyKind eviction_policy =
       storage::EvictionPolicyKind::kLru;

@@ -16,9 +16,9 @@
 #include "daemon/config.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
-#include "storage/cache_engine.h"
-#include "storage/device_backend.h"
-#include "storage/nvme_store.h"
+#include "storage/device/device_backend.h"
+#include "storage/engine/cache_engine.h"
+#include "storage/nvme/nvme_store.h"
 #include "transport/uds_server.h"
 
 namespace tierkv::daemon {

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "storage/cache_engine.h"
-#include "storage/host_tier.h"
-#include "storage/nvme_store.h"
-#include "storage/tier_mover.h"
+#include "storage/engine/cache_engine.h"
+#include "storage/host/host_tier.h"
+#include "storage/nvme/nvme_store.h"
+#include "storage/tier/tier_mover.h"
 #include "tierkv/status.h"
 #include "transport/uds_server.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "daemon/metrics.h"
-#include "storage/cache_engine.h"
+#include "storage/engine/cache_engine.h"
 
 namespace tierkv::daemon {
 

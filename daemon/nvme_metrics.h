@@ -17,8 +17,8 @@
 
 #include <prometheus/collectable.h>
 
-#include "storage/nvme_store.h"
-#include "storage/tier_mover.h"
+#include "storage/nvme/nvme_store.h"
+#include "storage/tier/tier_mover.h"
 
 namespace tierkv::daemon {
 

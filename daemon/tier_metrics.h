@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "storage/cache_engine.h"
-#include "storage/nvme_store.h"
+#include "storage/engine/cache_engine.h"
+#include "storage/nvme/nvme_store.h"
 
 namespace tierkv::daemon {
 

@@ -23,7 +23,7 @@
 
 #include <prometheus/collectable.h>
 
-#include "storage/cache_engine.h"
+#include "storage/engine/cache_engine.h"
 
 namespace tierkv::daemon {
 

@@ -9,7 +9,7 @@
 
 #include <string_view>
 
-#include "storage/nvme_store.h"
+#include "storage/nvme/nvme_store.h"
 #include "storage/tier/tier.h"
 
 namespace tierkv::storage {

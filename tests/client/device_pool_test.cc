@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"

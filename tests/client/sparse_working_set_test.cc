@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv {

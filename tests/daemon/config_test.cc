@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "daemon/host_memory.h"
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"

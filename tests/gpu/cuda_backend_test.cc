@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/gpu/spawn_self.h"
 #include "tests/testing/status_matchers.h"
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/client/client_test_util.h"
 #include "tests/gpu/spawn_self.h"
 #include "tests/testing/daemon_process.h"

@@ -600,7 +600,7 @@ def test_dockerfile_structure(repo, dockerfile):
     assert dockerignored("build/CMakeCache.txt", ignore)
     assert dockerignored(".git/HEAD", ignore)
     # ...but everything the build needs.
-    for needed in ("CMakeLists.txt", "scripts/build.sh", "storage/uring_device.cc",
+    for needed in ("CMakeLists.txt", "scripts/build.sh", "storage/nvme/uring_device.cc",
                    "deploy/docker/runtime-packages.sh", "deploy/docker/tierkvd.toml"):
         assert not dockerignored(needed, ignore), needed
 

@@ -1,7 +1,7 @@
 // The cache engine without a socket: matching across layers and parts,
 // leases, dedup, promotion from a real NvmeStore (RocksDB catalog on a
 // memory device) and batched Flush.
-#include "storage/cache_engine.h"
+#include "storage/engine/cache_engine.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include <mutex>
 
 #include "common/load_ticket.h"
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"

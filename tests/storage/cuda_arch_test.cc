@@ -1,6 +1,6 @@
-// Which GPUs the built kernels run on (storage/cuda/cuda_arch.h): the
+// Which GPUs the built kernels run on (storage/device/cuda/cuda_arch.h): the
 // decision CudaBackend makes before its first launch, tested without a GPU.
-#include "storage/cuda/cuda_arch.h"
+#include "storage/device/cuda/cuda_arch.h"
 
 #include <gtest/gtest.h>
 

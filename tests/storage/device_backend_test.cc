@@ -1,7 +1,7 @@
 // DeviceBackend on the emulated backend: ordered asynchronous copies and
 // events, row gather, argument checks, allocation failure, injected copy
 // errors, and a pool exported to another process.
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

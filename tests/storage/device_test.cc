@@ -1,6 +1,6 @@
 // Device (NVI) contract: alignment and bounds checks, splitting, counters,
 // batches; exercised through the test MemoryDevice and a recording backend.
-#include "storage/device.h"
+#include "storage/nvme/device.h"
 
 #include <gtest/gtest.h>
 

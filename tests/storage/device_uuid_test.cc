@@ -1,5 +1,5 @@
 // DeviceUuid: nvidia-smi's text form both ways, and the emulated devices'.
-#include "storage/device_uuid.h"
+#include "storage/device/device_uuid.h"
 
 #include <gtest/gtest.h>
 

@@ -1,13 +1,13 @@
 // Tests for storage/eviction_policy and its implementations (lru, 2q), on
 // bare PolicyStates as one host tier shard drives them.
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <deque>
 #include <random>
 
-#include "storage/ghost_list.h"
+#include "storage/policy/ghost_list.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {

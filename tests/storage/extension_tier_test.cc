@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "storage/cache_engine.h"
+#include "storage/engine/cache_engine.h"
 #include "tests/testing/memory_tier.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,4 +1,4 @@
-#include "storage/extent_allocator.h"
+#include "storage/alloc/extent_allocator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // HbmTier: reservations become hits only once committed, LRU eviction of
 // unreferenced entries, references pin, quotas evict the namespace's own
 // entries first, and a failed copy's reservation leaves nothing behind.
-#include "storage/hbm_tier.h"
+#include "storage/device/hbm_tier.h"
 
 #include <gtest/gtest.h>
 

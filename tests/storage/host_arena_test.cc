@@ -1,5 +1,5 @@
 // Tests for storage/host_arena: the memfd clients map.
-#include "storage/host_arena.h"
+#include "storage/host/host_arena.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

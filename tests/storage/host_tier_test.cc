@@ -1,6 +1,6 @@
 // Tests for storage/host_tier: reservations, references, write-back, and
 // one space and eviction order across shards.
-#include "storage/host_tier.h"
+#include "storage/host/host_tier.h"
 
 #include <gtest/gtest.h>
 

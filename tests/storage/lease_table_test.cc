@@ -1,6 +1,6 @@
 // Tests for storage/lease_table: leases, expiry and the per-owner and
 // per-tier limits.
-#include "storage/lease_table.h"
+#include "storage/lease/lease_table.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Tests for storage/mapped_region: a client's memfd mapped into the daemon.
-#include "storage/mapped_region.h"
+#include "storage/device/mapped_region.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

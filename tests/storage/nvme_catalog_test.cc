@@ -1,6 +1,6 @@
 // NvmeCatalog on a real RocksDB in a temp dir: encoding, batches,
 // namespaces, reopen, and damaged / missing databases.
-#include "storage/nvme_catalog.h"
+#include "storage/nvme/nvme_catalog.h"
 
 #include <gtest/gtest.h>
 

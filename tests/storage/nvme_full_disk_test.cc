@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "storage/nvme_store.h"
+#include "storage/nvme/nvme_store.h"
 #include "tests/testing/small_tmpfs.h"
 #include "tests/testing/status_matchers.h"
 

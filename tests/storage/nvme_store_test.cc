@@ -1,6 +1,6 @@
 // NvmeStore: restart, corruption, device faults, LRU eviction, batched
 // reads, concurrent readers vs evicting writers, and damaged catalogs.
-#include "storage/nvme_store.h"
+#include "storage/nvme/nvme_store.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "storage/io_buffer.h"
-#include "storage/uring_device.h"
+#include "storage/nvme/io_buffer.h"
+#include "storage/nvme/uring_device.h"
 #include "tests/testing/fault_injection_device.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"

@@ -1,13 +1,13 @@
 // PinnedStaging: buffers lent from the arena registered with the device,
 // heap buffers when it is full, every byte back when the owners go.
-#include "storage/pinned_staging.h"
+#include "storage/device/pinned_staging.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "storage/device_backend.h"
+#include "storage/device/device_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {

@@ -1,6 +1,6 @@
 // The tier mover between a real HostTier and a real NvmeStore (RocksDB
 // catalog) on a fault-injecting memory device.
-#include "storage/tier_mover.h"
+#include "storage/tier/tier_mover.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // UringDevice on a real file: O_DIRECT, io_uring rings per thread, fixed
 // buffers, batching, preallocation, and the pread/pwrite fallback.
-#include "storage/uring_device.h"
+#include "storage/nvme/uring_device.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

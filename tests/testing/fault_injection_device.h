@@ -29,7 +29,7 @@
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
-#include "storage/device.h"
+#include "storage/nvme/device.h"
 
 namespace tierkv::testing {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "storage/io_buffer.h"
+#include "storage/nvme/io_buffer.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 

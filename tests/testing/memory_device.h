@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "storage/device.h"
+#include "storage/nvme/device.h"
 
 namespace tierkv::testing {
 

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "storage/io_buffer.h"
+#include "storage/nvme/io_buffer.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::testing {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 #include "storage/tier/tier.h"
 
 namespace tierkv::testing {

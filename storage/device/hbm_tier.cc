@@ -1,0 +1,179 @@
+// HbmTier (see hbm_tier.h).
+#include "storage/device/hbm_tier.h"
+
+#include <fmt/format.h>
+
+namespace tierkv::storage {
+namespace {
+
+// Device copies are fastest 256-byte aligned (cudaMalloc's own alignment).
+constexpr uint64_t kAlignment = 256;
+
+}  // namespace
+
+size_t HbmTier::KeyHash::operator()(const Key& k) const {
+  return std::hash<SegmentKey>()(k.key) ^ (size_t{k.ns} * 0x9e3779b97f4a7c15);
+}
+
+HbmTier::HbmTier(uint64_t capacity_bytes, std::vector<uint64_t> quota_bytes)
+    : capacity_(capacity_bytes / kAlignment * kAlignment),
+      allocator_(capacity_, kAlignment) {
+  MutexLock lock(&mu_);
+  for (uint64_t q : quota_bytes) {
+    NamespaceState n;
+    n.quota = q == 0 ? capacity_ : std::min(q, capacity_);
+    namespaces_.push_back(std::move(n));
+  }
+}
+
+bool HbmTier::Contains(uint32_t ns, const SegmentKey& key) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find({ns, key});
+  return it != entries_.end() && it->second.committed;
+}
+
+std::optional<uint64_t> HbmTier::Acquire(uint32_t ns, const SegmentKey& key,
+                                         uint64_t size) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find({ns, key});
+  if (it == entries_.end() || !it->second.committed ||
+      it->second.size != size) {
+    ++misses_;
+    return std::nullopt;
+  }
+  Entry& e = it->second;
+  UnlinkLocked(e);
+  ++e.refs;
+  ++hits_;
+  return e.extent.offset;
+}
+
+void HbmTier::Release(uint32_t ns, const SegmentKey& key) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find({ns, key});
+  if (it == entries_.end() || it->second.refs == 0) return;
+  if (--it->second.refs == 0) LinkLocked(it->first, it->second);  // a use
+}
+
+Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
+                                  uint64_t size) {
+  MutexLock lock(&mu_);
+  if (ns >= namespaces_.size() || size == 0) {
+    return Status::InvalidArgument("HBM tier: bad namespace or size");
+  }
+  const Key k{ns, key};
+  if (entries_.contains(k)) {
+    return Status::AlreadyExists("HBM tier: segment already held");
+  }
+  NamespaceState& n = namespaces_[ns];
+  const uint64_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded > n.quota) {
+    return NoRoomLocked(size, "larger than the namespace's quota");
+  }
+  // The namespace's own entries first, down to its quota ...
+  while (n.used + rounded > n.quota) {
+    if (!EvictOneLocked(ns)) {
+      return NoRoomLocked(size, "the namespace's quota is all in use");
+    }
+  }
+  // ... then the whole tier's least recent, until the allocation fits.
+  std::optional<Extent> extent;
+  while (!(extent = allocator_.Allocate(size))) {
+    if (!EvictOneLocked(std::nullopt)) {
+      return NoRoomLocked(size, "the tier is all in use");
+    }
+  }
+  Entry e;
+  e.extent = *extent;
+  e.size = size;
+  entries_.emplace(k, e);
+  n.used += extent->length;
+  used_ += extent->length;
+  return extent->offset;
+}
+
+void HbmTier::Commit(uint32_t ns, const SegmentKey& key) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find({ns, key});
+  if (it == entries_.end() || it->second.committed) return;
+  it->second.committed = true;
+  ++segments_;
+  ++namespaces_[ns].segments;
+  ++admissions_;
+  LinkLocked(it->first, it->second);
+}
+
+void HbmTier::Abort(uint32_t ns, const SegmentKey& key) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find({ns, key});
+  if (it == entries_.end() || it->second.committed) return;
+  DropLocked(it);
+}
+
+Status HbmTier::NoRoomLocked(uint64_t size, std::string_view why) {
+  ++admission_failures_;
+  return Status::ResourceExhausted(
+      fmt::format("HBM tier: no room for {} B ({})", size, why));
+}
+
+void HbmTier::LinkLocked(const Key& k, Entry& e) {
+  if (e.linked || !e.committed) return;
+  lru_.push_front(k);
+  e.lru = lru_.begin();
+  auto& list = namespaces_[k.ns].lru;
+  list.push_front(k);
+  e.ns_lru = list.begin();
+  e.linked = true;
+}
+
+void HbmTier::UnlinkLocked(Entry& e) {
+  if (!e.linked) return;
+  const uint32_t ns = e.lru->ns;
+  lru_.erase(e.lru);
+  namespaces_[ns].lru.erase(e.ns_lru);
+  e.linked = false;
+}
+
+bool HbmTier::EvictOneLocked(std::optional<uint32_t> ns) {
+  std::list<Key>& list = ns ? namespaces_[*ns].lru : lru_;
+  if (list.empty()) return false;
+  auto it = entries_.find(list.back());
+  ++evictions_;
+  evicted_bytes_ += it->second.size;
+  DropLocked(it);
+  return true;
+}
+
+void HbmTier::DropLocked(std::unordered_map<Key, Entry, KeyHash>::iterator it) {
+  Entry& e = it->second;
+  UnlinkLocked(e);
+  NamespaceState& n = namespaces_[it->first.ns];
+  n.used -= e.extent.length;
+  used_ -= e.extent.length;
+  if (e.committed) {
+    --n.segments;
+    --segments_;
+  }
+  allocator_.Free(e.extent);
+  entries_.erase(it);
+}
+
+HbmTierStats HbmTier::Stats() const {
+  MutexLock lock(&mu_);
+  HbmTierStats s;
+  s.capacity_bytes = capacity_;
+  s.used_bytes = used_;
+  s.segments = segments_;
+  s.hits = hits_;
+  s.misses = misses_;
+  s.admissions = admissions_;
+  s.admission_failures = admission_failures_;
+  s.evictions = evictions_;
+  s.evicted_bytes = evicted_bytes_;
+  for (const NamespaceState& n : namespaces_) {
+    s.namespaces.push_back({n.quota, n.used, n.segments});
+  }
+  return s;
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,136 @@
+// HbmTier: tier T0, segments kept in the daemon's device pool (DESIGN.md
+// §3), in front of host DRAM for loads into engines' device pools.
+//
+// The tier is an inclusive cache: what it holds is a copy of a segment
+// that was loaded from, or stored into, the tiers below, so dropping an
+// entry loses nothing and eviction is a plain unlink (the host copy is
+// kept, or was written back by the host tier's own policy). Segments are
+// immutable (content-addressed by page hash), so a copy never goes stale.
+//
+// Space: one device pool, allocated once by the daemon, carved by an
+// ExtentAllocator (best fit, 256-byte aligned: the pool's "slab" for
+// segments of every (layer, part) size). Eviction: LRU over entries
+// nobody references, O(1). Quotas: a namespace may hold at most its quota;
+// past it, its own least recent entries go first, so one tenant cannot
+// flush another's HBM working set.
+//
+// Bytes move outside the tier: Reserve hands out an offset in the pool,
+// the caller copies into it on a device stream and Commits after the
+// copy's event (or Aborts); Acquire pins an entry while a copy reads it.
+//
+// Thread safety: thread-safe (one mutex; every call is O(1) amortized).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "storage/alloc/extent_allocator.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::storage {
+
+struct HbmTierStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;  // committed and reserved, rounded
+  uint64_t segments = 0;    // committed
+  uint64_t hits = 0;        // Acquire found the segment
+  uint64_t misses = 0;
+  uint64_t admissions = 0;          // Commit
+  uint64_t admission_failures = 0;  // Reserve found no room
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+  struct Namespace {
+    uint64_t quota_bytes = 0;
+    uint64_t used_bytes = 0;
+    uint64_t segments = 0;
+  };
+  std::vector<Namespace> namespaces;  // by namespace index
+};
+
+class HbmTier {
+ public:
+  // `quota_bytes[n]`: what namespace n may hold (0: the whole capacity).
+  HbmTier(uint64_t capacity_bytes, std::vector<uint64_t> quota_bytes);
+
+  HbmTier(const HbmTier&) = delete;
+  HbmTier& operator=(const HbmTier&) = delete;
+
+  // True when the committed segment is here (for Match; takes no ref).
+  bool Contains(uint32_t ns, const SegmentKey& key) const;
+  // The committed segment's offset in the pool, referenced (not evictable)
+  // until Release; nullopt on a miss or a size other than `size`.
+  std::optional<uint64_t> Acquire(uint32_t ns, const SegmentKey& key,
+                                  uint64_t size);
+  void Release(uint32_t ns, const SegmentKey& key);
+
+  // Room for a new segment (evicting as needed): its offset in the pool.
+  // AlreadyExists when the segment is here or being admitted;
+  // ResourceExhausted when no room can be made (everything referenced, or
+  // larger than the quota or the pool).
+  Result<uint64_t> Reserve(uint32_t ns, const SegmentKey& key, uint64_t size);
+  // The reserved segment's bytes are in place: it can be hit.
+  void Commit(uint32_t ns, const SegmentKey& key);
+  // The copy failed: the reservation is dropped.
+  void Abort(uint32_t ns, const SegmentKey& key);
+
+  HbmTierStats Stats() const;
+
+ private:
+  struct Key {
+    uint32_t ns = 0;
+    SegmentKey key;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  struct Entry {
+    Extent extent;
+    uint64_t size = 0;
+    uint32_t refs = 0;
+    bool committed = false;
+    // Positions in lru_ and in its namespace's list, while evictable
+    // (committed and unreferenced).
+    std::list<Key>::iterator lru;
+    std::list<Key>::iterator ns_lru;
+    bool linked = false;
+  };
+  struct NamespaceState {
+    uint64_t quota = 0;
+    uint64_t used = 0;
+    uint64_t segments = 0;
+    std::list<Key> lru;  // front: most recent
+  };
+
+  Status NoRoomLocked(uint64_t size, std::string_view why) REQUIRES(mu_);
+  void LinkLocked(const Key& k, Entry& e) REQUIRES(mu_);
+  void UnlinkLocked(Entry& e) REQUIRES(mu_);
+  // Evicts the least recent evictable entry of `ns` (or of the whole tier
+  // for nullopt); false when there is none.
+  bool EvictOneLocked(std::optional<uint32_t> ns) REQUIRES(mu_);
+  void DropLocked(std::unordered_map<Key, Entry, KeyHash>::iterator it)
+      REQUIRES(mu_);
+
+  const uint64_t capacity_;
+  mutable Mutex mu_;
+  ExtentAllocator allocator_ GUARDED_BY(mu_);
+  std::unordered_map<Key, Entry, KeyHash> entries_ GUARDED_BY(mu_);
+  std::list<Key> lru_ GUARDED_BY(mu_);  // front: most recent
+  std::vector<NamespaceState> namespaces_ GUARDED_BY(mu_);
+  uint64_t used_ GUARDED_BY(mu_) = 0;
+  uint64_t segments_ GUARDED_BY(mu_) = 0;
+  uint64_t hits_ GUARDED_BY(mu_) = 0;
+  uint64_t misses_ GUARDED_BY(mu_) = 0;
+  uint64_t admissions_ GUARDED_BY(mu_) = 0;
+  uint64_t admission_failures_ GUARDED_BY(mu_) = 0;
+  uint64_t evictions_ GUARDED_BY(mu_) = 0;
+  uint64_t evicted_bytes_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tierkv::storage

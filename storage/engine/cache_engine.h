@@ -1,0 +1,687 @@
+// CacheEngine: everything tierkvd decides about segments, without sockets
+// (DESIGN.md §2, §4): namespaces and their layouts, prefix matching across
+// layers and parts, leases, dedup, promotion from NVMe, write policies and
+// Flush. The daemon's request handler only decodes, calls the engine and
+// encodes; tests drive the engine directly.
+//
+// One engine serves every namespace of a daemon, because the NVMe tier, the
+// tier mover, the lease table and the worker pool are shared; each
+// namespace keeps its own host tier (tenants never evict each other's DRAM).
+//
+// Threads: calls that only touch DRAM (Match, Reserve, Commit, Pin,
+// Release) complete on the caller's thread. Calls that may wait for NVMe
+// (Acquire when a segment must be promoted, Flush) take a completion
+// callback and run on the engine's worker pool; they complete inline when
+// no device IO is needed. A full worker queue completes the call at once
+// with Busy. Callbacks run exactly once, on the caller's or a worker's
+// thread, and must not block.
+//
+// Owners: every lease belongs to an `owner` id chosen by the caller (the
+// daemon uses connection ids); ReleaseOwner ends all of them.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/latency_histogram.h"
+#include "common/mutex.h"
+#include "storage/clock.h"
+#include "storage/device/device_backend.h"
+#include "storage/device/device_quarantine.h"
+#include "storage/device/hbm_tier.h"
+#include "storage/device/mapped_region.h"
+#include "storage/device/pinned_staging.h"
+#include "storage/engine/worker_pool.h"
+#include "storage/engine/write_policy.h"
+#include "storage/host/host_tier.h"
+#include "storage/lease/lease_table.h"
+#include "storage/nvme/nvme_store.h"
+#include "storage/tier/placement.h"
+#include "storage/tier/tier.h"
+#include "storage/tier/tier_chain.h"
+#include "storage/tier/tier_mover.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::storage {
+
+struct CacheEngineOptions {
+  // Read and write leases end after this unless released. Default: 30 s.
+  std::chrono::milliseconds lease_ttl{30000};
+  // What one connection, and one namespace, may hold leased at once
+  // (lease_table.h); requests beyond get ResourceExhausted per item.
+  LeaseLimits lease_limits;
+  // Longest pin a client may ask for. Default: 1 h.
+  std::chrono::milliseconds max_pin_ttl{3600000};
+  // Threads for calls that wait for NVMe (promotion on Acquire, Flush).
+  // Default: 4.
+  uint32_t workers = 4;
+  // Calls waiting for a worker; further ones complete with Busy.
+  // Default: 1024.
+  uint32_t worker_queue = 1024;
+  // How long a Put may wait for the write-back to free host space before
+  // its segments are answered Busy. Default: 2 s.
+  std::chrono::milliseconds write_back_wait{2000};
+  // Workers that move the layers of one Load or Store concurrently (each
+  // claims the next layer in order; completion is still published in layer
+  // order). Two keep an NVMe queue full across layer boundaries and let a
+  // host-tier copy of layer l+1 run while layer l's finishes. 1..64.
+  // Default: 2.
+  uint32_t transfer_lanes = 2;
+  // ReportTopk: an index_k segment gets its page's selection count times
+  // this (every decode step scans all index keys of a full layer, while it
+  // reads a latent row only when selected). Default: 4.
+  double index_key_report_weight = 4.0;
+  // Background demotion and prefetch (used only with tiers below DRAM).
+  TierMoverOptions mover;
+  // The order of the tiers below DRAM and where write-back goes
+  // (placement.h). Default: the tiers as handed to Open.
+  PlacementOptions placement;
+  // The device backend engines' device pools are imported into
+  // (RegisterDevicePool); borrowed, must outlive the engine. Default: none
+  // (device pools are refused).
+  DeviceBackend* device = nullptr;
+  // The HBM tier (T0): this pool of `device` holds it (allocated once by
+  // the caller). bytes 0: no HBM tier (device pools still work, served
+  // from host DRAM and NVMe).
+  DevicePool hbm_pool;
+  // How long one unit of a transfer waits for its device copies.
+  // Default: 30 s.
+  std::chrono::milliseconds device_copy_timeout{30000};
+  // Host memory pinned for `device` at start, lent as bounce buffers to
+  // NVMe reads on their way into device pools (PinnedStaging); reads past
+  // it use heap memory. 0: none. Default: 32 MiB.
+  uint64_t device_staging_bytes = uint64_t{32} << 20;
+  // Source of time for lease expiry; borrowed. Default: the steady clock.
+  const Clock* clock = SteadyClock::Default();
+
+  Status Validate() const;
+};
+
+struct NamespaceOptions {
+  HostTierOptions host;  // host.name is the namespace's name
+  // Ignored (treated as kNone) without an NVMe tier. Default: write_back.
+  WritePolicy write_policy = WritePolicy::kWriteBack;
+  // Most of the HBM tier this namespace may hold; 0: all of it.
+  uint64_t hbm_quota_bytes = 0;
+};
+
+// One namespace inside the engine. Handed out by the engine, valid for its
+// life; callers pass it back to name the namespace of a call.
+class EngineNamespace {
+ public:
+  const std::string& name() const { return tiers_.ns.name; }
+  WritePolicy write_policy() const { return tiers_.policy; }
+  HostTier& host() const { return *host_; }
+  // The registered layout, if any (immutable once registered; sharing it
+  // keeps the per-call cost of Match and Reserve to one reference count).
+  std::shared_ptr<const LayoutSpec> layout() const EXCLUDES(layout_mu_);
+  // The registered layout's fingerprint (stored with NVMe data), 0 before.
+  uint64_t fingerprint() const {
+    return fingerprint_.load(std::memory_order_acquire);
+  }
+
+ private:
+  friend class CacheEngine;
+  std::unique_ptr<HostTier> host_;
+  uint32_t index_ = 0;   // in the engine (every tier's namespace id)
+  bool pinned_ = false;  // its arena is registered with options.device
+  NamespaceTiers tiers_;
+  mutable Mutex layout_mu_;
+  std::shared_ptr<const LayoutSpec> layout_ GUARDED_BY(layout_mu_);
+  // Release-published after layout_ is set; read lock-free by the data path.
+  std::atomic<uint64_t> fingerprint_{0};
+};
+
+struct EngineMatch {
+  // Pages [0, leading_pages) have every segment of the layout stored.
+  uint32_t leading_pages = 0;
+  uint32_t leading_nvme_pages = 0;  // of those, pages with a segment on NVMe
+  uint32_t leading_hbm_pages = 0;   // of those, pages wholly in HBM too
+  // Per page: the slowest tier holding one of its segments, or kMiss;
+  // kHbm for a stored page whose every segment the HBM tier holds too.
+  std::vector<tierkv::Tier> tiers;
+};
+
+struct SegmentSize {
+  SegmentKey key;
+  uint64_t size = 0;
+};
+
+struct EngineReservation {
+  uint64_t lease_id = 0;  // write lease; 0 when nothing was reserved
+  // Per item: where to write (commit under lease_id), or already_stored
+  // (dedup: nothing to write), or why not (InvalidArgument: size differs
+  // from the layout; Busy: being written or write-back backpressure;
+  // ResourceExhausted: nothing evictable).
+  std::vector<Result<Reservation>> items;
+};
+
+struct EngineRead {
+  uint64_t lease_id = 0;  // read lease; 0 when nothing was leased
+  // Per key: where the bytes are in the arena (valid until the lease ends),
+  // NotFound (miss) or Busy (no worker free / no host room to promote).
+  std::vector<Result<SegmentLocation>> items;
+  // Per key: kHost, the tier below DRAM it was promoted from, or kMiss.
+  std::vector<tierkv::Tier> source;
+};
+
+struct EnginePin {
+  uint64_t lease_id = 0;
+  std::vector<Status> items;  // per key: OK or NotFound
+};
+
+// One engine-registered pool: slot_count slots of slot_bytes at `offset` of
+// a client memfd, holding segments of (layer, part).
+struct PoolLayout {
+  uint16_t layer = 0;
+  uint8_t part = 0;
+  uint64_t offset = 0;
+  uint64_t slot_bytes = 0;  // must equal the layout's segment size
+  uint32_t slot_count = 0;
+};
+
+// A per-layer transfer between registered pools and the tiers: page i of
+// `pages` is slot slots[i] of every layer's pools, layers [first_layer,
+// first_layer + num_layers) in order; progress goes to ticket `ticket`.
+struct PoolTransfer {
+  std::vector<PageHash> pages;
+  std::vector<uint32_t> slots;
+  uint16_t first_layer = 0;
+  uint16_t num_layers = 0;
+  uint32_t ticket = 0;
+};
+
+// One namespace's host tier plus the daemon-wide rest: the NVMe tier, the
+// mover, the workers and the registered-pool transfers are shared by every
+// namespace, so their counters cover all of them.
+struct EngineStats {
+  HostTierStats host;  // the namespace's; empty from SharedStats()
+  bool has_hbm = false;
+  HbmTierStats hbm;            // daemon-wide; hbm.namespaces[i] per namespace
+  uint32_t hbm_namespace = 0;  // Stats(ns): ns's index in hbm.namespaces
+  // The device backend (options.device), when there is one: whether a
+  // device fault failed it (the HBM tier is then off and device-pool
+  // transfers fail; device_backend.h, Errors) and why, and the transfer
+  // units whose memory is quarantined behind a timed-out device wait
+  // (now, and ever).
+  bool has_device = false;
+  bool device_failed = false;
+  std::string device_error;
+  uint64_t device_quarantined = 0;
+  uint64_t device_quarantined_total = 0;
+  // Bounce buffers of NVMe reads into device pools (PinnedStaging): the
+  // pinned arena (0 when there is none) and how reads were served.
+  PinnedStagingStats device_staging;
+  bool has_nvme = false;
+  NvmeStoreStats nvme;
+  TierMoverStats mover;
+  // Leases held: on the namespace's tier (Stats), or daemon-wide
+  // (SharedStats).
+  uint64_t active_leases = 0;
+  uint64_t worker_queue_depth = 0;
+  uint64_t worker_rejections = 0;   // calls answered Busy: queue full
+  uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
+  uint64_t backpressure_busy = 0;   // items still Busy after waiting
+  // Registered-pool transfers: segments and bytes by source tier.
+  uint64_t load_segments_hbm = 0, load_bytes_hbm = 0;  // device pools only
+  uint64_t load_segments_host = 0, load_bytes_host = 0;
+  uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
+  uint64_t load_misses = 0;
+  uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
+  uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
+  uint64_t loads = 0, stores = 0;
+  uint64_t prefetches = 0;  // Prefetch calls accepted
+  // Transfers ordered after an engine's stream (LoadTicket::gate): waiting
+  // for it now, ever waited, and given up on after device_copy_timeout.
+  uint64_t stream_gate_waiting = 0, stream_gate_waits = 0,
+           stream_gate_timeouts = 0;
+  uint64_t topk_reports = 0;      // SelectionReport items received
+  uint64_t registered_pools = 0;  // over every connection
+  // Time from a Load / Store being accepted until its last layer was
+  // published (the client's WaitLayer for it can return), and the summed
+  // nanoseconds of those samples.
+  LatencyHistogram::Counts load_latency{}, store_latency{};
+  uint64_t load_latency_nanos = 0, store_latency_nanos = 0;
+};
+
+class CacheEngine {
+ public:
+  // Validates everything, creates each namespace's host tier, opens every
+  // namespace in the tiers `below` DRAM (ordered by options.placement into
+  // the engine's TierChain) and starts the workers. `nvme`, when given, is
+  // only read for its stats (EngineStats::nvme) and must outlive the
+  // engine. Errors: InvalidArgument (options, placement, duplicate names),
+  // IOError (arena creation, a tier refusing a namespace).
+  static Result<std::unique_ptr<CacheEngine>> Open(
+      const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
+      std::vector<std::unique_ptr<Tier>> below,
+      const NvmeStore* nvme = nullptr);
+  // Open with NVMe (borrowed; null: none) as the one tier below DRAM.
+  static Result<std::unique_ptr<CacheEngine>> Open(
+      const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
+      NvmeStore* nvme);
+  // Runs queued worker calls (their callbacks fire), stops the mover, then
+  // ends every lease.
+  ~CacheEngine();
+
+  CacheEngine(const CacheEngine&) = delete;
+  CacheEngine& operator=(const CacheEngine&) = delete;
+
+  // The namespace called `name`, or null.
+  EngineNamespace* Find(std::string_view name) const;
+  const std::vector<std::unique_ptr<EngineNamespace>>& namespaces() const {
+    return spaces_;
+  }
+  // Whether Flush can make segments durable (a persistent tier takes the
+  // write-back).
+  bool can_persist() const { return chain_->can_persist(); }
+  // The tiers below DRAM.
+  const TierChain& chain() const { return *chain_; }
+
+  // Registers the namespace's layout the first time; later calls must pass
+  // the same layout (else InvalidArgument).
+  Status RegisterLayout(EngineNamespace& ns, const LayoutSpec& layout);
+
+  // Which leading pages have every segment of the layout in some tier;
+  // touches them in the host LRU and, with kQueue, queues promotion of the
+  // NVMe-only segments of leading pages (the Get that follows then hits
+  // DRAM). A client that reads through Load passes kNone: its Load reads
+  // NVMe straight into the pool and promotes afterwards, and a promotion
+  // racing that Load would read every page twice, taking device bandwidth
+  // from the read the engine is waiting for. InvalidArgument without a
+  // registered layout.
+  enum class NvmePromotion { kQueue, kNone };
+  Result<EngineMatch> Match(EngineNamespace& ns,
+                            std::span<const PageHash> pages,
+                            NvmePromotion promotion = NvmePromotion::kQueue);
+  // Whether `owner` has registered pools (reads through Load).
+  bool HasPools(uint64_t owner) const EXCLUDES(owners_mu_);
+
+  // Reserves host space for segments, under one write lease of `owner`,
+  // then calls `done` once. Items that meet write-back backpressure (only
+  // unpersisted segments left to evict) wait on a worker, up to
+  // write_back_wait, for the mover to clean space; only then are they Busy.
+  void Reserve(uint64_t owner, EngineNamespace& ns,
+               std::vector<SegmentSize> items,
+               std::function<void(EngineReservation)> done);
+  // Commits reserved segments of write lease `lease_id`: one Status per key
+  // (NotFound when not reserved by that lease). Committed segments become
+  // readable and, by the namespace's write policy, dirty for the mover.
+  std::vector<Status> Commit(uint64_t owner, EngineNamespace& ns,
+                             uint64_t lease_id,
+                             std::span<const SegmentKey> keys);
+
+  // Leases `keys` for reading, promoting NVMe-only ones into DRAM first
+  // (one ReadBatch), then calls `done` once. A segment that fails its
+  // checksum on NVMe is a miss, never bad bytes.
+  void Acquire(uint64_t owner, EngineNamespace& ns,
+               std::vector<SegmentKey> keys,
+               std::function<void(EngineRead)> done);
+
+  // Protects host segments from eviction for `ttl` (InvalidArgument
+  // outside [1 ms, max_pin_ttl]).
+  Result<EnginePin> Pin(uint64_t owner, EngineNamespace& ns,
+                        std::span<const SegmentKey> keys,
+                        std::chrono::milliseconds ttl);
+
+  // Ends a lease of `owner`; NotFound when expired or not its own.
+  Status Release(uint64_t owner, uint64_t lease_id);
+  // Ends every lease of `owner`; returns how many.
+  size_t ReleaseOwner(uint64_t owner);
+  // Ends leases past their expiry; returns how many.
+  size_t ExpireLeases();
+  // Leases held right now, over all namespaces.
+  size_t active_leases() const;
+
+  // Makes `keys` durable on NVMe (one write batch: one data sync and one
+  // catalog sync) and calls `done` with one Status per key: OK (on NVMe),
+  // NotFound (in neither tier), IOError / ResourceExhausted (NVMe), Busy.
+  // InvalidArgument for every key without an NVMe tier.
+  void Flush(EngineNamespace& ns, std::vector<SegmentKey> keys,
+             std::function<void(std::vector<Status>)> done);
+
+  // Registered pools (DESIGN.md §5). All belong to `owner` and end with
+  // ReleaseOwner; a worker still moving bytes keeps its regions mapped.
+  //
+  // Maps memfd `fd` (borrowed) as the pool of (layer, part) of `ns`.
+  // InvalidArgument: (layer, part) not in the layout or already has a pool
+  // of this owner, slot_bytes differs from the segment size, no slots, or
+  // the memfd is unsuitable (see MappedRegion::Map).
+  Status RegisterPool(uint64_t owner, EngineNamespace& ns, int fd,
+                      const PoolLayout& pool);
+  // Imports an engine's device pool (an IPC handle of options.device's
+  // kind) as the pool of (layer, part); `pool.offset` is within it. Loads
+  // into it and Stores from it are device copies, each unit of a transfer
+  // waiting for its copies' event before its layer is published. The
+  // import is closed once ReleaseOwner and every transfer using it are
+  // done. InvalidArgument as for RegisterPool, for slots past the
+  // allocation, or without a device backend; NotFound when the handle's
+  // pool (or process) is gone.
+  // The same for a device allocation exported as a file descriptor
+  // (DeviceBackend::ExportRangeFd; borrowed) of `allocation_bytes`: memory
+  // without a legacy IPC handle, whose import stays valid after the engine
+  // frees it or exits.
+  Status RegisterDevicePoolFd(uint64_t owner, EngineNamespace& ns, int fd,
+                              uint64_t allocation_bytes,
+                              const DeviceUuid& device_uuid,
+                              const PoolLayout& pool);
+  // `device_uuid`: the GPU holding the pool (all zero: not said, taken as
+  // options.device's); another GPU's pool is imported by a backend opened
+  // for that GPU (DeviceFor), and an error names a GPU it cannot open.
+  Status RegisterDevicePool(uint64_t owner, EngineNamespace& ns,
+                            const IpcHandle& handle,
+                            const DeviceUuid& device_uuid,
+                            const PoolLayout& pool);
+  // Maps memfd `fd` as `count` LoadTickets of `owner` (replacing earlier
+  // ones). InvalidArgument as for pools, or count 0.
+  Status RegisterTickets(uint64_t owner, int fd, uint32_t count);
+  // Starts copying the segments of `t.pages` into the owner's pools, layer
+  // by layer (host DRAM by memcpy, NVMe by io_uring reads into the slots),
+  // publishing progress in ticket t.ticket. Returns once the request is
+  // checked and queued; InvalidArgument (no layout, a layer without pools,
+  // a slot out of range, bad ticket, sizes), Busy (workers saturated). A
+  // segment found in no tier, or failing its checksum, is recorded in the
+  // ticket's errors: its slot is not written.
+  Status Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
+  // The reverse: copies slots into the host tier (dedup: an existing
+  // segment copies nothing), layer by layer, then the write policy applies
+  // as for Put. Errors as for Load.
+  Status Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
+  // Queues promotion NVMe -> DRAM of every NVMe-only segment of `pages`.
+  Status Prefetch(EngineNamespace& ns, std::span<const PageHash> pages);
+  // Selection counts from an engine's sparse attention (Client::ReportTopk)
+  // for the namespace's eviction policy: each count goes to the latent
+  // segments of its full layer and of the IndexShare layers after it (up
+  // to the next layer with an "index_k" part), and times
+  // index_key_report_weight to the full layer's index_k segment. Segments
+  // not in DRAM are skipped. InvalidArgument (nothing applied) for a layer
+  // outside the layout or without a registered layout.
+  Status ReportTopk(EngineNamespace& ns,
+                    std::span<const SelectionReport> reports);
+
+  // Up to `limit` host segments of `ns`.
+  std::vector<SegmentInfo> List(EngineNamespace& ns, size_t limit) const;
+  EngineStats Stats(EngineNamespace& ns) const EXCLUDES(owners_mu_);
+  // The daemon-wide part of Stats() (no namespace: `host` is empty).
+  EngineStats SharedStats() const EXCLUDES(owners_mu_);
+  // The NVMe store given to Open (null without), and the mover (null
+  // without tiers below DRAM), for metrics.
+  const NvmeStore* nvme() const { return nvme_; }
+  const TierMover* mover() const { return mover_.get(); }
+
+  // Writes the dirty DRAM segments of every namespace with a write policy
+  // to NVMe until done or `deadline` (see TierMover::PersistDirty): for a
+  // graceful shutdown, after the server stopped. Returns the segments
+  // written (0 without NVMe).
+  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+
+  // Blocks until the mover is idle and the worker queue is empty (tests).
+  void TEST_DrainBackground();
+  // Called by a worker before it moves each unit (part of a layer, see
+  // TransferJob) of a Load or Store, so once per lane that works on the
+  // layer (tests: stall layer l+1 to see WaitLayer(l) return first). Set
+  // before any transfer. Default: none.
+  void TEST_SetBeforeTransferLayer(std::function<void(uint16_t)> hook) {
+    before_transfer_layer_ = std::move(hook);
+  }
+
+ private:
+  CacheEngine(const CacheEngineOptions& options, const NvmeStore* nvme,
+              std::unique_ptr<TierChain> chain);
+  // How many of `want` segments `owner` may still lease in `ns`
+  // (LeaseTable::Room), and the ResourceExhausted the items past that room
+  // get (OK when all fit).
+  struct LeaseRoomCheck {
+    size_t room = 0;
+    Status error;
+  };
+  LeaseRoomCheck CheckLeaseRoom(uint64_t owner, const EngineNamespace& ns,
+                                size_t want) const;
+  Status LeaseLimitStatus(uint64_t owner, const char* limit) const;
+  // Reserves `key` in DRAM, retrying while write-back backpressure answers
+  // Busy, each time the tier changed, until `deadline` (the mover kicked
+  // every round); still Busy then is counted in backpressure_busy_.
+  // REQUIRES: mover_ (write-back needs a tier below DRAM).
+  Result<Reservation> ReserveAfterWriteBack(
+      EngineNamespace& ns, const SegmentKey& key, uint64_t size,
+      std::chrono::steady_clock::time_point deadline);
+  // Whether a batch's new pages go to the namespace's eviction policy last
+  // to first (a prompt's deepest pages first in line: a page is useful
+  // only with every page before it). Every policy but lru, which stays
+  // textbook LRU (and equal to an independent LRU simulation).
+  static bool DeepestFirst(const EngineNamespace& ns);
+  // The leasable part of one request: `candidates` (item index, segment)
+  // in request order, admitted while their bytes fit the lease limits
+  // (LeaseTable::FitBytes). Each one past that goes to `refuse` with the
+  // ResourceExhausted to answer (the caller drops its reference or
+  // reservation). Returns the admitted segments.
+  std::vector<LeasedSegment> AdmitLeaseBytes(
+      uint64_t owner, const EngineNamespace& ns,
+      const std::vector<std::pair<size_t, LeasedSegment>>& candidates,
+      const std::function<void(size_t item, Status)>& refuse) const;
+  Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
+                   uint64_t size) const;
+  // Runs `job` on a worker; false when the queue is full (counted).
+  bool Submit(std::function<void()> job);
+  // Retries the Busy items of a Reserve until they settle or the deadline,
+  // then adds the write lease and calls `done`.
+  void FinishReserve(uint64_t owner, EngineNamespace& ns,
+                     std::vector<SegmentSize> items, EngineReservation r,
+                     std::vector<size_t> busy, bool wait,
+                     std::function<void(EngineReservation)> done);
+  // Promotes what the inline pass missed and finishes an Acquire.
+  void FinishAcquire(uint64_t owner, EngineNamespace& ns,
+                     std::vector<SegmentKey> keys, EngineRead read,
+                     std::vector<size_t> missing,
+                     std::function<void(EngineRead)> done);
+
+  // An engine's device pool imported into options_.device; closed when the
+  // last Pool copy (the owner's, or a running transfer's) lets go.
+  struct ImportedDevicePool {
+    DeviceBackend* backend = nullptr;
+    ImportedPool pool;
+    ImportedDevicePool(DeviceBackend* b, ImportedPool p)
+        : backend(b), pool(p) {}
+    ~ImportedDevicePool() { (void)backend->CloseImported(pool); }
+  };
+  struct Pool {
+    std::shared_ptr<MappedRegion> region;        // memfd pools
+    std::shared_ptr<ImportedDevicePool> device;  // device pools
+    PoolLayout layout;
+    std::byte* Slot(uint32_t slot) const {  // region starts at layout.offset
+      return region->bytes().data() + uint64_t{slot} * layout.slot_bytes;
+    }
+    DeviceRegion DeviceSlot(uint32_t slot) const {
+      return {device->pool.pool,
+              layout.offset + uint64_t{slot} * layout.slot_bytes,
+              layout.slot_bytes};
+    }
+  };
+  void PinHostArenas();
+  // Checks a pool against the namespace's layout (RegisterPool's rules).
+  Status CheckPoolLayout(EngineNamespace& ns, const PoolLayout& pool) const;
+  // Adds `pool` as the owner's pool of (layer, part).
+  Status AddPool(uint64_t owner, Pool pool);
+  // RegisterDevicePool's checks: a device backend, the layout, the slots
+  // inside the allocation.
+  Status CheckDevicePool(EngineNamespace& ns, const PoolLayout& pool,
+                         uint64_t allocation_bytes) const;
+  // Adds an imported device pool (or says why the import failed).
+  Status AddDevicePool(uint64_t owner, DeviceBackend* backend,
+                       Result<ImportedPool> imported, const PoolLayout& pool);
+  // The backend for device pools on the GPU `uuid`: options_.device when
+  // unset or its own; else one of the same kind opened for that GPU on
+  // first use (kept until the engine ends). Pools on another GPU than the
+  // HBM tier's are served from DRAM and NVMe only.
+  Result<DeviceBackend*> DeviceFor(const DeviceUuid& uuid)
+      EXCLUDES(other_devices_mu_, device_streams_mu_);
+  // What a transfer job needs, resolved under owners_mu_ at submission,
+  // and its progress. Each layer is cut into `splits` page ranges (units);
+  // up to transfer_lanes workers claim units in order (layer 0's first,
+  // ...), so the lanes share a layer instead of each taking its own: layer
+  // 0 is complete after ~1/L of the transfer, not ~lanes/L, which is what
+  // an engine computing layer by layer waits for. Layers complete in any
+  // order and are published in order.
+  struct TransferJob {
+    EngineNamespace* ns;
+    bool load = true;                                // else Store
+    std::chrono::steady_clock::time_point accepted;  // for *_latency_
+    PoolTransfer t;
+    std::shared_ptr<const LayoutSpec> layout;
+    std::vector<std::vector<Pool>> pools;  // [layer - first][part]
+    std::shared_ptr<MappedRegion> tickets;
+    uint32_t splits = 1;  // units per layer
+    // The engine's stream gate (LoadTicket::gate): kGateUnknown until a
+    // lane looked, then passed or timed out for every lane.
+    enum : uint8_t { kGateUnknown, kGatePassed, kGateTimedOut };
+    std::atomic<uint8_t> gate{kGateUnknown};
+    std::atomic<bool> gate_counted{false};  // in stream_gate_waits_
+    uint32_t gate_target = 0;  // LoadTicket::gate_target at submission
+    uint32_t device_base = 0;  // LoadTicket::device_layers at submission
+    std::atomic<uint32_t> next_unit{0};  // the next unit to claim
+    std::atomic<uint32_t> lanes{1};      // workers still on the job
+    Mutex mu;                            // the ticket's errors and count
+    std::vector<uint32_t> units_left GUARDED_BY(mu);  // per layer
+    std::vector<bool> layer_done GUARDED_BY(mu);
+    uint32_t published GUARDED_BY(mu) = 0;
+    // Segments a Load read from NVMe: promoted into DRAM once it is done.
+    std::vector<SegmentKey> from_nvme GUARDED_BY(mu);
+  };
+  struct OwnerPools {
+    std::unordered_map<uint32_t, Pool> pools;  // by layer << 8 | part
+    std::shared_ptr<MappedRegion> tickets;
+    uint32_t ticket_count = 0;
+  };
+  Result<std::shared_ptr<TransferJob>> PrepareTransfer(uint64_t owner,
+                                                       EngineNamespace& ns,
+                                                       PoolTransfer t);
+  // Accepts a prepared Load or Store: queues its first lane (Busy when the
+  // queue is full).
+  Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load,
+                       std::chrono::steady_clock::time_point accepted);
+  // An ordered transfer waits until the engine's stream opened its gate
+  // (LoadTicket::gate), spinning briefly, then yielding and sleeping (the
+  // device writes the word: no futex wakes it), for up to
+  // device_copy_timeout after the request was accepted. True once open or
+  // when the transfer has no gate; false when it timed out, for every lane.
+  bool PassStreamGate(TransferJob& job);
+  // One worker's share of a job: claims layers until none is left; the last
+  // lane out marks the ticket finished. The first lane also starts the
+  // others, where workers are free.
+  void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
+  // DRAM's copy of `key` when it holds one of `bytes`, referenced (the
+  // caller Releases it once copied); otherwise nullopt, and when no tier
+  // below DRAM could have it either, the miss of page `page` is recorded.
+  std::optional<SegmentLocation> AcquireInDram(TransferJob& job,
+                                               const SegmentKey& key,
+                                               uint64_t bytes, uint32_t page);
+  // Reads `reads` (of pages `pages`) from the tiers below DRAM; a failed
+  // read (a miss, a short or failed one) is recorded. Which succeeded.
+  std::vector<bool> ReadBelowDram(TransferJob& job,
+                                  std::span<const TierReadItem> reads,
+                                  std::span<const uint32_t> pages);
+  // Pages [begin, end) of the job's layer k.
+  void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  // LoadLayer / StoreLayer for one device pool: copies on `stream` (the
+  // unit's alone), then waits for their event.
+  void LoadUnitToDevice(TransferJob& job, const Pool& pool, uint32_t k,
+                        uint32_t begin, uint32_t end, StreamId stream);
+  void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
+                           uint32_t begin, uint32_t end, StreamId stream);
+  // HBM admission of a segment whose bytes `src` holds (a device pool's
+  // slot on `device`): reserves it and queues the device copy on `stream`,
+  // adding the key to `admitted` (nothing without an HBM tier or room, or
+  // when `device` is another GPU's).
+  void QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
+                         const DeviceBackend& device, const DeviceRegion& src,
+                         StreamId stream, std::vector<SegmentKey>* admitted);
+  // After the stream's event: commits what was admitted, or aborts it.
+  void FinishHbmAdmissions(EngineNamespace& ns,
+                           std::span<const SegmentKey> admitted, bool copied);
+  // Records an event on `stream` and waits for it (device_copy_timeout).
+  // Then `release` (what the copies read or write: held segments,
+  // reservations to abort, bounce buffers) runs with the wait's answer, at
+  // once, or, when the wait gave up while the copies may still run, once
+  // they are done (quarantine_). Returns the wait's answer.
+  Status WaitDeviceCopies(DeviceBackend& device, StreamId stream,
+                          std::function<void(const Status&)> release);
+  // True while the HBM tier exists and its device works. The first call
+  // that finds the device failed logs it (once) with the cause.
+  bool HbmUsable() const;
+  bool DeviceFailed() const;
+  // A unit of layer k is done; once all are, publishes every completed
+  // leading layer.
+  void FinishUnit(TransferJob& job, uint32_t k);
+  // Queues the segments a finished Load read from NVMe for promotion into
+  // DRAM (off its critical path: every layer is published by then), so
+  // pages read again are served from DRAM.
+  void PromoteLoaded(TransferJob& job);
+  // A segment of the job that could not be moved (written to the ticket
+  // before its layer is published).
+  static void RecordError(TransferJob& job, uint32_t page, uint16_t layer,
+                          uint8_t part, StatusCode code);
+
+  const CacheEngineOptions options_;
+  const NvmeStore* const nvme_;             // borrowed, for stats; may be null
+  const std::unique_ptr<TierChain> chain_;  // never null; may be empty
+  // Backends for device pools on other GPUs than options_.device's
+  // (DeviceFor). Declared early: they end after every pool, job and
+  // quarantined copy that uses them.
+  Mutex other_devices_mu_;
+  std::map<DeviceUuid, std::unique_ptr<DeviceBackend>> other_devices_
+      GUARDED_BY(other_devices_mu_);
+  std::vector<std::unique_ptr<EngineNamespace>> spaces_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<TierMover> mover_;     // null without NVMe
+  std::unique_ptr<WorkerPool> workers_;  // destroyed first
+  std::atomic<uint64_t> worker_rejections_{0};
+  std::atomic<uint64_t> backpressure_waits_{0};
+  std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
+      load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
+      store_segments_{0}, store_bytes_{0}, store_dedup_{0}, loads_{0},
+      stores_{0}, prefetches_{0}, topk_reports_{0};
+  LatencyHistogram load_latency_, store_latency_;
+  mutable Mutex owners_mu_;
+  std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
+  std::function<void(uint16_t)> before_transfer_layer_;
+  std::atomic<uint64_t> backpressure_busy_{0};
+  std::atomic<uint64_t> stream_gate_waiting_{0}, stream_gate_waits_{0},
+      stream_gate_timeouts_{0};
+  // Device streams not in use by a transfer unit. A unit holds one stream
+  // alone from its first copy to its event: a stream's errors are sticky
+  // until the next WaitEvent, so two units sharing one could each see the
+  // other's error (and one publish a layer whose copy failed).
+  StreamId AcquireDeviceStream(DeviceBackend& device)
+      EXCLUDES(device_streams_mu_);
+  void ReleaseDeviceStream(DeviceBackend& device, StreamId stream)
+      EXCLUDES(device_streams_mu_);
+  Mutex device_streams_mu_;
+  CondVar device_streams_cv_;
+  std::map<const DeviceBackend*, std::vector<StreamId>> free_device_streams_
+      GUARDED_BY(device_streams_mu_);
+  std::unique_ptr<HbmTier> hbm_;  // null without one
+  // Null without a device or when pinning was refused. Before quarantine_:
+  // released memory held there goes back before the arena ends.
+  std::unique_ptr<PinnedStaging> staging_;
+  // See WaitDeviceCopies. Mutable: Stats reaps it too, so quarantined
+  // memory comes back on the daemon's periodic scrape when no transfer runs.
+  mutable DeviceQuarantine quarantine_;
+  mutable std::atomic<bool> device_failure_logged_{false};
+  std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
+};
+
+}  // namespace tierkv::storage

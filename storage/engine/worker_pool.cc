@@ -1,0 +1,52 @@
+// WorkerPool: bounded FIFO of jobs over a fixed set of threads.
+#include "storage/engine/worker_pool.h"
+
+namespace tierkv::storage {
+
+WorkerPool::WorkerPool(uint32_t threads, uint32_t queue_limit,
+                       std::function<void()> on_thread_start)
+    : queue_limit_(queue_limit) {
+  for (uint32_t i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, on_thread_start] { Loop(on_thread_start); });
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  cv_.SignalAll();
+  for (auto& t : threads_) t.join();
+}
+
+bool WorkerPool::TrySubmit(std::function<void()> job) {
+  {
+    MutexLock lock(&mu_);
+    if (stopping_ || jobs_.size() >= queue_limit_) return false;
+    jobs_.push_back(std::move(job));
+  }
+  cv_.Signal();
+  return true;
+}
+
+size_t WorkerPool::queue_depth() const {
+  MutexLock lock(&mu_);
+  return jobs_.size();
+}
+
+void WorkerPool::Loop(const std::function<void()>& on_thread_start) {
+  if (on_thread_start) on_thread_start();
+  MutexLock lock(&mu_);
+  while (true) {
+    while (!stopping_ && jobs_.empty()) cv_.Wait(&mu_);
+    if (jobs_.empty()) return;  // stopping, and nothing left to run
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.Unlock();
+    job();
+    lock.Lock();
+  }
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,230 @@
+// LeaseTable: leases by id, usage per owner and per tier.
+#include "storage/lease/lease_table.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace tierkv::storage {
+
+LeaseTable::~LeaseTable() {
+  MutexLock lock(&mu_);
+  for (auto& [id, lease] : leases_) EndLease(lease);
+}
+
+LeaseTable::Usage LeaseTable::UsageOf(std::span<const LeasedSegment> segments,
+                                      size_t leases) {
+  Usage u{leases, segments.size(), 0};
+  for (const LeasedSegment& s : segments) u.bytes += s.bytes;
+  return u;
+}
+
+void LeaseTable::Account(uint64_t owner, const HostTier* tier,
+                         const Usage& delta) {
+  Usage& u = owners_[owner];
+  u += delta;
+  if (u.empty()) owners_.erase(owner);
+  Usage& t = tiers_[tier];
+  t += delta;
+  if (t.empty()) tiers_.erase(tier);
+}
+
+size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
+                        const char** limit_name) const {
+  MutexLock lock(&mu_);
+  Usage u;
+  if (auto it = owners_.find(owner); it != owners_.end()) u = it->second;
+  size_t t = 0;
+  if (auto it = tiers_.find(tier); it != tiers_.end()) t = it->second.segments;
+  auto left = [](size_t limit, size_t used) {
+    return used >= limit ? 0 : limit - used;
+  };
+  size_t room = want;
+  const char* name = nullptr;
+  auto cap = [&](size_t r, const char* n) {
+    if (r < room) {
+      room = r;
+      name = n;
+    }
+  };
+  if (u.leases >= limits_.max_leases_per_owner) cap(0, "leases per connection");
+  cap(left(limits_.max_segments_per_owner, u.segments),
+      "leased segments per connection");
+  cap(left(limits_.max_segments_per_tier, t), "leased segments per namespace");
+  if (limit_name) *limit_name = name;
+  return room;
+}
+
+size_t LeaseTable::FitBytes(uint64_t owner, const HostTier* tier,
+                            std::span<const uint64_t> sizes,
+                            const char** limit_name) const {
+  MutexLock lock(&mu_);
+  uint64_t owner_bytes = 0, tier_bytes = 0;
+  if (auto it = owners_.find(owner); it != owners_.end()) {
+    owner_bytes = it->second.bytes;
+  }
+  if (auto it = tiers_.find(tier); it != tiers_.end()) {
+    tier_bytes = it->second.bytes;
+  }
+  const uint64_t capacity = tier->capacity_bytes();
+  auto percent = [capacity](uint32_t p) {  // exact, and no overflow
+    return capacity / 100 * p + capacity % 100 * p / 100;
+  };
+  const uint64_t owner_limit = percent(limits_.max_bytes_percent_per_owner);
+  const uint64_t tier_limit = percent(limits_.max_bytes_percent_per_tier);
+  size_t n = 0;
+  const char* name = nullptr;
+  for (; n < sizes.size(); ++n) {
+    owner_bytes += sizes[n];
+    tier_bytes += sizes[n];
+    if (owner_bytes > owner_limit) {
+      name = "leased bytes per connection";
+      break;
+    }
+    if (tier_bytes > tier_limit) {
+      name = "leased bytes per namespace";
+      break;
+    }
+  }
+  if (limit_name) *limit_name = name;
+  return n;
+}
+
+size_t LeaseTable::leases_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.leases;
+}
+
+size_t LeaseTable::leases_on(const HostTier* tier) const {
+  MutexLock lock(&mu_);
+  auto it = tiers_.find(tier);
+  return it == tiers_.end() ? 0 : it->second.leases;
+}
+
+size_t LeaseTable::segments_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.segments;
+}
+
+uint64_t LeaseTable::bytes_of(uint64_t owner) const {
+  MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.bytes;
+}
+
+void LeaseTable::EndLease(Lease& lease) {
+  Account(lease.owner, lease.tier, -UsageOf(lease.segments, 1));
+  for (const LeasedSegment& s : lease.segments) {
+    if (lease.kind == LeaseKind::kWrite) {
+      lease.tier->Abort(s.key);
+    } else {
+      lease.tier->Release(s.key);
+    }
+  }
+  lease.segments.clear();
+}
+
+uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
+                         std::vector<LeasedSegment> segments,
+                         std::chrono::milliseconds ttl) {
+  MutexLock lock(&mu_);
+  const uint64_t id = next_id_++;
+  Account(owner, tier, UsageOf(segments, 1));
+  leases_.emplace(
+      id, Lease{owner, kind, tier, std::move(segments), clock_->Now() + ttl});
+  return id;
+}
+
+Status LeaseTable::Release(uint64_t owner, uint64_t lease_id) {
+  MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.owner != owner) {
+    return Status::NotFound("no such lease (expired or not yours)");
+  }
+  EndLease(it->second);
+  leases_.erase(it);
+  return Status::OK();
+}
+
+std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
+                                       std::span<const SegmentKey> keys,
+                                       bool dirty, bool last_first) {
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.owner != owner ||
+      it->second.kind != LeaseKind::kWrite) {
+    out.assign(keys.size(),
+               Status::NotFound("no such write lease (expired or not yours)"));
+    return out;
+  }
+  Lease& lease = it->second;
+  std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
+  std::vector<LeasedSegment> remaining, done;
+  std::unordered_map<SegmentKey, Status> committed;
+  for (const LeasedSegment& s : lease.segments) {
+    (to_commit.count(s.key) ? done : remaining).push_back(s);
+  }
+  auto commit = [&](const LeasedSegment& s) {
+    committed.emplace(s.key, lease.tier->Commit(s.key, dirty));
+  };
+  if (last_first) {
+    std::for_each(done.rbegin(), done.rend(), commit);
+  } else {
+    std::for_each(done.begin(), done.end(), commit);
+  }
+  lease.segments = std::move(remaining);
+  const bool ended = lease.segments.empty();
+  Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
+  if (ended) leases_.erase(it);
+  for (const auto& key : keys) {
+    auto c = committed.find(key);
+    if (c == committed.end()) {
+      out.push_back(Status::NotFound("segment is not reserved by this lease"));
+    } else {
+      out.push_back(c->second);
+      committed.erase(c);  // a duplicate key in `keys` commits once
+    }
+  }
+  return out;
+}
+
+size_t LeaseTable::ReleaseOwner(uint64_t owner) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.owner == owner) {
+      EndLease(it->second);
+      it = leases_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+size_t LeaseTable::ExpireDue() {
+  const auto now = clock_->Now();
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expires <= now) {
+      EndLease(it->second);
+      it = leases_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+size_t LeaseTable::size() const {
+  MutexLock lock(&mu_);
+  return leases_.size();
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,463 @@
+// TierMover: batched demotion, promotion and persistence between the host
+// tiers and the chain below them (see tier_mover.h).
+#include "storage/tier/tier_mover.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace tierkv::storage {
+
+Status TierMoverOptions::Validate() const {
+  if (workers > 64) {
+    return Status::InvalidArgument("tier mover workers must be <= 64");
+  }
+  if (demotion_batch_segments == 0 || demotion_batch_bytes == 0) {
+    return Status::InvalidArgument("tier mover demotion batch must be > 0");
+  }
+  if (prefetch_queue == 0) {
+    return Status::InvalidArgument("tier mover prefetch_queue must be > 0");
+  }
+  if (sync_interval.count() <= 0) {
+    return Status::InvalidArgument("tier mover sync_interval must be > 0");
+  }
+  return Status::OK();
+}
+
+TierMover::TierMover(const TierMoverOptions& options, const TierChain* chain,
+                     std::vector<const NamespaceTiers*> namespaces)
+    : options_(options),
+      chain_(chain),
+      target_(chain->demotion_target()),
+      namespaces_(std::move(namespaces)) {
+  // Each worker sets up its io_uring ring (and registered buffers) now, not
+  // on its first demotion: the daemon's fds and memory are then what they
+  // will be, from start-up on.
+  for (uint32_t i = 0; i < options.workers; ++i) {
+    workers_.emplace_back([this] {
+      chain_->PrepareThisThread();
+      WorkerLoop();
+    });
+  }
+}
+
+TierMover::~TierMover() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  work_cv_.SignalAll();
+  for (auto& t : workers_) t.join();
+}
+
+void TierMover::Kick() {
+  {
+    MutexLock lock(&mu_);
+    if (kicked_) return;
+    kicked_ = true;
+  }
+  work_cv_.Signal();
+}
+
+void TierMover::Prefetch(const NamespaceTiers* tiers,
+                         std::vector<SegmentKey> keys) {
+  if (keys.empty()) return;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_ || prefetches_.size() >= options_.prefetch_queue) {
+      prefetch_dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    prefetches_.push_back({tiers, std::move(keys)});
+  }
+  prefetch_batches_.fetch_add(1, std::memory_order_relaxed);
+  work_cv_.Signal();
+}
+
+void TierMover::WorkerLoop() {
+  MutexLock lock(&mu_);
+  while (true) {
+    while (!stopping_ && !kicked_ && prefetches_.empty()) {
+      if (!unsynced_since_) {
+        work_cv_.Wait(&mu_);
+      } else if (!work_cv_.WaitUntil(
+                     &mu_, *unsynced_since_ + options_.sync_interval)) {
+        break;  // a group sync is due
+      }
+    }
+    if (stopping_) return;
+    if (!kicked_ && prefetches_.empty()) {
+      lock.Unlock();
+      SyncIfDue();
+      lock.Lock();
+      continue;
+    }
+    running_++;
+    if (!prefetches_.empty()) {
+      // Prefetches first: an engine is about to read them.
+      PrefetchJob job = std::move(prefetches_.front());
+      prefetches_.pop_front();
+      lock.Unlock();
+      PromoteBatch(*job.tiers, job.keys).clear();
+      lock.Lock();
+    } else {
+      kicked_ = false;
+      lock.Unlock();
+      const bool wrote = DemoteOnce();
+      SyncIfDue();
+      lock.Lock();
+      // There may be more: look again (another worker may help).
+      if (wrote && !kicked_) {
+        kicked_ = true;
+        work_cv_.Signal();
+      }
+    }
+    running_--;
+    if (running_ == 0 && !kicked_ && prefetches_.empty()) {
+      idle_cv_.SignalAll();
+    }
+  }
+}
+
+void TierMover::SyncIfDue() {
+  {
+    MutexLock lock(&mu_);
+    if (!unsynced_since_ || std::chrono::steady_clock::now() <
+                                *unsynced_since_ + options_.sync_interval) {
+      return;
+    }
+    unsynced_since_.reset();  // what is written from now on waits again
+  }
+  SyncChain("demoted");
+}
+
+void TierMover::SyncChain(const char* what) {
+  if (!chain_->HasUnsyncedWrites()) return;
+  if (Status s = chain_->Sync(); s.ok()) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // The written segments stay readable; try again an interval later.
+    sync_failures_.fetch_add(1, std::memory_order_relaxed);
+    {
+      MutexLock lock(&mu_);
+      if (!unsynced_since_) unsynced_since_ = std::chrono::steady_clock::now();
+    }
+    spdlog::warn("tier mover: syncing {} segments failed: {}", what,
+                 s.ToString());
+  }
+}
+
+std::vector<Status> TierMover::WriteAndAnnounce(
+    const NamespaceTiers& tiers, std::span<const TierWriteItem> items,
+    Durability durability) {
+  std::vector<Status> statuses =
+      WriteAndWait(*target_, tiers.ns, tiers.Fingerprint(), items, durability);
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!statuses[k].ok()) continue;  // AlreadyExists: nothing was written
+    written_segments_.fetch_add(1, std::memory_order_relaxed);
+    written_bytes_.fetch_add(items[k].data.size(), std::memory_order_relaxed);
+  }
+  {
+    MutexLock lock(&mu_);
+    write_generation_++;
+    if (durability == Durability::kDeferred && !unsynced_since_) {
+      unsynced_since_ = std::chrono::steady_clock::now();
+    }
+  }
+  persisted_cv_.SignalAll();
+  return statuses;
+}
+
+bool TierMover::DemoteOnce() {
+  const size_t n = namespaces_.size();
+  const uint32_t start =
+      next_namespace_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < n; ++i) {
+    const NamespaceTiers& tiers = *namespaces_[(start + i) % n];
+    if (tiers.policy == WritePolicy::kNone) continue;
+    if (DemoteBatch(tiers, /*only_needed=*/tiers.policy ==
+                               WritePolicy::kWriteBack) > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
+  std::vector<DirtySegment> batch =
+      tiers.host->TakeDirty(options_.demotion_batch_segments,
+                            options_.demotion_batch_bytes, only_needed);
+  if (batch.empty()) return 0;
+  // Taken segments are immutable and cannot be evicted until
+  // FinishPersist, so the device reads them straight from the arena.
+  std::vector<TierWriteItem> items;
+  items.reserve(batch.size());
+  for (const DirtySegment& d : batch) {
+    items.push_back(
+        {d.key,
+         {tiers.host->arena().base() + d.location.offset, d.location.size}});
+  }
+  const std::vector<Status> statuses =
+      WriteAndAnnounce(tiers, items, Durability::kDeferred);
+  // Newest first, so that the clean list keeps the batch's age order.
+  size_t failed = 0;
+  Status failure;
+  for (size_t k = batch.size(); k-- > 0;) {
+    const Status& s = statuses[k];
+    const bool persisted = s.ok() || s.IsAlreadyExists();
+    const bool busy = s.code() == StatusCode::kBusy;
+    tiers.host->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
+    (persisted ? demotions_done_
+     : busy    ? demotions_retried_
+               : demotions_failed_)
+        .fetch_add(1, std::memory_order_relaxed);
+    if (!persisted && !busy && failed++ == 0) failure = s;
+  }
+  // One line per batch, and at most one every 10 s: a full disk fails
+  // every batch (tierkv_mover_segments_total{result="failed"} counts all).
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
+  int64_t last = last_failure_log_ms_.load(std::memory_order_relaxed);
+  if (failed > 0 && now_ms - last >= 10000 &&
+      last_failure_log_ms_.compare_exchange_strong(last, now_ms)) {
+    spdlog::warn(
+        "namespace '{}': write-back of {} segments failed ({}); they stay in "
+        "host DRAM as cache entries only (logged at most every 10 s)",
+        tiers.ns.name, failed, failure.ToString());
+  }
+  demotion_batches_.fetch_add(1, std::memory_order_relaxed);
+  return batch.size();
+}
+
+uint64_t TierMover::PersistDirty(
+    std::chrono::steady_clock::time_point deadline) {
+  uint64_t written = 0;
+  for (const NamespaceTiers* tiers : namespaces_) {
+    if (tiers->policy == WritePolicy::kNone) continue;
+    // A segment that failed to write goes back to the dirty list and would
+    // be taken again: stop at the first batch that writes nothing new.
+    const uint64_t failed_before =
+        demotions_failed_.load(std::memory_order_relaxed);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const size_t n = DemoteBatch(*tiers, /*only_needed=*/false);
+      if (n == 0) break;
+      written += n;
+      if (demotions_failed_.load(std::memory_order_relaxed) != failed_before) {
+        break;
+      }
+    }
+  }
+  SyncChain("persisted");
+  return written;
+}
+
+std::vector<Status> TierMover::PromoteBatch(
+    const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
+    std::chrono::steady_clock::time_point wait_until, bool hold,
+    std::vector<tierkv::Tier>* sources) {
+  std::vector<Status> results(keys.size());
+  std::vector<tierkv::Tier> source(keys.size(), tierkv::Tier::kMiss);
+  const uint64_t fingerprint = tiers.Fingerprint();
+  const uint64_t round_bytes =
+      std::max<uint64_t>(1, std::min(options_.promotion_batch_bytes,
+                                     tiers.host->capacity_bytes() / 4));
+  std::vector<size_t> todo(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
+  std::vector<SegmentKey> probe;
+  while (!todo.empty()) {
+    std::vector<TierReadItem> reads;
+    std::vector<size_t> read_of;  // key index per read
+    std::vector<size_t> next_round, busy;
+    uint64_t busy_generation = 0;
+    uint64_t bytes = 0;
+    probe.clear();
+    for (size_t i : todo) probe.push_back(keys[i]);
+    const std::vector<TierChain::Location> where =
+        chain_->Locate(tiers.ns, fingerprint, probe);
+    for (size_t t = 0; t < todo.size(); ++t) {
+      const size_t i = todo[t];
+      const uint64_t size = where[t].bytes;
+      if (where[t].tier == TierChain::kNowhere) {
+        results[i] = Status::NotFound("segment in no tier below DRAM");
+        continue;
+      }
+      if (!reads.empty() && bytes + size > round_bytes) {
+        next_round.push_back(i);
+        continue;
+      }
+      const uint64_t generation = tiers.host->Generation();
+      auto reserved = tiers.host->Reserve(keys[i], size);
+      if (!reserved.ok()) {
+        results[i] = reserved.status();
+        if (reserved.status().code() == StatusCode::kBusy) {
+          if (busy.empty()) busy_generation = generation;
+          busy.push_back(i);
+        }
+        continue;
+      }
+      results[i] = Status::OK();
+      if (reserved->already_stored) {  // another promoter won
+        source[i] = chain_->at(where[t].tier).kind();
+        if (hold && !tiers.host->Acquire(keys[i]).ok()) {
+          results[i] = Status::NotFound("segment evicted again meanwhile");
+        }
+        continue;
+      }
+      reads.push_back({keys[i],
+                       {tiers.host->arena().base() + reserved->location.offset,
+                        reserved->location.size}});
+      read_of.push_back(i);
+      bytes += size;
+    }
+    if (!reads.empty()) {
+      TierChain::ReadResult got_all =
+          chain_->ReadAndWait(tiers.ns, fingerprint, reads);
+      const std::vector<Result<uint64_t>>& got = got_all.items;
+      for (size_t r = 0; r < reads.size(); ++r) {
+        const size_t i = read_of[r];
+        if (got[r].ok() && *got[r] == reads[r].dst.size()) {
+          source[i] = chain_->at(got_all.served_by[r]).kind();
+          // Clean: a tier below holds it, so eviction may drop the copy.
+          results[i] =
+              tiers.host->Commit(keys[i], /*dirty=*/false, /*acquire=*/hold);
+        } else {
+          tiers.host->Abort(keys[i]);
+          results[i] = got[r].ok()
+                           ? Status::Corruption("segment changed size mid-read")
+                           : got[r].status();
+        }
+        (results[i].ok() ? promotions_done_ : promotions_failed_)
+            .fetch_add(1, std::memory_order_relaxed);
+        if (results[i].ok()) {
+          promoted_bytes_.fetch_add(reads[r].dst.size(),
+                                    std::memory_order_relaxed);
+        }
+      }
+    }
+    if (!busy.empty() && next_round.empty()) {
+      // Busy: another promoter or a client's Put fills the key, or DRAM
+      // holds only unpersisted segments. Retry once the tier changes.
+      Kick();
+      if (std::chrono::steady_clock::now() >= wait_until ||
+          !tiers.host->WaitChange(busy_generation, wait_until)) {
+        break;  // out of time: those keys stay Busy
+      }
+    }
+    next_round.insert(next_round.end(), busy.begin(), busy.end());
+    todo = std::move(next_round);
+  }
+  if (sources != nullptr) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!results[i].ok()) source[i] = tierkv::Tier::kMiss;
+    }
+    *sources = std::move(source);
+  }
+  return results;
+}
+
+std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
+                                            std::span<const SegmentKey> keys) {
+  std::vector<Status> results(keys.size());
+  const uint64_t fingerprint = tiers.Fingerprint();
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.reservation_wait;
+  std::vector<size_t> pending(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
+  std::vector<SegmentKey> probe;
+  while (!pending.empty()) {
+    std::vector<TierWriteItem> items;
+    std::vector<size_t> item_of;
+    probe.clear();
+    for (size_t i : pending) probe.push_back(keys[i]);
+    const std::vector<uint64_t> stored =
+        target_->Lookup(tiers.ns, fingerprint, probe);
+    for (size_t p = 0; p < pending.size(); ++p) {
+      const size_t i = pending[p];
+      if (stored[p] != 0) {
+        results[i] = Status::OK();
+        continue;
+      }
+      auto loc = tiers.host->Acquire(keys[i]);  // held until written
+      if (!loc.ok()) {
+        results[i] = Status::NotFound("segment in neither tier");
+        continue;
+      }
+      items.push_back(
+          {keys[i], {tiers.host->arena().base() + loc->offset, loc->size}});
+      item_of.push_back(i);
+    }
+    uint64_t generation;
+    {
+      MutexLock lock(&mu_);
+      generation = write_generation_;
+    }
+    std::vector<Status> statuses;
+    if (!items.empty()) {
+      statuses = WriteAndAnnounce(tiers, items, Durability::kDurable);
+    }
+    for (const TierWriteItem& item : items) tiers.host->Release(item.key);
+    pending.clear();
+    for (size_t k = 0; k < items.size(); ++k) {
+      const size_t i = item_of[k];
+      if (statuses[k].code() == StatusCode::kBusy) {
+        pending.push_back(i);  // a concurrent write of the key: wait for it
+      } else {
+        results[i] = statuses[k].IsAlreadyExists() ? Status::OK() : statuses[k];
+      }
+    }
+    if (pending.empty()) break;
+    // Wait for a write batch other than ours to finish, then look again.
+    MutexLock lock(&mu_);
+    bool in_time = true;
+    while (write_generation_ <= generation + 1 && in_time) {
+      in_time = persisted_cv_.WaitUntil(&mu_, deadline);
+    }
+    if (!in_time) {
+      for (size_t i : pending) {
+        results[i] = Status::Busy(
+            "another write of this segment did not finish in time");
+      }
+      break;
+    }
+  }
+  // Segments found already there may have come from deferred demotions:
+  // one sync makes them durable too (a no-op when the durable Write above
+  // already covered them).
+  if (std::any_of(results.begin(), results.end(),
+                  [](const Status& r) { return r.ok(); })) {
+    if (Status s = target_->Sync(); !s.ok()) {
+      for (Status& r : results) {
+        if (r.ok()) r = s;
+      }
+    }
+  }
+  return results;
+}
+
+TierMoverStats TierMover::Stats() const {
+  TierMoverStats s;
+  s.demotions_done = demotions_done_.load(std::memory_order_relaxed);
+  s.demotions_retried = demotions_retried_.load(std::memory_order_relaxed);
+  s.demotions_failed = demotions_failed_.load(std::memory_order_relaxed);
+  s.demotion_batches = demotion_batches_.load(std::memory_order_relaxed);
+  s.promotions_done = promotions_done_.load(std::memory_order_relaxed);
+  s.promotions_failed = promotions_failed_.load(std::memory_order_relaxed);
+  s.promoted_bytes = promoted_bytes_.load(std::memory_order_relaxed);
+  s.written_segments = written_segments_.load(std::memory_order_relaxed);
+  s.written_bytes = written_bytes_.load(std::memory_order_relaxed);
+  s.prefetch_batches = prefetch_batches_.load(std::memory_order_relaxed);
+  s.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
+  MutexLock lock(&mu_);
+  s.prefetch_queue_depth = prefetches_.size();
+  s.syncs = syncs_.load(std::memory_order_relaxed);
+  s.sync_failures = sync_failures_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void TierMover::TEST_Drain() {
+  MutexLock lock(&mu_);
+  while (running_ != 0 || kicked_ || !prefetches_.empty()) idle_cv_.Wait(&mu_);
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,219 @@
+// TierMover: moves segments between namespaces' host tiers and the tiers
+// below them (a TierChain: NVMe, or whatever the placement names) in the
+// background (DESIGN.md §4, "mover").
+//
+//   demotion  host -> the chain's demotion target. Workers take batches of
+//             the oldest dirty host segments (HostTier::TakeDirty:
+//             write_through takes every dirty segment, write_back only while
+//             a shard runs short of clean space), write each batch with one
+//             Tier::Write (for NVMe: queue-depth IO straight from the arena,
+//             one catalog batch) and mark them clean. No bytes are queued,
+//             so nothing can be dropped: when dirty data outruns the tier,
+//             HostTier::Reserve answers Busy (backpressure) until a batch
+//             lands.
+//   promotion chain -> host. PromoteBatch() locates a round of
+//             promotion_batch_bytes (one Lookup per tier), reserves arena
+//             space and reads it with one chain read; Get calls it on
+//             demand, and Prefetch() queues a batch for the workers (a
+//             bounded queue of hints: a full queue drops the batch and
+//             counts it; the Get that follows promotes on demand).
+//   persist   PersistBatch() writes host segments to the demotion target
+//             now (Flush): one durable Write for the batch.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "storage/engine/write_policy.h"
+#include "storage/host/host_tier.h"
+#include "storage/tier/tier_chain.h"
+
+namespace tierkv::storage {
+
+struct TierMoverOptions {
+  // Worker threads. Default: 2. 0 runs none (nothing moves in the
+  // background; for tests).
+  uint32_t workers = 2;
+  // Largest demotion batch: segments and bytes per Tier::Write. Large
+  // batches keep the device at queue depth and amortize the data and
+  // catalog syncs. Default: 512 segments, 32 MiB.
+  uint32_t demotion_batch_segments = 512;
+  uint64_t demotion_batch_bytes = uint64_t{32} << 20;
+  // Prefetch batches waiting for a worker; more are dropped. Default: 256.
+  uint32_t prefetch_queue = 256;
+  // Largest promotion round: bytes reserved in DRAM and read with one chain
+  // read (never more than a quarter of the host tier, so a round cannot
+  // evict itself). Default: 16 MiB.
+  uint64_t promotion_batch_bytes = uint64_t{16} << 20;
+  // Demotions are written without syncs (Durability::kDeferred: crash safe
+  // at once, power-loss safe after a sync) and synced as a group at most
+  // this long after the first unsynced one (ext4's default journal commit
+  // interval). An explicit Flush is always durable on return. Default: 5 s.
+  std::chrono::milliseconds sync_interval{5000};
+  // How long a Flush waits for a concurrent writer of the same segment
+  // (another promoter or a client's Put) before reporting it missing.
+  // Default: 200 ms.
+  std::chrono::milliseconds reservation_wait{200};
+
+  Status Validate() const;
+};
+
+struct TierMoverStats {
+  uint64_t demotions_done = 0;     // segments written (or already on NVMe)
+  uint64_t demotions_retried = 0;  // a concurrent write held the key
+  uint64_t demotions_failed = 0;   // NVMe refused them (IOError, full)
+  uint64_t demotion_batches = 0;
+  uint64_t syncs = 0;              // group syncs of deferred demotions
+  uint64_t sync_failures = 0;      // such syncs the device or catalog failed
+  uint64_t promotions_done = 0;    // segments read into host
+  uint64_t promotions_failed = 0;  // missing, corrupt or no host space
+  uint64_t promoted_bytes = 0;     // of promotions_done (NVMe -> host)
+  // Segments and bytes written to NVMe (host -> NVMe) by demotion and
+  // Flush; unlike demotions_done, never counts segments already on NVMe.
+  uint64_t written_segments = 0;
+  uint64_t written_bytes = 0;
+  uint64_t prefetch_batches = 0;  // queued
+  uint64_t prefetch_dropped = 0;  // batches dropped: queue full
+  uint64_t prefetch_queue_depth = 0;
+};
+
+// One namespace, as the mover sees it. The pointers are borrowed: the
+// owner keeps them alive until the mover is destroyed.
+struct NamespaceTiers {
+  TierNamespace ns;
+  HostTier* host = nullptr;
+  WritePolicy policy = WritePolicy::kNone;
+  // The namespace's layout fingerprint (0 before a layout is registered),
+  // stored with its data below DRAM.
+  const std::atomic<uint64_t>* fingerprint = nullptr;
+
+  uint64_t Fingerprint() const {
+    return fingerprint->load(std::memory_order_acquire);
+  }
+};
+
+class TierMover {
+ public:
+  // Starts the workers over `namespaces` (borrowed, fixed for the mover's
+  // life), whose dirty segments they persist by each one's policy into
+  // `chain`'s demotion target and promote from `chain` (borrowed).
+  // REQUIRES: options.Validate() is OK; the chain is not empty.
+  TierMover(const TierMoverOptions& options, const TierChain* chain,
+            std::vector<const NamespaceTiers*> namespaces);
+  ~TierMover();  // joins the workers; queued prefetches are dropped
+
+  TierMover(const TierMover&) = delete;
+  TierMover& operator=(const TierMover&) = delete;
+
+  // Wakes the workers: dirty segments were committed or a Reserve met
+  // backpressure. Cheap; call after each batch of commits.
+  void Kick();
+
+  // Queues promotion of `keys` (segments below DRAM only) into the host
+  // tier.
+  void Prefetch(const NamespaceTiers* tiers, std::vector<SegmentKey> keys);
+
+  // Reads `keys` from the chain into the host tier, one chain read per
+  // round of promotion_batch_bytes. A key whose reservation is Busy (another
+  // writer of it, or write-back backpressure) is retried whenever its host
+  // shard changes, until `wait_until`. One Status per key: OK when the segment
+  // is in the host tier afterwards (also if it already was, or another
+  // promoter won); NotFound when no tier below has it (or its copy failed
+  // verification); Busy or ResourceExhausted when the host tier had no room
+  // for it in time. With `hold`, every OK key also holds a reference on
+  // its host segment (as HostTier::Acquire), taken when it was committed,
+  // so nothing evicts it before the caller reads it (a promotion racing a
+  // full tier under a score-based policy lost its segment in that gap);
+  // the caller Releases it. A key found stored but gone before it could be
+  // referenced is NotFound. With `sources`, (*sources)[i] is the kind of
+  // the tier below DRAM key i came from (kMiss when not OK).
+  std::vector<Status> PromoteBatch(
+      const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
+      std::chrono::steady_clock::time_point wait_until = {}, bool hold = false,
+      std::vector<tierkv::Tier>* sources = nullptr);
+
+  // Writes host segments `keys` to the demotion target now with one durable
+  // Tier::Write, then syncs it. One Status per key: OK when there (now or
+  // before); NotFound when in neither tier; IOError / ResourceExhausted
+  // from the target; Busy when another write of the key did not finish
+  // within reservation_wait.
+  std::vector<Status> PersistBatch(const NamespaceTiers& tiers,
+                                   std::span<const SegmentKey> keys);
+
+  // Writes every dirty segment of every namespace with a write policy to
+  // the demotion target (batches as in demotion, the workers helping), then
+  // syncs once: for a graceful shutdown, so a restarted daemon serves what DRAM
+  // held. Stops starting batches at `deadline`. Returns the segments written;
+  // those still dirty at the deadline stay in DRAM only.
+  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+
+  TierMoverStats Stats() const;
+
+  // Blocks until no dirty segment the policies would persist is left and
+  // no job runs (tests, shutdown).
+  void TEST_Drain();
+
+ private:
+  // Takes and writes one demotion batch; false when there was nothing.
+  bool DemoteOnce();
+  // Takes one batch of `tiers`' dirty segments (`only_needed`: see
+  // HostTier::TakeDirty) and writes it; the segments written, 0 if none.
+  size_t DemoteBatch(const NamespaceTiers& tiers, bool only_needed);
+  void WorkerLoop();
+  // Writes `items` of `tiers` with one Tier::Write to the demotion target
+  // and wakes PersistBatch calls waiting for a concurrent write to finish.
+  std::vector<Status> WriteAndAnnounce(const NamespaceTiers& tiers,
+                                       std::span<const TierWriteItem> items,
+                                       Durability durability);
+  // Syncs the chain once the oldest unsynced demotion is sync_interval old.
+  void SyncIfDue() EXCLUDES(mu_);
+  // Syncs the chain if it has unsynced writes, counting the outcome.
+  void SyncChain(const char* what);
+
+  const TierMoverOptions options_;
+  const TierChain* const chain_;
+  Tier* const target_;  // chain_->demotion_target()
+  const std::vector<const NamespaceTiers*> namespaces_;
+
+  mutable Mutex mu_;
+  CondVar work_cv_;
+  CondVar idle_cv_;
+  // Bumped after every NVMe write batch (persisted_cv_ signalled).
+  uint64_t write_generation_ GUARDED_BY(mu_) = 0;
+  CondVar persisted_cv_;
+  struct PrefetchJob {
+    const NamespaceTiers* tiers;
+    std::vector<SegmentKey> keys;
+  };
+  std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
+  bool kicked_ GUARDED_BY(mu_) = false;
+  uint32_t running_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> next_namespace_{0};
+
+  // When the oldest demotion not yet synced was written, if any.
+  std::optional<std::chrono::steady_clock::time_point> unsynced_since_
+      GUARDED_BY(mu_);
+  std::atomic<uint64_t> syncs_{0}, sync_failures_{0};
+  std::atomic<uint64_t> demotions_done_{0}, demotions_retried_{0},
+      demotions_failed_{0}, demotion_batches_{0};
+  std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
+      prefetch_batches_{0}, prefetch_dropped_{0};
+  // steady_clock ms of the last write-back failure logged.
+  std::atomic<int64_t> last_failure_log_ms_{INT64_MIN / 2};
+  std::atomic<uint64_t> promoted_bytes_{0}, written_segments_{0},
+      written_bytes_{0};
+};
+
+}  // namespace tierkv::storage
