@@ -1,3 +1,4 @@
+// StorageLog: the storage layer's named logger (see storage_log.h).
 #include "storage/storage_log.h"
 
 #include <spdlog/sinks/stdout_sinks.h>

@@ -1,3 +1,5 @@
+// ExtentAllocator: best fit over free extents indexed by offset and size
+// (see extent_allocator.h).
 #include "storage/alloc/extent_allocator.h"
 
 #include <cassert>

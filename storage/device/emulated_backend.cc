@@ -1,4 +1,6 @@
 // EmulatedBackend: DeviceBackend in host memory (see device_backend.h).
+// Over 600 lines on purpose: it mirrors cuda_backend.cc call for call (the
+// tests hold both to one contract), so the two read side by side.
 //
 // A pool is a memfd mapped into this process (MappedRegion), so it can be
 // exported to another process of the node as CUDA IPC exports device

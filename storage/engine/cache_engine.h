@@ -43,6 +43,8 @@
 #include "storage/device/hbm_tier.h"
 #include "storage/device/mapped_region.h"
 #include "storage/device/pinned_staging.h"
+#include "storage/engine/engine_options.h"
+#include "storage/engine/engine_stats.h"
 #include "storage/engine/worker_pool.h"
 #include "storage/engine/write_policy.h"
 #include "storage/host/host_tier.h"
@@ -56,67 +58,6 @@
 #include "tierkv/types.h"
 
 namespace tierkv::storage {
-
-struct CacheEngineOptions {
-  // Read and write leases end after this unless released. Default: 30 s.
-  std::chrono::milliseconds lease_ttl{30000};
-  // What one connection, and one namespace, may hold leased at once
-  // (lease_table.h); requests beyond get ResourceExhausted per item.
-  LeaseLimits lease_limits;
-  // Longest pin a client may ask for. Default: 1 h.
-  std::chrono::milliseconds max_pin_ttl{3600000};
-  // Threads for calls that wait for NVMe (promotion on Acquire, Flush).
-  // Default: 4.
-  uint32_t workers = 4;
-  // Calls waiting for a worker; further ones complete with Busy.
-  // Default: 1024.
-  uint32_t worker_queue = 1024;
-  // How long a Put may wait for the write-back to free host space before
-  // its segments are answered Busy. Default: 2 s.
-  std::chrono::milliseconds write_back_wait{2000};
-  // Workers that move the layers of one Load or Store concurrently (each
-  // claims the next layer in order; completion is still published in layer
-  // order). Two keep an NVMe queue full across layer boundaries and let a
-  // host-tier copy of layer l+1 run while layer l's finishes. 1..64.
-  // Default: 2.
-  uint32_t transfer_lanes = 2;
-  // ReportTopk: an index_k segment gets its page's selection count times
-  // this (every decode step scans all index keys of a full layer, while it
-  // reads a latent row only when selected). Default: 4.
-  double index_key_report_weight = 4.0;
-  // Background demotion and prefetch (used only with tiers below DRAM).
-  TierMoverOptions mover;
-  // The order of the tiers below DRAM and where write-back goes
-  // (placement.h). Default: the tiers as handed to Open.
-  PlacementOptions placement;
-  // The device backend engines' device pools are imported into
-  // (RegisterDevicePool); borrowed, must outlive the engine. Default: none
-  // (device pools are refused).
-  DeviceBackend* device = nullptr;
-  // The HBM tier (T0): this pool of `device` holds it (allocated once by
-  // the caller). bytes 0: no HBM tier (device pools still work, served
-  // from host DRAM and NVMe).
-  DevicePool hbm_pool;
-  // How long one unit of a transfer waits for its device copies.
-  // Default: 30 s.
-  std::chrono::milliseconds device_copy_timeout{30000};
-  // Host memory pinned for `device` at start, lent as bounce buffers to
-  // NVMe reads on their way into device pools (PinnedStaging); reads past
-  // it use heap memory. 0: none. Default: 32 MiB.
-  uint64_t device_staging_bytes = uint64_t{32} << 20;
-  // Source of time for lease expiry; borrowed. Default: the steady clock.
-  const Clock* clock = SteadyClock::Default();
-
-  Status Validate() const;
-};
-
-struct NamespaceOptions {
-  HostTierOptions host;  // host.name is the namespace's name
-  // Ignored (treated as kNone) without an NVMe tier. Default: write_back.
-  WritePolicy write_policy = WritePolicy::kWriteBack;
-  // Most of the HBM tier this namespace may hold; 0: all of it.
-  uint64_t hbm_quota_bytes = 0;
-};
 
 // One namespace inside the engine. Handed out by the engine, valid for its
 // life; callers pass it back to name the namespace of a call.
@@ -202,59 +143,6 @@ struct PoolTransfer {
   uint16_t first_layer = 0;
   uint16_t num_layers = 0;
   uint32_t ticket = 0;
-};
-
-// One namespace's host tier plus the daemon-wide rest: the NVMe tier, the
-// mover, the workers and the registered-pool transfers are shared by every
-// namespace, so their counters cover all of them.
-struct EngineStats {
-  HostTierStats host;  // the namespace's; empty from SharedStats()
-  bool has_hbm = false;
-  HbmTierStats hbm;            // daemon-wide; hbm.namespaces[i] per namespace
-  uint32_t hbm_namespace = 0;  // Stats(ns): ns's index in hbm.namespaces
-  // The device backend (options.device), when there is one: whether a
-  // device fault failed it (the HBM tier is then off and device-pool
-  // transfers fail; device_backend.h, Errors) and why, and the transfer
-  // units whose memory is quarantined behind a timed-out device wait
-  // (now, and ever).
-  bool has_device = false;
-  bool device_failed = false;
-  std::string device_error;
-  uint64_t device_quarantined = 0;
-  uint64_t device_quarantined_total = 0;
-  // Bounce buffers of NVMe reads into device pools (PinnedStaging): the
-  // pinned arena (0 when there is none) and how reads were served.
-  PinnedStagingStats device_staging;
-  bool has_nvme = false;
-  NvmeStoreStats nvme;
-  TierMoverStats mover;
-  // Leases held: on the namespace's tier (Stats), or daemon-wide
-  // (SharedStats).
-  uint64_t active_leases = 0;
-  uint64_t worker_queue_depth = 0;
-  uint64_t worker_rejections = 0;   // calls answered Busy: queue full
-  uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
-  uint64_t backpressure_busy = 0;   // items still Busy after waiting
-  // Registered-pool transfers: segments and bytes by source tier.
-  uint64_t load_segments_hbm = 0, load_bytes_hbm = 0;  // device pools only
-  uint64_t load_segments_host = 0, load_bytes_host = 0;
-  uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
-  uint64_t load_misses = 0;
-  uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
-  uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
-  uint64_t loads = 0, stores = 0;
-  uint64_t prefetches = 0;  // Prefetch calls accepted
-  // Transfers ordered after an engine's stream (LoadTicket::gate): waiting
-  // for it now, ever waited, and given up on after device_copy_timeout.
-  uint64_t stream_gate_waiting = 0, stream_gate_waits = 0,
-           stream_gate_timeouts = 0;
-  uint64_t topk_reports = 0;      // SelectionReport items received
-  uint64_t registered_pools = 0;  // over every connection
-  // Time from a Load / Store being accepted until its last layer was
-  // published (the client's WaitLayer for it can return), and the summed
-  // nanoseconds of those samples.
-  LatencyHistogram::Counts load_latency{}, store_latency{};
-  uint64_t load_latency_nanos = 0, store_latency_nanos = 0;
 };
 
 class CacheEngine {

@@ -1,3 +1,5 @@
+// HostArena: a namespace's DRAM as one memfd clients map, hugepages when
+// available (see host_arena.h).
 #include "storage/host/host_arena.h"
 
 #include <fcntl.h>

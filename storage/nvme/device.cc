@@ -1,3 +1,5 @@
+// Device: request validation, splitting, retries and counters around the
+// backends' *Impl hooks (see device.h).
 #include "storage/nvme/device.h"
 
 #include <fmt/format.h>

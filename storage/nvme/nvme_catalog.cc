@@ -1,3 +1,5 @@
+// NvmeCatalog: the NVMe tier's RocksDB catalog of segment extents, its
+// namespace ids and its read-only recovery (see nvme_catalog.h).
 #include "storage/nvme/nvme_catalog.h"
 
 #include <fmt/format.h>

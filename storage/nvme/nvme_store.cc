@@ -1,3 +1,8 @@
+// NvmeStore: the NVMe tier's writes, reads, eviction and recovery (see
+// nvme_store.h). Over 600 lines on purpose: every function here keeps the
+// same locking and crash-safety invariants (index, LRU shares, allocator
+// and pending catalog deletes under one mutex; data before catalog before
+// acknowledgement), which read best in one place.
 #include "storage/nvme/nvme_store.h"
 
 #include <fmt/format.h>

@@ -1,3 +1,5 @@
+// UringDevice: the block device through one io_uring ring per thread,
+// O_DIRECT where the file system allows (see uring_device.h).
 #include "storage/nvme/uring_device.h"
 
 #include <fcntl.h>

@@ -1,4 +1,7 @@
 // CudaBackend: DeviceBackend on one CUDA device (see device_backend.h).
+// Over 600 lines on purpose: one class over one device's driver state
+// (context, streams, event pool, sticky-error health), whose invariants
+// every call shares; it mirrors emulated_backend.cc call for call.
 //
 // Pools: one cudaMalloc each; the tier above carves them up. Streams:
 // cudaStreamNonBlocking, so they never wait for the legacy default stream
