@@ -20,6 +20,9 @@ Status CacheEngineOptions::Validate() const {
   if (workers == 0 || workers > 256) {
     return Status::InvalidArgument("engine workers must be in [1, 256]");
   }
+  if (load_workers == 0 || load_workers > 256) {
+    return Status::InvalidArgument("engine load_workers must be in [1, 256]");
+  }
   if (transfer_lanes == 0 || transfer_lanes > 64) {
     return Status::InvalidArgument("engine transfer_lanes must be in [1, 64]");
   }
@@ -133,7 +136,9 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     prepare_thread = [tiers_below] { tiers_below->PrepareThisThread(); };
   }
   engine->workers_ = std::make_unique<WorkerPool>(
-      options.workers, options.worker_queue, std::move(prepare_thread));
+      options.workers, options.worker_queue, prepare_thread);
+  engine->load_workers_ = std::make_unique<WorkerPool>(
+      options.load_workers, options.worker_queue, std::move(prepare_thread));
   return engine;
 }
 
@@ -165,7 +170,9 @@ void CacheEngine::PinHostArenas() {
 }
 
 CacheEngine::~CacheEngine() {
-  workers_.reset();  // queued calls complete while everything still exists
+  // Queued calls complete while everything still exists.
+  load_workers_.reset();
+  workers_.reset();
   // Memory behind a timed-out device wait goes back once its copies are
   // over; copies still running after another timeout keep theirs (the
   // arenas stay mapped until the process ends: said, not freed).
@@ -224,7 +231,11 @@ Status CacheEngine::CheckSize(const EngineNamespace& ns, const SegmentKey& key,
 }
 
 bool CacheEngine::Submit(std::function<void()> job) {
-  if (workers_->TrySubmit(std::move(job))) return true;
+  return Submit(*workers_, std::move(job));
+}
+
+bool CacheEngine::Submit(WorkerPool& pool, std::function<void()> job) {
+  if (pool.TrySubmit(std::move(job))) return true;
   worker_rejections_.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
@@ -363,7 +374,7 @@ EngineStats CacheEngine::SharedStats() const {
   }
   if (mover_) s.mover = mover_->Stats();
   s.active_leases = leases_->size();
-  s.worker_queue_depth = workers_->queue_depth();
+  s.worker_queue_depth = workers_->queue_depth() + load_workers_->queue_depth();
   s.worker_rejections = worker_rejections_.load(std::memory_order_relaxed);
   s.backpressure_waits = backpressure_waits_.load(std::memory_order_relaxed);
   s.backpressure_busy = backpressure_busy_.load(std::memory_order_relaxed);

@@ -362,8 +362,15 @@ class CacheEngine {
       const std::function<void(size_t item, Status)>& refuse) const;
   Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
                    uint64_t size) const;
-  // Runs `job` on a worker; false when the queue is full (counted).
+  // Runs `job` on a worker (of `workers_`, or of `pool`); false when the
+  // queue is full (counted).
   bool Submit(std::function<void()> job);
+  bool Submit(WorkerPool& pool, std::function<void()> job);
+  // The workers a transfer's lanes run on: Loads apart from everything
+  // that may wait for write-back (CacheEngineOptions::load_workers).
+  WorkerPool& LanesFor(bool load) const {
+    return load ? *load_workers_ : *workers_;
+  }
   // Retries the Busy items of a Reserve until they settle or the deadline,
   // then adds the write lease and calls `done`.
   void FinishReserve(uint64_t owner, EngineNamespace& ns,
@@ -534,8 +541,10 @@ class CacheEngine {
       GUARDED_BY(other_devices_mu_);
   std::vector<std::unique_ptr<EngineNamespace>> spaces_;
   std::unique_ptr<LeaseTable> leases_;
-  std::unique_ptr<TierMover> mover_;     // null without NVMe
-  std::unique_ptr<WorkerPool> workers_;  // destroyed first
+  std::unique_ptr<TierMover> mover_;  // null without NVMe
+  // Destroyed first: the pools of the workers (see CacheEngineOptions).
+  std::unique_ptr<WorkerPool> workers_;
+  std::unique_ptr<WorkerPool> load_workers_;
   std::atomic<uint64_t> worker_rejections_{0};
   std::atomic<uint64_t> backpressure_waits_{0};
   std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},

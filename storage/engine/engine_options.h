@@ -24,11 +24,15 @@ struct CacheEngineOptions {
   LeaseLimits lease_limits;
   // Longest pin a client may ask for. Default: 1 h.
   std::chrono::milliseconds max_pin_ttl{3600000};
-  // Threads for calls that wait for NVMe (promotion on Acquire, Flush).
-  // Default: 4.
+  // Threads for calls that may wait on a lower tier or for write-back room:
+  // a Put's Reserve under backpressure, promotion on Acquire, Flush, and
+  // the lanes of Store. Default: 4.
   uint32_t workers = 4;
-  // Calls waiting for a worker; further ones complete with Busy.
-  // Default: 1024.
+  // Threads for the lanes of Load, apart from `workers`, so that Puts and
+  // Stores stalled on write-back never hold a Load's layers back. Default: 4.
+  uint32_t load_workers = 4;
+  // Calls waiting for a worker (of each kind); further ones complete with
+  // Busy. Default: 1024.
   uint32_t worker_queue = 1024;
   // How long a Put may wait for the write-back to free host space before
   // its segments are answered Busy. Default: 2 s.

@@ -36,6 +36,9 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
     return;
   }
   // Waiting for the write-back blocks: never on the caller's thread.
+  // Counted here, before the wait is queued, so the count is visible when
+  // Reserve returns.
+  backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
   mover_->Kick();
   auto state = std::make_shared<
       std::tuple<std::vector<SegmentSize>, EngineReservation,
@@ -47,6 +50,7 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
                   /*wait=*/true, std::move(d));
   });
   if (!queued) {
+    backpressure_waits_.fetch_sub(1, std::memory_order_relaxed);
     auto& [i, r, b, d] = *state;
     FinishReserve(owner, ns, std::move(i), std::move(r), {}, false,
                   std::move(d));
@@ -59,7 +63,6 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
                                 bool wait,
                                 std::function<void(EngineReservation)> done) {
   if (wait && !busy.empty()) {
-    backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
     const auto deadline =
         std::chrono::steady_clock::now() + options_.write_back_wait;
     for (size_t i : busy) {

@@ -258,7 +258,8 @@ Status CacheEngine::StartTransfer(
   (*job)->accepted = accepted;
   TicketAt(*(*job)->tickets, (*job)->t.ticket)
       .accepted_ns.store(MonotonicNanos(accepted), std::memory_order_relaxed);
-  if (!Submit([this, job = *job] { RunLane(job, /*first=*/true); })) {
+  if (!Submit(LanesFor(load),
+              [this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
   (load ? loads_ : stores_).fetch_add(1, std::memory_order_relaxed);
@@ -273,7 +274,8 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
         std::min<uint32_t>(options_.transfer_lanes, job->t.num_layers);
     for (uint32_t i = 1; i < lanes; ++i) {
       job->lanes.fetch_add(1, std::memory_order_relaxed);
-      if (!workers_->TrySubmit([this, job] { RunLane(job, false); })) {
+      if (!LanesFor(job->load).TrySubmit(
+              [this, job] { RunLane(job, false); })) {
         job->lanes.fetch_sub(1, std::memory_order_relaxed);
         break;
       }

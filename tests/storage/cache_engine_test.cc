@@ -671,6 +671,57 @@ TEST_F(CacheEnginePoolTest, StoreFloodUnderWriteBackWaitsForTheMover) {
   EXPECT_EQ(st.mover.demotions_failed, 0u);
 }
 
+TEST_F(CacheEnginePoolTest, APutStalledOnWriteBackDoesNotHoldALoad) {
+  // One worker for calls that may wait, no mover threads (nothing cleans
+  // DRAM until the test persists it), and a Put that waits as long as the
+  // test needs: the Put's Reserve holds that worker; a Load must still
+  // finish, on the load workers, while it waits.
+  engine_options_.workers = 1;
+  engine_options_.mover.workers = 0;
+  engine_options_.write_back_wait = std::chrono::minutes(10);
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  RegisterPools();
+  // 17.1 KiB pages: 50 fill most of 1 MiB with dirty segments.
+  for (uint64_t n = 0; n < 50; ++n) PutPage(n);
+  std::vector<SegmentSize> more;
+  for (uint64_t n = 50; n < 70; ++n) {
+    for (const SegmentKey& k : AllKeys(n)) {
+      more.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
+    }
+  }
+  std::promise<EngineReservation> reserved;
+  auto put = reserved.get_future();
+  engine_->Reserve(kOwner, *ns_, more, [&](EngineReservation r) {
+    reserved.set_value(std::move(r));
+  });
+  ASSERT_EQ(engine_->Stats(*ns_).backpressure_waits, 1u)
+      << "the Put went to a worker to wait for write-back";
+
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(0)},
+                           .slots = {1},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 1}));
+  WaitFinished(1);
+  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
+  EXPECT_EQ(put.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the Put is still waiting for write-back";
+  for (const auto& k : AllKeys(0)) {
+    auto got = Slot(k.layer, k.part, 1);
+    const auto want = Bytes(k, got.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
+  }
+
+  // Write-back now: the waiting Put gets its room.
+  EXPECT_GT(engine_->PersistDirty(std::chrono::steady_clock::now() +
+                                  std::chrono::minutes(1)),
+            0u);
+  EngineReservation r = put.get();
+  for (const auto& item : r.items) EXPECT_OK(item);
+  EXPECT_EQ(engine_->Stats(*ns_).backpressure_busy, 0u);
+}
+
 TEST_F(CacheEnginePoolTest, BadPoolsAndTransfersAreRefusedAndChangeNothing) {
   Open(/*with_nvme=*/false);
   const uint64_t seg = TestLayout().SegmentBytes(0, 0);
