@@ -14,6 +14,7 @@
 #include "common/mutex.h"
 #include "daemon/cache_service.h"
 #include "daemon/config.h"
+#include "daemon/layer_stall.h"
 #include "daemon/metrics.h"
 #include "daemon/namespace.h"
 #include "storage/device/device_backend.h"
@@ -49,6 +50,11 @@ class Daemon {
   // The HBM tier's device and its one pool (null without [hbm]).
   std::unique_ptr<storage::DeviceBackend> hbm_;
   storage::DevicePool hbm_pool_;
+#ifdef TIERKV_SYNC_POINTS
+  // TIERKV_TEST_STALL_LAYER (layer_stall.h); null when unset. Declared
+  // before engine_, so it is disarmed after the engine's workers ended.
+  std::unique_ptr<ArmedLayerStall> layer_stall_;
+#endif
   std::unique_ptr<storage::CacheEngine> engine_;
   std::vector<std::unique_ptr<Namespace>> namespaces_;
   std::unique_ptr<CacheService> service_;

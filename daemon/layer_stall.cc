@@ -1,6 +1,8 @@
-// LayerStall: parsing TIERKV_TEST_STALL_LAYER and the FIFO wait (see
-// layer_stall.h).
+// LayerStall: parsing TIERKV_TEST_STALL_LAYER and the FIFO wait on a sync
+// point (see layer_stall.h). Compiled to nothing without TIERKV_SYNC_POINTS.
 #include "daemon/layer_stall.h"
+
+#ifdef TIERKV_SYNC_POINTS
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -12,9 +14,12 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "common/mutex.h"
+#include "common/sync_point.h"
+#include "storage/engine/cache_engine.h"
 
 namespace tierkv::daemon {
 
@@ -51,6 +56,10 @@ Result<std::optional<LayerStall>> LayerStallFromEnvironment() {
   return std::optional<LayerStall>(std::move(stall).value());
 }
 
+namespace {
+
+// The FIFO wait for `stall`, called with each unit's layer. Thread-safe;
+// copies share the one-shot state.
 std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall) {
   // One-shot: the first transfer to reach the layer waits for the FIFO.
   // Every lane of it (each moves part of the layer) waits with it; lanes
@@ -99,4 +108,27 @@ std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall) {
   };
 }
 
+}  // namespace
+
+ArmedLayerStall::ArmedLayerStall(const LayerStall& stall) {
+  spdlog::warn(
+      "{} is set: TEST-ONLY FAULT INJECTION, the first transfer reaching "
+      "layer {} will wait for FIFO {}. Never set this in production.",
+      kLayerStallEnv, stall.layer, stall.fifo_path);
+  SyncPoint& sync = SyncPoint::Get();
+  sync.SetCallback(storage::CacheEngine::kBeforeTransferUnit,
+                   [hook = MakeLayerStallHook(stall)](void* layer) {
+                     hook(*static_cast<const uint16_t*>(layer));
+                   });
+  sync.EnableProcessing();
+}
+
+ArmedLayerStall::~ArmedLayerStall() {
+  SyncPoint& sync = SyncPoint::Get();
+  sync.DisableProcessing();
+  sync.ClearCallback(storage::CacheEngine::kBeforeTransferUnit);
+}
+
 }  // namespace tierkv::daemon
+
+#endif  // TIERKV_SYNC_POINTS

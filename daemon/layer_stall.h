@@ -1,5 +1,9 @@
 // LayerStall: a test-only fault injection that holds one transfer before a
 // chosen layer until a test releases it, across processes, through a FIFO.
+// It exists only in builds with sync points (TIERKV_SYNC_POINTS, see
+// common/sync_point.h): a release tierkvd neither reads the variable nor
+// has the point it hooks. Tests that need it skip without it
+// (`tierkvd --version` says "sync points: on|off").
 //
 //   TIERKV_TEST_STALL_LAYER=<layer>:<fifo path>
 //
@@ -14,11 +18,15 @@
 // RAII holder: if the test dies or fails early, its close gives the
 // daemon EOF and the worker goes on, so nothing hangs.
 //
+// It is a callback on the sync point CacheEngine::kBeforeTransferUnit,
+// which a worker passes before each unit of a layer it moves.
+//
 // Never set in production: tierkvd logs a warning at start-up when it is.
 #pragma once
 
+#ifdef TIERKV_SYNC_POINTS
+
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 
@@ -43,8 +51,19 @@ Result<LayerStall> ParseLayerStall(const std::string& value);
 // refuses.
 Result<std::optional<LayerStall>> LayerStallFromEnvironment();
 
-// A CacheEngine before-transfer-layer hook implementing `stall` (see the
-// file comment). Thread-safe; copies share the one-shot state.
-std::function<void(uint16_t)> MakeLayerStallHook(const LayerStall& stall);
+// `stall` in effect from construction to destruction: the callback of the
+// sync point CacheEngine::kBeforeTransferUnit (with sync point processing
+// enabled) waits as the file comment says, and a warning is logged. The
+// destructor removes the callback, after any stalled call of it returned.
+// One at a time per process.
+class ArmedLayerStall {
+ public:
+  explicit ArmedLayerStall(const LayerStall& stall);
+  ~ArmedLayerStall();
+  ArmedLayerStall(const ArmedLayerStall&) = delete;
+  ArmedLayerStall& operator=(const ArmedLayerStall&) = delete;
+};
 
 }  // namespace tierkv::daemon
+
+#endif  // TIERKV_SYNC_POINTS

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/byte_size.h"
+#include "daemon/build_info.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/host_memory.h"
@@ -23,6 +24,8 @@ int Fail(const tierkv::Status& s) {
 int main(int argc, char** argv) {
   using namespace tierkv::daemon;
   CLI::App app{"tierkvd: hierarchical KV-cache storage daemon"};
+  app.set_version_flag(
+      "--version", std::string(kTierkvdVersion) + "\n" + kSyncPointsBuildInfo);
   std::string config_path, socket, metrics, log_level, host_bytes, ready_file;
   std::string nvme_path, nvme_bytes, write_policy;
   uint32_t lease_ttl_ms = 0, io_threads = 0, shards = 0;

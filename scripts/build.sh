@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Configures and builds tierkv with CMake + Ninja.
 #   scripts/build.sh [BUILD_DIR] [extra cmake args...] [-- ninja targets...]
-# Defaults: build/, RelWithDebInfo, every target.
+# Defaults: build/, RelWithDebInfo, every target, test-only sync points
+# compiled in (the developer and CI build). A build to ship or install
+# passes -DTIERKV_SYNC_POINTS=OFF, as deploy/docker/Dockerfile does:
+#   scripts/build.sh build-release -DTIERKV_SYNC_POINTS=OFF -- tierkvd tierkv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build}

@@ -1,5 +1,6 @@
 // Helpers shared by the client integration tests: a small GLM-like layout,
-// deterministic segment bytes, and put/get shorthands.
+// deterministic segment bytes, put/get shorthands, and the bounded poll of
+// a daemon's state.
 #pragma once
 
 #include <fcntl.h>
@@ -8,8 +9,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tierkv/client.h"
@@ -110,6 +113,23 @@ inline ::testing::AssertionResult ReadsBackExact(Client& c,
     return ::testing::AssertionFailure() << "bytes differ";
   }
   return ::testing::AssertionSuccess();
+}
+
+// Polls `done` until it holds; false if it still does not after `timeout`.
+// Only for what a daemon shows in its stats alone, with no event a test
+// could wait on (what it reclaimed after a client died, a lease its
+// sweeper expired): a bounded poll of the real condition, never a sleep
+// that hopes. The short pause between polls spares the daemon (and the CPU
+// it needs to get there) a busy loop of Stats calls.
+template <typename Pred>
+bool PollUntil(Pred done,
+               std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 // The test's end of a TIERKV_TEST_STALL_LAYER FIFO. Opened O_RDWR, which

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -100,11 +102,19 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
 
     // A writer on its own connection until the daemon dies under it.
     std::mutex mu;
+    std::condition_variable started_cv;
+    bool started = false;  // guarded by mu: the writer connected (or failed)
     std::atomic<bool> dead{false};
     std::thread writer([&] {
       auto w = daemon.Connect("default", "crash-test-token");
-      if (!w.ok() || !(*w)->RegisterLayout(OnePartLayout(kBytesPerToken)).ok())
-        return;
+      const bool connected =
+          w.ok() && (*w)->RegisterLayout(OnePartLayout(kBytesPerToken)).ok();
+      {
+        std::lock_guard lock(mu);
+        started = true;
+      }
+      started_cv.notify_all();
+      if (!connected) return;
       while (!dead.load()) {
         std::vector<PageHash> pages;
         {
@@ -129,6 +139,16 @@ TEST(CrashTest, AcknowledgedSegmentsSurviveSigkill) {
         if (!flushed.empty() && !flushed[0].ok()) return;  // the daemon is gone
       }
     });
+    {
+      std::unique_lock lock(mu);
+      // EXPECT: an ASSERT would return with the writer still joinable.
+      EXPECT_TRUE(started_cv.wait_for(lock, std::chrono::seconds(30),
+                                      [&] { return started; }));
+    }
+    // The crash point: deliberately random (seeded, TIERKV_CRASH_SEED
+    // replays it), 20-300 ms into the writer's puts and flushes. Not
+    // synchronisation: no event marks a moment worth killing at, and any
+    // moment must be safe.
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 280));
     dead = true;
     daemon.Stop(SIGKILL);

@@ -21,6 +21,7 @@
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sync_points.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::testing {
@@ -476,6 +477,7 @@ TEST_F(DevicePoolTest, PoolsOnEveryGpuAreServedAndMatchedByUuid) {
 // stream (`after`) saves what the engine's still-queued kernels write, not
 // what the slots held when it was issued.
 TEST_F(DevicePoolTest, TransfersAreOrderedWithTheEnginesStream) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   constexpr uint16_t kStalled = 2;  // of 4 layers
   StallFifo fifo(dir_.path().string() + "/stall.fifo");
   env_ = {{"TIERKV_TEST_STALL_LAYER",
@@ -584,6 +586,7 @@ TEST_F(DevicePoolTest, TransfersAreOrderedWithTheEnginesStream) {
 // go: nothing on the GPU waits for a daemon that may never answer, and the
 // slot holds what it held.
 TEST_F(DevicePoolTest, AClientThatGivesUpReleasesTheEnginesStream) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   StallFifo fifo(dir_.path().string() + "/stall.fifo");
   env_ = {{"TIERKV_TEST_STALL_LAYER", "1:" + fifo.path()}};
   Start();

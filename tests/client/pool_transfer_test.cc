@@ -21,6 +21,7 @@
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sync_points.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::testing {
@@ -187,6 +188,7 @@ TEST_F(PoolTransferTest, LoadYieldsStoredBytesFromHostNvmeAndMixedPages) {
 }
 
 TEST_F(PoolTransferTest, WaitLayerReturnsWhileALaterLayerIsStalled) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   constexpr uint16_t kStalled = 3;  // of 6 layers
   StallFifo fifo(data_dir_ + "/stall.fifo");
   Start({{"TIERKV_TEST_STALL_LAYER",
@@ -260,6 +262,7 @@ TEST_F(PoolTransferTest, WaitLayerReturnsWhileALaterLayerIsStalled) {
 }
 
 TEST_F(PoolTransferTest, InvalidStallSettingIsAStartupError) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   const std::string not_fifo = data_dir_ + "/plain";
   std::ofstream(not_fifo) << "x";
   for (const std::string& value : std::vector<std::string>{

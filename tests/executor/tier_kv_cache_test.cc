@@ -22,6 +22,7 @@
 #include "tests/executor/test_tokens.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sync_points.h"
 
 namespace tierkv::executor {
 namespace {
@@ -355,6 +356,7 @@ TEST_F(TierKvCacheTest, AFlippedByteOnDiskIsRecomputedNotUsed) {
 // ends by the client timeout, the cache degrades and recomputes, and the
 // logits are those of a run without tierkv.
 TEST_F(TierKvCacheTest, DaemonKilledMidLoadFallsBackWithoutWrongLogits) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   StartDaemon(WithNvme("write_back"));
   const auto prompt = Tokens(1000, 7);
   const std::vector<float> reference = Reference(prompt);

@@ -230,6 +230,8 @@ def start_daemon(argv, log: Path, ready: Path, preexec, timeout=30.0):
     proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
                             preexec_fn=preexec)
     f.close()
+    # The ready file is tierkvd's only "serving" signal: a bounded poll for
+    # it (and for the process's death).
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -653,6 +655,22 @@ def test_dockerfile_structure(repo, dockerfile):
     assert str(Path(config["nvme"]["path"]).parent) in volumes
     assert config["metrics"]["listen"].endswith(":9400")
     assert config["server"]["socket_mode"] == "0660"
+
+
+def test_release_artifacts_leave_out_sync_points(repo, dockerfile):
+    """The image's binaries and the pip wheel are built without the
+    test-only sync points (and so without TIERKV_TEST_STALL_LAYER), while
+    the developer build keeps them (CMake's default)."""
+    _, stages = dockerfile_stages(dockerfile)
+    builds = [rest for word, rest in stages[0][2]
+              if word == "RUN" and "scripts/build.sh" in rest]
+    assert len(builds) == 1
+    assert "-DTIERKV_SYNC_POINTS=OFF" in builds[0].split(" -- ")[0]
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
+    defines = pyproject["tool"]["scikit-build"]["cmake"]["define"]
+    assert defines["TIERKV_SYNC_POINTS"] == "OFF"
+    cmake = (repo / "CMakeLists.txt").read_text()
+    assert re.search(r"option\(TIERKV_SYNC_POINTS .* ON\)", cmake)
 
 
 def test_docker_config_checks(repo, bins):

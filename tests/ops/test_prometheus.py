@@ -75,7 +75,9 @@ class Prometheus:
 
     def wait_until(self, what: str, pred, timeout: float = 60.0):
         """Polls `pred` (Prometheus's own state: readiness, samples in its
-        TSDB) until it holds; fails with the log if it never does."""
+        TSDB) until it holds; fails with the log if it never does. A
+        bounded poll of the real condition: Prometheus announces neither
+        readiness nor a scrape to anyone."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -6,7 +6,9 @@ captures (during the workload, after it) are kept under $TIERKV_OPS_ARTIFACTS
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import subprocess
 import time
 from pathlib import Path
@@ -32,7 +34,9 @@ class Tmux:
         return r.stdout if r.returncode == 0 else ""
 
     def wait_for(self, what: str, pred, timeout: float = 30.0) -> str:
-        """Polls the screen until `pred(screen)` holds."""
+        """Polls the screen until `pred(screen)` holds: a bounded poll of
+        the real screen, as tmux tells no outside client that a pane
+        changed."""
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
@@ -47,6 +51,38 @@ class Tmux:
         self.run("kill-server")
 
 
+def exit_status_fifo(tmp_path: Path) -> Path:
+    """A FIFO the watched command's shell writes its exit status to
+    (`echo $? > fifo`), for exit_status()."""
+    fifo = tmp_path / "exit-status"
+    os.mkfifo(fifo)
+    return fifo
+
+
+def exit_status(fifo: Path, timeout: float = 10.0) -> str:
+    """The exit status the shell writes to `fifo`, waiting for the write
+    itself (select on the FIFO) rather than polling for a file that may
+    exist before its contents do. "" if nothing came within `timeout`."""
+    # Non-blocking: opening the read end waits for no writer, and until one
+    # has come and gone, select reports nothing (Linux: no EOF before the
+    # first writer), so it wakes on the shell's write.
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        data = b""
+        deadline = time.monotonic() + timeout
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break  # the shell closed it
+            data += chunk
+        return data.decode().strip()
+    finally:
+        os.close(fd)
+
+
 def refresh_of(screen: str) -> int:
     m = re.search(r"refresh (\d+) every", screen)
     return int(m.group(1)) if m else 0
@@ -55,7 +91,7 @@ def refresh_of(screen: str) -> int:
 def test_stats_watch_under_tmux(all_tiers_daemon, bins, tmp_path):
     d = all_tiers_daemon
     tmux = Tmux(tmp_path)
-    done = tmp_path / "exit-status"
+    done = exit_status_fifo(tmp_path)
     command = (f"{bins / 'tierkv'} --socket {d.socket} --token {TOKEN} "
                f"stats --watch --interval 0.5; echo $? > {done}")
     r = tmux.run("new-session", "-d", "-s", "watch", "-x", "120", "-y", "30",
@@ -82,6 +118,8 @@ def test_stats_watch_under_tmux(all_tiers_daemon, bins, tmp_path):
                  "demo", "--sessions", "6", "--prefix-tokens", "2048",
                  "--session-tokens", "1024"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            # A bounded poll of the screen (tmux has no change event),
+            # ended by the demo's exit at the latest.
             while demo.poll() is None and lookups_per_s(screen) <= 0:
                 screen = tmux.capture()
                 time.sleep(0.05)
@@ -115,11 +153,7 @@ def test_stats_watch_under_tmux(all_tiers_daemon, bins, tmp_path):
 
         # q quits at once, restores the screen and exits 0.
         tmux.run("send-keys", "-t", "watch", "q")
-        deadline = time.monotonic() + 10
-        while not done.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done.exists(), tmux.capture()
-        assert done.read_text().strip() == "0"
+        assert exit_status(done) == "0", tmux.capture()
         print(screen)
     finally:
         tmux.kill()
@@ -129,7 +163,7 @@ def test_stats_watch_rides_out_a_daemon_restart(all_tiers_daemon, bins,
                                                 tmp_path):
     d = all_tiers_daemon
     tmux = Tmux(tmp_path)
-    done = tmp_path / "exit-status"
+    done = exit_status_fifo(tmp_path)
     command = (f"{bins / 'tierkv'} --socket {d.socket} --token {TOKEN} "
                f"stats --watch --interval 0.2; echo $? > {done}")
     assert tmux.run("new-session", "-d", "-s", "watch", "-x", "120", "-y",
@@ -146,10 +180,7 @@ def test_stats_watch_rides_out_a_daemon_restart(all_tiers_daemon, bins,
         # The whole view is back (the client reconnected by itself).
         assert re.search(r"^  host +\S+ \S+ / ", up, re.M), up
         tmux.run("send-keys", "-t", "watch", "q")
-        deadline = time.monotonic() + 10
-        while not done.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done.exists() and done.read_text().strip() == "0"
+        assert exit_status(done) == "0", tmux.capture()
     finally:
         tmux.kill()
 

@@ -45,6 +45,8 @@ class Chromium:
              "--remote-debugging-port=0", f"--user-data-dir={profile}",
              "--window-size=1280,800", "about:blank"],
             stdout=self.log, stderr=subprocess.STDOUT)
+        # Chromium's only signal that its DevTools endpoint listens: a
+        # bounded poll for the port file.
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not port_file.exists() or not port_file.read_text().strip():
@@ -93,7 +95,9 @@ class Page:
 
     def wait_for(self, what: str, expr: str, timeout: float = 30.0):
         """Polls a condition on the page's DOM until it holds (an exception
-        counts as "not yet": the page may still be loading)."""
+        counts as "not yet": the page may still be loading). A bounded poll
+        of the page itself: an in-page observer would die with the document
+        while a navigation replaces it."""
         deadline = time.monotonic() + timeout
         guarded = f"(() => {{ try {{ return {expr}; }} catch (e) {{ return false; }} }})()"
         while time.monotonic() < deadline:

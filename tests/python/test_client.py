@@ -6,6 +6,7 @@ message instead of crashing."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 
 import numpy as np
@@ -158,10 +159,24 @@ def test_flush_persists_across_a_restart(daemon, tmp_path):
         np.testing.assert_array_equal(out, kv)
 
 
+def tierkvd_has_sync_points() -> bool:
+    """Whether tierkvd was built with test-only sync points, which
+    TIERKV_TEST_STALL_LAYER needs (`tierkvd --version`; release builds,
+    -DTIERKV_SYNC_POINTS=OFF, have none)."""
+    from tierkv.testing import bin_dir
+    version = subprocess.run([str(bin_dir() / "tierkvd"), "--version"],
+                             capture_output=True, text=True, check=True,
+                             timeout=30).stdout
+    return "sync points: on" in version
+
+
 def test_wait_layer_releases_the_gil_while_the_daemon_holds_a_layer(tmp_path):
     from conftest import CONFIG
     from tierkv.testing import Tierkvd
 
+    if not tierkvd_has_sync_points():
+        pytest.skip("needs TIERKV_TEST_STALL_LAYER: this tierkvd was built "
+                    "with -DTIERKV_SYNC_POINTS=OFF, as release builds are")
     fifo = str(tmp_path / "stall.fifo")
     os.mkfifo(fifo)
     # Held open read-write: the daemon's read waits for our byte, and if

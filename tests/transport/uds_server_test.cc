@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -65,7 +66,19 @@ class EchoHandler : public FrameHandler {
     }
     responder.Send({{payload.begin(), payload.end()}, -1, false});
   }
-  void OnDisconnect(uint64_t) override { disconnects++; }
+  void OnDisconnect(uint64_t) override {
+    {
+      std::lock_guard lock(disconnect_mu);
+      disconnects++;
+    }
+    disconnect_cv.notify_all();
+  }
+  // Waits until `n` connections have ended; false after 10 s without.
+  bool WaitForDisconnects(int n) {
+    std::unique_lock lock(disconnect_mu);
+    return disconnect_cv.wait_for(lock, std::chrono::seconds(10),
+                                  [&] { return disconnects.load() >= n; });
+  }
   ~EchoHandler() override {
     for (auto& t : later) t.join();
   }
@@ -76,6 +89,8 @@ class EchoHandler : public FrameHandler {
   std::vector<Responder> parked;
   int memfd = -1;
   std::atomic<int> frames{0};
+  std::mutex disconnect_mu;  // with disconnect_cv: signals disconnects
+  std::condition_variable disconnect_cv;
   std::atomic<int> disconnects{0};
 };
 
@@ -109,8 +124,7 @@ TEST(UdsServerTest, EchoesPayloadsAndPassesDescriptors) {
   EXPECT_EQ((*ch)->Call(3, {}).status().code(), StatusCode::kBusy);
   EXPECT_OK((*ch)->Call(1, {}));  // still usable after an error frame
   ch->reset();
-  for (int i = 0; i < 100 && handler.disconnects.load() == 0; ++i)
-    usleep(10000);
+  EXPECT_TRUE(handler.WaitForDisconnects(1));
   EXPECT_EQ(handler.disconnects.load(), 1);
   ::close(handler.memfd);
 }
