@@ -105,6 +105,8 @@ struct TopkDaemonOptions {
   int64_t report_every = 16;
   double warmup_fraction = 0.1;
   std::string probe = "match";  // match | list
+  // What the Match asks the daemon to prefetch: none | group | all.
+  std::string prefetch = "none";
   uint32_t shards = 8;
   std::string json_path;
 };
@@ -553,7 +555,14 @@ Result<PolicyFigures> RunPolicy(const TopkDaemonOptions& o, const Workload& w,
         for (const auto& [page, tokens] : pages) {
           hashes.push_back(w.hashes[page]);
         }
-        auto m = timed([&] { return c.Match(hashes); });
+        // A sparse reader's Get follows at once and promotes what it reads
+        // (--prefetch none); group / all: what Match prefetches instead.
+        MatchOptions match_options{.prefetch = o.prefetch != "none"};
+        if (o.prefetch == "group") {
+          match_options.prefetch_layers = {group.front(),
+                                           static_cast<uint16_t>(group.size())};
+        }
+        auto m = timed([&] { return c.Match(hashes, match_options); });
         if (!m.ok()) return m.status();
         tiers = std::move(m->tiers);
       }
@@ -729,12 +738,12 @@ int Run(const TopkDaemonOptions& o) {
         "topk-daemon [{}]: shape {} ({} layers; full layer:group size {}), "
         "k {}, {} KV (segments: kv {} B, index_k {} B); context {} -> {} "
         "tokens = {} pages, {:.1f} MB; {} steps (warm-up {}); write_through "
-        "to NVMe; ReportTopk every {} steps; probe {}\n",
+        "to NVMe; ReportTopk every {} steps; probe {}, prefetch {}\n",
         t.label, o.shape, w->layout.num_layers(), fmt::join(group_text, " "),
         t.header.k, o.kv_dtype, w->layout.SegmentBytes(0, 0),
         w->layout.SegmentBytes(0, 1), w->first_context, w->last_context,
         w->pages, w->total_bytes / 1e6, t.steps.size(), w->warmup_steps,
-        o.report_every, o.probe);
+        o.report_every, o.probe, o.prefetch);
     fmt::print(
         "  trace: selects {} pages = {:.1f}% of the context at least once "
         "(the working set{}); {} selected-page reads\n"
@@ -802,6 +811,7 @@ int Run(const TopkDaemonOptions& o) {
                    {"selected_pages", w->selected_pages},
                    {"report_every", o.report_every},
                    {"probe", o.probe},
+                   {"prefetch", o.prefetch},
                    {"selected_fraction", f.selected_fraction},
                    {"reads", f.reads},
                    {"bound_pages", f.page_bound},
@@ -885,6 +895,13 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
                   "match: Match each read's pages first (the daemon touches "
                   "them and prefetches their NVMe segments); list: no Match")
       ->check(CLI::IsMember({"match", "list"}))
+      ->capture_default_str();
+  sub->add_option("--prefetch", o->prefetch,
+                  "with --probe match, what Match prefetches from NVMe: none "
+                  "(a sparse reader: its Get promotes what it reads), group "
+                  "(the read's layer group), all (every layer, as a prefix "
+                  "lookup)")
+      ->check(CLI::IsMember({"none", "group", "all"}))
       ->capture_default_str();
   sub->add_option("--shards", o->shards, "host tier shards")
       ->capture_default_str();

@@ -315,7 +315,8 @@ std::optional<LayoutSpec> Client::layout() const {
   return impl_->layout_;
 }
 
-Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
+Result<MatchResult> Client::Match(std::span<const PageHash> pages,
+                                  const MatchOptions& options) {
   MatchResult result;
   bool leading = true;
   Status failure;
@@ -323,6 +324,12 @@ Result<MatchResult> Client::Match(std::span<const PageHash> pages) {
     if (!failure.ok()) return;
     MatchRequest req;
     req.pages.assign(pages.begin() + begin, pages.begin() + end);
+    if (!options.prefetch || options.prefetch_layers.first != 0 ||
+        options.prefetch_layers.count != 0) {
+      req.prefetch = MatchPrefetch{.enabled = options.prefetch,
+                                   .first = options.prefetch_layers.first,
+                                   .count = options.prefetch_layers.count};
+    }
     MatchResponse resp;
     // Spin for the reply: a Match is answered from the daemon's index in
     // microseconds, and sleeping for it doubled its latency on a 2-core VM
@@ -730,7 +737,7 @@ Status Client::Prefetch(std::span<const PageHash> pages) {
   Status failure;
   ForEachChunk(pages.size(), [&](size_t begin, size_t end) {
     if (!failure.ok()) return;
-    MatchRequest req;
+    PrefetchRequest req;
     req.pages.assign(pages.begin() + begin, pages.begin() + end);
     req.waits = impl_->TakeWaits();
     StatusResponse resp;

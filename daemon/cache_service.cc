@@ -251,13 +251,20 @@ void CacheService::RecordWaits(Namespace& ns,
 HandlerReply CacheService::Match(uint64_t conn, Namespace& ns, In in) {
   MatchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  RecordWaits(ns, req.waits);
   // A client with registered pools reads through Load, which promotes what
-  // it reads from NVMe once it has it (CacheEngine::Match).
-  auto match = engine_->Match(
-      *ns.engine, req.pages,
-      engine_->HasPools(conn) ? storage::CacheEngine::NvmePromotion::kNone
-                              : storage::CacheEngine::NvmePromotion::kQueue);
+  // it reads once it has it (CacheEngine::Match); one that asked for no
+  // prefetch promotes on its Get.
+  storage::LayerWindow layers;
+  bool prefetch = !engine_->HasPools(conn);
+  if (req.prefetch) {
+    prefetch = prefetch && req.prefetch->enabled;
+    layers = {req.prefetch->first, req.prefetch->count};
+  }
+  auto match =
+      engine_->Match(*ns.engine, req.pages,
+                     prefetch ? storage::CacheEngine::NvmePromotion::kQueue
+                              : storage::CacheEngine::NvmePromotion::kNone,
+                     layers);
   if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
   const double page_tokens = ns.engine->layout()->page_tokens;
   ns.metrics->lookups->Increment();
@@ -483,7 +490,7 @@ HandlerReply CacheService::ReportTopk(Namespace& ns, In in) {
 }
 
 HandlerReply CacheService::Prefetch(Namespace& ns, In in) {
-  MatchRequest req;
+  PrefetchRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   RecordWaits(ns, req.waits);
   return Ok(StatusResponse{engine_->Prefetch(*ns.engine, req.pages)});

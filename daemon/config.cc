@@ -240,6 +240,8 @@ Status DaemonConfig::Validate() const {
   if (poll_us > 10000) return Bad("server.poll_us", "must be <= 10000");
   if (workers == 0 || workers > 256)
     return Bad("server.workers", "must be in [1, 256]");
+  if (load_workers == 0 || load_workers > 256)
+    return Bad("server.load_workers", "must be in [1, 256]");
   if (worker_queue == 0) return Bad("server.worker_queue", "must be > 0");
   if (max_frame_bytes < 4096 || max_frame_bytes > (uint64_t{1} << 30)) {
     return Bad("server.max_frame_bytes", "must be in [4 KiB, 1 GiB]");
@@ -476,10 +478,10 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(CheckKeys(
         *server, "server",
         {"socket", "socket_mode", "socket_group", "io_threads", "poll_us",
-         "workers", "worker_queue", "max_frame_bytes", "max_connections",
-         "max_unauthenticated_connections", "handshake_timeout_ms",
-         "idle_timeout_ms", "stall_timeout_ms", "max_in_flight_bytes",
-         "auth_failure_delay_ms"}));
+         "workers", "load_workers", "worker_queue", "max_frame_bytes",
+         "max_connections", "max_unauthenticated_connections",
+         "handshake_timeout_ms", "idle_timeout_ms", "stall_timeout_ms",
+         "max_in_flight_bytes", "auth_failure_delay_ms"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -489,6 +491,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadInt(*server, "server", "io_threads", c.io_threads));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "poll_us", c.poll_us));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "workers", c.workers));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "load_workers", c.load_workers));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "worker_queue", c.worker_queue));
     TIERKV_RETURN_IF_ERROR(

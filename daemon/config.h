@@ -5,7 +5,7 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
-//               poll_us, workers, worker_queue, max_frame_bytes,
+//               poll_us, workers, load_workers, worker_queue, max_frame_bytes,
 //               max_connections, max_unauthenticated_connections,
 //               handshake_timeout_ms, idle_timeout_ms, stall_timeout_ms,
 //               max_in_flight_bytes, auth_failure_delay_ms
@@ -132,9 +132,14 @@ struct DaemonConfig {
   // How long an IO thread polls for the next request before sleeping
   // (transport::UdsServerOptions::poll_after_work); 0 never polls.
   uint32_t poll_us = 50;  // Default: 50 us
-  // Engine threads for requests that wait for NVMe (Get promotions, Flush),
-  // and how many such requests may wait for one (more get Busy).
-  uint32_t workers = 4;                           // Default: 4
+  // Engine threads for requests that may wait on a lower tier or for
+  // write-back room (Put under backpressure, Get promotions, Flush, Store
+  // lanes), and how many requests may wait for a worker of each kind (more
+  // get Busy).
+  uint32_t workers = 4;  // Default: 4
+  // Engine threads for the lanes of Load, apart from `workers`, so a Put
+  // stalled on write-back never holds a Load back.
+  uint32_t load_workers = 4;                      // Default: 4
   uint32_t worker_queue = 1024;                   // Default: 1024
   uint64_t max_frame_bytes = uint64_t{16} << 20;  // Default: 16 MiB
   // Connections that opened a namespace; more are refused. Default: 1024.

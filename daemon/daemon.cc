@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "daemon/layer_stall.h"
+#include "daemon/build_info.h"
 
 namespace tierkv::daemon {
 
@@ -100,8 +100,10 @@ Status Daemon::OpenHbmTier() {
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   TIERKV_RETURN_IF_ERROR(config.Validate());
+#ifdef TIERKV_SYNC_POINTS
   auto stall = LayerStallFromEnvironment();
   if (!stall.ok()) return stall.status();
+#endif
   std::unique_ptr<Daemon> d(new Daemon(config));
   if (config.nvme.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenNvmeTier());
   if (config.hbm.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenHbmTier());
@@ -130,6 +132,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           config.max_leased_bytes_percent_per_namespace};
   eo.max_pin_ttl = std::chrono::milliseconds(config.max_pin_ttl_ms);
   eo.workers = config.workers;
+  eo.load_workers = config.load_workers;
   eo.worker_queue = config.worker_queue;
   eo.mover.workers = config.nvme.mover_workers;
   eo.mover.prefetch_queue = config.nvme.prefetch_queue;
@@ -141,14 +144,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
   if (!engine.ok()) return engine.status();
   d->engine_ = std::move(engine).value();
-  // Test-only fault injection, installed before any transfer can start.
-  if (*stall) {
-    spdlog::warn(
-        "{} is set: TEST-ONLY FAULT INJECTION, the first transfer reaching "
-        "layer {} will wait for FIFO {}. Never set this in production.",
-        kLayerStallEnv, (*stall)->layer, (*stall)->fifo_path);
-    d->engine_->TEST_SetBeforeTransferLayer(MakeLayerStallHook(**stall));
-  }
+#ifdef TIERKV_SYNC_POINTS
+  // Test-only fault injection, armed before any transfer can start.
+  if (*stall) d->layer_stall_ = std::make_unique<ArmedLayerStall>(**stall);
+#endif
   for (const NamespaceConfig& nc : config.namespaces) {
     if (nc.nvme_bytes == 0 || !d->nvme_) continue;
     Status s = d->nvme_->SetNamespaceQuota(nc.name, nc.nvme_bytes);
@@ -180,7 +179,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     d->namespaces_.push_back(std::move(ns));
   }
   d->service_ = std::make_unique<CacheService>(
-      CacheServiceOptions{.version_info = "tierkvd 0.1.0",
+      CacheServiceOptions{.version_info = kTierkvdVersion,
                           .auth_failure_delay = std::chrono::milliseconds(
                               config.auth_failure_delay_ms),
                           .lease_refusal_delay = std::chrono::milliseconds(

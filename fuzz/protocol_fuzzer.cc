@@ -41,6 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 4:
       Try<MatchRequest>(in);
+      Try<PrefetchRequest>(in);
       break;
     case 5:
       Try<MatchResponse>(in);

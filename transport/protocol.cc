@@ -224,7 +224,18 @@ void Fields(auto& io, Is<WaitReport> auto& m) {
   io.Field(m.total_nanos);
 }
 
+void Fields(auto& io, Is<MatchPrefetch> auto& m) {
+  io.Flag(m.enabled);
+  io.Field(m.first);
+  io.Field(m.count);
+}
+
 void Fields(auto& io, Is<MatchRequest> auto& m) {
+  io.Field(m.pages);
+  io.Trailer(m.prefetch);  // absent: every layer
+}
+
+void Fields(auto& io, Is<PrefetchRequest> auto& m) {
   io.Field(m.pages);
   io.Trailer(m.waits);  // absent when nothing was waited for
 }
@@ -354,6 +365,7 @@ TIERKV_ENCODE_DECODE(OpenNamespaceRequest)
 TIERKV_ENCODE_DECODE(OpenNamespaceResponse)
 TIERKV_ENCODE_DECODE(RegisterLayoutRequest)
 TIERKV_ENCODE_DECODE(MatchRequest)
+TIERKV_ENCODE_DECODE(PrefetchRequest)
 TIERKV_ENCODE_DECODE(MatchResponse)
 TIERKV_ENCODE_DECODE(PutReserveRequest)
 TIERKV_ENCODE_DECODE(PutReserveResponse)

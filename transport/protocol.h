@@ -97,10 +97,22 @@ struct WaitReport {
   }
 };
 
-struct MatchRequest {  // kMatch, kPrefetch
+// What Match prefetches into DRAM of the leading pages' segments below it:
+// nothing, or layers [first, first + count) (count 0: through the last).
+struct MatchPrefetch {
+  bool enabled = true;
+  uint16_t first = 0;
+  uint16_t count = 0;
+  bool empty() const { return false; }  // a set trailer is always encoded
+};
+struct MatchRequest {  // kMatch
   std::vector<PageHash> pages;
-  // Optional trailer (sent with kPrefetch): encoded only when set and
-  // non-empty.
+  // Optional trailer. Absent: every layer is prefetched.
+  std::optional<MatchPrefetch> prefetch;
+};
+struct PrefetchRequest {  // kPrefetch
+  std::vector<PageHash> pages;
+  // Optional trailer: encoded only when set and non-empty.
   std::optional<WaitReport> waits;
 };
 struct MatchResponse {
@@ -230,6 +242,7 @@ std::vector<std::byte> Encode(const OpenNamespaceRequest& m);
 std::vector<std::byte> Encode(const OpenNamespaceResponse& m);
 std::vector<std::byte> Encode(const RegisterLayoutRequest& m);
 std::vector<std::byte> Encode(const MatchRequest& m);
+std::vector<std::byte> Encode(const PrefetchRequest& m);
 std::vector<std::byte> Encode(const MatchResponse& m);
 std::vector<std::byte> Encode(const PutReserveRequest& m);
 std::vector<std::byte> Encode(const PutReserveResponse& m);
@@ -250,6 +263,7 @@ Status Decode(std::span<const std::byte> in, OpenNamespaceRequest& out);
 Status Decode(std::span<const std::byte> in, OpenNamespaceResponse& out);
 Status Decode(std::span<const std::byte> in, RegisterLayoutRequest& out);
 Status Decode(std::span<const std::byte> in, MatchRequest& out);
+Status Decode(std::span<const std::byte> in, PrefetchRequest& out);
 Status Decode(std::span<const std::byte> in, MatchResponse& out);
 Status Decode(std::span<const std::byte> in, PutReserveRequest& out);
 Status Decode(std::span<const std::byte> in, PutReserveResponse& out);

@@ -201,6 +201,18 @@ struct LayerRange {
   uint16_t count = 0;
 };
 
+struct MatchOptions {
+  // Whether the daemon prefetches the leading pages' segments below DRAM
+  // into DRAM for the reads that follow (a prefix lookup's Get of every
+  // layer). A reader whose Get follows at once and reads only some layers
+  // (a sparse decode step) should say false: its Get promotes exactly what
+  // it reads, and a prefetch would race it and move segments it never
+  // reads. Default: true.
+  bool prefetch = true;
+  // Of the prefetch, only these layers. Default: every layer.
+  LayerRange prefetch_layers;
+};
+
 // A Load or Store in flight. The daemon moves bytes layer by layer and
 // publishes progress in shared memory, so waiting costs no round trip.
 // Move-only; the destructor waits (up to the client timeout) until the
@@ -304,9 +316,12 @@ class Client {
   // RegisterLayout.
   std::optional<LayoutSpec> layout() const;
 
-  // Which leading pages are fully present (all layers and parts).
+  // Which leading pages are fully present (all layers and parts); with
+  // options.prefetch, the daemon also prefetches the leading pages'
+  // segments below DRAM (NVMe) into DRAM for the reads that follow.
   // REQUIRES: a registered layout.
-  Result<MatchResult> Match(std::span<const PageHash> pages);
+  Result<MatchResult> Match(std::span<const PageHash> pages,
+                            const MatchOptions& options = {});
 
   // Stores segments: one PutResult per item, in order (see PutResult; a
   // deduplicated segment is OK with already_stored). Never fails as a

@@ -242,7 +242,8 @@ bool CacheEngine::Submit(WorkerPool& pool, std::function<void()> job) {
 
 Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
                                        std::span<const PageHash> pages,
-                                       NvmePromotion promotion) {
+                                       NvmePromotion promotion,
+                                       LayerWindow prefetch) {
   const auto layout = ns.layout();
   if (!layout) {
     return Status::InvalidArgument("register a layout before Match");
@@ -308,7 +309,8 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
     out.leading_hbm_pages += tier == tierkv::Tier::kHbm;
     for (; b < below_keys.size() && below_page[b] == n; ++b) {
       const uint64_t bytes = where[b].bytes;
-      if (prefetch_bytes + bytes <= prefetch_budget) {
+      if (prefetch.Contains(below_keys[b].layer) &&
+          prefetch_bytes + bytes <= prefetch_budget) {
         promote.push_back(below_keys[b]);
         prefetch_bytes += bytes;
       }

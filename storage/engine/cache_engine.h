@@ -145,6 +145,15 @@ struct PoolTransfer {
   uint32_t ticket = 0;
 };
 
+// Layers [first, first + count) of a layout (count 0: through the last).
+struct LayerWindow {
+  uint16_t first = 0;
+  uint16_t count = 0;
+  bool Contains(uint16_t layer) const {
+    return layer >= first && (count == 0 || layer - first < count);
+  }
+};
+
 class CacheEngine {
  public:
   // Validates everything, creates each namespace's host tier, opens every
@@ -191,10 +200,14 @@ class CacheEngine {
   // racing that Load would read every page twice, taking device bandwidth
   // from the read the engine is waiting for. InvalidArgument without a
   // registered layout.
+  // With kQueue, only the segments of layers `prefetch` are queued: a
+  // sparse reader that reads one layer group next (its Get promotes the
+  // rest on demand) would otherwise promote every layer of every page.
   enum class NvmePromotion { kQueue, kNone };
   Result<EngineMatch> Match(EngineNamespace& ns,
                             std::span<const PageHash> pages,
-                            NvmePromotion promotion = NvmePromotion::kQueue);
+                            NvmePromotion promotion = NvmePromotion::kQueue,
+                            LayerWindow prefetch = {});
   // Whether `owner` has registered pools (reads through Load).
   bool HasPools(uint64_t owner) const EXCLUDES(owners_mu_);
 
@@ -318,13 +331,12 @@ class CacheEngine {
 
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
-  // Called by a worker before it moves each unit (part of a layer, see
-  // TransferJob) of a Load or Store, so once per lane that works on the
-  // layer (tests: stall layer l+1 to see WaitLayer(l) return first). Set
-  // before any transfer. Default: none.
-  void TEST_SetBeforeTransferLayer(std::function<void(uint16_t)> hook) {
-    before_transfer_layer_ = std::move(hook);
-  }
+  // Sync point (common/sync_point.h) a worker passes before it moves each
+  // unit (part of a layer, see TransferJob) of a Load or Store, so once per
+  // lane that works on the layer; its argument is the layer (uint16_t*).
+  // Tests: stall layer l+1 to see WaitLayer(l) return first.
+  static constexpr char kBeforeTransferUnit[] =
+      "CacheEngine::RunLane:BeforeTransferUnit";
 
  private:
   CacheEngine(const CacheEngineOptions& options, const NvmeStore* nvme,
@@ -488,6 +500,13 @@ class CacheEngine {
   std::vector<bool> ReadBelowDram(TransferJob& job,
                                   std::span<const TierReadItem> reads,
                                   std::span<const uint32_t> pages);
+  // DRAM for a Store's segment `key` of page `page`: waits out write-back
+  // backpressure as a Put does, until `*deadline` (set at the unit's first
+  // wait, write_back_wait on). The reservation to fill, or nullopt: a dedup
+  // (counted) or a failure (recorded).
+  std::optional<Reservation> ReserveForStore(
+      TransferJob& job, const SegmentKey& key, uint64_t bytes, uint32_t page,
+      std::optional<std::chrono::steady_clock::time_point>* deadline);
   // Pages [begin, end) of the job's layer k.
   void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
@@ -554,7 +573,6 @@ class CacheEngine {
   LatencyHistogram load_latency_, store_latency_;
   mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
-  std::function<void(uint16_t)> before_transfer_layer_;
   std::atomic<uint64_t> backpressure_busy_{0};
   std::atomic<uint64_t> stream_gate_waiting_{0}, stream_gate_waits_{0},
       stream_gate_timeouts_{0};

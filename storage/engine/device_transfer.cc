@@ -317,21 +317,15 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   quarantine_.Reap();
   // Reserved segments are copied into straight from the device and
   // committed once the copies' event is done (aborted if they failed).
-  // Unlike the memfd path, a reservation refused for write-back pressure
-  // is not retried here: the engine's Store says Busy for it.
+  // Under write-back pressure a reservation waits for the mover as the
+  // memfd path's and a Put's do.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   std::vector<std::pair<uint32_t, SegmentKey>> reserved;
   std::vector<SegmentKey> admitted;  // HBM copies of what is stored
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
-    auto r = ns.host_->Reserve(key, bytes);
-    if (!r.ok()) {
-      RecordError(job, i, l, p, r.status().code());
-      continue;
-    }
-    if (r->already_stored) {
-      store_dedup_.fetch_add(1, std::memory_order_relaxed);
-      continue;
-    }
+    auto r = ReserveForStore(job, key, bytes, i, &deadline);
+    if (!r) continue;
     std::span<std::byte> dst{ns.host_->arena().base() + r->location.offset,
                              bytes};
     if (Status s = device.CopyToHost(stream, dst, pool.DeviceSlot(t.slots[i]));

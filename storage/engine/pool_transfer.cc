@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "common/load_ticket.h"
+#include "common/sync_point.h"
 #include "storage/engine/cache_engine.h"
 #include "storage/engine/stream_copy.h"
 
@@ -287,7 +288,8 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     const uint32_t u = job->next_unit.fetch_add(1, std::memory_order_relaxed);
     const uint32_t k = u / job->splits, s = u % job->splits;
     if (k >= job->t.num_layers) break;
-    if (before_transfer_layer_) before_transfer_layer_(job->t.first_layer + k);
+    [[maybe_unused]] uint16_t layer = job->t.first_layer + k;
+    TIERKV_SYNC_POINT_CALLBACK(kBeforeTransferUnit, &layer);
     const uint32_t begin =
         static_cast<uint32_t>(uint64_t{pages} * s / job->splits);
     const uint32_t end =
@@ -498,6 +500,29 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
   }
 }
 
+std::optional<Reservation> CacheEngine::ReserveForStore(
+    TransferJob& job, const SegmentKey& key, uint64_t bytes, uint32_t page,
+    std::optional<std::chrono::steady_clock::time_point>* deadline) {
+  EngineNamespace& ns = *job.ns;
+  auto r = ns.host_->Reserve(key, bytes);
+  if (r.status().code() == StatusCode::kBusy && mover_) {
+    if (!*deadline) {
+      *deadline = std::chrono::steady_clock::now() + options_.write_back_wait;
+      backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
+    }
+    r = ReserveAfterWriteBack(ns, key, bytes, **deadline);
+  }
+  if (!r.ok()) {
+    RecordError(job, page, key.layer, key.part, r.status().code());
+    return std::nullopt;
+  }
+  if (r->already_stored) {
+    store_dedup_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  return *r;
+}
+
 void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
                              uint32_t end) {
   const PoolTransfer& t = job.t;
@@ -520,23 +545,8 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
     for (uint32_t n = begin; n < end; ++n) {
       const uint32_t i = deepest_first ? begin + end - 1 - n : n;
       const SegmentKey key{t.pages[i], l, p};
-      auto r = ns.host_->Reserve(key, pool.layout.slot_bytes);
-      if (r.status().code() == StatusCode::kBusy && mover_) {
-        if (!deadline) {
-          deadline =
-              std::chrono::steady_clock::now() + options_.write_back_wait;
-          backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
-        }
-        r = ReserveAfterWriteBack(ns, key, pool.layout.slot_bytes, *deadline);
-      }
-      if (!r.ok()) {
-        RecordError(job, i, l, p, r.status().code());
-        continue;
-      }
-      if (r->already_stored) {
-        store_dedup_.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
+      auto r = ReserveForStore(job, key, pool.layout.slot_bytes, i, &deadline);
+      if (!r) continue;
       std::memcpy(ns.host_->arena().base() + r->location.offset,
                   pool.Slot(t.slots[i]), pool.layout.slot_bytes);
       if (Status s = ns.host_->Commit(key, dirty); !s.ok()) {

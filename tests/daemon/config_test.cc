@@ -66,6 +66,7 @@ socket = "/tmp/x.sock"
 socket_mode = "0600"
 io_threads = 4
 poll_us = 0
+load_workers = 6
 max_connections = 100
 max_unauthenticated_connections = 8
 handshake_timeout_ms = 2000
@@ -92,6 +93,7 @@ eviction_policy = "2q"
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->io_threads, 4u);
   EXPECT_EQ(c->poll_us, 0u);
+  EXPECT_EQ(c->load_workers, 6u);
   EXPECT_EQ(c->max_connections, 100u);
   EXPECT_EQ(c->max_unauthenticated_connections, 8u);
   EXPECT_EQ(c->handshake_timeout_ms, 2000u);
@@ -217,6 +219,10 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   c = EmbeddedDefaults();
   c.namespaces.push_back(c.namespaces[0]);
   EXPECT_NE(c.Validate().message().find("duplicate"), std::string_view::npos);
+  c = EmbeddedDefaults();
+  c.load_workers = 0;
+  EXPECT_NE(c.Validate().message().find("server.load_workers"),
+            std::string_view::npos);
   c = EmbeddedDefaults();
   c.handshake_timeout_ms = 0;
   EXPECT_NE(c.Validate().message().find("server.handshake_timeout_ms"),

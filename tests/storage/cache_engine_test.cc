@@ -20,12 +20,14 @@
 #include "storage/device/device_backend.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sync_points.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tierkv::storage {
 namespace {
 
 using testing::MemoryDevice;
+using testing::ScopedSyncPoints;
 
 constexpr uint64_t kOwner = 7;
 
@@ -314,6 +316,38 @@ TEST_F(CacheEngineTest, NvmeOnlyPagesArePromotedOnAcquireWithOneReadBatch) {
       << "one read per promoted segment, in one batch";
 }
 
+TEST_F(CacheEngineTest, MatchPrefetchesOnlyTheLayersTheReaderNamed) {
+  // A sparse reader reads one layer group after its Match: only that
+  // group's segments below DRAM are promoted, not every layer's.
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  std::vector<SegmentKey> stored;
+  for (uint64_t n = 0; n < 4; ++n) {
+    PutPage(n);
+    for (const auto& k : AllKeys(n)) stored.push_back(k);
+  }
+  for (const Status& s : FlushNow(stored)) ASSERT_OK(s);
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // evicts pages 0-3
+  engine_->TEST_DrainBackground();
+  ASSERT_FALSE(ns_->host().Touch({Page(0), 1, 0}));
+  const uint64_t promoted_before = engine_->Stats(*ns_).mover.promotions_done;
+  const PageHash pages[] = {Page(0), Page(1), Page(2), Page(3)};
+  // Layers [1, 3): layer 1 (kv) and layer 2 (kv, index_k) of each page.
+  auto m = engine_->Match(*ns_, pages, CacheEngine::NvmePromotion::kQueue,
+                          {.first = 1, .count = 2});
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 4u);
+  EXPECT_EQ(m->leading_nvme_pages, 4u);
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(engine_->Stats(*ns_).mover.promotions_done - promoted_before,
+            4u * 3u);
+  for (uint64_t n = 0; n < 4; ++n) {
+    for (const auto& k : AllKeys(n)) {
+      EXPECT_EQ(ns_->host().Touch(k), k.layer == 1 || k.layer == 2)
+          << k.ToString();
+    }
+  }
+}
+
 TEST_F(CacheEngineTest, FlushOfAThousandKeysSyncsTheDeviceOnce) {
   Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/8 << 20);
   std::vector<SegmentKey> keys;
@@ -466,6 +500,7 @@ class CacheEnginePoolTest : public CacheEngineTest {
 };
 
 TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
   RegisterPools();
   for (uint64_t n = 0; n < 4; ++n) PutPage(n);
@@ -480,8 +515,9 @@ TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
-  engine_->TEST_SetBeforeTransferLayer([&](uint16_t layer) {
-    if (layer != 2) return;
+  ScopedSyncPoints sync;
+  sync.SetCallback(CacheEngine::kBeforeTransferUnit, [&](void* layer) {
+    if (*static_cast<const uint16_t*>(layer) != 2) return;
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return release; });
   });

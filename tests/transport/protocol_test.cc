@@ -182,10 +182,10 @@ TEST(ProtocolTest, TransferRequestCarriesAnOptionalWaitReport) {
 }
 
 TEST(ProtocolTest, PrefetchRequestCarriesAnOptionalWaitReport) {
-  MatchRequest m{{PageHash{1, 1}}, WaitReport{}};
+  PrefetchRequest m{{PageHash{1, 1}}, WaitReport{}};
   m.waits->counts[3] = 4;
   m.waits->total_nanos = 20000;
-  MatchRequest out;
+  PrefetchRequest out;
   ASSERT_OK(Decode(Encode(m), out));
   ASSERT_TRUE(out.waits.has_value());
   EXPECT_EQ(out.waits->counts[3], 4u);
