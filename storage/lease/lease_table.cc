@@ -193,25 +193,22 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
 
 size_t LeaseTable::ReleaseOwner(uint64_t owner) {
   MutexLock lock(&mu_);
-  size_t n = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.owner == owner) {
-      EndLease(it->second);
-      it = leases_.erase(it);
-      ++n;
-    } else {
-      ++it;
-    }
-  }
-  return n;
+  return EndLeasesLocked(
+      [owner](const Lease& lease) { return lease.owner == owner; });
 }
 
 size_t LeaseTable::ExpireDue() {
   const auto now = clock_->Now();
   MutexLock lock(&mu_);
+  return EndLeasesLocked(
+      [now](const Lease& lease) { return lease.expires <= now; });
+}
+
+size_t LeaseTable::EndLeasesLocked(
+    const std::function<bool(const Lease&)>& ends) {
   size_t n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expires <= now) {
+    if (ends(it->second)) {
       EndLease(it->second);
       it = leases_.erase(it);
       ++n;

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -143,6 +144,9 @@ class LeaseTable {
   // Drops the lease's references (read/pin) or reservations (write) and
   // its segments from the usage counts; the caller erases it.
   void EndLease(Lease& lease) REQUIRES(mu_);
+  // Ends and erases every lease `ends` selects; how many.
+  size_t EndLeasesLocked(const std::function<bool(const Lease&)>& ends)
+      REQUIRES(mu_);
   void Account(uint64_t owner, const HostTier* tier, const Usage& delta)
       REQUIRES(mu_);
 
