@@ -254,7 +254,7 @@ HandlerReply CacheService::Match(uint64_t conn, Namespace& ns, In in) {
   // A client with registered pools reads through Load, which promotes what
   // it reads once it has it (CacheEngine::Match); one that asked for no
   // prefetch promotes on its Get.
-  storage::LayerWindow layers;
+  LayerRange layers;
   bool prefetch = !engine_->HasPools(conn);
   if (req.prefetch) {
     prefetch = prefetch && req.prefetch->enabled;

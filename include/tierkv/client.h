@@ -194,13 +194,6 @@ struct PoolSpec {
   uint8_t part = 0;
 };
 
-// Layers [first, first + count) of a transfer; count 0 means through the
-// last layer of the layout.
-struct LayerRange {
-  uint16_t first = 0;
-  uint16_t count = 0;
-};
-
 struct MatchOptions {
   // Whether the daemon prefetches the leading pages' segments below DRAM
   // into DRAM for the reads that follow (a prefix lookup's Get of every

@@ -63,6 +63,16 @@ struct SelectionReport {
   uint32_t count = 0;
 };
 
+// Layers [first, first + count) of a layout (a transfer's, a prefetch's);
+// count 0 means through the last layer.
+struct LayerRange {
+  uint16_t first = 0;
+  uint16_t count = 0;
+  bool Contains(uint16_t layer) const {
+    return layer >= first && (count == 0 || layer - first < count);
+  }
+};
+
 // The unit of storage, transfer and eviction: one part of one layer of one
 // page, e.g. (page, layer 7, part "kv").
 struct SegmentKey {

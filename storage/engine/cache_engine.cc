@@ -243,7 +243,7 @@ bool CacheEngine::Submit(WorkerPool& pool, std::function<void()> job) {
 Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
                                        std::span<const PageHash> pages,
                                        NvmePromotion promotion,
-                                       LayerWindow prefetch) {
+                                       LayerRange prefetch) {
   const auto layout = ns.layout();
   if (!layout) {
     return Status::InvalidArgument("register a layout before Match");

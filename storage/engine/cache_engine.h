@@ -145,15 +145,6 @@ struct PoolTransfer {
   uint32_t ticket = 0;
 };
 
-// Layers [first, first + count) of a layout (count 0: through the last).
-struct LayerWindow {
-  uint16_t first = 0;
-  uint16_t count = 0;
-  bool Contains(uint16_t layer) const {
-    return layer >= first && (count == 0 || layer - first < count);
-  }
-};
-
 class CacheEngine {
  public:
   // Validates everything, creates each namespace's host tier, opens every
@@ -207,7 +198,7 @@ class CacheEngine {
   Result<EngineMatch> Match(EngineNamespace& ns,
                             std::span<const PageHash> pages,
                             NvmePromotion promotion = NvmePromotion::kQueue,
-                            LayerWindow prefetch = {});
+                            LayerRange prefetch = {});
   // Whether `owner` has registered pools (reads through Load).
   bool HasPools(uint64_t owner) const EXCLUDES(owners_mu_);
 
