@@ -22,6 +22,7 @@ HbmTier::HbmTier(uint64_t capacity_bytes, std::vector<uint64_t> quota_bytes)
   for (uint64_t q : quota_bytes) {
     NamespaceState n;
     n.quota = q == 0 ? capacity_ : std::min(q, capacity_);
+    n.policy = NewEvictionPolicy(EvictionPolicyKind::kLru);
     namespaces_.push_back(std::move(n));
   }
 }
@@ -42,7 +43,7 @@ std::optional<uint64_t> HbmTier::Acquire(uint32_t ns, const SegmentKey& key,
     return std::nullopt;
   }
   Entry& e = it->second;
-  UnlinkLocked(e);
+  UnlinkLocked(ns, e);
   ++e.refs;
   ++hits_;
   return e.extent.offset;
@@ -52,7 +53,7 @@ void HbmTier::Release(uint32_t ns, const SegmentKey& key) {
   MutexLock lock(&mu_);
   auto it = entries_.find({ns, key});
   if (it == entries_.end() || it->second.refs == 0) return;
-  if (--it->second.refs == 0) LinkLocked(it->first, it->second);  // a use
+  if (--it->second.refs == 0) LinkLocked(ns, it->second);  // a use
 }
 
 Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
@@ -83,10 +84,11 @@ Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
       return NoRoomLocked(size, "the tier is all in use");
     }
   }
-  Entry e;
+  Entry& e = entries_[k];
   e.extent = *extent;
   e.size = size;
-  entries_.emplace(k, e);
+  e.policy.key = key;
+  e.policy.bytes = extent->length;
   n.used += extent->length;
   used_ += extent->length;
   return extent->offset;
@@ -100,7 +102,11 @@ void HbmTier::Commit(uint32_t ns, const SegmentKey& key) {
   ++segments_;
   ++namespaces_[ns].segments;
   ++admissions_;
-  LinkLocked(it->first, it->second);
+  // Stored and evictable at once: nobody references a new entry.
+  EvictionPolicy& policy = *namespaces_[ns].policy;
+  const uint64_t now = ++clock_;
+  policy.Admit(it->second.policy, now);
+  policy.Link(it->second.policy, now, LinkAt::kNow);
 }
 
 void HbmTier::Abort(uint32_t ns, const SegmentKey& key) {
@@ -116,28 +122,35 @@ Status HbmTier::NoRoomLocked(uint64_t size, std::string_view why) {
       fmt::format("HBM tier: no room for {} B ({})", size, why));
 }
 
-void HbmTier::LinkLocked(const Key& k, Entry& e) {
-  if (e.linked || !e.committed) return;
-  lru_.push_front(k);
-  e.lru = lru_.begin();
-  auto& list = namespaces_[k.ns].lru;
-  list.push_front(k);
-  e.ns_lru = list.begin();
-  e.linked = true;
+void HbmTier::LinkLocked(uint32_t ns, Entry& e) {
+  if (e.policy.linked || !e.committed) return;
+  EvictionPolicy& policy = *namespaces_[ns].policy;
+  const uint64_t now = ++clock_;
+  policy.Use(e.policy, now);
+  policy.Link(e.policy, now, LinkAt::kNow);
 }
 
-void HbmTier::UnlinkLocked(Entry& e) {
-  if (!e.linked) return;
-  const uint32_t ns = e.lru->ns;
-  lru_.erase(e.lru);
-  namespaces_[ns].lru.erase(e.ns_lru);
-  e.linked = false;
+void HbmTier::UnlinkLocked(uint32_t ns, Entry& e) {
+  if (e.policy.linked) namespaces_[ns].policy->Unlink(e.policy);
 }
 
 bool HbmTier::EvictOneLocked(std::optional<uint32_t> ns) {
-  std::list<Key>& list = ns ? namespaces_[*ns].lru : lru_;
-  if (list.empty()) return false;
-  auto it = entries_.find(list.back());
+  // The namespace's victim, or the least recent of every namespace's.
+  uint32_t from = 0;
+  PolicyState* victim = nullptr;
+  for (uint32_t n = 0; n < namespaces_.size(); ++n) {
+    if (ns && n != *ns) continue;
+    PolicyState* v = namespaces_[n].policy->Victim();
+    if (v != nullptr && (victim == nullptr || v->last_use < victim->last_use)) {
+      victim = v;
+      from = n;
+    }
+  }
+  if (victim == nullptr) return false;
+  EvictionPolicy& policy = *namespaces_[from].policy;
+  policy.Unlink(*victim);
+  policy.Evicted(*victim);
+  auto it = entries_.find({from, victim->key});
   ++evictions_;
   evicted_bytes_ += it->second.size;
   DropLocked(it);
@@ -146,7 +159,7 @@ bool HbmTier::EvictOneLocked(std::optional<uint32_t> ns) {
 
 void HbmTier::DropLocked(std::unordered_map<Key, Entry, KeyHash>::iterator it) {
   Entry& e = it->second;
-  UnlinkLocked(e);
+  UnlinkLocked(it->first.ns, e);
   NamespaceState& n = namespaces_[it->first.ns];
   n.used -= e.extent.length;
   used_ -= e.extent.length;

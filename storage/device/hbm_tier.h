@@ -9,10 +9,12 @@
 //
 // Space: one device pool, allocated once by the daemon, carved by an
 // ExtentAllocator (best fit, 256-byte aligned: the pool's "slab" for
-// segments of every (layer, part) size). Eviction: LRU over entries
-// nobody references, O(1). Quotas: a namespace may hold at most its quota;
-// past it, its own least recent entries go first, so one tenant cannot
-// flush another's HBM working set.
+// segments of every (layer, part) size). Eviction: through EvictionPolicy
+// (`lru`), one per namespace over its entries nobody references; the
+// tier's victim is the least recent of the namespaces' victims, so the
+// whole tier is exact LRU, in O(namespaces). Quotas: a namespace may hold
+// at most its quota; past it, its own least recent entries go first, so
+// one tenant cannot flush another's HBM working set.
 //
 // Bytes move outside the tier: Reserve hands out an offset in the pool,
 // the caller copies into it on a device stream and Commits after the
@@ -22,7 +24,7 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -30,6 +32,7 @@
 
 #include "common/mutex.h"
 #include "storage/alloc/extent_allocator.h"
+#include "storage/policy/eviction_policy.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -95,22 +98,21 @@ class HbmTier {
     uint64_t size = 0;
     uint32_t refs = 0;
     bool committed = false;
-    // Positions in lru_ and in its namespace's list, while evictable
-    // (committed and unreferenced).
-    std::list<Key>::iterator lru;
-    std::list<Key>::iterator ns_lru;
-    bool linked = false;
+    // Linked into its namespace's policy while evictable (committed and
+    // unreferenced).
+    PolicyState policy;
   };
   struct NamespaceState {
     uint64_t quota = 0;
     uint64_t used = 0;
     uint64_t segments = 0;
-    std::list<Key> lru;  // front: most recent
+    std::unique_ptr<EvictionPolicy> policy;
   };
 
   Status NoRoomLocked(uint64_t size, std::string_view why) REQUIRES(mu_);
-  void LinkLocked(const Key& k, Entry& e) REQUIRES(mu_);
-  void UnlinkLocked(Entry& e) REQUIRES(mu_);
+  // `e` became evictable again, as used now (its last release).
+  void LinkLocked(uint32_t ns, Entry& e) REQUIRES(mu_);
+  void UnlinkLocked(uint32_t ns, Entry& e) REQUIRES(mu_);
   // Evicts the least recent evictable entry of `ns` (or of the whole tier
   // for nullopt); false when there is none.
   bool EvictOneLocked(std::optional<uint32_t> ns) REQUIRES(mu_);
@@ -120,9 +122,11 @@ class HbmTier {
   const uint64_t capacity_;
   mutable Mutex mu_;
   ExtentAllocator allocator_ GUARDED_BY(mu_);
+  // Node-based: an entry (and the PolicyState a policy links) keeps its
+  // address until erased.
   std::unordered_map<Key, Entry, KeyHash> entries_ GUARDED_BY(mu_);
-  std::list<Key> lru_ GUARDED_BY(mu_);  // front: most recent
   std::vector<NamespaceState> namespaces_ GUARDED_BY(mu_);
+  uint64_t clock_ GUARDED_BY(mu_) = 0;  // one tick per policy event
   uint64_t used_ GUARDED_BY(mu_) = 0;
   uint64_t segments_ GUARDED_BY(mu_) = 0;
   uint64_t hits_ GUARDED_BY(mu_) = 0;

@@ -95,6 +95,30 @@ TEST(HbmTierTest, AQuotaEvictsTheNamespacesOwnSegmentsFirst) {
   EXPECT_TRUE(t.Contains(0, Key(2)));
 }
 
+TEST(HbmTierTest, TheWholeTierIsOneLruAcrossNamespaces) {
+  // Each namespace's entries are ordered by its own policy; the tier's
+  // victim is the least recent of theirs, so the tier stays exact LRU.
+  HbmTier t(1 << 20, {0, 0, 0});
+  Admit(t, 2, Key(1), 256 << 10);
+  Admit(t, 0, Key(2), 256 << 10);
+  Admit(t, 1, Key(3), 256 << 10);
+  Admit(t, 0, Key(4), 256 << 10);
+  ASSERT_TRUE(t.Acquire(2, Key(1), 256 << 10));  // 1 used again: newest
+  t.Release(2, Key(1));
+  const std::pair<uint32_t, uint64_t> order[] = {
+      {0, 2}, {1, 3}, {0, 4}, {2, 1}};
+  for (uint64_t n = 0; n < 4; ++n) {
+    Admit(t, 1, Key(10 + n), 256 << 10);  // evicts the tier's least recent
+    const auto [ns, page] = order[n];
+    EXPECT_FALSE(t.Contains(ns, Key(page))) << "eviction " << n;
+    for (uint64_t later = n + 1; later < 4; ++later) {
+      EXPECT_TRUE(t.Contains(order[later].first, Key(order[later].second)))
+          << "eviction " << n;
+    }
+  }
+  EXPECT_EQ(t.Stats().evictions, 4u);
+}
+
 TEST(HbmTierTest, AnAbortedReservationLeavesNothing) {
   HbmTier t(1 << 20, {0});
   ASSERT_OK(t.Reserve(0, Key(1), 1 << 20));
