@@ -87,7 +87,6 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     }
     auto ns = std::make_unique<EngineNamespace>();
     ns->host_ = std::move(host).value();
-    ns->index_ = tns.id;
     ns->tiers_ = NamespaceTiers{
         .ns = tns,
         .host = ns->host_.get(),
@@ -266,7 +265,7 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
       const auto parts = layout->layers[l].parts.size();
       for (uint8_t p = 0; !miss && p < parts; ++p) {
         const SegmentKey key{pages[n], l, p};
-        hbm = hbm && hbm_->Contains(ns.index_, key);
+        hbm = hbm && hbm_->Contains(ns.id(), key);
         if (ns.host_->Touch(key)) continue;
         if (below) {
           below_keys.push_back(key);
@@ -363,7 +362,7 @@ std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,
 EngineStats CacheEngine::Stats(EngineNamespace& ns) const {
   EngineStats s = SharedStats();
   s.host = ns.host_->Stats();
-  s.hbm_namespace = ns.index_;
+  s.hbm_namespace = ns.id();
   s.active_leases = leases_->leases_on(ns.host_.get());
   return s;
 }

@@ -76,8 +76,9 @@ class EngineNamespace {
 
  private:
   friend class CacheEngine;
+  // Its index in the engine: every tier's namespace id.
+  uint32_t id() const { return tiers_.ns.id; }
   std::unique_ptr<HostTier> host_;
-  uint32_t index_ = 0;   // in the engine (every tier's namespace id)
   bool pinned_ = false;  // its arena is registered with options.device
   NamespaceTiers tiers_;
   mutable Mutex layout_mu_;

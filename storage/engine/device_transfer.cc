@@ -75,14 +75,14 @@ void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
                                     const DeviceRegion& src, StreamId stream,
                                     std::vector<SegmentKey>* admitted) {
   if (&device != options_.device || !HbmUsable()) return;
-  auto at = hbm_->Reserve(ns.index_, key, src.bytes);
+  auto at = hbm_->Reserve(ns.id(), key, src.bytes);
   if (!at.ok()) return;  // no room, or already there
   if (options_.device
           ->CopyOnDevice(stream, {options_.hbm_pool.id, *at, src.bytes}, src)
           .ok()) {
     admitted->push_back(key);
   } else {
-    hbm_->Abort(ns.index_, key);
+    hbm_->Abort(ns.id(), key);
   }
 }
 
@@ -91,9 +91,9 @@ void CacheEngine::FinishHbmAdmissions(EngineNamespace& ns,
                                       bool copied) {
   for (const SegmentKey& key : admitted) {
     if (copied) {
-      hbm_->Commit(ns.index_, key);
+      hbm_->Commit(ns.id(), key);
     } else {
-      hbm_->Abort(ns.index_, key);
+      hbm_->Abort(ns.id(), key);
     }
   }
 }
@@ -194,7 +194,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
     if (hbm != nullptr) {
-      if (auto at = hbm->Acquire(ns.index_, key, bytes)) {
+      if (auto at = hbm->Acquire(ns.id(), key, bytes)) {
         if (device
                 .CopyOnDevice(stream, pool.DeviceSlot(t.slots[i]),
                               {hbm_pool, *at, bytes})
@@ -203,7 +203,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
           copied.push_back(i);
           continue;
         }
-        hbm->Release(ns.index_, key);  // served from below instead
+        hbm->Release(ns.id(), key);  // served from below instead
       }
     }
     auto loc = ns.host_->Acquire(key);
@@ -283,7 +283,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
                   // keeps the engine's pool imported while copies run
                   target = pool.device](const Status& done) {
     for (const SegmentKey& key : held) ns.host_->Release(key);
-    for (const SegmentKey& key : hbm_held) hbm_->Release(ns.index_, key);
+    for (const SegmentKey& key : hbm_held) hbm_->Release(ns.id(), key);
     FinishHbmAdmissions(ns, admitted, done.ok());
   };
   Status done;
