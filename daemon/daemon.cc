@@ -266,7 +266,7 @@ Daemon::~Daemon() {
     // next start serves it (a SIGKILL skips this; demotions so far stay).
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t n = engine_->PersistDirty(
-        t0 + std::chrono::milliseconds(config_.nvme.shutdown_persist_ms));
+        std::chrono::milliseconds(config_.nvme.shutdown_persist_ms));
     uint64_t left = 0;
     for (auto& ns : namespaces_) {
       if (ns->engine->write_policy() != storage::WritePolicy::kNone) {

@@ -123,8 +123,8 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   engine->leases_ =
       std::make_unique<LeaseTable>(options.clock, options.lease_limits);
   if (!tiers_below->empty()) {
-    engine->mover_ =
-        std::make_unique<TierMover>(options.mover, tiers_below, pairs);
+    engine->mover_ = std::make_unique<TierMover>(options.mover, options.clock,
+                                                 tiers_below, pairs);
   }
   // Transfer lanes read the tiers below from these threads: each sets up
   // its io_uring ring now rather than in the first Load it serves (a few
@@ -141,9 +141,8 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   return engine;
 }
 
-uint64_t CacheEngine::PersistDirty(
-    std::chrono::steady_clock::time_point deadline) {
-  return mover_ ? mover_->PersistDirty(deadline) : 0;
+uint64_t CacheEngine::PersistDirty(std::chrono::milliseconds budget) {
+  return mover_ ? mover_->PersistDirty(options_.clock->Now() + budget) : 0;
 }
 
 // Host arenas registered with the device backend (cudaHostRegister), so

@@ -316,10 +316,11 @@ class CacheEngine {
   const TierMover* mover() const { return mover_.get(); }
 
   // Writes the dirty DRAM segments of every namespace with a write policy
-  // to NVMe until done or `deadline` (see TierMover::PersistDirty): for a
-  // graceful shutdown, after the server stopped. Returns the segments
-  // written (0 without NVMe).
-  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+  // to the demotion target, starting batches for at most `budget` on
+  // options.clock (see TierMover::PersistDirty): for a graceful shutdown,
+  // after the server stopped. Returns the segments written (0 without a
+  // tier below DRAM).
+  uint64_t PersistDirty(std::chrono::milliseconds budget);
 
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
@@ -345,11 +346,13 @@ class CacheEngine {
   Status LeaseLimitStatus(uint64_t owner, const char* limit) const;
   // Reserves `key` in DRAM, retrying while write-back backpressure answers
   // Busy, each time the tier changed, until `deadline` (the mover kicked
-  // every round); still Busy then is counted in backpressure_busy_.
+  // every round); still Busy then is counted in backpressure_busy_. The
+  // deadline is on options_.clock (as every deadline of the engine).
   // REQUIRES: mover_ (write-back needs a tier below DRAM).
-  Result<Reservation> ReserveAfterWriteBack(
-      EngineNamespace& ns, const SegmentKey& key, uint64_t size,
-      std::chrono::steady_clock::time_point deadline);
+  Result<Reservation> ReserveAfterWriteBack(EngineNamespace& ns,
+                                            const SegmentKey& key,
+                                            uint64_t size,
+                                            Clock::TimePoint deadline);
   // Whether a batch's new pages go to the namespace's eviction policy last
   // to first (a prompt's deepest pages first in line: a page is useful
   // only with every page before it). Every policy but lru, which stays
@@ -436,8 +439,12 @@ class CacheEngine {
   // order and are published in order.
   struct TransferJob {
     EngineNamespace* ns;
-    bool load = true;                                // else Store
-    std::chrono::steady_clock::time_point accepted;  // for *_latency_
+    bool load = true;  // else Store
+    // When it was accepted, on the steady clock (latencies and the
+    // ticket's time stamps are real time), and when a stream gate gives
+    // up on it (accepted + device_copy_timeout, on options_.clock).
+    std::chrono::steady_clock::time_point accepted;
+    Clock::TimePoint gate_deadline;
     PoolTransfer t;
     std::shared_ptr<const LayoutSpec> layout;
     std::vector<std::vector<Pool>> pools;  // [layer - first][part]
@@ -498,7 +505,7 @@ class CacheEngine {
   // (counted) or a failure (recorded).
   std::optional<Reservation> ReserveForStore(
       TransferJob& job, const SegmentKey& key, uint64_t bytes, uint32_t page,
-      std::optional<std::chrono::steady_clock::time_point>* deadline);
+      std::optional<Clock::TimePoint>* deadline);
   // Pages [begin, end) of the job's layer k.
   void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);

@@ -319,7 +319,7 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   // committed once the copies' event is done (aborted if they failed).
   // Under write-back pressure a reservation waits for the mover as the
   // memfd path's and a Put's do.
-  std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::optional<Clock::TimePoint> deadline;
   std::vector<std::pair<uint32_t, SegmentKey>> reserved;
   std::vector<SegmentKey> admitted;  // HBM copies of what is stored
   for (uint32_t i = begin; i < end; ++i) {

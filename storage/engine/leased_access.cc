@@ -63,8 +63,7 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
                                 bool wait,
                                 std::function<void(EngineReservation)> done) {
   if (wait && !busy.empty()) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + options_.write_back_wait;
+    const auto deadline = options_.clock->Now() + options_.write_back_wait;
     for (size_t i : busy) {
       r.items[i] =
           ReserveAfterWriteBack(ns, items[i].key, items[i].size, deadline);
@@ -90,7 +89,7 @@ void CacheEngine::FinishReserve(uint64_t owner, EngineNamespace& ns,
 
 Result<Reservation> CacheEngine::ReserveAfterWriteBack(
     EngineNamespace& ns, const SegmentKey& key, uint64_t size,
-    std::chrono::steady_clock::time_point deadline) {
+    Clock::TimePoint deadline) {
   Result<Reservation> r = Status::Busy("write-back backpressure");
   // Each retry needs a reason: a commit, abort or finished write-back in
   // the tier since the last attempt.
@@ -99,7 +98,7 @@ Result<Reservation> CacheEngine::ReserveAfterWriteBack(
     r = ns.host_->Reserve(key, size);
     if (r.status().code() != StatusCode::kBusy) break;
     mover_->Kick();
-    if (!ns.host_->WaitChange(seen, deadline)) break;
+    if (!ns.host_->WaitChange(seen, *options_.clock, deadline)) break;
   }
   if (r.status().code() == StatusCode::kBusy) {
     backpressure_busy_.fetch_add(1, std::memory_order_relaxed);
@@ -175,8 +174,7 @@ void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
     // concurrent reservation cannot evict it before this read takes it.
     std::vector<tierkv::Tier> sources;
     const std::vector<Status> promoted = mover_->PromoteBatch(
-        ns.tiers_, wanted,
-        std::chrono::steady_clock::now() + options_.write_back_wait,
+        ns.tiers_, wanted, options_.clock->Now() + options_.write_back_wait,
         /*hold=*/true, &sources);
     for (size_t m = 0; m < missing.size(); ++m) {
       const size_t i = missing[m];

@@ -257,6 +257,7 @@ Status CacheEngine::StartTransfer(
   if (!job.ok()) return job.status();
   (*job)->load = load;
   (*job)->accepted = accepted;
+  (*job)->gate_deadline = options_.clock->Now() + options_.device_copy_timeout;
   TicketAt(*(*job)->tickets, (*job)->t.ticket)
       .accepted_ns.store(MonotonicNanos(accepted), std::memory_order_relaxed);
   if (!Submit(LanesFor(load),
@@ -339,7 +340,8 @@ bool CacheEngine::PassStreamGate(TransferJob& job) {
     stream_gate_waits_.fetch_add(1, std::memory_order_relaxed);
     stream_gate_waiting_.fetch_add(1, std::memory_order_relaxed);
   }
-  const auto deadline = job.accepted + options_.device_copy_timeout;
+  // Spin, yield, then back off: pacing in real time; the deadline is on the
+  // engine's clock.
   const auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(10);
   bool passed = false;
@@ -348,8 +350,8 @@ bool CacheEngine::PassStreamGate(TransferJob& job) {
       passed = true;
       break;
     }
+    if (options_.clock->Now() >= job.gate_deadline) break;
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
     if (now - start < std::chrono::microseconds(20)) continue;
     if (now - start < std::chrono::microseconds(200)) {
       std::this_thread::yield();
@@ -502,12 +504,12 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
 
 std::optional<Reservation> CacheEngine::ReserveForStore(
     TransferJob& job, const SegmentKey& key, uint64_t bytes, uint32_t page,
-    std::optional<std::chrono::steady_clock::time_point>* deadline) {
+    std::optional<Clock::TimePoint>* deadline) {
   EngineNamespace& ns = *job.ns;
   auto r = ns.host_->Reserve(key, bytes);
   if (r.status().code() == StatusCode::kBusy && mover_) {
     if (!*deadline) {
-      *deadline = std::chrono::steady_clock::now() + options_.write_back_wait;
+      *deadline = options_.clock->Now() + options_.write_back_wait;
       backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
     }
     r = ReserveAfterWriteBack(ns, key, bytes, **deadline);
@@ -531,7 +533,7 @@ void CacheEngine::StoreLayer(TransferJob& job, uint32_t k, uint32_t begin,
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
   // Under write-back pressure a Store waits for the mover as a Put does (it
   // runs on a worker, never on an IO thread), up to write_back_wait.
-  std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::optional<Clock::TimePoint> deadline;
   const bool deepest_first = DeepestFirst(ns);
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {

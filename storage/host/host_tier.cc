@@ -175,13 +175,13 @@ uint64_t HostTier::Generation() const {
   return generation_.load(std::memory_order_seq_cst);
 }
 
-bool HostTier::WaitChange(
-    uint64_t seen, std::chrono::steady_clock::time_point deadline) const {
+bool HostTier::WaitChange(uint64_t seen, const Clock& clock,
+                          Clock::TimePoint deadline) const {
   MutexLock lock(&gen_mu_);
   generation_waiters_.fetch_add(1, std::memory_order_seq_cst);
   bool changed = true;
   while (generation_.load(std::memory_order_seq_cst) == seen) {
-    if (!gen_changed_.WaitUntil(&gen_mu_, deadline)) {
+    if (!clock.WaitUntil(gen_changed_, &gen_mu_, deadline)) {
       changed = generation_.load(std::memory_order_seq_cst) != seen;
       break;
     }

@@ -45,6 +45,7 @@
 
 #include "common/mutex.h"
 #include "storage/alloc/extent_allocator.h"
+#include "storage/clock.h"
 #include "storage/host/host_arena.h"
 #include "storage/policy/eviction_policy.h"
 #include "tierkv/status.h"
@@ -175,10 +176,10 @@ class HostTier {
   // aborted or finishes a write-back: read it before a Reserve that
   // answered Busy, then WaitChange() for a reason to retry.
   uint64_t Generation() const;
-  // Waits until Generation() differs from `seen`, or until `deadline`;
-  // false on timeout.
-  bool WaitChange(uint64_t seen,
-                  std::chrono::steady_clock::time_point deadline) const;
+  // Waits until Generation() differs from `seen`, or until `clock` reaches
+  // `deadline`; false on timeout.
+  bool WaitChange(uint64_t seen, const Clock& clock,
+                  Clock::TimePoint deadline) const;
 
   // Takes up to `max_items` / `max_bytes` (at least one segment when any
   // qualifies) of the tier's least recently used unreferenced dirty

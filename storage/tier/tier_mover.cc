@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "common/sync_point.h"
+
 namespace tierkv::storage {
 
 Status TierMoverOptions::Validate() const {
@@ -24,9 +26,11 @@ Status TierMoverOptions::Validate() const {
   return Status::OK();
 }
 
-TierMover::TierMover(const TierMoverOptions& options, const TierChain* chain,
+TierMover::TierMover(const TierMoverOptions& options, const Clock* clock,
+                     const TierChain* chain,
                      std::vector<const NamespaceTiers*> namespaces)
     : options_(options),
+      clock_(clock),
       chain_(chain),
       target_(chain->demotion_target()),
       namespaces_(std::move(namespaces)) {
@@ -80,8 +84,9 @@ void TierMover::WorkerLoop() {
     while (!stopping_ && !kicked_ && prefetches_.empty()) {
       if (!unsynced_since_) {
         work_cv_.Wait(&mu_);
-      } else if (!work_cv_.WaitUntil(
-                     &mu_, *unsynced_since_ + options_.sync_interval)) {
+      } else if (!clock_->WaitUntil(
+                     work_cv_, &mu_,
+                     *unsynced_since_ + options_.sync_interval)) {
         break;  // a group sync is due
       }
     }
@@ -122,13 +127,14 @@ void TierMover::WorkerLoop() {
 void TierMover::SyncIfDue() {
   {
     MutexLock lock(&mu_);
-    if (!unsynced_since_ || std::chrono::steady_clock::now() <
-                                *unsynced_since_ + options_.sync_interval) {
+    if (!unsynced_since_ ||
+        clock_->Now() < *unsynced_since_ + options_.sync_interval) {
       return;
     }
     unsynced_since_.reset();  // what is written from now on waits again
   }
   SyncChain("demoted");
+  TIERKV_SYNC_POINT(kAfterGroupSync);
 }
 
 void TierMover::SyncChain(const char* what) {
@@ -140,7 +146,7 @@ void TierMover::SyncChain(const char* what) {
     sync_failures_.fetch_add(1, std::memory_order_relaxed);
     {
       MutexLock lock(&mu_);
-      if (!unsynced_since_) unsynced_since_ = std::chrono::steady_clock::now();
+      if (!unsynced_since_) unsynced_since_ = clock_->Now();
     }
     spdlog::warn("tier mover: syncing {} segments failed: {}", what,
                  s.ToString());
@@ -161,7 +167,7 @@ std::vector<Status> TierMover::WriteAndAnnounce(
     MutexLock lock(&mu_);
     write_generation_++;
     if (durability == Durability::kDeferred && !unsynced_since_) {
-      unsynced_since_ = std::chrono::steady_clock::now();
+      unsynced_since_ = clock_->Now();
     }
   }
   persisted_cv_.SignalAll();
@@ -215,7 +221,7 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   }
   // One line per batch, and at most one every 10 s: a full disk fails
   // every batch (tierkv_mover_segments_total{result="failed"} counts all).
-  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  const auto now = clock_->Now().time_since_epoch();
   const int64_t now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
   int64_t last = last_failure_log_ms_.load(std::memory_order_relaxed);
@@ -230,8 +236,7 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   return batch.size();
 }
 
-uint64_t TierMover::PersistDirty(
-    std::chrono::steady_clock::time_point deadline) {
+uint64_t TierMover::PersistDirty(Clock::TimePoint deadline) {
   uint64_t written = 0;
   for (const NamespaceTiers* tiers : namespaces_) {
     if (tiers->policy == WritePolicy::kNone) continue;
@@ -239,7 +244,7 @@ uint64_t TierMover::PersistDirty(
     // be taken again: stop at the first batch that writes nothing new.
     const uint64_t failed_before =
         demotions_failed_.load(std::memory_order_relaxed);
-    while (std::chrono::steady_clock::now() < deadline) {
+    while (clock_->Now() < deadline) {
       const size_t n = DemoteBatch(*tiers, /*only_needed=*/false);
       if (n == 0) break;
       written += n;
@@ -254,7 +259,7 @@ uint64_t TierMover::PersistDirty(
 
 std::vector<Status> TierMover::PromoteBatch(
     const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
-    std::chrono::steady_clock::time_point wait_until, bool hold,
+    Clock::TimePoint wait_until, bool hold,
     std::vector<tierkv::Tier>* sources) {
   std::vector<Status> results(keys.size());
   std::vector<tierkv::Tier> source(keys.size(), tierkv::Tier::kMiss);
@@ -339,8 +344,8 @@ std::vector<Status> TierMover::PromoteBatch(
       // Busy: another promoter or a client's Put fills the key, or DRAM
       // holds only unpersisted segments. Retry once the tier changes.
       Kick();
-      if (std::chrono::steady_clock::now() >= wait_until ||
-          !tiers.host->WaitChange(busy_generation, wait_until)) {
+      if (clock_->Now() >= wait_until ||
+          !tiers.host->WaitChange(busy_generation, *clock_, wait_until)) {
         break;  // out of time: those keys stay Busy
       }
     }
@@ -360,8 +365,7 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
                                             std::span<const SegmentKey> keys) {
   std::vector<Status> results(keys.size());
   const uint64_t fingerprint = tiers.Fingerprint();
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.reservation_wait;
+  const auto deadline = clock_->Now() + options_.reservation_wait;
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) pending[i] = i;
   std::vector<SegmentKey> probe;
@@ -411,7 +415,7 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
     MutexLock lock(&mu_);
     bool in_time = true;
     while (write_generation_ <= generation + 1 && in_time) {
-      in_time = persisted_cv_.WaitUntil(&mu_, deadline);
+      in_time = clock_->WaitUntil(persisted_cv_, &mu_, deadline);
     }
     if (!in_time) {
       for (size_t i : pending) {

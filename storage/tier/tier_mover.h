@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "storage/clock.h"
 #include "storage/engine/write_policy.h"
 #include "storage/host/host_tier.h"
 #include "storage/tier/tier_chain.h"
@@ -106,9 +107,12 @@ class TierMover {
  public:
   // Starts the workers over `namespaces` (borrowed, fixed for the mover's
   // life), whose dirty segments they persist by each one's policy into
-  // `chain`'s demotion target and promote from `chain` (borrowed).
+  // `chain`'s demotion target and promote from `chain` (borrowed). Every
+  // deadline (group syncs, waits for a concurrent writer, `wait_until`,
+  // PersistDirty's) is on `clock` (borrowed).
   // REQUIRES: options.Validate() is OK; the chain is not empty.
-  TierMover(const TierMoverOptions& options, const TierChain* chain,
+  TierMover(const TierMoverOptions& options, const Clock* clock,
+            const TierChain* chain,
             std::vector<const NamespaceTiers*> namespaces);
   ~TierMover();  // joins the workers; queued prefetches are dropped
 
@@ -139,7 +143,7 @@ class TierMover {
   // the tier below DRAM key i came from (kMiss when not OK).
   std::vector<Status> PromoteBatch(
       const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
-      std::chrono::steady_clock::time_point wait_until = {}, bool hold = false,
+      Clock::TimePoint wait_until = {}, bool hold = false,
       std::vector<tierkv::Tier>* sources = nullptr);
 
   // Writes host segments `keys` to the demotion target now with one durable
@@ -155,9 +159,14 @@ class TierMover {
   // syncs once: for a graceful shutdown, so a restarted daemon serves what DRAM
   // held. Stops starting batches at `deadline`. Returns the segments written;
   // those still dirty at the deadline stay in DRAM only.
-  uint64_t PersistDirty(std::chrono::steady_clock::time_point deadline);
+  uint64_t PersistDirty(Clock::TimePoint deadline);
 
   TierMoverStats Stats() const;
+
+  // Sync point (common/sync_point.h) a worker passes after a group sync of
+  // demotions came due on the clock and ran (tests: advance a manual clock,
+  // then wait for it).
+  static constexpr char kAfterGroupSync[] = "TierMover::AfterGroupSync";
 
   // Blocks until no dirty segment the policies would persist is left and
   // no job runs (tests, shutdown).
@@ -181,6 +190,7 @@ class TierMover {
   void SyncChain(const char* what);
 
   const TierMoverOptions options_;
+  const Clock* const clock_;
   const TierChain* const chain_;
   Tier* const target_;  // chain_->demotion_target()
   const std::vector<const NamespaceTiers*> namespaces_;
@@ -203,14 +213,13 @@ class TierMover {
   std::atomic<uint32_t> next_namespace_{0};
 
   // When the oldest demotion not yet synced was written, if any.
-  std::optional<std::chrono::steady_clock::time_point> unsynced_since_
-      GUARDED_BY(mu_);
+  std::optional<Clock::TimePoint> unsynced_since_ GUARDED_BY(mu_);
   std::atomic<uint64_t> syncs_{0}, sync_failures_{0};
   std::atomic<uint64_t> demotions_done_{0}, demotions_retried_{0},
       demotions_failed_{0}, demotion_batches_{0};
   std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
       prefetch_batches_{0}, prefetch_dropped_{0};
-  // steady_clock ms of the last write-back failure logged.
+  // clock_ ms of the last write-back failure logged.
   std::atomic<int64_t> last_failure_log_ms_{INT64_MIN / 2};
   std::atomic<uint64_t> promoted_bytes_{0}, written_segments_{0},
       written_bytes_{0};

@@ -18,6 +18,7 @@
 
 #include "common/load_ticket.h"
 #include "storage/device/device_backend.h"
+#include "tests/testing/manual_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/sync_points.h"
@@ -384,18 +385,46 @@ TEST_F(CacheEngineTest, PersistDirtyWritesWhatWriteBackHeldAndSyncsOnce) {
   const uint64_t dirty = ns_->host().Stats().dirty_segments;
   EXPECT_EQ(dirty, 20u * AllKeys(0).size());
   const uint64_t flushes = device_->Stats().flush_ops;
-  EXPECT_EQ(engine_->PersistDirty(std::chrono::steady_clock::now() +
-                                  std::chrono::seconds(30)),
-            dirty);
+  EXPECT_EQ(engine_->PersistDirty(std::chrono::seconds(30)), dirty);
   EXPECT_EQ(nvme_->Stats().segments, dirty);
   EXPECT_EQ(ns_->host().Stats().dirty_segments, 0u);
   EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
   EXPECT_FALSE(nvme_->HasUnsyncedWrites());
   // Nothing left: a second call writes and syncs nothing.
-  EXPECT_EQ(engine_->PersistDirty(std::chrono::steady_clock::now() +
-                                  std::chrono::seconds(30)),
-            0u);
+  EXPECT_EQ(engine_->PersistDirty(std::chrono::seconds(30)), 0u);
   EXPECT_EQ(device_->Stats().flush_ops - flushes, 1u);
+}
+
+TEST_F(CacheEngineTest, DemotionsAreSyncedWhenTheEngineClockSaysSo) {
+  // The group sync's interval is on the engine's clock: real time passing
+  // syncs nothing; the clock passing sync_interval syncs once.
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  testing::ManualClock clock;
+  engine_options_.clock = &clock;
+  engine_options_.mover.sync_interval = std::chrono::hours(1);
+  std::promise<void> synced;
+  std::atomic<bool> seen{false};
+  ScopedSyncPoints sync;
+  sync.SetCallback(TierMover::kAfterGroupSync, [&](void*) {
+    if (!seen.exchange(true)) synced.set_value();
+  });
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  const uint64_t flushes = device_->Stats().flush_ops;
+  for (uint64_t n = 0; n < 400; ++n) PutPage(n);
+  engine_->TEST_DrainBackground();
+  ASSERT_GT(engine_->Stats(*ns_).mover.demotion_batches, 1u);
+  EXPECT_TRUE(nvme_->HasUnsyncedWrites());
+  clock.Advance(std::chrono::minutes(59));
+  engine_->TEST_DrainBackground();
+  EXPECT_FALSE(seen.load()) << "59 minutes of the engine's clock: not due";
+  EXPECT_EQ(device_->Stats().flush_ops, flushes);
+
+  clock.Advance(std::chrono::minutes(1));
+  ASSERT_EQ(synced.get_future().wait_for(std::chrono::minutes(1)),
+            std::future_status::ready);
+  EXPECT_FALSE(nvme_->HasUnsyncedWrites());
+  EXPECT_EQ(device_->Stats().flush_ops, flushes + 1);
+  EXPECT_EQ(engine_->Stats(*ns_).mover.syncs, 1u);
 }
 
 TEST_F(CacheEngineTest, WriteBackFloodWaitsForTheMoverAndLosesNothing) {
@@ -750,12 +779,50 @@ TEST_F(CacheEnginePoolTest, APutStalledOnWriteBackDoesNotHoldALoad) {
   }
 
   // Write-back now: the waiting Put gets its room.
-  EXPECT_GT(engine_->PersistDirty(std::chrono::steady_clock::now() +
-                                  std::chrono::minutes(1)),
-            0u);
+  EXPECT_GT(engine_->PersistDirty(std::chrono::minutes(1)), 0u);
   EngineReservation r = put.get();
   for (const auto& item : r.items) EXPECT_OK(item);
   EXPECT_EQ(engine_->Stats(*ns_).backpressure_busy, 0u);
+}
+
+TEST_F(CacheEnginePoolTest, AWriteBackWaitEndsWhenTheEngineClockPassesIt) {
+  // write_back_wait is on the engine's clock: a Put waiting for a
+  // write-back that never comes (no mover threads) outlives 1 ms of it
+  // in real time, and gives up, Busy, once the clock passes it.
+  testing::ManualClock clock;
+  engine_options_.clock = &clock;
+  engine_options_.workers = 1;
+  engine_options_.mover.workers = 0;
+  engine_options_.write_back_wait = std::chrono::milliseconds(1);
+  Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
+  for (uint64_t n = 0; n < 50; ++n) PutPage(n);
+  std::vector<SegmentSize> more;
+  for (uint64_t n = 50; n < 70; ++n) {
+    for (const SegmentKey& k : AllKeys(n)) {
+      more.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
+    }
+  }
+  std::promise<EngineReservation> reserved;
+  auto put = reserved.get_future();
+  engine_->Reserve(kOwner, *ns_, more, [&](EngineReservation r) {
+    reserved.set_value(std::move(r));
+  });
+  ASSERT_EQ(engine_->Stats(*ns_).backpressure_waits, 1u);
+  EXPECT_EQ(put.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout)
+      << "50 ms of real time is not 1 ms of the engine's clock";
+
+  clock.Advance(std::chrono::milliseconds(1));
+  EngineReservation r = put.get();
+  uint64_t busy = 0;
+  for (const auto& item : r.items) {
+    if (!item.ok()) {
+      EXPECT_EQ(item.status().code(), StatusCode::kBusy);
+      ++busy;
+    }
+  }
+  EXPECT_GT(busy, 0u);
+  EXPECT_EQ(engine_->Stats(*ns_).backpressure_busy, busy);
 }
 
 TEST_F(CacheEnginePoolTest, BadPoolsAndTransfersAreRefusedAndChangeNothing) {

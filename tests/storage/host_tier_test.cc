@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "tests/testing/manual_clock.h"
 #include "tests/testing/status_matchers.h"
 
 namespace tierkv::storage {
@@ -160,23 +161,31 @@ TEST(HostTierTest, FailedWriteBackRetriesOrGivesUpWithoutLosingTheSegment) {
 }
 
 TEST(HostTierTest, GenerationAdvancesOnCommitAbortAndWriteBack) {
+  // The deadline is on the caller's clock: an unmoved manual clock never
+  // times out, so each wait below returns only because the tier changed.
   auto tier = MakeTier(1 << 20, 1);
-  const auto soon = std::chrono::steady_clock::now();
+  testing::ManualClock clock;
+  const auto now = clock.Now();
   uint64_t seen = tier->Generation();
-  EXPECT_FALSE(tier->WaitChange(seen, soon));
+  EXPECT_FALSE(tier->WaitChange(seen, clock, now)) << "deadline reached";
   ASSERT_OK(tier->Reserve(Key(1), 4096));
   std::thread committer([&] { EXPECT_OK(tier->Commit(Key(1), true)); });
-  EXPECT_TRUE(tier->WaitChange(
-      seen, std::chrono::steady_clock::now() + std::chrono::hours(1)));
+  EXPECT_TRUE(tier->WaitChange(seen, clock, now + std::chrono::hours(1)));
   committer.join();
   seen = tier->Generation();
   ASSERT_EQ(tier->TakeDirty(1, 1 << 20, false).size(), 1u);
   tier->FinishPersist(Key(1), /*persisted=*/true, /*retry=*/false);
-  EXPECT_TRUE(tier->WaitChange(seen, soon));
+  EXPECT_TRUE(tier->WaitChange(seen, clock, now));
   seen = tier->Generation();
   ASSERT_OK(tier->Reserve(Key(2), 4096));
   tier->Abort(Key(2));
-  EXPECT_TRUE(tier->WaitChange(seen, soon));
+  EXPECT_TRUE(tier->WaitChange(seen, clock, now));
+
+  // A waiter with no change to see gives up once the clock passes.
+  seen = tier->Generation();
+  std::thread advancer([&] { clock.Advance(std::chrono::hours(1)); });
+  EXPECT_FALSE(tier->WaitChange(seen, clock, now + std::chrono::hours(1)));
+  advancer.join();
 }
 
 // Shards partition the index only: a full tier evicts its least recently

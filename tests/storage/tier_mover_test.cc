@@ -106,7 +106,7 @@ class TierMoverTest : public ::testing::Test {
 };
 
 TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
-  TierMover mover({.workers = 1}, chain_.get(),
+  TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteBack)});
   // 4 MiB of DRAM holds 56 segments; put 200 as fast as possible. A Put
   // that meets backpressure waits for the mover, as a client would retry.
@@ -135,7 +135,7 @@ TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
 }
 
 TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
-  TierMover mover({.workers = 2}, chain_.get(),
+  TierMover mover({.workers = 2}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteThrough)});
   for (uint64_t n = 0; n < 10; ++n) PutHost(n, /*dirty=*/true);
   mover.Kick();
@@ -162,7 +162,7 @@ TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
 // A held promotion is referenced from its commit on: a full tier evicts
 // everything else before it, until the reader releases it.
 TEST_F(TierMoverTest, AHeldPromotionCannotBeEvictedBeforeItIsRead) {
-  TierMover mover({.workers = 1}, chain_.get(),
+  TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteThrough)});
   PutHost(0, /*dirty=*/true);
   mover.Kick();
@@ -187,7 +187,8 @@ TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
       HostTier::Create({.name = "ns", .capacity_bytes = 64 << 20, .shards = 4});
   ASSERT_OK(host);
   host_ = std::move(host).value();
-  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
+  TierMover mover({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                  {Tiers()});
   std::vector<SegmentKey> keys;
   for (uint64_t n = 0; n < 1000; ++n) {
     auto r = host_->Reserve(Key(n), 8192);
@@ -202,7 +203,8 @@ TEST_F(TierMoverTest, PersistBatchOfAThousandKeysSyncsDataOnce) {
 }
 
 TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
-  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
+  TierMover mover({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                  {Tiers()});
   PutHost(1);
   ASSERT_OK(PersistOne(mover, 1));
   PutHost(2);
@@ -223,7 +225,7 @@ TEST_F(TierMoverTest, FullDeviceFailsPersistWithIOErrorAndLosesNothing) {
 }
 
 TEST_F(TierMoverTest, FailedWriteBackLeavesTheSegmentCachedAndEvictable) {
-  TierMover mover({.workers = 1}, chain_.get(),
+  TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteThrough)});
   faults_->FailWrites(ENOSPC);
   PutHost(1, /*dirty=*/true);
@@ -235,7 +237,8 @@ TEST_F(TierMoverTest, FailedWriteBackLeavesTheSegmentCachedAndEvictable) {
 }
 
 TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
-  TierMover mover({.workers = 0}, chain_.get(), {Tiers()});
+  TierMover mover({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                  {Tiers()});
   PutHost(5);
   ASSERT_OK(PersistOne(mover, 5));
   auto entry = nvme_->TEST_Entry("ns", Key(5));
@@ -251,7 +254,8 @@ TEST_F(TierMoverTest, PromotionOfCorruptSegmentIsAMissNeverBadBytes) {
 }
 
 TEST_F(TierMoverTest, FullPrefetchQueueDropsHintsInsteadOfBlocking) {
-  TierMover mover({.workers = 0, .prefetch_queue = 1}, chain_.get(), {Tiers()});
+  TierMover mover({.workers = 0, .prefetch_queue = 1}, SteadyClock::Default(),
+                  chain_.get(), {Tiers()});
   for (uint64_t n = 0; n < 20; ++n) mover.Prefetch(Tiers(), {Key(n)});
   const auto s = mover.Stats();
   EXPECT_EQ(s.prefetch_batches, 1u);
@@ -261,7 +265,7 @@ TEST_F(TierMoverTest, FullPrefetchQueueDropsHintsInsteadOfBlocking) {
 
 TEST_F(TierMoverTest,
        ReadsRacingWriteBackEvictionAndPromotionNeverSeeTornData) {
-  TierMover mover({.workers = 2}, chain_.get(),
+  TierMover mover({.workers = 2}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteBack)});
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};
