@@ -382,7 +382,6 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     Extent extent;
     Share* share;  // charged for `extent`
     CatalogEntry entry;
-    IoBuffer buffer;
   };
   std::vector<Planned> planned;
   uint64_t needs_seq = 0;
@@ -429,7 +428,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
       writing_.insert(key);
       CatalogEntry entry{extent->offset, length, 0, layout_fingerprint,
                          next_generation_++};
-      planned.push_back({i, key, *extent, &share, entry, IoBuffer()});
+      planned.push_back({i, key, *extent, &share, entry});
     }
     needs_seq = delete_seq_;
   }
@@ -441,18 +440,31 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
 
   uint64_t covers_deferred = 0;  // deferred_seq_ before a durable flush
 
-  // Data first.
+  // Data first: in place where the item is one block-aligned extent,
+  // else through a bounce copy, every bounce of the call in one staging
+  // region (staging_pool.h says why).
   std::vector<IoRequest> requests;
   std::vector<size_t> request_of;  // planned index per request
+  IoBuffer staging;
   if (common.ok()) {
+    auto in_place = [&](const Planned& plan) {
+      const std::span<const std::byte> data = items[plan.item].data;
+      return data.size() == plan.extent.length && IsBlockAligned(data.data());
+    };
+    uint64_t staging_bytes = 0;
+    for (const Planned& plan : planned) {
+      if (!in_place(plan)) staging_bytes += plan.extent.length;
+    }
+    staging = staging_.Take(staging_bytes);
+    uint64_t staged = 0;
     requests.reserve(planned.size());
     for (size_t p = 0; p < planned.size(); ++p) {
       Planned& plan = planned[p];
       std::span<const std::byte> data = items[plan.item].data;
-      if (data.size() == plan.extent.length && IsBlockAligned(data.data())) {
-        // Written in place. IoRequest carries one mutable span for both
-        // directions; a write only reads from it, so nothing is stored
-        // through the dropped const.
+      if (in_place(plan)) {
+        // IoRequest carries one mutable span for both directions; a write
+        // only reads from it, so nothing is stored through the dropped
+        // const.
         requests.push_back(
             IoRequest{IoOp::kWrite,
                       plan.extent.offset,
@@ -460,18 +472,17 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         request_of.push_back(p);
         continue;
       }
-      plan.buffer = device_->AllocateIoBuffer(plan.extent.length);
-      if (plan.buffer.empty()) {
+      if (staging.empty()) {
         results[plan.item] =
             Status::ResourceExhausted("nvme store: out of memory");
         continue;
       }
-      std::memcpy(plan.buffer.data(), data.data(), data.size());
-      std::memset(plan.buffer.data() + data.size(), 0,
-                  plan.extent.length - data.size());
-      requests.push_back(
-          IoRequest{IoOp::kWrite, plan.extent.offset,
-                    plan.buffer.span().first(plan.extent.length)});
+      const std::span<std::byte> bounce =
+          staging.span().subspan(staged, plan.extent.length);
+      staged += plan.extent.length;
+      std::memcpy(bounce.data(), data.data(), data.size());
+      std::memset(bounce.data() + data.size(), 0, bounce.size() - data.size());
+      requests.push_back(IoRequest{IoOp::kWrite, plan.extent.offset, bounce});
       request_of.push_back(p);
     }
     // Checksum each item while the rest of the batch is in flight; a
@@ -574,7 +585,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     std::shared_ptr<Segment> segment;  // pinned (readers > 0) until released
     CatalogEntry entry;                // immutable once published
     std::span<std::byte> landing;      // item.dst or bounce; rounded length
-    IoBuffer bounce;                   // empty when reading in place
+    bool bounced = false;              // landing is in the round's staging
     size_t request = SIZE_MAX;         // index into `requests`, if submitted
   };
   std::vector<PendingRead> round;
@@ -619,7 +630,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         }
         ++segment->readers;  // pins the extent until ReleaseReaderLocked
         TouchLocked(*segment);
-        PendingRead pending{next, segment, segment->entry, {}, IoBuffer()};
+        PendingRead pending{next, segment, segment->entry, {}};
         if (in_place) {
           pending.landing = item.dst.first(rounded);
         } else {
@@ -629,14 +640,18 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       }
     }
 
-    // 2. Stage bounce buffers and read the whole round in one device batch.
+    // 2. Stage the round's bounces in one region of the staging pool and
+    //    read the whole round in one device batch.
     requests.clear();
+    const IoBuffer staging = staging_.Take(bounce_bytes);
+    uint64_t staged = 0;
     for (PendingRead& p : round) {
       if (p.landing.empty()) {
+        if (staging.empty()) continue;  // reported below
         const uint64_t rounded = p.segment->extent.length;
-        p.bounce = device_->AllocateIoBuffer(rounded);
-        if (p.bounce.empty()) continue;  // reported below
-        p.landing = p.bounce.span().first(rounded);
+        p.landing = staging.span().subspan(staged, rounded);
+        p.bounced = true;
+        staged += rounded;
       }
       p.request = requests.size();
       requests.push_back(IoRequest{IoOp::kRead, p.entry.offset, p.landing});
@@ -665,13 +680,12 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         got_checksum[r] = got;
         // Never leave bytes that failed verification where a caller that
         // ignores the status might use them.
-        if (p.bounce.empty()) std::memset(dst.data(), 0, p.entry.length);
+        if (!p.bounced) std::memset(dst.data(), 0, p.entry.length);
         result =
             Status::NotFound("nvme store: checksum mismatch (segment dropped)");
         return;
       }
-      if (!p.bounce.empty())
-        std::memcpy(dst.data(), p.landing.data(), p.entry.length);
+      if (p.bounced) std::memcpy(dst.data(), p.landing.data(), p.entry.length);
       result = p.entry.length;
     });
     for (const PendingRead& p : round) {

@@ -56,6 +56,7 @@
 #include "storage/alloc/extent_allocator.h"
 #include "storage/nvme/device.h"
 #include "storage/nvme/nvme_catalog.h"
+#include "storage/nvme/staging_pool.h"
 #include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
@@ -371,6 +372,9 @@ class NvmeStore {
   const std::shared_ptr<Device> device_;
   const std::unique_ptr<NvmeCatalog> catalog_;
   NvmeRecoveryReport recovery_;  // written once in Open
+  // Write()'s bounce buffers, one region per call: two mover batches
+  // (TierMoverOptions: 32 MiB each) stay pooled.
+  StagingPool staging_{uint64_t{64} << 20};
 
   // Serializes catalog delete flushes so they reach RocksDB in order.
   // Taken before mu_.
