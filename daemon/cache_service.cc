@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "daemon/tier_stats_json.h"
+
 namespace tierkv::daemon {
 
 using namespace transport;  // NOLINT: protocol message types
@@ -509,28 +511,31 @@ HandlerReply CacheService::List(Namespace& ns, In in) {
 
 HandlerReply CacheService::Stats(Namespace& ns) {
   const storage::EngineStats es = engine_->Stats(*ns.engine);
-  const storage::HostTierStats& s = es.host;
   nlohmann::json j;
   j["namespace"] = ns.name();
-  j["host"] = {{"capacity_bytes", s.capacity_bytes},
-               {"used_bytes", s.used_bytes},
-               {"reserved_bytes", s.reserved_bytes},
-               {"segments", s.segments},
-               {"referenced_segments", s.referenced_segments},
-               {"inserts", s.inserts},
-               {"dedup_hits", s.dedup_hits},
-               {"evictions", s.evictions},
-               {"evicted_bytes", s.evicted_bytes},
-               {"aborts", s.aborts},
-               {"dirty_segments", s.dirty_segments},
-               {"dirty_bytes", s.dirty_bytes},
-               {"backpressure_rejections", s.backpressure_rejections},
-               {"backpressure_waits", es.backpressure_waits},
-               {"backpressure_busy", es.backpressure_busy},
-               {"largest_free_bytes", s.largest_free_bytes},
-               {"hugepages", s.hugepages},
-               {"eviction_policy", storage::EvictionPolicyName(
-                                       ns.engine->host().eviction_policy())}};
+  // Every tier, from the engine's walk (tier_stats_json.h): "tiers", and
+  // each tier's object by name ("host", "hbm", "nvme", ...).
+  nlohmann::json tiers = TiersJson(engine_->TierReports(ns.engine));
+  if (engine_->mover() != nullptr) {
+    // The mover's demotions go to the write-back target: they show there.
+    const storage::TierMoverStats& mv = es.mover;
+    storage::TierCounterSet moved;
+    moved.Counter("demotions_done", mv.demotions_done);
+    moved.Counter("demotions_retried", mv.demotions_retried);
+    moved.Counter("demotions_failed", mv.demotions_failed);
+    moved.Counter("demotion_batches", mv.demotion_batches);
+    moved.Counter("demotion_syncs", mv.syncs);
+    moved.Counter("demotion_sync_failures", mv.sync_failures);
+    moved.Counter("promotions_done", mv.promotions_done);
+    moved.Counter("promotions_failed", mv.promotions_failed);
+    moved.Counter("prefetch_batches", mv.prefetch_batches);
+    moved.Counter("prefetch_dropped", mv.prefetch_dropped);
+    moved.Gauge("prefetch_queue_depth",
+                static_cast<double>(mv.prefetch_queue_depth));
+    if (const storage::Tier* target = engine_->chain().demotion_target()) {
+      AddTierCounters(tiers, target->name(), moved);
+    }
+  }
   auto& m = *ns.metrics;
   j["lookups"] = m.lookups->Value();
   j["lookup_tokens"] = {{"host", m.lookup_tokens_host->Value()},
@@ -588,23 +593,6 @@ HandlerReply CacheService::Stats(Namespace& ns) {
   j["lookup_tokens"]["hbm"] = m.lookup_tokens_hbm->Value();
   j["transfers"]["load_segments"]["hbm"] = es.load_segments_hbm;
   j["transfers"]["load_bytes"]["hbm"] = es.load_bytes_hbm;
-  if (es.has_hbm) {
-    const storage::HbmTierStats& h = es.hbm;
-    const auto& mine = h.namespaces.at(es.hbm_namespace);
-    j["hbm"] = {{"capacity_bytes", h.capacity_bytes},
-                {"used_bytes", h.used_bytes},
-                {"segments", h.segments},
-                {"hits", h.hits},
-                {"misses", h.misses},
-                {"admissions", h.admissions},
-                {"admission_failures", h.admission_failures},
-                {"evictions", h.evictions},
-                {"evicted_bytes", h.evicted_bytes},
-                {"namespace",
-                 {{"quota_bytes", mine.quota_bytes},
-                  {"used_bytes", mine.used_bytes},
-                  {"segments", mine.segments}}}};
-  }
   if (es.has_device) {
     j["device"] = {{"failed", es.device_failed},
                    {"error", es.device_error},
@@ -618,60 +606,19 @@ HandlerReply CacheService::Stats(Namespace& ns) {
                      {"heap_borrows", es.device_staging.heap_borrows}}}};
   }
   j["get_segments"]["hit_nvme"] = m.get_hits_nvme->Value();
-  if (es.has_nvme) {
-    const storage::NvmeStoreStats& n = es.nvme;
+  if (engine_->mover() != nullptr) {
     const storage::TierMoverStats& mv = es.mover;
     j["transfers"]["promoted"] = {{"segments", mv.promotions_done},
                                   {"bytes", mv.promoted_bytes}};
     j["transfers"]["written_to_nvme"] = {{"segments", mv.written_segments},
                                          {"bytes", mv.written_bytes}};
-    j["nvme"] = {{"capacity_bytes", n.capacity_bytes},
-                 {"used_bytes", n.bytes_used},
-                 {"allocated_bytes", n.bytes_allocated},
-                 {"segments", n.segments},
-                 {"fragmentation", n.fragmentation},
-                 {"evictions", n.evictions},
-                 {"checksum_failures", n.checksum_failures},
-                 {"checksum_reread_ok", n.checksum_reread_ok},
-                 {"reads", n.reads},
-                 {"read_hits", n.read_hits},
-                 {"writes", n.writes},
-                 {"write_errors", n.write_errors},
-                 {"read_only", n.read_only},
-                 {"read_bytes", n.device.read_bytes},
-                 {"written_bytes", n.device.write_bytes},
-                 {"device_syncs", n.device.flush_ops},
-                 {"recovered_segments", n.recovery.recovered_segments},
-                 {"recovered_bytes", n.recovery.recovered_bytes},
-                 {"dropped_segments", n.recovery.dropped_segments},
-                 {"catalog_recreated", n.recovery.catalog_recreated},
-                 {"direct_io", n.direct_io},
-                 {"io_uring", n.io_uring},
-                 {"demotions_done", mv.demotions_done},
-                 {"demotions_retried", mv.demotions_retried},
-                 {"demotions_failed", mv.demotions_failed},
-                 {"demotion_batches", mv.demotion_batches},
-                 {"demotion_syncs", mv.syncs},
-                 {"demotion_sync_failures", mv.sync_failures},
-                 {"promotions_done", mv.promotions_done},
-                 {"promotions_failed", mv.promotions_failed},
-                 {"prefetch_batches", mv.prefetch_batches},
-                 {"prefetch_dropped", mv.prefetch_dropped},
-                 {"prefetch_queue_depth", mv.prefetch_queue_depth}};
-    // This namespace's own part of the tier.
-    const auto mine = engine_->nvme()->NamespaceStats();
-    if (auto it = mine.find(ns.name()); it != mine.end()) {
-      j["nvme"]["namespace"] = {{"reserved_bytes", it->second.quota_bytes},
-                                {"segments", it->second.segments},
-                                {"used_bytes", it->second.bytes_used},
-                                {"allocated_bytes", it->second.bytes_allocated},
-                                {"evictions", it->second.evictions}};
-    }
   }
   if (auto layout = ns.engine->layout()) {
     j["layout"] = {{"page_tokens", layout->page_tokens},
                    {"num_layers", layout->num_layers()}};
   }
+  AddFlatTierObjects(tiers, j);
+  j["tiers"] = std::move(tiers);
   return Ok(JsonResponse{Status::OK(), j.dump()});
 }
 

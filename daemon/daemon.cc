@@ -185,12 +185,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                           .lease_refusal_delay = std::chrono::milliseconds(
                               config.lease_refusal_delay_ms)},
       d->engine_.get(), &d->namespaces_, &d->metrics_);
-  std::vector<std::string> host_policies;
-  for (const NamespaceConfig& nc : config.namespaces) {
-    host_policies.emplace_back(storage::EvictionPolicyName(nc.eviction_policy));
-  }
-  d->metrics_.AddTiers(d->engine_.get(), d->nvme_.get(),
-                       std::move(host_policies));
+  d->metrics_.AddTiers(d->engine_.get());
   if (d->nvme_) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }

@@ -168,11 +168,8 @@ void DaemonMetrics::AddEngine(const storage::CacheEngine* engine) {
   if (exposer_) exposer_->RegisterCollectable(engine_);
 }
 
-void DaemonMetrics::AddTiers(const storage::CacheEngine* engine,
-                             const storage::NvmeStore* nvme,
-                             std::vector<std::string> host_policies) {
-  tiers_ =
-      std::make_shared<TierMetrics>(engine, nvme, std::move(host_policies));
+void DaemonMetrics::AddTiers(const storage::CacheEngine* engine) {
+  tiers_ = std::make_shared<TierMetrics>(engine);
   if (exposer_) exposer_->RegisterCollectable(tiers_);
 }
 

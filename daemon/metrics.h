@@ -84,12 +84,9 @@ class DaemonMetrics {
   int port() const;
 
   NamespaceMetrics* AddNamespace(const std::string& name);
-  // Exports every tier (tier_metrics.h): `host_policies[i]` is the eviction
-  // policy of engine->namespaces()[i]; `nvme` may be null. Borrowed; call
-  // StopServing() before destroying them.
-  void AddTiers(const storage::CacheEngine* engine,
-                const storage::NvmeStore* nvme,
-                std::vector<std::string> host_policies);
+  // Exports every tier of the engine (tier_metrics.h). Borrowed; call
+  // StopServing() before destroying it.
+  void AddTiers(const storage::CacheEngine* engine);
   // Exports the NVMe device and the mover (see nvme_metrics.h). Both
   // borrowed; call StopServing() before destroying them.
   void AddNvmeTier(const storage::NvmeStore* store,

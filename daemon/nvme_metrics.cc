@@ -1,3 +1,5 @@
+// NvmeMetrics: the NVMe device's and the tier mover's families (see
+// nvme_metrics.h).
 #include "daemon/nvme_metrics.h"
 
 #include <prometheus/metric_family.h>
@@ -48,14 +50,6 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
              "Times the NVMe catalog became read-only", MetricType::Counter);
   AddValue(read_only_entries, {}, static_cast<double>(s.read_only_entries));
   out.push_back(std::move(read_only_entries));
-
-  auto corruptions =
-      Family("tierkv_corruptions_total",
-             "Segments that failed their checksum (served as misses)",
-             MetricType::Counter);
-  AddValue(corruptions, {{"tier", "nvme"}},
-           static_cast<double>(s.checksum_failures));
-  out.push_back(std::move(corruptions));
 
   auto reread =
       Family("tierkv_nvme_checksum_reread_ok_total",

@@ -2,11 +2,11 @@
 // scrape time from their Stats() (a prometheus::Collectable), so counters
 // never drift from what storage counts itself.
 //
-// Families (the tier's bytes, segments, reads and evictions are in
-// tier_metrics.h, with every other tier's): tierkv_nvme_writes_total{result},
-// tierkv_nvme_io_bytes_total{op}, tierkv_nvme_device_syncs_total,
-// tierkv_nvme_read_only, tierkv_nvme_read_only_entries_total,
-// tierkv_corruptions_total{tier="nvme"}, tierkv_nvme_checksum_reread_ok_total,
+// Families (the tier's bytes, segments, reads, evictions and corruptions
+// are in tier_metrics.h, from the tier walk, with every other tier's):
+// tierkv_nvme_writes_total{result}, tierkv_nvme_io_bytes_total{op},
+// tierkv_nvme_device_syncs_total, tierkv_nvme_read_only,
+// tierkv_nvme_read_only_entries_total, tierkv_nvme_checksum_reread_ok_total,
 // tierkv_nvme_recovered_segments, tierkv_nvme_recovered_bytes,
 // tierkv_nvme_io_latency_seconds{op} (histogram),
 // tierkv_mover_queue_depth{queue}, tierkv_mover_segments_total{queue,result},

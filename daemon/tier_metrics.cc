@@ -1,17 +1,63 @@
-// TierMetrics: the tier-labelled families (see tier_metrics.h).
+// TierMetrics: the tier-labelled families from the tier walk (see
+// tier_metrics.h).
 #include "daemon/tier_metrics.h"
 
 #include <prometheus/metric_family.h>
 
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
 #include "daemon/metric_families.h"
 
 namespace tierkv::daemon {
+namespace {
 
 using prometheus::MetricFamily;
 using prometheus::MetricType;
+using Labels = std::vector<prometheus::ClientMetric::Label>;
+
+// `<state>_bytes` gauges that are bytes by state (not every *_bytes gauge
+// is: largest_free_bytes is not a share of the tier).
+const char* ByteState(std::string_view gauge) {
+  static constexpr std::pair<std::string_view, const char*> kStates[] = {
+      {"used_bytes", "used"},           {"capacity_bytes", "capacity"},
+      {"reserved_bytes", "reserved"},   {"dirty_bytes", "dirty"},
+      {"allocated_bytes", "allocated"}, {"quota_bytes", "quota"}};
+  for (const auto& [name, state] : kStates) {
+    if (name == gauge) return state;
+  }
+  return nullptr;
+}
+
+// Reads by result: the counter names tiers use for them.
+const char* ReadResult(std::string_view counter) {
+  if (counter == "hits" || counter == "read_hits") return "hit";
+  if (counter == "misses" || counter == "read_misses") return "miss";
+  if (counter == "read_errors") return "error";
+  return nullptr;
+}
+
+const char* AdmissionResult(std::string_view counter) {
+  if (counter == "admissions") return "admitted";
+  if (counter == "admission_failures") return "no_room";
+  return nullptr;
+}
+
+Labels With(Labels labels, std::string key, std::string value) {
+  labels.push_back({std::move(key), std::move(value)});
+  return labels;
+}
+
+}  // namespace
 
 std::vector<MetricFamily> TierMetrics::Collect() const {
-  auto d = [](uint64_t v) { return static_cast<double>(v); };
+  auto info =
+      Family("tierkv_tier_info",
+             "Every tier with its eviction policy and kind; the value is its "
+             "place in cost order (0: the cheapest)",
+             MetricType::Gauge);
   auto bytes = Family("tierkv_tier_bytes", "Bytes per tier and state",
                       MetricType::Gauge);
   auto segments = Family("tierkv_tier_segments", "Committed segments per tier",
@@ -35,74 +81,109 @@ std::vector<MetricFamily> TierMetrics::Collect() const {
   auto admissions = Family("tierkv_tier_admissions_total",
                            "Copies offered to a copy tier (hbm), by result",
                            MetricType::Counter);
+  auto corruptions =
+      Family("tierkv_corruptions_total",
+             "Segments that failed their checksum (served as misses)",
+             MetricType::Counter);
   auto dedup = Family("tierkv_dedup_hits_total",
                       "Puts of segments already stored (nothing copied)",
                       MetricType::Counter);
+  auto any_counter =
+      Family("tierkv_tier_counter_total",
+             "Every counter a tier reports, by name (per namespace where "
+             "`namespace` is set)",
+             MetricType::Counter);
+  auto any_gauge = Family("tierkv_tier_gauge",
+                          "Every gauge and flag (0/1) a tier reports, by name "
+                          "(per namespace where `namespace` is set)",
+                          MetricType::Gauge);
 
-  // Host DRAM: one arena per namespace.
-  storage::HostTierStats total;
-  const auto& namespaces = engine_->namespaces();
-  for (size_t i = 0; i < namespaces.size(); ++i) {
-    const std::string& name = namespaces[i]->name();
-    const storage::HostTierStats h = namespaces[i]->host().Stats();
-    total.used_bytes += h.used_bytes;
-    total.reserved_bytes += h.reserved_bytes;
-    total.capacity_bytes += h.capacity_bytes;
-    total.dirty_bytes += h.dirty_bytes;
-    total.segments += h.segments;
-    const std::string policy =
-        i < host_policies_.size() ? host_policies_[i] : "";
-    for (auto [state, v] : {std::pair{"used", h.used_bytes},
-                            std::pair{"reserved", h.reserved_bytes},
-                            std::pair{"capacity", h.capacity_bytes}}) {
-      AddValue(ns_bytes,
-               {{"namespace", name}, {"tier", "host"}, {"state", state}}, d(v));
+  std::map<std::string, double> dedup_by_namespace;
+  const std::vector<storage::TierReport> reports = engine_->TierReports();
+  for (size_t place = 0; place < reports.size(); ++place) {
+    const storage::TierReport& r = reports[place];
+    AddValue(info,
+             {{"tier", r.name},
+              {"policy", r.policy},
+              {"kind", std::string(tierkv::TierName(r.kind))}},
+             static_cast<double>(place));
+    const Labels tier{{"tier", r.name}};
+    const storage::TierCounterSet totals = r.Totals();
+    for (const auto& [name, v] : totals.gauges()) {
+      if (const char* state = ByteState(name)) {
+        AddValue(bytes, With(tier, "state", state), v);
+      } else if (name == "segments") {
+        AddValue(segments, tier, v);
+      }
     }
-    AddValue(ns_segments, {{"namespace", name}, {"tier", "host"}},
-             d(h.segments));
-    AddValue(evictions,
-             {{"namespace", name}, {"tier", "host"}, {"policy", policy}},
-             d(h.evictions));
-    AddValue(evicted_bytes, {{"namespace", name}, {"tier", "host"}},
-             d(h.evicted_bytes));
-    AddValue(dedup, {{"namespace", name}}, d(h.dedup_hits));
+    for (const auto& [name, v] : totals.counters()) {
+      const double value = static_cast<double>(v);
+      if (const char* result = ReadResult(name)) {
+        AddValue(reads, With(tier, "result", result), value);
+      } else if (const char* admitted = AdmissionResult(name)) {
+        AddValue(admissions, With(tier, "result", admitted), value);
+      } else if (name == "checksum_failures") {
+        AddValue(corruptions, tier, value);
+      }
+    }
+
+    // Evictions per namespace where the tier counts them so, else per
+    // tier (never both: a sum by tier counts each once).
+    for (const char* counter : {"evictions", "evicted_bytes"}) {
+      MetricFamily& family =
+          std::string_view(counter) == "evictions" ? evictions : evicted_bytes;
+      const bool policy_label = &family == &evictions;
+      bool per_namespace = false;
+      for (const storage::TierNamespaceReport& n : r.namespaces) {
+        const auto v = n.values.FindCounter(counter);
+        if (!v) continue;
+        per_namespace = true;
+        Labels labels{{"namespace", n.name}, {"tier", r.name}};
+        if (policy_label) labels.push_back({"policy", n.policy});
+        AddValue(family, labels, static_cast<double>(*v));
+      }
+      const auto v = r.shared.FindCounter(counter);
+      if (!per_namespace && v) {
+        AddValue(family, policy_label ? With(tier, "policy", r.policy) : tier,
+                 static_cast<double>(*v));
+      }
+    }
+
+    const Labels generic{{"tier", r.name}, {"policy", r.policy}};
+    auto add_generic = [&](const Labels& labels,
+                           const storage::TierCounterSet& values) {
+      for (const auto& [name, v] : values.counters()) {
+        AddValue(any_counter, With(labels, "name", name),
+                 static_cast<double>(v));
+      }
+      for (const auto& [name, v] : values.gauges()) {
+        AddValue(any_gauge, With(labels, "name", name), v);
+      }
+      for (const auto& [name, v] : values.flags()) {
+        AddValue(any_gauge, With(labels, "name", name), v ? 1.0 : 0.0);
+      }
+    };
+    add_generic(generic, r.shared);
+
+    for (const storage::TierNamespaceReport& n : r.namespaces) {
+      const Labels mine{{"namespace", n.name}, {"tier", r.name}};
+      for (const auto& [name, v] : n.values.gauges()) {
+        if (const char* state = ByteState(name)) {
+          AddValue(ns_bytes, With(mine, "state", state), v);
+        } else if (name == "segments") {
+          AddValue(ns_segments, mine, v);
+        }
+      }
+      if (const auto d = n.values.FindCounter("dedup_hits")) {
+        dedup_by_namespace[n.name] += static_cast<double>(*d);
+      }
+      add_generic(
+          {{"namespace", n.name}, {"tier", r.name}, {"policy", n.policy}},
+          n.values);
+    }
   }
-  AddValue(bytes, {{"tier", "host"}, {"state", "used"}}, d(total.used_bytes));
-  AddValue(bytes, {{"tier", "host"}, {"state", "reserved"}},
-           d(total.reserved_bytes));
-  AddValue(bytes, {{"tier", "host"}, {"state", "dirty"}}, d(total.dirty_bytes));
-  AddValue(bytes, {{"tier", "host"}, {"state", "capacity"}},
-           d(total.capacity_bytes));
-  AddValue(segments, {{"tier", "host"}}, d(total.segments));
-
-  // HBM: one device pool for every namespace, a copy cache (LRU).
-  const storage::EngineStats shared = engine_->SharedStats();
-  if (shared.has_hbm) {
-    const storage::HbmTierStats& h = shared.hbm;
-    AddValue(bytes, {{"tier", "hbm"}, {"state", "used"}}, d(h.used_bytes));
-    AddValue(bytes, {{"tier", "hbm"}, {"state", "capacity"}},
-             d(h.capacity_bytes));
-    AddValue(segments, {{"tier", "hbm"}}, d(h.segments));
-    for (size_t i = 0; i < h.namespaces.size() && i < namespaces.size(); ++i) {
-      const std::string& name = namespaces[i]->name();
-      const auto& n = h.namespaces[i];
-      AddValue(ns_bytes,
-               {{"namespace", name}, {"tier", "hbm"}, {"state", "used"}},
-               d(n.used_bytes));
-      AddValue(ns_bytes,
-               {{"namespace", name}, {"tier", "hbm"}, {"state", "quota"}},
-               d(n.quota_bytes));
-      AddValue(ns_segments, {{"namespace", name}, {"tier", "hbm"}},
-               d(n.segments));
-    }
-    AddValue(evictions, {{"tier", "hbm"}, {"policy", "lru"}}, d(h.evictions));
-    AddValue(evicted_bytes, {{"tier", "hbm"}}, d(h.evicted_bytes));
-    AddValue(reads, {{"tier", "hbm"}, {"result", "hit"}}, d(h.hits));
-    AddValue(reads, {{"tier", "hbm"}, {"result", "miss"}}, d(h.misses));
-    AddValue(admissions, {{"tier", "hbm"}, {"result", "admitted"}},
-             d(h.admissions));
-    AddValue(admissions, {{"tier", "hbm"}, {"result", "no_room"}},
-             d(h.admission_failures));
+  for (const auto& [name, v] : dedup_by_namespace) {
+    AddValue(dedup, {{"namespace", name}}, v);
   }
 
   // The device backend under HBM and engines' device pools: a device fault
@@ -121,45 +202,19 @@ std::vector<MetricFamily> TierMetrics::Collect() const {
       Family("tierkv_device_quarantined_units_total",
              "Transfer units ever quarantined behind a timed-out device wait",
              MetricType::Counter);
+  const storage::EngineStats shared = engine_->SharedStats();
   if (shared.has_device) {
     AddValue(device_up, {}, shared.device_failed ? 0.0 : 1.0);
-    AddValue(quarantined, {}, d(shared.device_quarantined));
-    AddValue(quarantined_total, {}, d(shared.device_quarantined_total));
-  }
-
-  // NVMe: one file or device for every namespace (LRU within each share).
-  if (shared.has_nvme && nvme_ != nullptr) {
-    const storage::NvmeStoreStats& n = shared.nvme;  // read once above
-    AddValue(bytes, {{"tier", "nvme"}, {"state", "used"}}, d(n.bytes_used));
-    AddValue(bytes, {{"tier", "nvme"}, {"state", "allocated"}},
-             d(n.bytes_allocated));
-    AddValue(bytes, {{"tier", "nvme"}, {"state", "capacity"}},
-             d(n.capacity_bytes));
-    AddValue(segments, {{"tier", "nvme"}}, d(n.segments));
-    for (const auto& [name, s] : nvme_->NamespaceStats()) {
-      for (auto [state, v] : {std::pair{"used", s.bytes_used},
-                              std::pair{"allocated", s.bytes_allocated},
-                              std::pair{"quota", s.quota_bytes}}) {
-        AddValue(ns_bytes,
-                 {{"namespace", name}, {"tier", "nvme"}, {"state", state}},
-                 d(v));
-      }
-      AddValue(ns_segments, {{"namespace", name}, {"tier", "nvme"}},
-               d(s.segments));
-      AddValue(evictions,
-               {{"namespace", name}, {"tier", "nvme"}, {"policy", "lru"}},
-               d(s.evictions));
-    }
-    AddValue(reads, {{"tier", "nvme"}, {"result", "hit"}}, d(n.read_hits));
-    AddValue(reads, {{"tier", "nvme"}, {"result", "miss"}}, d(n.read_misses));
-    AddValue(reads, {{"tier", "nvme"}, {"result", "error"}}, d(n.read_errors));
+    AddValue(quarantined, {}, static_cast<double>(shared.device_quarantined));
+    AddValue(quarantined_total, {},
+             static_cast<double>(shared.device_quarantined_total));
   }
 
   std::vector<MetricFamily> out;
   for (MetricFamily* f :
-       {&bytes, &segments, &ns_bytes, &ns_segments, &evictions, &evicted_bytes,
-        &reads, &admissions, &dedup, &device_up, &quarantined,
-        &quarantined_total}) {
+       {&info, &bytes, &segments, &ns_bytes, &ns_segments, &evictions,
+        &evicted_bytes, &reads, &admissions, &corruptions, &dedup, &any_counter,
+        &any_gauge, &device_up, &quarantined, &quarantined_total}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   return out;

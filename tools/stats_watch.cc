@@ -21,6 +21,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tools/human_bytes.h"
 
@@ -37,6 +38,31 @@ double At(const json& j, std::initializer_list<const char*> path) {
     p = &(*p)[key];
   }
   return p->is_number() ? p->get<double>() : 0;
+}
+
+// The "tiers" array of a Stats document (empty when absent).
+const json& Tiers(const json& stats) {
+  static const json kNone = json::array();
+  if (!stats.is_object() || !stats.contains("tiers") ||
+      !stats["tiers"].is_array()) {
+    return kNone;
+  }
+  return stats["tiers"];
+}
+
+// The entry of tier `name` in `stats`'s "tiers", or an empty object.
+const json& TierNamed(const json& stats, const std::string& name) {
+  static const json kNone = json::object();
+  for (const json& t : Tiers(stats)) {
+    if (t.is_object() && t.value("name", std::string()) == name) return t;
+  }
+  return kNone;
+}
+
+// Whether `entry[group][name]` exists.
+bool Has(const json& entry, const char* group, const char* name) {
+  return entry.is_object() && entry.contains(group) &&
+         entry[group].is_object() && entry[group].contains(name);
 }
 
 std::string Bar(double fraction, int width) {
@@ -146,12 +172,29 @@ std::string RenderWatchFrame(const std::string& before_text,
       now.value("namespace", std::string("?")), refresh,
       rates ? elapsed_s : 0.0, WallClock()));
   line("");
-  const char* tiers[] = {"hbm", "host", "nvme", "miss"};
+  // Hit shares by where Match found the pages: the tiers' kinds cheapest
+  // first, then any other key the daemon reports, "miss" last.
+  std::vector<std::string> sources;
+  auto add_source = [&](const std::string& key) {
+    if (key != "miss" &&
+        std::find(sources.begin(), sources.end(), key) == sources.end() &&
+        now.contains("lookup_tokens") && now["lookup_tokens"].contains(key)) {
+      sources.push_back(key);
+    }
+  };
+  for (const json& t : Tiers(now)) add_source(t.value("kind", std::string()));
+  if (now.contains("lookup_tokens") && now["lookup_tokens"].is_object()) {
+    for (const auto& [key, value] : now["lookup_tokens"].items()) {
+      add_source(key);
+    }
+  }
+  sources.push_back("miss");
   double interval_total = 0, start_total = 0;
-  for (const char* tier : tiers) {
-    start_total += At(now, {"lookup_tokens", tier});
+  for (const std::string& source : sources) {
+    const char* key = source.c_str();
+    start_total += At(now, {"lookup_tokens", key});
     interval_total +=
-        At(now, {"lookup_tokens", tier}) - At(before, {"lookup_tokens", tier});
+        At(now, {"lookup_tokens", key}) - At(before, {"lookup_tokens", key});
   }
   const std::string tokens_per_s =
       rates ? fmt::format("{:.0f}", std::max(0.0, interval_total) / elapsed_s)
@@ -169,50 +212,59 @@ std::string RenderWatchFrame(const std::string& before_text,
   line(recent ? fmt::format("hit share of looked-up tokens (last {:.1f} s)",
                             elapsed_s)
               : std::string("hit share of looked-up tokens (since start)"));
-  for (const char* tier : tiers) {
-    const double v = recent ? At(now, {"lookup_tokens", tier}) -
-                                  At(before, {"lookup_tokens", tier})
-                            : At(now, {"lookup_tokens", tier});
+  for (const std::string& source : sources) {
+    const char* key = source.c_str();
+    const double v = recent ? At(now, {"lookup_tokens", key}) -
+                                  At(before, {"lookup_tokens", key})
+                            : At(now, {"lookup_tokens", key});
     const double total = recent ? interval_total : start_total;
     const double share = total > 0 ? v / total : 0;
-    line(fmt::format("  {:<5} {:>6.1f}% {}", tier, 100 * share,
+    line(fmt::format("  {:<5} {:>6.1f}% {}", source, 100 * share,
                      Bar(share, bar)));
   }
 
+  // One occupancy line per tier the daemon lists, cheapest first.
   line("");
   line("occupancy");
-  auto tier_line = [&](const char* name, double used, double capacity,
-                       const std::string& tail) {
+  double dirty_segments = 0;
+  for (const json& t : Tiers(now)) {
+    dirty_segments += At(t, {"gauges", "dirty_segments"});
+  }
+  std::vector<std::string> health;
+  for (const json& t : Tiers(now)) {
+    const std::string name = t.value("name", std::string("?"));
+    const json& was = TierNamed(before, name);
+    auto tier_rate = [&](const char* counter) {
+      if (!rates) return std::string("-");
+      const double d = std::max(
+          0.0, At(t, {"counters", counter}) - At(was, {"counters", counter}));
+      return fmt::format("{:.1f}", d / elapsed_s);
+    };
+    const double used = At(t, {"gauges", "used_bytes"});
+    const double capacity = At(t, {"gauges", "capacity_bytes"});
+    // The write-back target carries the mover's counters: its line shows
+    // them instead of the eviction total.
+    const std::string tail =
+        Has(t, "counters", "demotions_done")
+            ? fmt::format("evict {}/s, demote {}/s, promote {}/s",
+                          tier_rate("evictions"), tier_rate("demotions_done"),
+                          tier_rate("promotions_done"))
+            : fmt::format("evict {}/s ({:.0f} in all)", tier_rate("evictions"),
+                          At(t, {"counters", "evictions"}));
     const double f = capacity > 0 ? used / capacity : 0;
     line(fmt::format("  {:<5} {:>10} / {:<10} {:>6.1f}% {}  {}", name,
                      HumanBytes(used), HumanBytes(capacity), 100 * f,
                      Bar(f, bar), tail));
-  };
-  if (now.contains("hbm")) {
-    tier_line(
-        "hbm", At(now, {"hbm", "namespace", "used_bytes"}),
-        At(now, {"hbm", "capacity_bytes"}),
-        fmt::format("evict {}/s (shared tier)", per_s({"hbm", "evictions"})));
+    if (Has(t, "counters", "checksum_failures") ||
+        Has(t, "counters", "demotions_failed")) {
+      health.push_back(fmt::format(
+          "  {} health: {:.0f} checksum failures, {:.0f} demotions failed, "
+          "{:.0f} dirty segments waiting",
+          name, At(t, {"counters", "checksum_failures"}),
+          At(t, {"counters", "demotions_failed"}), dirty_segments));
+    }
   }
-  tier_line(
-      "host", At(now, {"host", "used_bytes"}),
-      At(now, {"host", "capacity_bytes"}),
-      fmt::format("evict {}/s ({:.0f} in all)", per_s({"host", "evictions"}),
-                  At(now, {"host", "evictions"})));
-  if (now.contains("nvme")) {
-    tier_line("nvme", At(now, {"nvme", "used_bytes"}),
-              At(now, {"nvme", "capacity_bytes"}),
-              fmt::format("evict {}/s, demote {}/s, promote {}/s",
-                          per_s({"nvme", "evictions"}),
-                          per_s({"nvme", "demotions_done"}),
-                          per_s({"nvme", "promotions_done"})));
-    line(fmt::format(
-        "  nvme health: {} checksum failures, {} demotions failed, {} dirty "
-        "segments waiting",
-        At(now, {"nvme", "checksum_failures"}),
-        At(now, {"nvme", "demotions_failed"}),
-        At(now, {"host", "dirty_segments"})));
-  }
+  for (const std::string& h : health) line(h);
   line("");
   line(fmt::format(
       "leases {:.0f} active   transfers: loads {}/s, stores "

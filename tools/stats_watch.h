@@ -2,7 +2,9 @@
 // every interval from the daemon's Stats (one RPC per refresh): rates over
 // the interval (lookups, tokens, gets, puts, evictions, NVMe traffic), the
 // share of looked-up tokens each tier served as bars, and each tier's
-// occupancy as a bar. `q` (or Ctrl-C) quits and restores the terminal.
+// occupancy as a bar. The tiers are those the Stats JSON lists in "tiers"
+// (daemon/tier_stats_json.h), whatever their names. `q` (or Ctrl-C) quits
+// and restores the terminal.
 #pragma once
 
 #include <functional>

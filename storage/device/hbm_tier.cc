@@ -22,7 +22,7 @@ HbmTier::HbmTier(uint64_t capacity_bytes, std::vector<uint64_t> quota_bytes)
   for (uint64_t q : quota_bytes) {
     NamespaceState n;
     n.quota = q == 0 ? capacity_ : std::min(q, capacity_);
-    n.policy = NewEvictionPolicy(EvictionPolicyKind::kLru);
+    n.policy = NewEvictionPolicy(kPolicy);
     namespaces_.push_back(std::move(n));
   }
 }
@@ -187,6 +187,34 @@ HbmTierStats HbmTier::Stats() const {
     s.namespaces.push_back({n.quota, n.used, n.segments});
   }
   return s;
+}
+
+void HbmTier::VisitCounters(TierCounterVisitor& v) const {
+  const HbmTierStats s = Stats();
+  v.Gauge("capacity_bytes", static_cast<double>(s.capacity_bytes));
+  v.Gauge("used_bytes", static_cast<double>(s.used_bytes));
+  v.Gauge("segments", static_cast<double>(s.segments));
+  v.Counter("hits", s.hits);
+  v.Counter("misses", s.misses);
+  v.Counter("admissions", s.admissions);
+  v.Counter("admission_failures", s.admission_failures);
+  v.Counter("evictions", s.evictions);
+  v.Counter("evicted_bytes", s.evicted_bytes);
+}
+
+void HbmTier::VisitNamespaceCounters(uint32_t ns, TierCounterVisitor& v) const {
+  uint64_t quota = 0, used = 0, segments = 0;
+  {
+    MutexLock lock(&mu_);
+    if (ns >= namespaces_.size()) return;
+    const NamespaceState& n = namespaces_[ns];
+    quota = n.quota;
+    used = n.used;
+    segments = n.segments;
+  }
+  v.Gauge("quota_bytes", static_cast<double>(quota));
+  v.Gauge("used_bytes", static_cast<double>(used));
+  v.Gauge("segments", static_cast<double>(segments));
 }
 
 }  // namespace tierkv::storage

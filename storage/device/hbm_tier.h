@@ -33,6 +33,8 @@
 #include "common/mutex.h"
 #include "storage/alloc/extent_allocator.h"
 #include "storage/policy/eviction_policy.h"
+#include "storage/policy/eviction_policy_kind.h"
+#include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -84,6 +86,15 @@ class HbmTier {
 
   HbmTierStats Stats() const;
 
+  // Its name and eviction policy in stats and metrics.
+  static constexpr std::string_view name() { return "hbm"; }
+  std::string_view policy() const { return EvictionPolicyName(kPolicy); }
+  // Stats() in the tier counter vocabulary (tier_counters.h): the whole
+  // tier, and namespace `ns`'s share (quota_bytes, used_bytes, segments;
+  // nothing for an unknown `ns`).
+  void VisitCounters(TierCounterVisitor& visitor) const;
+  void VisitNamespaceCounters(uint32_t ns, TierCounterVisitor& visitor) const;
+
  private:
   struct Key {
     uint32_t ns = 0;
@@ -118,6 +129,9 @@ class HbmTier {
   bool EvictOneLocked(std::optional<uint32_t> ns) REQUIRES(mu_);
   void DropLocked(std::unordered_map<Key, Entry, KeyHash>::iterator it)
       REQUIRES(mu_);
+
+  // Every namespace's order (see the top).
+  static constexpr EvictionPolicyKind kPolicy = EvictionPolicyKind::kLru;
 
   const uint64_t capacity_;
   mutable Mutex mu_;

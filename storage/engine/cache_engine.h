@@ -53,6 +53,7 @@
 #include "storage/tier/placement.h"
 #include "storage/tier/tier.h"
 #include "storage/tier/tier_chain.h"
+#include "storage/tier/tier_counters.h"
 #include "storage/tier/tier_mover.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
@@ -310,6 +311,14 @@ class CacheEngine {
   EngineStats Stats(EngineNamespace& ns) const EXCLUDES(owners_mu_);
   // The daemon-wide part of Stats() (no namespace: `host` is empty).
   EngineStats SharedStats() const EXCLUDES(owners_mu_);
+  // Every tier of the daemon, cheapest first: HBM (when there is one),
+  // host DRAM, then the tiers below DRAM in read order; each with its
+  // name, policy, kind and counters (tier_counters.h), so readers show a
+  // tier they have never heard of. Namespace shares are `ns`'s only, or
+  // every namespace's for null. Host DRAM is per_namespace; its `shared`
+  // holds the engine's write-back backpressure counters (daemon-wide).
+  std::vector<TierReport> TierReports(
+      const EngineNamespace* ns = nullptr) const;
   // The NVMe store given to Open (null without), and the mover (null
   // without tiers below DRAM), for metrics.
   const NvmeStore* nvme() const { return nvme_; }

@@ -529,4 +529,26 @@ HostTierStats HostTier::Stats() const {
   return s;
 }
 
+void HostTier::VisitCounters(TierCounterVisitor& v) const {
+  const HostTierStats s = Stats();
+  auto gauge = [&v](std::string_view name, uint64_t value) {
+    v.Gauge(name, static_cast<double>(value));
+  };
+  gauge("capacity_bytes", s.capacity_bytes);
+  gauge("used_bytes", s.used_bytes);
+  gauge("reserved_bytes", s.reserved_bytes);
+  gauge("dirty_bytes", s.dirty_bytes);
+  gauge("largest_free_bytes", s.largest_free_bytes);
+  gauge("segments", s.segments);
+  gauge("referenced_segments", s.referenced_segments);
+  gauge("dirty_segments", s.dirty_segments);
+  v.Counter("inserts", s.inserts);
+  v.Counter("dedup_hits", s.dedup_hits);
+  v.Counter("evictions", s.evictions);
+  v.Counter("evicted_bytes", s.evicted_bytes);
+  v.Counter("aborts", s.aborts);
+  v.Counter("backpressure_rejections", s.backpressure_rejections);
+  v.Flag("hugepages", s.hugepages);
+}
+
 }  // namespace tierkv::storage

@@ -40,6 +40,7 @@
 #include <list>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -48,6 +49,8 @@
 #include "storage/clock.h"
 #include "storage/host/host_arena.h"
 #include "storage/policy/eviction_policy.h"
+#include "storage/policy/eviction_policy_kind.h"
+#include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -201,11 +204,20 @@ class HostTier {
   std::vector<SegmentInfo> List(size_t limit) const;
 
   HostTierStats Stats() const;
+  // Stats() in the tier counter vocabulary (tier_counters.h): bytes and
+  // segments as gauges, events as counters, hugepages as a flag.
+  void VisitCounters(TierCounterVisitor& visitor) const;
   const HostArena& arena() const { return *arena_; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
+  // The namespace's name (the tier's, in stats and metrics, is tier_name()).
   const std::string& name() const { return options_.name; }
+  static constexpr std::string_view tier_name() { return "host"; }
   EvictionPolicyKind eviction_policy() const {
     return options_.eviction_policy;
+  }
+  // The eviction policy's name ("lru"): the `policy` label of its metrics.
+  std::string_view policy() const {
+    return EvictionPolicyName(options_.eviction_policy);
   }
 
  private:

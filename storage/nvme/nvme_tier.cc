@@ -47,12 +47,17 @@ std::vector<Status> NvmeTier::Evict(const TierNamespace& ns,
 
 void NvmeTier::VisitCounters(TierCounterVisitor& v) const {
   const NvmeStoreStats s = store_->Stats();
-  v.Gauge("capacity_bytes", static_cast<double>(s.capacity_bytes));
-  v.Gauge("used_bytes", static_cast<double>(s.bytes_used));
-  v.Gauge("allocated_bytes", static_cast<double>(s.bytes_allocated));
-  v.Gauge("segments", static_cast<double>(s.segments));
+  auto gauge = [&v](std::string_view name, uint64_t value) {
+    v.Gauge(name, static_cast<double>(value));
+  };
+  gauge("capacity_bytes", s.capacity_bytes);
+  gauge("used_bytes", s.bytes_used);
+  gauge("allocated_bytes", s.bytes_allocated);
+  gauge("segments", s.segments);
   v.Gauge("fragmentation", s.fragmentation);
-  v.Gauge("read_only", s.read_only ? 1 : 0);
+  v.Flag("read_only", s.read_only);
+  v.Flag("direct_io", s.direct_io);
+  v.Flag("io_uring", s.io_uring);
   v.Counter("reads", s.reads);
   v.Counter("read_hits", s.read_hits);
   v.Counter("read_misses", s.read_misses);
@@ -63,6 +68,28 @@ void NvmeTier::VisitCounters(TierCounterVisitor& v) const {
   v.Counter("evictions", s.evictions);
   v.Counter("removals", s.removals);
   v.Counter("checksum_failures", s.checksum_failures);
+  v.Counter("checksum_reread_ok", s.checksum_reread_ok);
+  v.Counter("read_bytes", s.device.read_bytes);
+  v.Counter("written_bytes", s.device.write_bytes);
+  v.Counter("device_syncs", s.device.flush_ops);
+  // What start-up recovered from the catalog: fixed for the process.
+  gauge("recovered_segments", s.recovery.recovered_segments);
+  gauge("recovered_bytes", s.recovery.recovered_bytes);
+  gauge("dropped_segments", s.recovery.dropped_segments);
+  v.Flag("catalog_recreated", s.recovery.catalog_recreated);
+}
+
+void NvmeTier::VisitNamespaceCounters(const TierNamespace& ns,
+                                      TierCounterVisitor& v) const {
+  const auto all = store_->NamespaceStats();
+  auto it = all.find(ns.name);
+  if (it == all.end()) return;  // nothing stored and no quota
+  const NvmeNamespaceStats& n = it->second;
+  v.Gauge("quota_bytes", static_cast<double>(n.quota_bytes));
+  v.Gauge("used_bytes", static_cast<double>(n.bytes_used));
+  v.Gauge("allocated_bytes", static_cast<double>(n.bytes_allocated));
+  v.Gauge("segments", static_cast<double>(n.segments));
+  v.Counter("evictions", n.evictions);
 }
 
 }  // namespace tierkv::storage

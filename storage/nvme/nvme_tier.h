@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "storage/nvme/nvme_store.h"
+#include "storage/policy/eviction_policy_kind.h"
 #include "storage/tier/tier.h"
 
 namespace tierkv::storage {
@@ -20,7 +21,10 @@ class NvmeTier final : public Tier {
   explicit NvmeTier(NvmeStore* store) : store_(store) {}
 
   std::string_view name() const override { return "nvme"; }
-  std::string_view policy() const override { return "lru"; }
+  // NvmeStore keeps one LRU list per namespace share.
+  std::string_view policy() const override {
+    return EvictionPolicyName(EvictionPolicyKind::kLru);
+  }
   tierkv::Tier kind() const override { return tierkv::Tier::kNvme; }
   bool persistent() const override { return true; }
 
@@ -39,6 +43,8 @@ class NvmeTier final : public Tier {
     return store_->HasUnsyncedWrites();
   }
   void VisitCounters(TierCounterVisitor& visitor) const override;
+  void VisitNamespaceCounters(const TierNamespace& ns,
+                              TierCounterVisitor& visitor) const override;
   void PrepareThisThread() override { store_->device().PrepareThisThread(); }
 
   NvmeStore& store() const { return *store_; }

@@ -81,6 +81,9 @@ using TierWriteDone = std::function<void(std::vector<Status>)>;
 
 // Receives a tier's counters (VisitCounters): names are snake_case without
 // the tier's name (the reader adds it: stats JSON keys, metric labels).
+// Readers map a few well-known names onto their own families (see
+// tier_counters.h, "Vocabulary"); every name reaches the stats JSON and the
+// generic metric families, so a new tier needs no reader edits.
 class TierCounterVisitor {
  public:
   virtual ~TierCounterVisitor() = default;
@@ -88,6 +91,10 @@ class TierCounterVisitor {
   virtual void Counter(std::string_view name, uint64_t value) = 0;
   // A level now (bytes used, segments held, a ratio).
   virtual void Gauge(std::string_view name, double value) = 0;
+  // A yes/no state now (read_only, hugepages). Default: a 0/1 Gauge.
+  virtual void Flag(std::string_view name, bool value) {
+    Gauge(name, value ? 1.0 : 0.0);
+  }
 };
 
 class Tier {
@@ -138,8 +145,17 @@ class Tier {
   // Deferred writes acknowledged and not yet covered by a Sync.
   virtual bool HasUnsyncedWrites() const = 0;
 
-  // Reports every counter of the tier to `visitor`.
+  // Reports every counter of the tier (over all its namespaces) to
+  // `visitor`.
   virtual void VisitCounters(TierCounterVisitor& visitor) const = 0;
+  // Reports namespace `ns`'s own share of the tier (its segments, bytes,
+  // quota, evictions), in the same vocabulary, for a tier that keeps
+  // namespaces apart. Default: nothing (the tier keeps no such share).
+  virtual void VisitNamespaceCounters(const TierNamespace& ns,
+                                      TierCounterVisitor& visitor) const {
+    (void)ns;
+    (void)visitor;
+  }
 
   // Called once on each long-lived thread that will call Read or Write
   // (e.g. to set up its io_uring ring before the first call needs it).

@@ -155,6 +155,38 @@ TEST_F(ExtensionTierTest, AnAddedTierTakesDemotionsAndServesReads) {
   EXPECT_EQ(flushed.get_future().get()[0].code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(ExtensionTierTest, TheTierWalkReportsAnAddedTierByItsNameAndPolicy) {
+  Open();
+  for (uint64_t n = 0; n < 400; ++n) Put(n);  // past DRAM: demotions
+  engine_->TEST_DrainBackground();
+  const std::vector<TierReport> reports = engine_->TierReports(ns_);
+  // Cheapest first: DRAM, then the chain (no HBM here).
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].name, "host");
+  EXPECT_TRUE(reports[0].per_namespace);
+  const TierReport& added = reports[1];
+  EXPECT_EQ(added.name, "slowmem");
+  EXPECT_EQ(added.policy, "lru");
+  EXPECT_EQ(added.kind, tierkv::Tier::kPeer);
+  EXPECT_FALSE(added.persistent);
+  // Its counters are what it reports itself, the whole tier in `shared`.
+  const std::map<std::string, double> own = Counters();
+  ASSERT_GT(own.at("writes"), 0);
+  EXPECT_EQ(added.shared.FindCounter("writes"),
+            static_cast<uint64_t>(own.at("writes")));
+  EXPECT_EQ(added.shared.FindGauge("segments"), own.at("segments"));
+  // And the namespace's share, as VisitNamespaceCounters reports it.
+  ASSERT_EQ(added.namespaces.size(), 1u);
+  EXPECT_EQ(added.namespaces[0].name, "ns");
+  EXPECT_EQ(added.namespaces[0].values.FindGauge("segments"),
+            own.at("segments"));
+  // Host DRAM's totals are its one namespace's instance plus the engine's
+  // backpressure counters.
+  const TierCounterSet host = reports[0].Totals();
+  EXPECT_EQ(host.FindCounter("evictions"), ns_->host().Stats().evictions);
+  EXPECT_TRUE(host.FindCounter("backpressure_waits").has_value());
+}
+
 TEST_F(ExtensionTierTest, APlacementNamingAnUnknownTierIsAClearError) {
   std::vector<std::unique_ptr<Tier>> below;
   below.push_back(std::make_unique<MemoryTier>(MemoryTier::Options{}));

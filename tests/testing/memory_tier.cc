@@ -202,12 +202,30 @@ void MemoryTier::VisitCounters(storage::TierCounterVisitor& v) const {
   }
   v.Gauge("segments", static_cast<double>(segments));
   v.Gauge("used_bytes", static_cast<double>(bytes));
+  v.Gauge("capacity_bytes",
+          static_cast<double>(options_.capacity_bytes * OpenSpacesLocked()));
   v.Counter("lookups", lookups_);
   v.Counter("read_hits", read_hits_);
   v.Counter("read_misses", read_misses_);
   v.Counter("writes", writes_);
   v.Counter("write_dedup", write_dedup_);
   v.Counter("evictions", evictions_);
+}
+
+void MemoryTier::VisitNamespaceCounters(const storage::TierNamespace& ns,
+                                        storage::TierCounterVisitor& v) const {
+  MutexLock lock(&mu_);
+  if (ns.id >= spaces_.size() || !spaces_[ns.id].open) return;
+  const Space& space = spaces_[ns.id];
+  v.Gauge("capacity_bytes", static_cast<double>(options_.capacity_bytes));
+  v.Gauge("used_bytes", static_cast<double>(space.bytes));
+  v.Gauge("segments", static_cast<double>(space.entries.size()));
+}
+
+uint64_t MemoryTier::OpenSpacesLocked() const {
+  uint64_t open = 0;
+  for (const Space& space : spaces_) open += space.open;
+  return open;
 }
 
 }  // namespace tierkv::testing

@@ -37,12 +37,15 @@ class MemoryTier final : public storage::Tier {
     bool persistent = false;
     std::chrono::microseconds read_latency{200};
     uint64_t capacity_bytes = uint64_t{64} << 20;  // per namespace
+    // What policy() answers (readers' `policy` label); it evicts by LRU
+    // whatever it says.
+    std::string policy = "lru";
   };
   explicit MemoryTier(Options options);
   ~MemoryTier() override;  // completes queued reads first
 
   std::string_view name() const override { return options_.name; }
-  std::string_view policy() const override { return "lru"; }
+  std::string_view policy() const override { return options_.policy; }
   tierkv::Tier kind() const override { return options_.kind; }
   bool persistent() const override { return options_.persistent; }
 
@@ -62,6 +65,9 @@ class MemoryTier final : public storage::Tier {
   Status Sync() override { return Status::OK(); }
   bool HasUnsyncedWrites() const override { return false; }
   void VisitCounters(storage::TierCounterVisitor& visitor) const override;
+  void VisitNamespaceCounters(
+      const storage::TierNamespace& ns,
+      storage::TierCounterVisitor& visitor) const override;
 
   // Whether `key` of namespace `ns_id` is stored (any layout).
   bool Holds(uint32_t ns_id, const SegmentKey& key) const;
@@ -83,6 +89,7 @@ class MemoryTier final : public storage::Tier {
     std::function<void()> complete;
   };
   Space* SpaceLocked(uint32_t ns_id) REQUIRES(mu_);
+  uint64_t OpenSpacesLocked() const REQUIRES(mu_);
   void Erase(Space& space, std::map<SegmentKey, Entry>::iterator it)
       REQUIRES(mu_);
   void CompletionLoop() EXCLUDES(mu_);
