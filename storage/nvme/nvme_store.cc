@@ -585,7 +585,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     std::shared_ptr<Segment> segment;  // pinned (readers > 0) until released
     CatalogEntry entry;                // immutable once published
     std::span<std::byte> landing;      // item.dst or bounce; rounded length
-    bool bounced = false;              // landing is in the round's staging
+    IoBuffer bounce;                   // empty when reading in place
     size_t request = SIZE_MAX;         // index into `requests`, if submitted
   };
   std::vector<PendingRead> round;
@@ -630,7 +630,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         }
         ++segment->readers;  // pins the extent until ReleaseReaderLocked
         TouchLocked(*segment);
-        PendingRead pending{next, segment, segment->entry, {}};
+        PendingRead pending{next, segment, segment->entry, {}, IoBuffer()};
         if (in_place) {
           pending.landing = item.dst.first(rounded);
         } else {
@@ -640,18 +640,18 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       }
     }
 
-    // 2. Stage the round's bounces in one region of the staging pool and
-    //    read the whole round in one device batch.
+    // 2. Stage bounce buffers and read the whole round in one device batch.
+    //    Per item from the device, whose first registered_buffer_bytes of a
+    //    round are the thread's registered memory (fixed-buffer reads):
+    //    staging the round in one staging_ region instead measured no
+    //    better for NVMe-only Loads (bench/RESULTS.md, 2026-12-04).
     requests.clear();
-    const IoBuffer staging = staging_.Take(bounce_bytes);
-    uint64_t staged = 0;
     for (PendingRead& p : round) {
       if (p.landing.empty()) {
-        if (staging.empty()) continue;  // reported below
         const uint64_t rounded = p.segment->extent.length;
-        p.landing = staging.span().subspan(staged, rounded);
-        p.bounced = true;
-        staged += rounded;
+        p.bounce = device_->AllocateIoBuffer(rounded);
+        if (p.bounce.empty()) continue;  // reported below
+        p.landing = p.bounce.span().first(rounded);
       }
       p.request = requests.size();
       requests.push_back(IoRequest{IoOp::kRead, p.entry.offset, p.landing});
@@ -680,12 +680,13 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         got_checksum[r] = got;
         // Never leave bytes that failed verification where a caller that
         // ignores the status might use them.
-        if (!p.bounced) std::memset(dst.data(), 0, p.entry.length);
+        if (p.bounce.empty()) std::memset(dst.data(), 0, p.entry.length);
         result =
             Status::NotFound("nvme store: checksum mismatch (segment dropped)");
         return;
       }
-      if (p.bounced) std::memcpy(dst.data(), p.landing.data(), p.entry.length);
+      if (!p.bounce.empty())
+        std::memcpy(dst.data(), p.landing.data(), p.entry.length);
       result = p.entry.length;
     });
     for (const PendingRead& p : round) {

@@ -8,7 +8,7 @@
 // the device write itself: glibc hands a freed 30 MiB batch back to the
 // kernel and the next batch faults it in again (bench/RESULTS.md, "nvme
 // demotion staging"). This keeps a few mmap'd regions, pre-faulted once,
-// and hands one out per batch of writes or round of reads (CacheLib navy's
+// and hands one out per batch of writes (CacheLib navy's
 // BufferManager, RocksDB's AlignedBuffer reuse, in one small class).
 //
 // Thread safety: thread-safe. A region may be returned (its IoBuffer
@@ -34,8 +34,8 @@ class StagingPool {
 
   // A page-aligned region of at least `bytes` (the next power of two, from
   // 1 MiB: a pooled region of that size class if there is one) whose
-  // contents are unspecified (callers write every byte they submit, or
-  // read into it); empty when `bytes` is 0 or the memory cannot be mapped.
+  // contents are unspecified (callers write every byte they submit);
+  // empty when `bytes` is 0 or the memory cannot be mapped.
   // Destroying the IoBuffer returns the region to the pool, which keeps
   // the largest regions within its cap.
   IoBuffer Take(uint64_t bytes);
