@@ -158,9 +158,15 @@ IoBuffer Device::AllocateIoBuffer(size_t bytes) {
   return AllocateIoBufferImpl(RoundUp(bytes));
 }
 
+IoBuffer Device::AllocateRegisteredIoBuffer(size_t bytes) {
+  return AllocateRegisteredIoBufferImpl(RoundUp(bytes));
+}
+
 IoBuffer Device::AllocateIoBufferImpl(size_t bytes) {
   return IoBuffer::AllocateAligned(bytes, block_size_);
 }
+
+IoBuffer Device::AllocateRegisteredIoBufferImpl(size_t) { return {}; }
 
 void Device::Account(IoOp op, uint64_t bytes, const Status& status,
                      std::chrono::nanoseconds latency) {

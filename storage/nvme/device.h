@@ -106,6 +106,10 @@ class Device {
   // for IO on this device. Backends may return memory registered with the
   // kernel for faster IO from the calling thread. Empty when out of memory.
   IoBuffer AllocateIoBuffer(size_t bytes);
+  // Only memory registered with the kernel for the calling thread (rounded
+  // up as above), or an empty buffer when the backend has none left (or
+  // none at all): callers stage the rest their own way.
+  IoBuffer AllocateRegisteredIoBuffer(size_t bytes);
 
   // Sets up now, on the calling thread, the per-thread state its IO needs
   // (UringDevice: the thread's ring and registered buffers), so that the
@@ -141,6 +145,8 @@ class Device {
 
   // Default: heap memory aligned to block_size().
   virtual IoBuffer AllocateIoBufferImpl(size_t bytes);
+  // Default: none (empty).
+  virtual IoBuffer AllocateRegisteredIoBufferImpl(size_t bytes);
 
   // Default: nothing to set up.
   virtual void PrepareThisThreadImpl() {}

@@ -42,6 +42,33 @@ Status AsIoError(const Status& s) {
 
 }  // namespace
 
+std::vector<std::span<std::byte>> NvmeStore::StageBounces(
+    std::span<const uint64_t> sizes, std::vector<IoBuffer>* held) {
+  std::vector<std::span<std::byte>> out(sizes.size());
+  uint64_t rest = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) continue;
+    IoBuffer b = device_->AllocateRegisteredIoBuffer(sizes[i]);
+    if (b.empty()) {
+      rest += sizes[i];
+      continue;
+    }
+    out[i] = b.span().first(sizes[i]);
+    held->push_back(std::move(b));
+  }
+  if (rest == 0) return out;
+  IoBuffer staging = staging_.Take(rest);
+  if (staging.empty()) return out;
+  uint64_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || !out[i].empty()) continue;
+    out[i] = staging.span().subspan(at, sizes[i]);
+    at += sizes[i];
+  }
+  held->push_back(std::move(staging));
+  return out;
+}
+
 std::string NvmeStore::DiagnoseMismatch(const CatalogEntry& entry,
                                         uint64_t got_checksum,
                                         bool* reread_ok) {
@@ -441,30 +468,30 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   uint64_t covers_deferred = 0;  // deferred_seq_ before a durable flush
 
   // Data first: in place where the item is one block-aligned extent,
-  // else through a bounce copy, every bounce of the call in one staging
-  // region (staging_pool.h says why).
+  // else through a bounce copy (StageBounces: registered memory, then one
+  // staging region for the batch; staging_pool.h says why).
   std::vector<IoRequest> requests;
   std::vector<size_t> request_of;  // planned index per request
-  IoBuffer staging;
+  std::vector<IoBuffer> held;      // the bounces, until the batch is done
   if (common.ok()) {
-    auto in_place = [&](const Planned& plan) {
+    std::vector<uint64_t> bounce_sizes(planned.size(), 0);
+    for (size_t p = 0; p < planned.size(); ++p) {
+      const Planned& plan = planned[p];
       const std::span<const std::byte> data = items[plan.item].data;
-      return data.size() == plan.extent.length && IsBlockAligned(data.data());
-    };
-    uint64_t staging_bytes = 0;
-    for (const Planned& plan : planned) {
-      if (!in_place(plan)) staging_bytes += plan.extent.length;
+      if (data.size() != plan.extent.length || !IsBlockAligned(data.data())) {
+        bounce_sizes[p] = plan.extent.length;
+      }
     }
-    staging = staging_.Take(staging_bytes);
-    uint64_t staged = 0;
+    const std::vector<std::span<std::byte>> bounces =
+        StageBounces(bounce_sizes, &held);
     requests.reserve(planned.size());
     for (size_t p = 0; p < planned.size(); ++p) {
       Planned& plan = planned[p];
       std::span<const std::byte> data = items[plan.item].data;
-      if (in_place(plan)) {
-        // IoRequest carries one mutable span for both directions; a write
-        // only reads from it, so nothing is stored through the dropped
-        // const.
+      if (bounce_sizes[p] == 0) {
+        // Written in place. IoRequest carries one mutable span for both
+        // directions; a write only reads from it, so nothing is stored
+        // through the dropped const.
         requests.push_back(
             IoRequest{IoOp::kWrite,
                       plan.extent.offset,
@@ -472,14 +499,12 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
         request_of.push_back(p);
         continue;
       }
-      if (staging.empty()) {
+      const std::span<std::byte> bounce = bounces[p];
+      if (bounce.empty()) {
         results[plan.item] =
             Status::ResourceExhausted("nvme store: out of memory");
         continue;
       }
-      const std::span<std::byte> bounce =
-          staging.span().subspan(staged, plan.extent.length);
-      staged += plan.extent.length;
       std::memcpy(bounce.data(), data.data(), data.size());
       std::memset(bounce.data() + data.size(), 0, bounce.size() - data.size());
       requests.push_back(IoRequest{IoOp::kWrite, plan.extent.offset, bounce});
@@ -585,7 +610,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
     std::shared_ptr<Segment> segment;  // pinned (readers > 0) until released
     CatalogEntry entry;                // immutable once published
     std::span<std::byte> landing;      // item.dst or bounce; rounded length
-    IoBuffer bounce;                   // empty when reading in place
+    bool bounced = false;              // landing is staged, not item.dst
     size_t request = SIZE_MAX;         // index into `requests`, if submitted
   };
   std::vector<PendingRead> round;
@@ -630,7 +655,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         }
         ++segment->readers;  // pins the extent until ReleaseReaderLocked
         TouchLocked(*segment);
-        PendingRead pending{next, segment, segment->entry, {}, IoBuffer()};
+        PendingRead pending{next, segment, segment->entry, {}};
         if (in_place) {
           pending.landing = item.dst.first(rounded);
         } else {
@@ -640,18 +665,24 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       }
     }
 
-    // 2. Stage bounce buffers and read the whole round in one device batch.
-    //    Per item from the device, whose first registered_buffer_bytes of a
-    //    round are the thread's registered memory (fixed-buffer reads):
-    //    staging the round in one staging_ region instead measured no
-    //    better for NVMe-only Loads (bench/RESULTS.md, 2026-12-04).
+    // 2. Stage bounce buffers (StageBounces) and read the whole round in
+    //    one device batch.
     requests.clear();
-    for (PendingRead& p : round) {
-      if (p.landing.empty()) {
-        const uint64_t rounded = p.segment->extent.length;
-        p.bounce = device_->AllocateIoBuffer(rounded);
-        if (p.bounce.empty()) continue;  // reported below
-        p.landing = p.bounce.span().first(rounded);
+    std::vector<IoBuffer> held;  // the round's bounces
+    std::vector<uint64_t> bounce_sizes(round.size(), 0);
+    for (size_t r = 0; r < round.size(); ++r) {
+      if (round[r].landing.empty()) {
+        bounce_sizes[r] = round[r].segment->extent.length;
+      }
+    }
+    const std::vector<std::span<std::byte>> bounces =
+        StageBounces(bounce_sizes, &held);
+    for (size_t r = 0; r < round.size(); ++r) {
+      PendingRead& p = round[r];
+      if (bounce_sizes[r] != 0) {
+        if (bounces[r].empty()) continue;  // reported below
+        p.landing = bounces[r];
+        p.bounced = true;
       }
       p.request = requests.size();
       requests.push_back(IoRequest{IoOp::kRead, p.entry.offset, p.landing});
@@ -680,13 +711,12 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         got_checksum[r] = got;
         // Never leave bytes that failed verification where a caller that
         // ignores the status might use them.
-        if (p.bounce.empty()) std::memset(dst.data(), 0, p.entry.length);
+        if (!p.bounced) std::memset(dst.data(), 0, p.entry.length);
         result =
             Status::NotFound("nvme store: checksum mismatch (segment dropped)");
         return;
       }
-      if (!p.bounce.empty())
-        std::memcpy(dst.data(), p.landing.data(), p.entry.length);
+      if (p.bounced) std::memcpy(dst.data(), p.landing.data(), p.entry.length);
       result = p.entry.length;
     });
     for (const PendingRead& p : round) {

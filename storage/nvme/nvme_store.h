@@ -362,6 +362,12 @@ class NvmeStore {
   Status FlushPendingDeletes(uint64_t upto_seq, bool sync = true)
       EXCLUDES(flush_mu_, mu_);
   bool IsBlockAligned(const void* address) const;
+  // Block-aligned bounce memory for `sizes[i]` bytes each (0: none
+  // wanted): the calling thread's registered memory first (fixed-buffer
+  // IO), the rest in one staging_ region, all kept alive by `*held`. An
+  // entry is empty when a non-zero size could not be served (no memory).
+  std::vector<std::span<std::byte>> StageBounces(
+      std::span<const uint64_t> sizes, std::vector<IoBuffer>* held);
   // Cold path of a checksum mismatch: re-reads the extent (which the caller
   // keeps pinned) and says whether the device holds the right bytes
   // (*reread_ok) for the log.

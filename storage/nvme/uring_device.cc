@@ -327,6 +327,12 @@ Status UringDevice::FlushImpl() {
 }
 
 IoBuffer UringDevice::AllocateIoBufferImpl(size_t bytes) {
+  IoBuffer registered = AllocateRegisteredIoBufferImpl(bytes);
+  if (!registered.empty()) return registered;
+  return Device::AllocateIoBufferImpl(bytes);
+}
+
+IoBuffer UringDevice::AllocateRegisteredIoBufferImpl(size_t bytes) {
   std::shared_ptr<UringThreadRing> ring = RingForThisThread();
   if (ring != nullptr && ring->registered && bytes <= ring->arena_size) {
     if (ring->outstanding.load(std::memory_order_acquire) == 0) ring->bump = 0;
@@ -341,7 +347,7 @@ IoBuffer UringDevice::AllocateIoBufferImpl(size_t bytes) {
       return IoBuffer(slice, bytes, std::move(owner));
     }
   }
-  return Device::AllocateIoBufferImpl(bytes);
+  return {};
 }
 
 void UringDevice::SubmitBatchImpl(std::span<IoRequest> requests,

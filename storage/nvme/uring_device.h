@@ -111,6 +111,7 @@ class UringDevice final : public Device {
   void SubmitBatchImpl(std::span<IoRequest> requests,
                        const IoCompletion& on_complete) override;
   IoBuffer AllocateIoBufferImpl(size_t bytes) override;
+  IoBuffer AllocateRegisteredIoBufferImpl(size_t bytes) override;
   void PrepareThisThreadImpl() override { RingForThisThread(); }
 
  private:
