@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "storage/engine/cache_engine.h"
+#include "tests/testing/engine_over_test_tier.h"
 #include "tests/testing/memory_tier.h"
 #include "tests/testing/status_matchers.h"
 
@@ -21,14 +22,6 @@ using nlohmann::json;
 class TierStatsJsonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto tier =
-        std::make_unique<testing::MemoryTier>(testing::MemoryTier::Options{
-            .name = "slowmem", .read_latency = {}, .policy = "slow-policy"});
-    slowmem_ = tier.get();
-    std::vector<std::unique_ptr<storage::Tier>> below;
-    below.push_back(std::move(tier));
-    storage::CacheEngineOptions o{.workers = 1};
-    o.mover.workers = 1;
     std::vector<storage::NamespaceOptions> spaces;
     for (const char* name : {"a", "b"}) {
       spaces.push_back({.host = {.name = name,
@@ -37,15 +30,11 @@ class TierStatsJsonTest : public ::testing::Test {
                                  .try_hugepages = false,
                                  .prefault = false}});
     }
-    auto engine =
-        storage::CacheEngine::Open(o, std::move(spaces), std::move(below));
-    ASSERT_OK(engine);
-    engine_ = std::move(engine).value();
-    const std::vector<std::byte> data(512, std::byte{7});
-    const storage::TierWriteItem item{SegmentKey{PageHash{1, 2}, 0, 0}, data};
-    ASSERT_OK(storage::WriteAndWait(*slowmem_, {.id = 1, .name = "b"},
-                                    /*fingerprint=*/9, {&item, 1},
-                                    storage::Durability::kDurable)[0]);
+    auto opened = testing::OpenEngineOverTestTier(std::move(spaces),
+                                                  {.id = 1, .name = "b"});
+    ASSERT_OK(opened);
+    engine_ = std::move(opened->engine);
+    slowmem_ = opened->tier;
   }
 
   testing::MemoryTier* slowmem_ = nullptr;  // owned by the engine's chain

@@ -513,6 +513,24 @@ class CacheEnginePoolTest : public CacheEngineTest {
   LoadTicket& Ticket(uint32_t i) {
     return reinterpret_cast<LoadTicket*>(tickets_->base())[i];
   }
+  // Fills most of a 1 MiB write-back namespace with dirty segments (50
+  // pages of 17.1 KiB), then reserves 20 pages more, waiting for
+  // write-back: the future is the reservation, once it is answered.
+  std::future<EngineReservation> ReservePastDirtyDram() {
+    for (uint64_t n = 0; n < 50; ++n) PutPage(n);
+    std::vector<SegmentSize> more;
+    for (uint64_t n = 50; n < 70; ++n) {
+      for (const SegmentKey& k : AllKeys(n)) {
+        more.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
+      }
+    }
+    auto reserved = std::make_shared<std::promise<EngineReservation>>();
+    auto put = reserved->get_future();
+    engine_->Reserve(kOwner, *ns_, more, [reserved](EngineReservation r) {
+      reserved->set_value(std::move(r));
+    });
+    return put;
+  }
   void WaitFinished(uint32_t i) {
     while (Ticket(i).finished.load(std::memory_order_acquire) == 0) {
       ::syscall(SYS_futex, &Ticket(i).finished, FUTEX_WAIT, 0, nullptr, nullptr,
@@ -746,19 +764,7 @@ TEST_F(CacheEnginePoolTest, APutStalledOnWriteBackDoesNotHoldALoad) {
   engine_options_.write_back_wait = std::chrono::minutes(10);
   Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
   RegisterPools();
-  // 17.1 KiB pages: 50 fill most of 1 MiB with dirty segments.
-  for (uint64_t n = 0; n < 50; ++n) PutPage(n);
-  std::vector<SegmentSize> more;
-  for (uint64_t n = 50; n < 70; ++n) {
-    for (const SegmentKey& k : AllKeys(n)) {
-      more.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
-    }
-  }
-  std::promise<EngineReservation> reserved;
-  auto put = reserved.get_future();
-  engine_->Reserve(kOwner, *ns_, more, [&](EngineReservation r) {
-    reserved.set_value(std::move(r));
-  });
+  auto put = ReservePastDirtyDram();
   ASSERT_EQ(engine_->Stats(*ns_).backpressure_waits, 1u)
       << "the Put went to a worker to wait for write-back";
 
@@ -795,18 +801,7 @@ TEST_F(CacheEnginePoolTest, AWriteBackWaitEndsWhenTheEngineClockPassesIt) {
   engine_options_.mover.workers = 0;
   engine_options_.write_back_wait = std::chrono::milliseconds(1);
   Open(/*with_nvme=*/true, WritePolicy::kWriteBack, /*host_bytes=*/1 << 20);
-  for (uint64_t n = 0; n < 50; ++n) PutPage(n);
-  std::vector<SegmentSize> more;
-  for (uint64_t n = 50; n < 70; ++n) {
-    for (const SegmentKey& k : AllKeys(n)) {
-      more.push_back({k, TestLayout().SegmentBytes(k.layer, k.part)});
-    }
-  }
-  std::promise<EngineReservation> reserved;
-  auto put = reserved.get_future();
-  engine_->Reserve(kOwner, *ns_, more, [&](EngineReservation r) {
-    reserved.set_value(std::move(r));
-  });
+  auto put = ReservePastDirtyDram();
   ASSERT_EQ(engine_->Stats(*ns_).backpressure_waits, 1u);
   EXPECT_EQ(put.wait_for(std::chrono::milliseconds(50)),
             std::future_status::timeout)
