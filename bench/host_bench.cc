@@ -6,7 +6,10 @@
 //   memcpy  - copying the working set segment by segment (the ceiling for
 //             a one-thread client: Get is exactly such a copy plus RPCs),
 //             timed batch by batch, interleaved with the Gets;
-//   put     - batched Put of new segments (reserve RPC, copy, commit RPC);
+//   put     - batched Put of new segments (reserve RPC, copy, commit RPC)
+//             into an arena full of segments of the same size (warm: each
+//             Put evicts one), and once into an empty arena (fresh: no
+//             eviction, every arena page written for the first time);
 //   get     - batched Get of stored segments (lease RPC, copy, release RPC);
 // and the round-trip latency of a one-segment Match. Figures are medians of
 // --iterations runs; ratios are to memcpy of the same size.
@@ -141,41 +144,50 @@ int Run(const HostBenchOptions& o) {
   }
   const std::vector<SizeCase> cases = {
       {"8KiB", 128}, {"72KiB", 1152}, {"1MiB", 16384}};
-  // Arena: a working set per size plus room for the put iterations.
-  const uint64_t arena = std::max<uint64_t>(working_set * 4, 64ull << 20);
-  testing::DaemonProcess daemon;
-  Status started = daemon.Start({.config_toml = fmt::format(R"(
-[[namespace]]
-name = "bench"
-token = "bench-token"
-host_bytes = {}
-shards = 8
+  // Each size has namespaces of its own, so that no size's Puts evict
+  // another's segments (a 72 KiB Put evicting nine 8 KiB segments measured
+  // the eviction, not the steady state): `warm-<size>` holds two working
+  // sets and is filled before it is timed; `fresh-<size>` holds one, is
+  // written once, and is never full.
+  const uint64_t slack = uint64_t{16} << 20;
+  std::string config = R"(
 [[namespace]]
 name = "match"
 token = "match-token"
 host_bytes = "16MiB"
 shards = 1
-)",
-                                                            arena),
-                                 .extra_args = {"--io-threads", "2"}});
+)";
+  for (const auto& sc : cases) {
+    for (const auto& [kind, bytes] :
+         {std::pair{"warm", 2 * working_set + slack},
+          std::pair{"fresh", working_set + slack}}) {
+      config += fmt::format(
+          "[[namespace]]\nname = \"{}-{}\"\ntoken = \"bench-token\"\n"
+          "host_bytes = {}\nshards = 8\n",
+          kind, sc.name, bytes);
+    }
+  }
+  testing::DaemonProcess daemon;
+  Status started = daemon.Start(
+      {.config_toml = config, .extra_args = {"--io-threads", "2"}});
   if (!started.ok()) {
     fmt::print(stderr, "cannot start tierkvd: {}\n", started.ToString());
     return 1;
   }
-  auto client = daemon.Connect("bench", "bench-token");
-  if (!client.ok()) {
-    fmt::print(stderr, "connect: {}\n", client.status().ToString());
-    return 1;
-  }
-  Client& c = **client;
   LayoutSpec layout;
   layout.page_tokens = 64;
   for (const auto& sc : cases)
     layout.layers.push_back({{{"kv", sc.bytes_per_token}}});
-  if (Status s = c.RegisterLayout(layout); !s.ok()) {
-    fmt::print(stderr, "layout: {}\n", s.ToString());
-    return 1;
-  }
+  auto connect = [&](const std::string& ns) -> std::unique_ptr<Client> {
+    auto client = daemon.Connect(ns, "bench-token");
+    Status s =
+        client.ok() ? (*client)->RegisterLayout(layout) : client.status();
+    if (!s.ok()) {
+      fmt::print(stderr, "{}: {}\n", ns, s.ToString());
+      return nullptr;
+    }
+    return std::move(client).value();
+  };
 
   // Get copies arena -> dst; the memcpy baseline copies src -> copy_dst.
   // Page-aligned, as engines' KV buffers are: glibc copies 4 KiB..L3-sized
@@ -201,36 +213,76 @@ shards = 1
       "tierkv-bench host: working set {} per size, batches of {}, median of "
       "{}\n\n",
       o.working_set, o.batch, o.iterations);
-  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "segment",
-             "memcpy GB/s", "put GB/s", "get GB/s", "put/memcpy", "get/memcpy");
+  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10} {:>16}\n", "segment",
+             "memcpy GB/s", "put GB/s", "get GB/s", "put/memcpy", "get/memcpy",
+             "fresh put/memcpy");
 
   uint32_t page_counter = 0;
   for (uint16_t layer = 0; layer < cases.size(); ++layer) {
     const size_t seg = layout.SegmentBytes(layer, 0);
     const size_t count = working_set / seg;
     const size_t per_batch = std::max<size_t>(1, batch_bytes / seg);
-    std::vector<double> memcpy_s, put_s, get_s;
+    std::unique_ptr<Client> warm = connect("warm-" + cases[layer].name);
+    std::unique_ptr<Client> fresh = connect("fresh-" + cases[layer].name);
+    if (!warm || !fresh) return 1;
     std::vector<SegmentKey> keys;
-    for (int it = 0; it <= o.iterations; ++it) {  // iteration 0 warms up
+    auto new_keys = [&] {
       keys.clear();
       for (size_t i = 0; i < count; ++i) {
         keys.push_back({PageHash{++page_counter, 0xbe9c4}, layer, 0});
       }
+    };
+    // Puts the working set under `keys`, batch by batch, adding the time
+    // to *put_time; with `memcpy_time`, also copies each batch (alternating
+    // which goes first) and adds that time there.
+    auto put_all = [&](Client& to, double* put_time,
+                       double* memcpy_time) -> bool {
       std::vector<SegmentWrite> writes;
-      auto t0 = Clock::now();
-      for (size_t b = 0; b < count; b += per_batch) {
+      for (size_t b = 0, n = 0; b < count; b += per_batch, ++n) {
+        const size_t end = std::min(count, b + per_batch);
+        auto copy = [&] {
+          if (memcpy_time == nullptr) return;
+          auto c0 = Clock::now();
+          for (size_t i = b; i < end; ++i) {
+            std::memcpy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
+          }
+          *memcpy_time +=
+              std::chrono::duration<double>(Clock::now() - c0).count();
+        };
+        if (n % 2) copy();
         writes.clear();
-        for (size_t i = b; i < std::min(count, b + per_batch); ++i) {
+        for (size_t i = b; i < end; ++i) {
           writes.push_back({keys[i], src.span().subspan(i * seg, seg)});
         }
-        for (const PutResult& r : c.Put(writes)) {
+        auto p0 = Clock::now();
+        for (const PutResult& r : to.Put(writes)) {
           if (!r.ok()) {
             fmt::print(stderr, "put failed: {}\n", r.status.ToString());
-            return 1;
+            return false;
           }
         }
+        *put_time += std::chrono::duration<double>(Clock::now() - p0).count();
+        if (n % 2 == 0) copy();
       }
-      put_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      return true;
+    };
+    // Fresh: one pass into the empty arena.
+    double fresh_put_s = 0, fresh_memcpy_s = 0;
+    new_keys();
+    if (!put_all(*fresh, &fresh_put_s, &fresh_memcpy_s)) return 1;
+    // Warm: two passes fill the arena; from then on every Put evicts one.
+    for (int fill = 0; fill < 2; ++fill) {
+      double untimed = 0;
+      new_keys();
+      if (!put_all(*warm, &untimed, nullptr)) return 1;
+    }
+    Client& c = *warm;
+    std::vector<double> memcpy_s, put_s, get_s;
+    for (int it = 0; it <= o.iterations; ++it) {  // iteration 0 warms up
+      new_keys();
+      double put_time = 0;
+      if (!put_all(c, &put_time, nullptr)) return 1;
+      put_s.push_back(put_time);
       // memcpy and Get alternate batch by batch (and which goes first), so a
       // noisy moment on this machine hits both alike.
       double memcpy_time = 0, get_time = 0;
@@ -275,15 +327,20 @@ shards = 1
     const double mem = bytes / Median(memcpy_s) / 1e9;
     const double put = bytes / Median(put_s) / 1e9;
     const double get = bytes / Median(get_s) / 1e9;
-    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f}\n",
-               cases[layer].name, mem, put, get, put / mem, get / mem);
-    out["sizes"][cases[layer].name] = {{"segment_bytes", seg},
-                                       {"segments_per_batch", per_batch},
-                                       {"memcpy_gbps", mem},
-                                       {"put_gbps", put},
-                                       {"get_gbps", get},
-                                       {"put_over_memcpy", put / mem},
-                                       {"get_over_memcpy", get / mem}};
+    const double fresh_ratio = fresh_memcpy_s / fresh_put_s;
+    fmt::print(
+        "{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>16.2f}\n",
+        cases[layer].name, mem, put, get, put / mem, get / mem, fresh_ratio);
+    out["sizes"][cases[layer].name] = {
+        {"segment_bytes", seg},
+        {"segments_per_batch", per_batch},
+        {"memcpy_gbps", mem},
+        {"put_gbps", put},
+        {"get_gbps", get},
+        {"put_over_memcpy", put / mem},
+        {"put_fresh_gbps", bytes / fresh_put_s / 1e9},
+        {"put_fresh_over_memcpy", fresh_ratio},
+        {"get_over_memcpy", get / mem}};
   }
 
   // Round-trip latency of Match for a page of one segment.
