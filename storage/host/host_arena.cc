@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/shared_mapping.h"
+
 namespace tierkv::storage {
 namespace {
 
@@ -60,8 +62,9 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(
   if (fd < 0) {
     fd = MakeMemfd(o.name, o.bytes, 0);
     if (fd < 0) return ErrnoStatus("memfd_create/ftruncate");
-    base = ::mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE,
-                  MAP_SHARED | (o.prefault ? MAP_POPULATE : 0), fd, 0);
+    // Prefaulted as written (common/shared_mapping.h): the daemon writes
+    // the arena too (Store, promotions).
+    base = MapShared(fd, o.bytes, o.prefault);
     if (base == MAP_FAILED) {
       Status s = ErrnoStatus("mmap arena");
       ::close(fd);
