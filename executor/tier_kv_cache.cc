@@ -13,6 +13,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "common/shared_mapping.h"
 #include "executor/model.h"
 #include "tierkv/page_hash.h"
 
@@ -123,13 +124,13 @@ Status TierKvCache::Init() {
         fmt::format("TierKvCache: cannot create a {} B memfd: {}", bytes,
                     std::strerror(errno)));
   }
-  // Every page is allocated now (MAP_POPULATE), as an engine allocates its
-  // KV pool up front: the daemon's Loads then land in existing pages and
-  // take no allocating page faults on the request's critical path (318 MB
-  // of fresh pages cost the daemon ~0.2 s of faults and zeroing per
-  // request on this VM, which it would spend while the layers load).
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, memfd_, 0);
+  // Every page is allocated now, as an engine allocates its KV pool up
+  // front: the daemon's Loads then land in existing pages and take no
+  // allocating page faults on the request's critical path (318 MB of fresh
+  // pages cost the daemon ~0.2 s of faults and zeroing per request on this
+  // VM, which it would spend while the layers load); and mapped as written
+  // (common/shared_mapping.h), as the executor writes its KV.
+  void* p = MapShared(memfd_, bytes, /*prefault=*/true);
   if (p == MAP_FAILED) {
     return Status::ResourceExhausted(fmt::format(
         "TierKvCache: cannot map {} B: {}", bytes, std::strerror(errno)));

@@ -23,8 +23,9 @@ struct HostArenaOptions {
   std::string name = "tierkv";  // memfd name, for /proc/<pid>/fd readers
   uint64_t bytes = 0;           // REQUIRES: > 0
   bool try_hugepages = true;    // Default: true; falls back silently
-  // Fault every page in at creation (MAP_POPULATE), so the memory is
-  // committed up front and the data path never takes a page fault.
+  // Fault every page in at creation, as written (common/shared_mapping.h),
+  // so the memory is committed up front and the data path never takes a
+  // page fault.
   bool prefault = true;  // Default: true
 };
 
