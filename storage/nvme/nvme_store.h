@@ -378,8 +378,9 @@ class NvmeStore {
   const std::shared_ptr<Device> device_;
   const std::unique_ptr<NvmeCatalog> catalog_;
   NvmeRecoveryReport recovery_;  // written once in Open
-  // Write()'s bounce buffers, one region per call: two mover batches
-  // (TierMoverOptions: 32 MiB each) stay pooled.
+  // What StageBounces cannot take from registered memory, one region per
+  // write batch or read round: two mover batches (TierMoverOptions: 32 MiB
+  // each) stay pooled.
   StagingPool staging_{uint64_t{64} << 20};
 
   // Serializes catalog delete flushes so they reach RocksDB in order.

@@ -1,6 +1,7 @@
 // StagingPool: reusable page-aligned memory for the bounce buffers of a
-// batch of direct-IO writes, so a sustained demotion stream neither zeroes
-// nor page-faults its staging memory on every batch.
+// batch of direct-IO writes or reads, so a sustained demotion (or NVMe
+// Load) stream neither zeroes nor page-faults its staging memory on every
+// batch.
 //
 // Why: segments sit in the host arena at 64-byte alignment with arbitrary
 // lengths, so O_DIRECT writes of them go through block-aligned copies. A
@@ -8,7 +9,7 @@
 // the device write itself: glibc hands a freed 30 MiB batch back to the
 // kernel and the next batch faults it in again (bench/RESULTS.md, "nvme
 // demotion staging"). This keeps a few mmap'd regions, pre-faulted once,
-// and hands one out per batch of writes (CacheLib navy's
+// and hands one out per batch (CacheLib navy's
 // BufferManager, RocksDB's AlignedBuffer reuse, in one small class).
 //
 // Thread safety: thread-safe. A region may be returned (its IoBuffer
@@ -34,8 +35,8 @@ class StagingPool {
 
   // A page-aligned region of at least `bytes` (the next power of two, from
   // 1 MiB: a pooled region of that size class if there is one) whose
-  // contents are unspecified (callers write every byte they submit);
-  // empty when `bytes` is 0 or the memory cannot be mapped.
+  // contents are unspecified (callers write every byte they submit, or
+  // read into it); empty when `bytes` is 0 or the memory cannot be mapped.
   // Destroying the IoBuffer returns the region to the pool, which keeps
   // the largest regions within its cap.
   IoBuffer Take(uint64_t bytes);
