@@ -211,6 +211,40 @@ TEST_F(ClientIntegrationTest, LeasesOfAHungClientExpire) {
       << "expired already";
 }
 
+TEST_F(ClientIntegrationTest, AGetOfManySubBatchesReadsAllAndHoldsNoLease) {
+  // 24 MiB in one Get: twelve 2 MiB sub-batches, leased a window ahead and
+  // released by later requests or one-way at the end.
+  StartDaemon();
+  auto c = Open();
+  const auto pages = Pages(384, 5000);
+  std::vector<PageHash> stored;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (i % 50 != 7) stored.push_back(pages[i]);  // a few misses in between
+  }
+  for (const PutResult& s : PutPages(*c, stored, kSeg)) ASSERT_OK(s);
+  std::vector<std::vector<std::byte>> dst(pages.size(),
+                                          std::vector<std::byte>(kSeg));
+  std::vector<SegmentRead> reads;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    reads.push_back({{pages[i], 0, 0}, dst[i]});
+  }
+  const std::vector<Status> got = c->Get(reads);
+  ASSERT_EQ(got.size(), pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (i % 50 == 7) {
+      EXPECT_EQ(got[i].code(), StatusCode::kNotFound) << i;
+    } else {
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].ToString();
+      EXPECT_EQ(dst[i], SegmentBytes({pages[i], 0, 0}, kSeg)) << i;
+    }
+  }
+  // The one-way releases precede this request on the connection, so the
+  // daemon has run them before it answers.
+  const auto s = Stats(*c);
+  EXPECT_EQ(s["active_leases"], 0) << s.dump();
+  EXPECT_EQ(s["host"]["referenced_segments"], 0) << s.dump();
+}
+
 TEST_F(ClientIntegrationTest, GetChecksDestinationSizeAndReportsMisses) {
   StartDaemon();
   auto c = Open();
