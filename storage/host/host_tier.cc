@@ -258,7 +258,9 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
   Shard& shard = ShardFor(key);
   {
     MutexLock lock(&shard.mu);
-    if (auto it = shard.entries.find(key); it != shard.entries.end()) {
+    // One lookup: the new entry claims the key, or the stored one answers.
+    auto [it, inserted] = shard.entries.try_emplace(key);
+    if (!inserted) {
       if (!it->second.committed) {
         return Status::Busy("segment is being written by another client");
       }
@@ -271,7 +273,7 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
       MutexLock space(&space_mu_);
       extent = allocator_.Allocate(size);
     }
-    Entry& e = shard.entries[key];
+    Entry& e = it->second;
     e.policy.key = key;
     e.size = size;
     if (extent) {  // the common case: free space, no eviction

@@ -161,24 +161,46 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
     return out;
   }
   Lease& lease = it->second;
-  std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
   std::vector<LeasedSegment> remaining, done;
-  std::unordered_map<SegmentKey, Status> committed;
+  std::vector<Status> statuses;  // of done[i]
+  // Commits `done` and ends the lease when nothing remains (`lease` is
+  // gone then).
+  auto commit_done = [&] {
+    statuses.resize(done.size());
+    for (size_t n = 0; n < done.size(); ++n) {
+      const size_t i = last_first ? done.size() - 1 - n : n;
+      statuses[i] = lease.tier->Commit(done[i].key, dirty);
+    }
+    lease.segments = std::move(remaining);
+    const bool ended = lease.segments.empty();
+    Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
+    if (ended) leases_.erase(it);
+  };
+  // The common case, without a hash set: `keys` is a subsequence of the
+  // lease's segments, in reservation order (a client commits what it
+  // copied, in the order it reserved). Then done[i] is keys[i].
+  size_t matched = 0;
+  for (const LeasedSegment& s : lease.segments) {
+    const bool next = matched < keys.size() && s.key == keys[matched];
+    (next ? done : remaining).push_back(s);
+    matched += next;
+  }
+  if (matched == keys.size()) {
+    commit_done();
+    return statuses;
+  }
+  // Any order, duplicates and strangers: match by key.
+  const std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
+  done.clear();
+  remaining.clear();
   for (const LeasedSegment& s : lease.segments) {
     (to_commit.count(s.key) ? done : remaining).push_back(s);
   }
-  auto commit = [&](const LeasedSegment& s) {
-    committed.emplace(s.key, lease.tier->Commit(s.key, dirty));
-  };
-  if (last_first) {
-    std::for_each(done.rbegin(), done.rend(), commit);
-  } else {
-    std::for_each(done.begin(), done.end(), commit);
+  commit_done();
+  std::unordered_map<SegmentKey, Status> committed;
+  for (size_t i = 0; i < done.size(); ++i) {
+    committed.emplace(done[i].key, std::move(statuses[i]));
   }
-  lease.segments = std::move(remaining);
-  const bool ended = lease.segments.empty();
-  Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
-  if (ended) leases_.erase(it);
   for (const auto& key : keys) {
     auto c = committed.find(key);
     if (c == committed.end()) {

@@ -132,6 +132,29 @@ TEST_F(LeaseTableTest, RoomFollowsEachLimitAndComesBackOnRelease) {
   EXPECT_EQ(leases.Room(3, tier_.get(), 100), 10u);
 }
 
+TEST_F(LeaseTableTest, CommitAnswersEachKeyInItsPlaceInOrderOrNot) {
+  LeaseTable leases(&clock_);
+  for (uint64_t n = 1; n <= 4; ++n) ASSERT_OK(tier_->Reserve(Key(n), 4096));
+  const uint64_t id =
+      leases.Add(1, LeaseKind::kWrite, tier_.get(),
+                 {Seg(1), Seg(2), Seg(3), Seg(4)}, milliseconds(1000));
+  // A duplicate commits once; a key the lease never reserved is NotFound.
+  auto st = leases.Commit(1, id, std::vector{Key(1), Key(3), Key(3), Key(9)});
+  ASSERT_EQ(st.size(), 4u);
+  EXPECT_OK(st[0]);
+  EXPECT_OK(st[1]);
+  EXPECT_EQ(st[2].code(), StatusCode::kNotFound);
+  EXPECT_EQ(st[3].code(), StatusCode::kNotFound);
+  EXPECT_EQ(leases.size(), 1u);
+  // The rest in reservation order (the common case) ends the lease.
+  st = leases.Commit(1, id, std::vector{Key(2), Key(4)});
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_OK(st[0]);
+  EXPECT_OK(st[1]);
+  EXPECT_EQ(leases.size(), 0u);
+  EXPECT_EQ(tier_->Stats().segments, 4u);
+}
+
 TEST_F(LeaseTableTest, PartialCommitsReturnTheirShareOfTheRoom) {
   LeaseTable leases(&clock_, {.max_segments_per_owner = 4});
   ASSERT_OK(tier_->Reserve(Key(1), 65536));
