@@ -33,20 +33,18 @@ bool HbmTier::Contains(uint32_t ns, const SegmentKey& key) const {
   return it != entries_.end() && it->second.committed;
 }
 
-std::optional<uint64_t> HbmTier::Acquire(uint32_t ns, const SegmentKey& key,
-                                         uint64_t size) {
+Result<SegmentLocation> HbmTier::Acquire(uint32_t ns, const SegmentKey& key) {
   MutexLock lock(&mu_);
   auto it = entries_.find({ns, key});
-  if (it == entries_.end() || !it->second.committed ||
-      it->second.size != size) {
+  if (it == entries_.end() || !it->second.committed) {
     ++misses_;
-    return std::nullopt;
+    return Status::NotFound("HBM tier: segment not held");
   }
   Entry& e = it->second;
   UnlinkLocked(ns, e);
   ++e.refs;
   ++hits_;
-  return e.extent.offset;
+  return SegmentLocation{e.extent.offset, e.size};
 }
 
 void HbmTier::Release(uint32_t ns, const SegmentKey& key) {
@@ -56,15 +54,18 @@ void HbmTier::Release(uint32_t ns, const SegmentKey& key) {
   if (--it->second.refs == 0) LinkLocked(ns, it->second);  // a use
 }
 
-Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
-                                  uint64_t size) {
+Result<Reservation> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
+                                     uint64_t size) {
   MutexLock lock(&mu_);
   if (ns >= namespaces_.size() || size == 0) {
     return Status::InvalidArgument("HBM tier: bad namespace or size");
   }
   const Key k{ns, key};
-  if (entries_.contains(k)) {
-    return Status::AlreadyExists("HBM tier: segment already held");
+  if (auto it = entries_.find(k); it != entries_.end()) {
+    if (!it->second.committed) {
+      return Status::Busy("HBM tier: segment is being admitted");
+    }
+    return Reservation{.already_stored = true};
   }
   NamespaceState& n = namespaces_[ns];
   const uint64_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
@@ -91,22 +92,29 @@ Result<uint64_t> HbmTier::Reserve(uint32_t ns, const SegmentKey& key,
   e.policy.bytes = extent->length;
   n.used += extent->length;
   used_ += extent->length;
-  return extent->offset;
+  return Reservation{.location = {extent->offset, size}};
 }
 
-void HbmTier::Commit(uint32_t ns, const SegmentKey& key) {
+Status HbmTier::Commit(uint32_t ns, const SegmentKey& key, bool acquire) {
   MutexLock lock(&mu_);
   auto it = entries_.find({ns, key});
-  if (it == entries_.end() || it->second.committed) return;
-  it->second.committed = true;
+  if (it == entries_.end() || it->second.committed) {
+    return Status::NotFound("HBM tier: segment is not reserved");
+  }
+  Entry& e = it->second;
+  e.committed = true;
   ++segments_;
   ++namespaces_[ns].segments;
   ++admissions_;
-  // Stored and evictable at once: nobody references a new entry.
   EvictionPolicy& policy = *namespaces_[ns].policy;
   const uint64_t now = ++clock_;
-  policy.Admit(it->second.policy, now);
-  policy.Link(it->second.policy, now, LinkAt::kNow);
+  policy.Admit(e.policy, now);
+  if (acquire) {
+    e.refs = 1;  // evictable from its Release on
+  } else {
+    policy.Link(e.policy, now, LinkAt::kNow);
+  }
+  return Status::OK();
 }
 
 void HbmTier::Abort(uint32_t ns, const SegmentKey& key) {
@@ -114,6 +122,11 @@ void HbmTier::Abort(uint32_t ns, const SegmentKey& key) {
   auto it = entries_.find({ns, key});
   if (it == entries_.end() || it->second.committed) return;
   DropLocked(it);
+}
+
+uint64_t HbmTier::quota_bytes(uint32_t ns) const {
+  MutexLock lock(&mu_);
+  return ns < namespaces_.size() ? namespaces_[ns].quota : 0;
 }
 
 Status HbmTier::NoRoomLocked(uint64_t size, std::string_view why) {
@@ -200,6 +213,16 @@ void HbmTier::VisitCounters(TierCounterVisitor& v) const {
   v.Counter("admission_failures", s.admission_failures);
   v.Counter("evictions", s.evictions);
   v.Counter("evicted_bytes", s.evicted_bytes);
+}
+
+Status HbmNamespaceTier::Commit(const SegmentKey& key, bool dirty,
+                                bool acquire) {
+  if (dirty) {
+    tier_->Abort(ns_, key);
+    return Status::InvalidArgument(
+        "HBM tier: holds copies only, a segment cannot be dirty here");
+  }
+  return tier_->Commit(ns_, key, acquire);
 }
 
 void HbmTier::VisitNamespaceCounters(uint32_t ns, TierCounterVisitor& v) const {

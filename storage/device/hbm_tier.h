@@ -34,6 +34,7 @@
 #include "storage/alloc/extent_allocator.h"
 #include "storage/policy/eviction_policy.h"
 #include "storage/policy/eviction_policy_kind.h"
+#include "storage/tier/leased_tier.h"
 #include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
@@ -68,21 +69,26 @@ class HbmTier {
 
   // True when the committed segment is here (for Match; takes no ref).
   bool Contains(uint32_t ns, const SegmentKey& key) const;
-  // The committed segment's offset in the pool, referenced (not evictable)
-  // until Release; nullopt on a miss or a size other than `size`.
-  std::optional<uint64_t> Acquire(uint32_t ns, const SegmentKey& key,
-                                  uint64_t size);
+  // References the committed segment (not evictable until Release): where
+  // it is in the pool and its size. NotFound on a miss.
+  Result<SegmentLocation> Acquire(uint32_t ns, const SegmentKey& key);
   void Release(uint32_t ns, const SegmentKey& key);
 
-  // Room for a new segment (evicting as needed): its offset in the pool.
-  // AlreadyExists when the segment is here or being admitted;
-  // ResourceExhausted when no room can be made (everything referenced, or
-  // larger than the quota or the pool).
-  Result<uint64_t> Reserve(uint32_t ns, const SegmentKey& key, uint64_t size);
-  // The reserved segment's bytes are in place: it can be hit.
-  void Commit(uint32_t ns, const SegmentKey& key);
+  // Room for a new segment (evicting as needed): its offset in the pool,
+  // or already_stored when it is here. Busy while another copy of it is
+  // being admitted; ResourceExhausted when no room can be made (everything
+  // referenced, or larger than the quota or the pool).
+  Result<Reservation> Reserve(uint32_t ns, const SegmentKey& key,
+                              uint64_t size);
+  // The reserved segment's bytes are in place: it can be hit; with
+  // `acquire` it is referenced at once (Release it). NotFound when `key`
+  // is not reserved.
+  Status Commit(uint32_t ns, const SegmentKey& key, bool acquire = false);
   // The copy failed: the reservation is dropped.
   void Abort(uint32_t ns, const SegmentKey& key);
+
+  // What namespace `ns` may hold (0 for an unknown `ns`).
+  uint64_t quota_bytes(uint32_t ns) const;
 
   HbmTierStats Stats() const;
 
@@ -149,6 +155,46 @@ class HbmTier {
   uint64_t admission_failures_ GUARDED_BY(mu_) = 0;
   uint64_t evictions_ GUARDED_BY(mu_) = 0;
   uint64_t evicted_bytes_ GUARDED_BY(mu_) = 0;
+};
+
+// Namespace `ns`'s share of an HbmTier as a LeasedTier (the engine's
+// leased paths and the lease table see HBM and host alike). Holds no state
+// of its own. Nothing in HBM is dirty (the tier holds copies): Commit with
+// `dirty` is InvalidArgument and TakeDirty finds nothing.
+class HbmNamespaceTier final : public LeasedTier {
+ public:
+  // `tier` is borrowed and must outlive the view.
+  HbmNamespaceTier(HbmTier* tier, uint32_t ns) : tier_(tier), ns_(ns) {}
+
+  std::string_view name() const override { return HbmTier::name(); }
+  std::string_view policy() const override { return tier_->policy(); }
+  uint64_t capacity_bytes() const override { return tier_->quota_bytes(ns_); }
+  Result<Reservation> Reserve(const SegmentKey& key, uint64_t size) override {
+    return tier_->Reserve(ns_, key, size);
+  }
+  Status Commit(const SegmentKey& key, bool dirty = false,
+                bool acquire = false) override;
+  void Abort(const SegmentKey& key) override { tier_->Abort(ns_, key); }
+  Result<SegmentLocation> Acquire(const SegmentKey& key) override {
+    return tier_->Acquire(ns_, key);
+  }
+  void Release(const SegmentKey& key) override { tier_->Release(ns_, key); }
+  std::vector<DirtySegment> TakeDirty(size_t, uint64_t, bool) override {
+    return {};
+  }
+  void FinishPersist(const SegmentKey&, bool, bool) override {}
+  void VisitCounters(TierCounterVisitor& visitor) const override {
+    tier_->VisitNamespaceCounters(ns_, visitor);
+  }
+
+  // True when the committed segment is here (for Match; not a use).
+  bool Contains(const SegmentKey& key) const {
+    return tier_->Contains(ns_, key);
+  }
+
+ private:
+  HbmTier* const tier_;
+  const uint32_t ns_;
 };
 
 }  // namespace tierkv::storage

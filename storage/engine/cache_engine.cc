@@ -89,7 +89,7 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     ns->host_ = std::move(host).value();
     ns->tiers_ = NamespaceTiers{
         .ns = tns,
-        .host = ns->host_.get(),
+        .top = ns->host_.get(),
         .policy = tiers_below->empty() ? WritePolicy::kNone : o.write_policy,
         .fingerprint = &ns->fingerprint_,
     };
@@ -99,6 +99,10 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   if (options.hbm_pool.bytes > 0) {
     engine->hbm_ = std::make_unique<HbmTier>(options.hbm_pool.bytes,
                                              std::move(hbm_quotas));
+    for (const auto& space : engine->spaces_) {
+      space->hbm_ =
+          std::make_unique<HbmNamespaceTier>(engine->hbm_.get(), space->id());
+    }
   }
   if (options.device != nullptr) {
     engine->PinHostArenas();
@@ -264,7 +268,7 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
       const auto parts = layout->layers[l].parts.size();
       for (uint8_t p = 0; !miss && p < parts; ++p) {
         const SegmentKey key{pages[n], l, p};
-        hbm = hbm && hbm_->Contains(ns.id(), key);
+        hbm = hbm && ns.hbm_->Contains(key);
         if (ns.host_->Touch(key)) continue;
         if (below) {
           below_keys.push_back(key);

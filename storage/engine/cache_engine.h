@@ -80,6 +80,8 @@ class EngineNamespace {
   // Its index in the engine: every tier's namespace id.
   uint32_t id() const { return tiers_.ns.id; }
   std::unique_ptr<HostTier> host_;
+  // Its share of the engine's HBM tier; null without one.
+  std::unique_ptr<HbmNamespaceTier> hbm_;
   bool pinned_ = false;  // its arena is registered with options.device
   NamespaceTiers tiers_;
   mutable Mutex layout_mu_;

@@ -75,14 +75,16 @@ void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
                                     const DeviceRegion& src, StreamId stream,
                                     std::vector<SegmentKey>* admitted) {
   if (&device != options_.device || !HbmUsable()) return;
-  auto at = hbm_->Reserve(ns.id(), key, src.bytes);
-  if (!at.ok()) return;  // no room, or already there
+  auto at = ns.hbm_->Reserve(key, src.bytes);
+  if (!at.ok() || at->already_stored) return;  // no room, or already there
   if (options_.device
-          ->CopyOnDevice(stream, {options_.hbm_pool.id, *at, src.bytes}, src)
+          ->CopyOnDevice(stream,
+                         {options_.hbm_pool.id, at->location.offset, src.bytes},
+                         src)
           .ok()) {
     admitted->push_back(key);
   } else {
-    hbm_->Abort(ns.id(), key);
+    ns.hbm_->Abort(key);
   }
 }
 
@@ -91,9 +93,10 @@ void CacheEngine::FinishHbmAdmissions(EngineNamespace& ns,
                                       bool copied) {
   for (const SegmentKey& key : admitted) {
     if (copied) {
-      hbm_->Commit(ns.id(), key);
+      // NotFound only if the reservation is gone; nothing to undo then.
+      ns.hbm_->Commit(key).PermitUncheckedError();
     } else {
-      hbm_->Abort(ns.id(), key);
+      ns.hbm_->Abort(key);
     }
   }
 }
@@ -151,8 +154,8 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   // committed there once the event says the bytes are in place.
   quarantine_.Reap();
   // The HBM tier serves pools on its own GPU only (no peer copies).
-  HbmTier* const hbm =
-      &device == options_.device && HbmUsable() ? hbm_.get() : nullptr;
+  LeasedTier* const hbm =
+      &device == options_.device && HbmUsable() ? ns.hbm_.get() : nullptr;
   const uint32_t hbm_pool = options_.hbm_pool.id;
   std::vector<SegmentKey> held, hbm_held, admitted;
   std::vector<uint32_t> copied;  // pages whose copy was submitted
@@ -194,16 +197,17 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
     if (hbm != nullptr) {
-      if (auto at = hbm->Acquire(ns.id(), key, bytes)) {
-        if (device
+      if (auto at = hbm->Acquire(key); at.ok()) {
+        if (at->size == bytes &&
+            device
                 .CopyOnDevice(stream, pool.DeviceSlot(t.slots[i]),
-                              {hbm_pool, *at, bytes})
+                              {hbm_pool, at->offset, bytes})
                 .ok()) {
           hbm_held.push_back(key);
           copied.push_back(i);
           continue;
         }
-        hbm->Release(ns.id(), key);  // served from below instead
+        hbm->Release(key);  // served from below instead
       }
     }
     auto loc = ns.host_->Acquire(key);
@@ -283,7 +287,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
                   // keeps the engine's pool imported while copies run
                   target = pool.device](const Status& done) {
     for (const SegmentKey& key : held) ns.host_->Release(key);
-    for (const SegmentKey& key : hbm_held) hbm_->Release(ns.id(), key);
+    for (const SegmentKey& key : hbm_held) ns.hbm_->Release(key);
     FinishHbmAdmissions(ns, admitted, done.ok());
   };
   Status done;

@@ -28,13 +28,13 @@ std::vector<TierReport> CacheEngine::TierReports(
       TierNamespaceReport& n = r.namespaces.emplace_back();
       n.name = space->name();
       n.policy = r.policy;
-      hbm_->VisitNamespaceCounters(space->id(), n.values);
+      space->hbm_->VisitCounters(n.values);
     }
   }
 
   // Host DRAM: one HostTier per namespace, each with its own policy.
   TierReport& host = out.emplace_back();
-  host.name = HostTier::tier_name();
+  host.name = HostTier::kName;
   host.kind = tierkv::Tier::kHost;
   host.per_namespace = true;
   host.shared.Counter("backpressure_waits",

@@ -171,6 +171,13 @@ void HostTier::AdvanceGeneration() {
   }
 }
 
+std::span<std::byte> HostTier::HostBytes(const SegmentLocation& at) const {
+  if (at.offset > arena_->size() || at.size > arena_->size() - at.offset) {
+    return {};
+  }
+  return {arena_->base() + at.offset, at.size};
+}
+
 uint64_t HostTier::Generation() const {
   return generation_.load(std::memory_order_seq_cst);
 }

@@ -50,6 +50,7 @@
 #include "storage/host/host_arena.h"
 #include "storage/policy/eviction_policy.h"
 #include "storage/policy/eviction_policy_kind.h"
+#include "storage/tier/leased_tier.h"
 #include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
@@ -84,27 +85,6 @@ struct HostTierOptions {
 };
 
 // Where a segment's bytes are: [offset, offset + size) of the arena.
-struct SegmentLocation {
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
-
-// The result of a successful Reserve.
-struct Reservation {
-  // Where to write the bytes before Commit; meaningless if already_stored.
-  SegmentLocation location;
-  // Dedup: the key was committed before. Nothing was reserved; do not
-  // Commit or Abort.
-  bool already_stored = false;
-};
-
-// A dirty segment handed to the mover by TakeDirty(): its bytes stay valid
-// and in place until FinishPersist(key).
-struct DirtySegment {
-  SegmentKey key;
-  SegmentLocation location;
-};
-
 struct SegmentInfo {
   SegmentKey key;
   uint64_t size = 0;
@@ -131,7 +111,7 @@ struct HostTierStats {
   bool hugepages = false;
 };
 
-class HostTier {
+class HostTier final : public LeasedTier {
  public:
   static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& o);
   ~HostTier();
@@ -145,7 +125,7 @@ class HostTier {
   // only dirty segments are left to evict (backpressure: retry once the
   // mover has persisted some), InvalidArgument (size 0 or larger than the
   // tier) or ResourceExhausted (every segment is referenced or reserved).
-  Result<Reservation> Reserve(const SegmentKey& key, uint64_t size);
+  Result<Reservation> Reserve(const SegmentKey& key, uint64_t size) override;
 
   // Makes a reserved segment readable; `dirty` when it must be persisted
   // below before eviction (write_back / write_through); with `acquire` it
@@ -153,19 +133,19 @@ class HostTier {
   // evictable between its commit and its first read. NotFound when `key`
   // is not reserved.
   Status Commit(const SegmentKey& key, bool dirty = false,
-                bool acquire = false);
+                bool acquire = false) override;
 
   // Drops a reservation and frees its space; no-op unless `key` is reserved.
-  void Abort(const SegmentKey& key);
+  void Abort(const SegmentKey& key) override;
 
   // Takes a reference on a committed segment (for a read or a pin); a use
   // of it. NotFound when absent or not committed.
-  Result<SegmentLocation> Acquire(const SegmentKey& key);
+  Result<SegmentLocation> Acquire(const SegmentKey& key) override;
 
   // Drops a reference taken by Acquire() (the last one makes the segment
   // evictable again, as just used).
   // REQUIRES: a matching Acquire() on `key`.
-  void Release(const SegmentKey& key);
+  void Release(const SegmentKey& key) override;
 
   // True when `key` is committed; a use of it.
   bool Touch(const SegmentKey& key);
@@ -178,11 +158,11 @@ class HostTier {
   // A counter that advances whenever a segment of the tier is committed,
   // aborted or finishes a write-back: read it before a Reserve that
   // answered Busy, then WaitChange() for a reason to retry.
-  uint64_t Generation() const;
+  uint64_t Generation() const override;
   // Waits until Generation() differs from `seen`, or until `clock` reaches
   // `deadline`; false on timeout.
   bool WaitChange(uint64_t seen, const Clock& clock,
-                  Clock::TimePoint deadline) const;
+                  Clock::TimePoint deadline) const override;
 
   // Takes up to `max_items` / `max_bytes` (at least one segment when any
   // qualifies) of the tier's least recently used unreferenced dirty
@@ -191,14 +171,15 @@ class HostTier {
   // dirty segment qualifies (write_through). Taken segments cannot be
   // evicted and are not taken again until FinishPersist().
   std::vector<DirtySegment> TakeDirty(size_t max_items, uint64_t max_bytes,
-                                      bool only_needed);
+                                      bool only_needed) override;
 
   // Ends a TakeDirty() of `key`. `persisted`: the segment is now clean,
   // evictable where its last use puts it in the policy's order. Otherwise
   // it stays dirty (first in line for the next TakeDirty) when `retry`,
   // else it is made clean unpersisted (the lower tier cannot take it; the
   // host copy stays a cache entry rather than wedging the tier).
-  void FinishPersist(const SegmentKey& key, bool persisted, bool retry);
+  void FinishPersist(const SegmentKey& key, bool persisted,
+                     bool retry) override;
 
   // Up to `limit` committed segments, in no particular order.
   std::vector<SegmentInfo> List(size_t limit) const;
@@ -206,17 +187,18 @@ class HostTier {
   HostTierStats Stats() const;
   // Stats() in the tier counter vocabulary (tier_counters.h): bytes and
   // segments as gauges, events as counters, hugepages as a flag.
-  void VisitCounters(TierCounterVisitor& visitor) const;
+  void VisitCounters(TierCounterVisitor& visitor) const override;
   const HostArena& arena() const { return *arena_; }
-  uint64_t capacity_bytes() const { return capacity_bytes_; }
-  // The namespace's name (the tier's, in stats and metrics, is tier_name()).
-  const std::string& name() const { return options_.name; }
-  static constexpr std::string_view tier_name() { return "host"; }
+  // The arena's bytes at `at` (empty when `at` is outside it).
+  std::span<std::byte> HostBytes(const SegmentLocation& at) const override;
+  uint64_t capacity_bytes() const override { return capacity_bytes_; }
+  static constexpr std::string_view kName = "host";
+  std::string_view name() const override { return kName; }
   EvictionPolicyKind eviction_policy() const {
     return options_.eviction_policy;
   }
   // The eviction policy's name ("lru"): the `policy` label of its metrics.
-  std::string_view policy() const {
+  std::string_view policy() const override {
     return EvictionPolicyName(options_.eviction_policy);
   }
 

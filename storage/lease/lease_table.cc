@@ -18,7 +18,7 @@ LeaseTable::Usage LeaseTable::UsageOf(std::span<const LeasedSegment> segments,
   return u;
 }
 
-void LeaseTable::Account(uint64_t owner, const HostTier* tier,
+void LeaseTable::Account(uint64_t owner, const LeasedTier* tier,
                          const Usage& delta) {
   Usage& u = owners_[owner];
   u += delta;
@@ -28,7 +28,7 @@ void LeaseTable::Account(uint64_t owner, const HostTier* tier,
   if (t.empty()) tiers_.erase(tier);
 }
 
-size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
+size_t LeaseTable::Room(uint64_t owner, const LeasedTier* tier, size_t want,
                         const char** limit_name) const {
   MutexLock lock(&mu_);
   Usage u;
@@ -54,7 +54,7 @@ size_t LeaseTable::Room(uint64_t owner, const HostTier* tier, size_t want,
   return room;
 }
 
-size_t LeaseTable::FitBytes(uint64_t owner, const HostTier* tier,
+size_t LeaseTable::FitBytes(uint64_t owner, const LeasedTier* tier,
                             std::span<const uint64_t> sizes,
                             const char** limit_name) const {
   MutexLock lock(&mu_);
@@ -95,7 +95,7 @@ size_t LeaseTable::leases_of(uint64_t owner) const {
   return it == owners_.end() ? 0 : it->second.leases;
 }
 
-size_t LeaseTable::leases_on(const HostTier* tier) const {
+size_t LeaseTable::leases_on(const LeasedTier* tier) const {
   MutexLock lock(&mu_);
   auto it = tiers_.find(tier);
   return it == tiers_.end() ? 0 : it->second.leases;
@@ -125,7 +125,7 @@ void LeaseTable::EndLease(Lease& lease) {
   lease.segments.clear();
 }
 
-uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, HostTier* tier,
+uint64_t LeaseTable::Add(uint64_t owner, LeaseKind kind, LeasedTier* tier,
                          std::vector<LeasedSegment> segments,
                          std::chrono::milliseconds ttl) {
   MutexLock lock(&mu_);
@@ -150,32 +150,16 @@ Status LeaseTable::Release(uint64_t owner, uint64_t lease_id) {
 std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
                                        std::span<const SegmentKey> keys,
                                        bool dirty, bool last_first) {
-  std::vector<Status> out;
-  out.reserve(keys.size());
   MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.owner != owner ||
       it->second.kind != LeaseKind::kWrite) {
-    out.assign(keys.size(),
-               Status::NotFound("no such write lease (expired or not yours)"));
-    return out;
+    return std::vector<Status>(
+        keys.size(),
+        Status::NotFound("no such write lease (expired or not yours)"));
   }
   Lease& lease = it->second;
   std::vector<LeasedSegment> remaining, done;
-  std::vector<Status> statuses;  // of done[i]
-  // Commits `done` and ends the lease when nothing remains (`lease` is
-  // gone then).
-  auto commit_done = [&] {
-    statuses.resize(done.size());
-    for (size_t n = 0; n < done.size(); ++n) {
-      const size_t i = last_first ? done.size() - 1 - n : n;
-      statuses[i] = lease.tier->Commit(done[i].key, dirty);
-    }
-    lease.segments = std::move(remaining);
-    const bool ended = lease.segments.empty();
-    Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
-    if (ended) leases_.erase(it);
-  };
   // The common case, without a hash set: `keys` is a subsequence of the
   // lease's segments, in reservation order (a client commits what it
   // copied, in the order it reserved). Then done[i] is keys[i].
@@ -185,18 +169,27 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
     (next ? done : remaining).push_back(s);
     matched += next;
   }
-  if (matched == keys.size()) {
-    commit_done();
-    return statuses;
+  const bool in_order = matched == keys.size();
+  if (!in_order) {  // any order, duplicates and strangers: match by key
+    const std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
+    done.clear();
+    remaining.clear();
+    for (const LeasedSegment& s : lease.segments) {
+      (to_commit.count(s.key) ? done : remaining).push_back(s);
+    }
   }
-  // Any order, duplicates and strangers: match by key.
-  const std::unordered_set<SegmentKey> to_commit(keys.begin(), keys.end());
-  done.clear();
-  remaining.clear();
-  for (const LeasedSegment& s : lease.segments) {
-    (to_commit.count(s.key) ? done : remaining).push_back(s);
+  std::vector<Status> statuses(done.size());  // of done[i]
+  for (size_t n = 0; n < done.size(); ++n) {
+    const size_t i = last_first ? done.size() - 1 - n : n;
+    statuses[i] = lease.tier->Commit(done[i].key, dirty);
   }
-  commit_done();
+  lease.segments = std::move(remaining);
+  const bool ended = lease.segments.empty();
+  Account(lease.owner, lease.tier, -UsageOf(done, ended ? 1 : 0));
+  if (ended) leases_.erase(it);  // `lease` is gone
+  if (in_order) return statuses;
+  std::vector<Status> out;
+  out.reserve(keys.size());
   std::unordered_map<SegmentKey, Status> committed;
   for (size_t i = 0; i < done.size(); ++i) {
     committed.emplace(done[i].key, std::move(statuses[i]));

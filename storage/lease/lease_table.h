@@ -1,7 +1,8 @@
 // LeaseTable: who holds which segments, and until when.
 //
-// Every reference a client holds on a HostTier segment is recorded here as a
-// lease with an owner (a connection id) and an expiry:
+// Every reference a client holds on a leased tier's segment (host DRAM, HBM:
+// storage/tier/leased_tier.h) is recorded here as a lease with an owner (a
+// connection id) and an expiry:
 //   kRead  - a Get in progress: segments are referenced until Release;
 //   kPin   - an explicit pin: same, with a caller-chosen TTL;
 //   kWrite - a Put in progress: segments are reserved until Commit.
@@ -20,7 +21,7 @@
 // cannot store. Requests of one owner admitted at the same moment may
 // overshoot by their own sizes; nothing grows beyond that.
 //
-// Thread safety: thread-safe. Lock order: LeaseTable, then HostTier shards.
+// Thread safety: thread-safe. Lock order: LeaseTable, then the tier's locks.
 #pragma once
 
 #include <chrono>
@@ -33,7 +34,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "storage/clock.h"
-#include "storage/host/host_tier.h"
+#include "storage/tier/leased_tier.h"
 
 namespace tierkv::storage {
 
@@ -74,7 +75,7 @@ class LeaseTable {
   // Records a lease over `segments`, whose references (read/pin) or
   // reservations (write) the caller has already taken on `tier` (borrowed;
   // must outlive the lease). Returns the new lease id (never 0).
-  uint64_t Add(uint64_t owner, LeaseKind kind, HostTier* tier,
+  uint64_t Add(uint64_t owner, LeaseKind kind, LeasedTier* tier,
                std::vector<LeasedSegment> segments,
                std::chrono::milliseconds ttl);
 
@@ -82,7 +83,7 @@ class LeaseTable {
   // already, or someone else's).
   Status Release(uint64_t owner, uint64_t lease_id);
 
-  // Commits `keys` of write lease `lease_id` (HostTier::Commit with
+  // Commits `keys` of write lease `lease_id` (LeasedTier::Commit with
   // `dirty`), in the order they were reserved, or the reverse with
   // `last_first`; one Status per key: NotFound when a key is not (or no
   // longer) part of that lease of `owner`. The lease ends once every key
@@ -102,11 +103,11 @@ class LeaseTable {
   // How many of `want` more segments `owner` may lease on `tier` now,
   // within every limit (0 when it holds max_leases_per_owner leases).
   // Sets *limit_name to the limit that bites (for messages) when < want.
-  size_t Room(uint64_t owner, const HostTier* tier, size_t want,
+  size_t Room(uint64_t owner, const LeasedTier* tier, size_t want,
               const char** limit_name = nullptr) const EXCLUDES(mu_);
   // How many of `sizes` (a request's segments, in order) fit in the bytes
   // the limits leave `owner` on `tier` now; *limit_name as for Room.
-  size_t FitBytes(uint64_t owner, const HostTier* tier,
+  size_t FitBytes(uint64_t owner, const LeasedTier* tier,
                   std::span<const uint64_t> sizes,
                   const char** limit_name = nullptr) const EXCLUDES(mu_);
   // Leases, segments and bytes `owner` holds now.
@@ -114,7 +115,7 @@ class LeaseTable {
   size_t segments_of(uint64_t owner) const EXCLUDES(mu_);
   uint64_t bytes_of(uint64_t owner) const EXCLUDES(mu_);
   // Leases held on `tier` (one namespace's), by every owner.
-  size_t leases_on(const HostTier* tier) const EXCLUDES(mu_);
+  size_t leases_on(const LeasedTier* tier) const EXCLUDES(mu_);
 
   const LeaseLimits& limits() const { return limits_; }
 
@@ -122,7 +123,7 @@ class LeaseTable {
   struct Lease {
     uint64_t owner;
     LeaseKind kind;
-    HostTier* tier;  // borrowed
+    LeasedTier* tier;  // borrowed
     std::vector<LeasedSegment> segments;
     Clock::TimePoint expires;
   };
@@ -147,14 +148,14 @@ class LeaseTable {
   // Ends and erases every lease `ends` selects; how many.
   size_t EndLeasesLocked(const std::function<bool(const Lease&)>& ends)
       REQUIRES(mu_);
-  void Account(uint64_t owner, const HostTier* tier, const Usage& delta)
+  void Account(uint64_t owner, const LeasedTier* tier, const Usage& delta)
       REQUIRES(mu_);
 
   const Clock* clock_;
   const LeaseLimits limits_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, Usage> owners_ GUARDED_BY(mu_);
-  std::unordered_map<const HostTier*, Usage> tiers_ GUARDED_BY(mu_);
+  std::unordered_map<const LeasedTier*, Usage> tiers_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
 };

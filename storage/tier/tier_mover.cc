@@ -1,5 +1,6 @@
-// TierMover: batched demotion, promotion and persistence between the host
-// tiers and the chain below them (see tier_mover.h).
+// TierMover: batched demotion, promotion and persistence between the
+// namespaces' leased tiers (host DRAM) and the chain below them (see
+// tier_mover.h).
 #include "storage/tier/tier_mover.h"
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,18 @@
 #include "common/sync_point.h"
 
 namespace tierkv::storage {
+namespace {
+
+// The answer for a segment of a tier the CPU cannot address (NamespaceTiers
+// ::top must be host addressable for the mover to move it).
+Status NotHostAddressable(const NamespaceTiers& tiers) {
+  return Status::InvalidArgument(
+      "namespace '" + tiers.ns.name + "': tier '" +
+      std::string(tiers.top->name()) +
+      "' is not host addressable; the mover cannot move its segments");
+}
+
+}  // namespace
 
 Status TierMoverOptions::Validate() const {
   if (workers > 64) {
@@ -191,20 +204,26 @@ bool TierMover::DemoteOnce() {
 
 size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   std::vector<DirtySegment> batch =
-      tiers.host->TakeDirty(options_.demotion_batch_segments,
-                            options_.demotion_batch_bytes, only_needed);
+      tiers.top->TakeDirty(options_.demotion_batch_segments,
+                           options_.demotion_batch_bytes, only_needed);
   if (batch.empty()) return 0;
   // Taken segments are immutable and cannot be evicted until
-  // FinishPersist, so the device reads them straight from the arena.
+  // FinishPersist, so the device reads them straight from the tier's memory.
+  std::vector<Status> statuses(batch.size(), NotHostAddressable(tiers));
   std::vector<TierWriteItem> items;
+  std::vector<size_t> item_of;  // batch index per item
   items.reserve(batch.size());
-  for (const DirtySegment& d : batch) {
-    items.push_back(
-        {d.key,
-         {tiers.host->arena().base() + d.location.offset, d.location.size}});
+  for (size_t k = 0; k < batch.size(); ++k) {
+    const std::span<std::byte> bytes = tiers.top->HostBytes(batch[k].location);
+    if (bytes.empty()) continue;
+    items.push_back({batch[k].key, bytes});
+    item_of.push_back(k);
   }
-  const std::vector<Status> statuses =
+  std::vector<Status> written =
       WriteAndAnnounce(tiers, items, Durability::kDeferred);
+  for (size_t j = 0; j < items.size(); ++j) {
+    statuses[item_of[j]] = std::move(written[j]);
+  }
   // Newest first, so that the clean list keeps the batch's age order.
   size_t failed = 0;
   Status failure;
@@ -212,7 +231,7 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
     const Status& s = statuses[k];
     const bool persisted = s.ok() || s.IsAlreadyExists();
     const bool busy = s.code() == StatusCode::kBusy;
-    tiers.host->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
+    tiers.top->FinishPersist(batch[k].key, persisted, /*retry=*/busy);
     (persisted ? demotions_done_
      : busy    ? demotions_retried_
                : demotions_failed_)
@@ -266,7 +285,7 @@ std::vector<Status> TierMover::PromoteBatch(
   const uint64_t fingerprint = tiers.Fingerprint();
   const uint64_t round_bytes =
       std::max<uint64_t>(1, std::min(options_.promotion_batch_bytes,
-                                     tiers.host->capacity_bytes() / 4));
+                                     tiers.top->capacity_bytes() / 4));
   std::vector<size_t> todo(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) todo[i] = i;
   std::vector<SegmentKey> probe;
@@ -291,8 +310,8 @@ std::vector<Status> TierMover::PromoteBatch(
         next_round.push_back(i);
         continue;
       }
-      const uint64_t generation = tiers.host->Generation();
-      auto reserved = tiers.host->Reserve(keys[i], size);
+      const uint64_t generation = tiers.top->Generation();
+      auto reserved = tiers.top->Reserve(keys[i], size);
       if (!reserved.ok()) {
         results[i] = reserved.status();
         if (reserved.status().code() == StatusCode::kBusy) {
@@ -304,14 +323,18 @@ std::vector<Status> TierMover::PromoteBatch(
       results[i] = Status::OK();
       if (reserved->already_stored) {  // another promoter won
         source[i] = chain_->at(where[t].tier).kind();
-        if (hold && !tiers.host->Acquire(keys[i]).ok()) {
+        if (hold && !tiers.top->Acquire(keys[i]).ok()) {
           results[i] = Status::NotFound("segment evicted again meanwhile");
         }
         continue;
       }
-      reads.push_back({keys[i],
-                       {tiers.host->arena().base() + reserved->location.offset,
-                        reserved->location.size}});
+      const std::span<std::byte> dst = tiers.top->HostBytes(reserved->location);
+      if (dst.empty()) {
+        tiers.top->Abort(keys[i]);
+        results[i] = NotHostAddressable(tiers);
+        continue;
+      }
+      reads.push_back({keys[i], dst});
       read_of.push_back(i);
       bytes += size;
     }
@@ -325,9 +348,9 @@ std::vector<Status> TierMover::PromoteBatch(
           source[i] = chain_->at(got_all.served_by[r]).kind();
           // Clean: a tier below holds it, so eviction may drop the copy.
           results[i] =
-              tiers.host->Commit(keys[i], /*dirty=*/false, /*acquire=*/hold);
+              tiers.top->Commit(keys[i], /*dirty=*/false, /*acquire=*/hold);
         } else {
-          tiers.host->Abort(keys[i]);
+          tiers.top->Abort(keys[i]);
           results[i] = got[r].ok()
                            ? Status::Corruption("segment changed size mid-read")
                            : got[r].status();
@@ -345,7 +368,7 @@ std::vector<Status> TierMover::PromoteBatch(
       // holds only unpersisted segments. Retry once the tier changes.
       Kick();
       if (clock_->Now() >= wait_until ||
-          !tiers.host->WaitChange(busy_generation, *clock_, wait_until)) {
+          !tiers.top->WaitChange(busy_generation, *clock_, wait_until)) {
         break;  // out of time: those keys stay Busy
       }
     }
@@ -382,13 +405,18 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
         results[i] = Status::OK();
         continue;
       }
-      auto loc = tiers.host->Acquire(keys[i]);  // held until written
+      auto loc = tiers.top->Acquire(keys[i]);  // held until written
       if (!loc.ok()) {
         results[i] = Status::NotFound("segment in neither tier");
         continue;
       }
-      items.push_back(
-          {keys[i], {tiers.host->arena().base() + loc->offset, loc->size}});
+      const std::span<std::byte> bytes = tiers.top->HostBytes(*loc);
+      if (bytes.empty()) {
+        tiers.top->Release(keys[i]);
+        results[i] = NotHostAddressable(tiers);
+        continue;
+      }
+      items.push_back({keys[i], bytes});
       item_of.push_back(i);
     }
     uint64_t generation;
@@ -400,7 +428,7 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
     if (!items.empty()) {
       statuses = WriteAndAnnounce(tiers, items, Durability::kDurable);
     }
-    for (const TierWriteItem& item : items) tiers.host->Release(item.key);
+    for (const TierWriteItem& item : items) tiers.top->Release(item.key);
     pending.clear();
     for (size_t k = 0; k < items.size(); ++k) {
       const size_t i = item_of[k];

@@ -1,15 +1,15 @@
-// TierMover: moves segments between namespaces' host tiers and the tiers
-// below them (a TierChain: NVMe, or whatever the placement names) in the
-// background (DESIGN.md §4, "mover").
+// TierMover: moves segments between namespaces' leased tiers (host DRAM)
+// and the tiers below them (a TierChain: NVMe, or whatever the placement
+// names) in the background (DESIGN.md §4, "mover").
 //
 //   demotion  host -> the chain's demotion target. Workers take batches of
-//             the oldest dirty host segments (HostTier::TakeDirty:
+//             the oldest dirty host segments (LeasedTier::TakeDirty:
 //             write_through takes every dirty segment, write_back only while
 //             a shard runs short of clean space), write each batch with one
 //             Tier::Write (for NVMe: queue-depth IO straight from the arena,
 //             one catalog batch) and mark them clean. No bytes are queued,
 //             so nothing can be dropped: when dirty data outruns the tier,
-//             HostTier::Reserve answers Busy (backpressure) until a batch
+//             LeasedTier::Reserve answers Busy (backpressure) until a batch
 //             lands.
 //   promotion chain -> host. PromoteBatch() locates a round of
 //             promotion_batch_bytes (one Lookup per tier), reserves arena
@@ -36,7 +36,7 @@
 #include "common/mutex.h"
 #include "storage/clock.h"
 #include "storage/engine/write_policy.h"
-#include "storage/host/host_tier.h"
+#include "storage/tier/leased_tier.h"
 #include "storage/tier/tier_chain.h"
 
 namespace tierkv::storage {
@@ -92,7 +92,11 @@ struct TierMoverStats {
 // owner keeps them alive until the mover is destroyed.
 struct NamespaceTiers {
   TierNamespace ns;
-  HostTier* host = nullptr;
+  // The tier the namespace's clients lease (host DRAM): what demotion
+  // drains and promotion fills. Must be host addressable
+  // (LeasedTier::HostBytes) for either; segments of one that is not fail
+  // with InvalidArgument.
+  LeasedTier* top = nullptr;
   WritePolicy policy = WritePolicy::kNone;
   // The namespace's layout fingerprint (0 before a layout is registered),
   // stored with its data below DRAM.
@@ -135,7 +139,7 @@ class TierMover {
   // promoter won); NotFound when no tier below has it (or its copy failed
   // verification); Busy or ResourceExhausted when the host tier had no room
   // for it in time. With `hold`, every OK key also holds a reference on
-  // its host segment (as HostTier::Acquire), taken when it was committed,
+  // its host segment (as LeasedTier::Acquire), taken when it was committed,
   // so nothing evicts it before the caller reads it (a promotion racing a
   // full tier under a score-based policy lost its segment in that gap);
   // the caller Releases it. A key found stored but gone before it could be
@@ -176,7 +180,7 @@ class TierMover {
   // Takes and writes one demotion batch; false when there was nothing.
   bool DemoteOnce();
   // Takes one batch of `tiers`' dirty segments (`only_needed`: see
-  // HostTier::TakeDirty) and writes it; the segments written, 0 if none.
+  // LeasedTier::TakeDirty) and writes it; the segments written, 0 if none.
   size_t DemoteBatch(const NamespaceTiers& tiers, bool only_needed);
   void WorkerLoop();
   // Writes `items` of `tiers` with one Tier::Write to the demotion target

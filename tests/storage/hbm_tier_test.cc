@@ -1,4 +1,5 @@
-// HbmTier: reservations become hits only once committed, LRU eviction of
+// HbmTier: reservations become hits only once committed (and a namespace
+// view is a LeasedTier holding nothing dirty), LRU eviction of
 // unreferenced entries, references pin, quotas evict the namespace's own
 // entries first, and a failed copy's reservation leaves nothing behind.
 #include "storage/device/hbm_tier.h"
@@ -17,30 +18,63 @@ SegmentKey Key(uint64_t page, uint16_t layer = 0) {
 // Reserve + Commit, as a finished copy does.
 void Admit(HbmTier& t, uint32_t ns, const SegmentKey& k, uint64_t size) {
   ASSERT_OK(t.Reserve(ns, k, size));
-  t.Commit(ns, k);
+  ASSERT_OK(t.Commit(ns, k));
 }
 
 TEST(HbmTierTest, ASegmentIsHitOnlyOnceCommitted) {
   HbmTier t(1 << 20, {0});
   auto at = t.Reserve(0, Key(1), 4096);
   ASSERT_OK(at);
+  ASSERT_FALSE(at->already_stored);
   EXPECT_FALSE(t.Contains(0, Key(1)));
-  EXPECT_FALSE(t.Acquire(0, Key(1), 4096));  // the copy is not done
+  EXPECT_EQ(t.Acquire(0, Key(1)).status().code(),
+            StatusCode::kNotFound);  // the copy is not done
   EXPECT_EQ(t.Reserve(0, Key(1), 4096).status().code(),
-            StatusCode::kAlreadyExists);
-  t.Commit(0, Key(1));
+            StatusCode::kBusy);  // being admitted by another copy
+  ASSERT_OK(t.Commit(0, Key(1)));
+  EXPECT_EQ(t.Commit(0, Key(1)).code(), StatusCode::kNotFound);  // once
   EXPECT_TRUE(t.Contains(0, Key(1)));
   EXPECT_FALSE(t.Contains(1, Key(1)));  // namespaces do not share
-  auto hit = t.Acquire(0, Key(1), 4096);
-  ASSERT_TRUE(hit);
-  EXPECT_EQ(*hit, *at);
-  EXPECT_FALSE(t.Acquire(0, Key(1), 8192));  // another size: a miss
+  auto again = t.Reserve(0, Key(1), 4096);
+  ASSERT_OK(again);
+  EXPECT_TRUE(again->already_stored);  // dedup: nothing to copy
+  auto hit = t.Acquire(0, Key(1));
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->offset, at->location.offset);
+  EXPECT_EQ(hit->size, 4096u);
   t.Release(0, Key(1));
   const HbmTierStats s = t.Stats();
   EXPECT_EQ(s.hits, 1u);
-  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.misses, 1u);
   EXPECT_EQ(s.segments, 1u);
   EXPECT_EQ(s.admissions, 1u);
+}
+
+TEST(HbmTierTest, ANamespaceViewIsALeasedTierThatHoldsNothingDirty) {
+  HbmTier t(1 << 20, {512 << 10, 0});
+  HbmNamespaceTier view(&t, 0);
+  LeasedTier& leased = view;
+  EXPECT_EQ(leased.name(), "hbm");
+  EXPECT_EQ(leased.capacity_bytes(), 512u << 10);  // the quota
+  EXPECT_EQ(HbmNamespaceTier(&t, 1).capacity_bytes(), 1u << 20);
+  auto at = leased.Reserve(Key(1), 4096);
+  ASSERT_OK(at);
+  // A copy is never the only one: it cannot be dirty, and the refused
+  // commit leaves no reservation behind.
+  EXPECT_EQ(leased.Commit(Key(1), /*dirty=*/true).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.Stats().used_bytes, 0u);
+  ASSERT_OK(leased.Reserve(Key(1), 4096));
+  // Committed referenced: not evictable until released.
+  ASSERT_OK(leased.Commit(Key(1), /*dirty=*/false, /*acquire=*/true));
+  EXPECT_TRUE(view.Contains(Key(1)));
+  EXPECT_FALSE(HbmNamespaceTier(&t, 1).Contains(Key(1)));
+  EXPECT_EQ(leased.Reserve(Key(2), 512 << 10).status().code(),
+            StatusCode::kResourceExhausted);  // 1 is held, the quota full
+  leased.Release(Key(1));
+  ASSERT_OK(leased.Reserve(Key(2), 512 << 10));  // now 1 can go
+  EXPECT_FALSE(view.Contains(Key(1)));
+  EXPECT_TRUE(leased.TakeDirty(16, 1 << 20, /*only_needed=*/false).empty());
 }
 
 TEST(HbmTierTest, TheLeastRecentUnreferencedSegmentGoesFirst) {
@@ -48,9 +82,9 @@ TEST(HbmTierTest, TheLeastRecentUnreferencedSegmentGoesFirst) {
   HbmTier t(1 << 20, {0});
   for (uint64_t p = 1; p <= 4; ++p) Admit(t, 0, Key(p), 256 << 10);
   // Page 1 used again (most recent), page 2 referenced (pinned).
-  ASSERT_TRUE(t.Acquire(0, Key(1), 256 << 10));
+  ASSERT_OK(t.Acquire(0, Key(1)));
   t.Release(0, Key(1));
-  ASSERT_TRUE(t.Acquire(0, Key(2), 256 << 10));
+  ASSERT_OK(t.Acquire(0, Key(2)));
   Admit(t, 0, Key(5), 256 << 10);  // evicts 3: 2 is pinned, 1 is recent
   EXPECT_TRUE(t.Contains(0, Key(1)));
   EXPECT_TRUE(t.Contains(0, Key(2)));
@@ -61,9 +95,9 @@ TEST(HbmTierTest, TheLeastRecentUnreferencedSegmentGoesFirst) {
   EXPECT_FALSE(t.Contains(0, Key(1)));
   EXPECT_TRUE(t.Contains(0, Key(2)));
   // Everything left is pinned or reserved: no room, nothing lost.
-  ASSERT_TRUE(t.Acquire(0, Key(5), 256 << 10));
-  ASSERT_TRUE(t.Acquire(0, Key(6), 256 << 10));
-  ASSERT_TRUE(t.Acquire(0, Key(7), 256 << 10));
+  ASSERT_OK(t.Acquire(0, Key(5)));
+  ASSERT_OK(t.Acquire(0, Key(6)));
+  ASSERT_OK(t.Acquire(0, Key(7)));
   EXPECT_EQ(t.Reserve(0, Key(8), 256 << 10).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(t.Stats().evictions, 3u);
@@ -103,7 +137,7 @@ TEST(HbmTierTest, TheWholeTierIsOneLruAcrossNamespaces) {
   Admit(t, 0, Key(2), 256 << 10);
   Admit(t, 1, Key(3), 256 << 10);
   Admit(t, 0, Key(4), 256 << 10);
-  ASSERT_TRUE(t.Acquire(2, Key(1), 256 << 10));  // 1 used again: newest
+  ASSERT_OK(t.Acquire(2, Key(1)));  // 1 used again: newest
   t.Release(2, Key(1));
   const std::pair<uint32_t, uint64_t> order[] = {
       {0, 2}, {1, 3}, {0, 4}, {2, 1}};

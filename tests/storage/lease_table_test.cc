@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "storage/host/host_tier.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/status_matchers.h"
 

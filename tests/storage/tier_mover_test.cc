@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include "storage/device/hbm_tier.h"
+#include "storage/host/host_tier.h"
 #include "storage/nvme/nvme_tier.h"
 #include "tests/testing/fault_injection_device.h"
 #include "tests/testing/memory_device.h"
@@ -157,6 +159,37 @@ TEST_F(TierMoverTest, WriteThroughPersistsEveryCommitAndPromotesInOneBatch) {
   mover.Prefetch(Tiers(), keys);
   mover.TEST_Drain();
   EXPECT_EQ(mover.Stats().prefetch_batches, 1u);
+}
+
+// The mover works on any LeasedTier; one whose memory the CPU cannot
+// address (a device pool) is refused segment by segment, and what the
+// mover reserved or referenced there is given back.
+TEST_F(TierMoverTest, ATierTheCpuCannotAddressIsRefusedAndLeftAsItWas) {
+  TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
+                  {Tiers()});
+  PutHost(0);
+  ASSERT_OK(PersistOne(mover, 0));  // on NVMe now
+  HbmTier hbm(1 << 20, {0});
+  HbmNamespaceTier device_memory(&hbm, 0);
+  const NamespaceTiers on_device{{.id = 0, .name = "ns"},
+                                 &device_memory,
+                                 WritePolicy::kNone,
+                                 &fingerprint_};
+  const SegmentKey zero = Key(0);
+  EXPECT_EQ(mover.PromoteBatch(on_device, std::span(&zero, 1))[0].code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(hbm.Contains(0, zero));
+  EXPECT_EQ(hbm.Stats().used_bytes, 0u) << "the reservation was aborted";
+  // A segment held there cannot be persisted from there either, and is not
+  // left referenced: the whole pool can still be reserved (evicting it).
+  ASSERT_OK(device_memory.Reserve(Key(1), kSeg));
+  ASSERT_OK(device_memory.Commit(Key(1)));
+  const SegmentKey one = Key(1);
+  EXPECT_EQ(mover.PersistBatch(on_device, std::span(&one, 1))[0].code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(NvmeHolds(1));
+  ASSERT_OK(device_memory.Reserve(Key(2), 1 << 20));
+  EXPECT_FALSE(device_memory.Contains(Key(1)));
 }
 
 // A held promotion is referenced from its commit on: a full tier evicts
