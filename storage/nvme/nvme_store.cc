@@ -221,10 +221,10 @@ Status NvmeStore::Recover() {
     segment->key = f.key;
     segment->entry = f.entry;
     segment->extent = extent;
-    // Generation order: newest at the front. Quotas are set after Open and
-    // move their namespaces' segments then.
+    // Generation order: the newest is the most recently used. Quotas are
+    // set after Open and move their namespaces' segments then.
     Share& share = ShareOfLocked(f.key.ns_id);
-    LinkLocked(segment, share, /*newest=*/false);
+    LinkLocked(segment, share, /*used_at=*/f.entry.generation);
     share.allocated += extent.length;
     index_.emplace(f.key, std::move(segment));
     ++recovery_.recovered_segments;
@@ -232,6 +232,7 @@ Status NvmeStore::Recover() {
     bytes_used_ += f.entry.length;
   }
   next_generation_ = max_generation + 1;
+  clock_ = max_generation;  // later uses rank after every recovered one
   if (!drop.empty()) {
     Status s = catalog_->Write(drop);
     if (!s.ok()) {
@@ -280,25 +281,28 @@ void NvmeStore::FreeAllocatedLocked(const Extent& extent, Share& share) {
 }
 
 bool NvmeStore::EvictOneLocked(Share& share) {
-  // Least recently used first, skipping segments being read. Pinned
-  // segments are few (one per in-flight read), so this stays O(1) amortized.
-  for (auto it = share.lru.rbegin(); it != share.lru.rend(); ++it) {
-    Segment* victim = *it;
-    if (victim->readers > 0) continue;
-    ++usage_[victim->key.ns_id].evictions;
-    auto found = index_.find(victim->key);
-    UnlinkLocked(found->second, /*delete_entry=*/true);
-    ++counters_.evictions;
-    return true;
-  }
-  return false;
+  // Segments being read are not linked: the policy never offers them.
+  PolicyState* state = share.policy->Victim();
+  if (state == nullptr) return false;
+  share.policy->Unlink(*state);
+  share.policy->Evicted(*state);
+  Segment* victim = static_cast<SegmentPolicyState*>(state)->segment;
+  ++usage_[victim->key.ns_id].evictions;
+  auto found = index_.find(victim->key);
+  UnlinkLocked(found->second, /*delete_entry=*/true);
+  ++counters_.evictions;
+  return true;
 }
 
 void NvmeStore::LinkLocked(const std::shared_ptr<Segment>& segment,
-                           Share& share, bool newest) {
+                           Share& share, uint64_t used_at) {
   segment->share = &share;
-  segment->lru_pos = newest ? share.lru.insert(share.lru.begin(), segment.get())
-                            : share.lru.insert(share.lru.end(), segment.get());
+  SegmentPolicyState& state = segment->policy;
+  state.segment = segment.get();
+  state.key = segment->key.key;
+  state.bytes = segment->extent.length;
+  share.policy->Admit(state, used_at);
+  share.policy->Link(state, used_at, LinkAt::kLastUse);
   NamespaceUsage& u = usage_[segment->key.ns_id];
   ++u.segments;
   u.bytes_used += segment->entry.length;
@@ -306,15 +310,18 @@ void NvmeStore::LinkLocked(const std::shared_ptr<Segment>& segment,
 }
 
 void NvmeStore::TouchLocked(Segment& segment) {
-  std::list<Segment*>& lru = segment.share->lru;
-  lru.splice(lru.begin(), lru, segment.lru_pos);
+  segment.share->policy->Use(segment.policy, ++clock_);
+}
+
+void NvmeStore::AddReaderLocked(Segment& segment) {
+  if (segment.readers++ == 0) segment.share->policy->Unlink(segment.policy);
 }
 
 void NvmeStore::UnlinkLocked(const std::shared_ptr<Segment>& segment,
                              bool delete_entry) {
   std::shared_ptr<Segment> keep = segment;  // index_ may hold the only ref
   keep->live = false;
-  keep->share->lru.erase(keep->lru_pos);
+  keep->share->policy->Unlink(keep->policy);
   keep->share->allocated -= keep->extent.length;
   NamespaceUsage& u = usage_[keep->key.ns_id];
   --u.segments;
@@ -333,8 +340,12 @@ void NvmeStore::UnlinkLocked(const std::shared_ptr<Segment>& segment,
 }
 
 void NvmeStore::ReleaseReaderLocked(const std::shared_ptr<Segment>& segment) {
-  if (--segment->readers == 0 && !segment->live)
+  if (--segment->readers != 0) return;
+  if (segment->live) {  // evictable again, as of its read
+    segment->share->policy->Link(segment->policy, clock_, LinkAt::kLastUse);
+  } else {
     allocator_.Free(segment->extent);
+  }
 }
 
 Status NvmeStore::Sync() {
@@ -574,7 +585,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     segment->key = plan.key;
     segment->entry = plan.entry;
     segment->extent = plan.extent;
-    LinkLocked(segment, *plan.share, /*newest=*/true);  // charged already
+    LinkLocked(segment, *plan.share, ++clock_);  // charged already
     bytes_used_ += plan.entry.length;
     index_.emplace(plan.key, std::move(segment));
     published_deferred |= !durable;
@@ -653,8 +664,8 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
               item.dst.size(), segment->entry.length));
           continue;
         }
-        ++segment->readers;  // pins the extent until ReleaseReaderLocked
         TouchLocked(*segment);
+        AddReaderLocked(*segment);  // pins the extent until released
         PendingRead pending{next, segment, segment->entry, {}};
         if (in_place) {
           pending.landing = item.dst.first(rounded);
@@ -830,16 +841,25 @@ Status NvmeStore::SetNamespaceQuota(std::string_view ns, uint64_t bytes) {
     }
     std::unique_ptr<Share>& share = quota_shares_[*ns_id];
     if (!share) {
-      // Its segments leave the shared rest, in LRU order (splice keeps
-      // every lru_pos valid).
+      // Its segments leave the shared rest, keeping their last uses (and
+      // so their order); those being read join when released.
+      // Linked oldest first, each goes in at the newest end: O(1) apiece.
       share = std::make_unique<Share>();
-      for (auto it = shared_.lru.begin(); it != shared_.lru.end();) {
-        Segment* segment = *it++;
-        if (segment->key.ns_id != *ns_id) continue;
-        share->lru.splice(share->lru.end(), shared_.lru, segment->lru_pos);
+      std::vector<Segment*> evictable;
+      for (const auto& [key, segment] : index_) {
+        if (key.ns_id != *ns_id) continue;
+        if (segment->policy.linked) evictable.push_back(segment.get());
+        shared_.policy->Unlink(segment->policy);
         segment->share = share.get();
         shared_.allocated -= segment->extent.length;
         share->allocated += segment->extent.length;
+      }
+      std::sort(evictable.begin(), evictable.end(),
+                [](const Segment* a, const Segment* b) {
+                  return a->policy.last_use < b->policy.last_use;
+                });
+      for (Segment* segment : evictable) {
+        share->policy->Link(segment->policy, clock_, LinkAt::kLastUse);
       }
     }
     share->limit = bytes;

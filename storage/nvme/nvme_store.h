@@ -6,12 +6,12 @@
 //     a segment of any size occupies RoundUp(size) bytes.
 //   * The tier has its own capacity, cut into shares: a namespace given a
 //     quota (SetNamespaceQuota) has a share of that many bytes to itself;
-//     every other namespace uses the shared rest. Each share has its own
-//     O(1) LRU, and a write that does not fit evicts least recently used
-//     segments of its own share only: one tenant cannot evict another's
-//     reserved KV. Without quotas this is one LRU over the whole tier.
-//     Segments being read are never evicted (or reused) while the read
-//     runs.
+//     every other namespace uses the shared rest. Each share orders its
+//     segments with its own EvictionPolicy (kPolicy: `lru`), and a write
+//     that does not fit evicts the policy's victims of its own share only:
+//     one tenant cannot evict another's reserved KV. Without quotas this is
+//     one order over the whole tier. Segments being read are unlinked from
+//     the policy, so never evicted (or reused) while the read runs.
 //   * Equal (namespace, key) means equal bytes (content-addressed prefix
 //     hashes), so writing a key that is already stored with the same layout
 //     and size returns AlreadyExists and copies nothing.
@@ -33,14 +33,13 @@
 // stored before it readable.
 //
 // Thread safety: all methods may be called concurrently. One mutex guards
-// the index, LRU and allocator; device IO and catalog writes run outside it.
-// A Read racing an eviction, Remove or overwrite of the same key returns
-// either the complete old bytes or a miss, never a mix.
+// the index, the policies and the allocator; device IO and catalog writes run
+// outside it. A Read racing an eviction, Remove or overwrite of the same key
+// returns either the complete old bytes or a miss, never a mix.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +56,8 @@
 #include "storage/nvme/device.h"
 #include "storage/nvme/nvme_catalog.h"
 #include "storage/nvme/staging_pool.h"
+#include "storage/policy/eviction_policy.h"
+#include "storage/policy/eviction_policy_kind.h"
 #include "storage/tier/tier.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
@@ -176,9 +177,12 @@ struct NvmeStoreStats {
 
 class NvmeStore {
  public:
+  // Every share's eviction order.
+  static constexpr EvictionPolicyKind kPolicy = EvictionPolicyKind::kLru;
+
   // Validates `options`, opens the device and the catalog and rebuilds the
-  // allocator, index and LRU from the catalog (newest generation first;
-  // entries that overlap a newer one or lie outside the capacity are
+  // allocator, index and eviction order from the catalog (newest generation
+  // first; entries that overlap a newer one or lie outside the capacity are
   // dropped, deleted from the catalog and counted, never fatal).
   // Errors: InvalidArgument (options), IOError (device / catalog IO),
   // Corruption (damaged catalog, unless recreate_damaged_catalog), NotFound
@@ -307,11 +311,17 @@ class NvmeStore {
   // until the last reader leaves. `key`, `entry` and `extent` are immutable
   // once the segment is published in index_.
   //
-  // `readers`, `live`, `share` and `lru_pos` are guarded by NvmeStore::mu_
+  // `readers`, `live`, `share` and `policy` are guarded by NvmeStore::mu_
   // but carry no GUARDED_BY: an annotation in a nested struct cannot name
   // the enclosing object's mutex (Clang resolves `mu_` against the
   // Segment). They are touched only in REQUIRES(mu_) helpers and under
   // MutexLock(&mu_).
+  struct Segment;
+  // A segment's state in its share's policy, and the way back from the
+  // PolicyState a policy hands out (Victim) to the segment.
+  struct SegmentPolicyState : PolicyState {
+    Segment* segment = nullptr;
+  };
   struct Share;
   struct Segment {
     FullKey key;
@@ -320,15 +330,17 @@ class NvmeStore {
     uint32_t readers = 0;    // guarded by NvmeStore::mu_
     bool live = true;        // guarded by NvmeStore::mu_; false once unlinked
     Share* share = nullptr;  // NvmeStore::mu_; while live
-    std::list<Segment*>::iterator lru_pos;  // in share->lru; while live
+    // Linked into share->policy while live and unread (evictable).
+    SegmentPolicyState policy;
   };
   // Space that writes of some namespaces may fill and evict from: a quota
   // namespace's own, or the shared rest (guarded by NvmeStore::mu_, as
-  // Segment's fields).
+  // Segment's fields). Declared after index_ in the store, so a share's
+  // policy (and its hooks into segments) goes first.
   struct Share {
-    uint64_t limit = 0;       // bytes of rounded extents
-    uint64_t allocated = 0;   // live segments' and in-flight writes' extents
-    std::list<Segment*> lru;  // front: most recently used
+    uint64_t limit = 0;      // bytes of rounded extents
+    uint64_t allocated = 0;  // live segments' and in-flight writes' extents
+    std::unique_ptr<EvictionPolicy> policy = NewEvictionPolicy(kPolicy);
   };
   // Per-namespace counters for NamespaceStats (guarded by mu_).
   struct NamespaceUsage {
@@ -348,11 +360,15 @@ class NvmeStore {
   // Returns an allocated extent not used after all (a failed write).
   void FreeAllocatedLocked(const Extent& extent, Share& share) REQUIRES(mu_);
   bool EvictOneLocked(Share& share) REQUIRES(mu_);
-  // Puts `segment` in `share`'s LRU (front when `newest`, else back) and
-  // counts it for its namespace; the caller charges share.allocated.
+  // Admits `segment` to `share`'s policy as used at `used_at` (a tick of
+  // clock_; recovery passes the catalog generation, so the order survives
+  // restarts) and counts it for its namespace; the caller charges
+  // share.allocated.
   void LinkLocked(const std::shared_ptr<Segment>& segment, Share& share,
-                  bool newest) REQUIRES(mu_);
+                  uint64_t used_at) REQUIRES(mu_);
   void TouchLocked(Segment& segment) REQUIRES(mu_);
+  // Pins a segment for a read (not evictable) / ends that.
+  void AddReaderLocked(Segment& segment) REQUIRES(mu_);
   void UnlinkLocked(const std::shared_ptr<Segment>& segment, bool delete_entry)
       REQUIRES(mu_);
   void ReleaseReaderLocked(const std::shared_ptr<Segment>& segment)
@@ -414,6 +430,8 @@ class NvmeStore {
   uint64_t next_generation_ GUARDED_BY(mu_) = 1;
   uint64_t bytes_used_ GUARDED_BY(mu_) = 0;
   NvmeStoreStats counters_ GUARDED_BY(mu_);  // the counter fields only
+  // The policies' clock: one tick per admission or use.
+  uint64_t clock_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tierkv::storage

@@ -21,9 +21,9 @@ class NvmeTier final : public Tier {
   explicit NvmeTier(NvmeStore* store) : store_(store) {}
 
   std::string_view name() const override { return "nvme"; }
-  // NvmeStore keeps one LRU list per namespace share.
+  // NvmeStore orders each namespace share with one EvictionPolicy.
   std::string_view policy() const override {
-    return EvictionPolicyName(EvictionPolicyKind::kLru);
+    return EvictionPolicyName(NvmeStore::kPolicy);
   }
   tierkv::Tier kind() const override { return tierkv::Tier::kNvme; }
   bool persistent() const override { return true; }

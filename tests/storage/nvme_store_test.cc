@@ -310,6 +310,36 @@ TEST_F(NvmeStoreTest, EvictsLeastRecentlyUsedSegmentWhenFull) {
   EXPECT_EQ(store->recovery().dropped_segments, 0u);
 }
 
+// The order survives a restart as write order (the catalog's generations;
+// uses are not persisted), and a quota set later moves its namespace's
+// segments with their order intact.
+TEST_F(NvmeStoreTest, TheEvictionOrderSurvivesRestartsAndQuotaMoves) {
+  const uint64_t extent = 76 * 1024;
+  auto memory = std::make_shared<MemoryDevice>(8 * extent);
+  auto store = OpenOrDie(DeviceOptions(memory, 8 * extent));
+  ASSERT_NE(store, nullptr);
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put(*store, i));
+  ASSERT_OK(Check(*store, 0));  // used: forgotten by the restart
+  store.reset();
+  store = OpenOrDie(DeviceOptions(memory, 8 * extent));
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(Put(*store, 8));  // evicts 0, the oldest written
+  EXPECT_FALSE(store->Contains(kNs, Key(0), kLayout));
+  ASSERT_OK(Put(*store, 9));  // then 1
+  EXPECT_FALSE(store->Contains(kNs, Key(1), kLayout));
+  // Now 2..9; 3 used, then a quota of four extents: the namespace's
+  // segments move to it in their order, and it sheds its least recent.
+  ASSERT_OK(Check(*store, 3));
+  ASSERT_OK(store->SetNamespaceQuota(kNs, 4 * extent));
+  for (int i : {3, 7, 8, 9}) EXPECT_TRUE(Check(*store, i).ok()) << i;
+  for (int i : {2, 4, 5, 6}) {
+    EXPECT_FALSE(store->Contains(kNs, Key(i), kLayout)) << i;
+  }
+  ASSERT_OK(Put(*store, 10));  // evicts 3: used before 7, 8 and 9 were read
+  EXPECT_FALSE(store->Contains(kNs, Key(3), kLayout));
+  EXPECT_EQ(store->Stats().evictions, 7u);
+}
+
 TEST_F(NvmeStoreTest, SegmentLargerThanTheTierIsRejected) {
   auto memory = std::make_shared<MemoryDevice>(64 * 1024);
   auto store = OpenOrDie(DeviceOptions(memory, 64 * 1024));
