@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -368,6 +369,10 @@ Status DaemonConfig::Validate() const {
                  fmt::format("must be at least 1 MiB per shard ({} shards)",
                              ns.shards));
     }
+    if (!std::has_single_bit(ns.host_alignment) || ns.host_alignment < 64 ||
+        ns.host_alignment > 4096) {
+      return Bad(key("host_alignment"), "must be a power of two in [64, 4096]");
+    }
     if (ns.hbm_bytes > 0 && !hbm.enabled()) {
       return Bad(key("hbm_bytes"),
                  "needs an [hbm] tier (set hbm.capacity_bytes)");
@@ -563,12 +568,12 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       NamespaceConfig ns;
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       const std::string entry = ns.name;  // names the entry in errors
-      TIERKV_RETURN_IF_ERROR(
-          CheckKeys(*t, "namespace",
-                    {"name", "token", "token_file", "host_bytes", "shards",
-                     "hugepages", "prefault", "write_policy", "nvme_bytes",
-                     "hbm_bytes", "max_connections", "eviction_policy"},
-                    entry));
+      TIERKV_RETURN_IF_ERROR(CheckKeys(
+          *t, "namespace",
+          {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
+           "prefault", "host_alignment", "write_policy", "nvme_bytes",
+           "hbm_bytes", "max_connections", "eviction_policy"},
+          entry));
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "token", ns.token, entry));
       TIERKV_RETURN_IF_ERROR(
@@ -581,6 +586,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           ReadBytes(*t, "namespace", "host_bytes", ns.host_bytes, entry));
       TIERKV_RETURN_IF_ERROR(
           ReadInt(*t, "namespace", "shards", ns.shards, entry));
+      TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace", "host_alignment",
+                                       ns.host_alignment, entry));
       TIERKV_RETURN_IF_ERROR(
           ReadBytes(*t, "namespace", "nvme_bytes", ns.nvme_bytes, entry));
       TIERKV_RETURN_IF_ERROR(

@@ -21,7 +21,8 @@
 //   [hbm]       backend ("auto"|"cuda"|"emulated"), device, capacity_bytes
 //               (0 disables), streams
 //   [[namespace]] name, token | token_file, host_bytes,
-//               shards, hugepages, prefault, write_policy, nvme_bytes,
+//               shards, hugepages, prefault, host_alignment, write_policy,
+//               nvme_bytes,
 //               max_connections, eviction_policy
 // Every *_bytes key takes an integer or a string in ParseByteSize's grammar
 // (common/byte_size.h: "16MiB", "1 GiB", "64k"; all units binary).
@@ -104,6 +105,13 @@ struct NamespaceConfig {
   uint32_t shards = 8;                      // Default: 8
   bool hugepages = true;                    // Default: true (with fallback)
   bool prefault = true;  // commit the arena at start. Default: true
+  // Where segments start in the arena, and what their extents round up to
+  // (bytes, a power of two in [64, 4096]). 4096 (the NVMe block size) lets
+  // write-back write segments straight from the arena and promotion read
+  // them straight into it, with no bounce copy, for up to 4 KiB of padding
+  // per segment; on the test VM's disk that copy did not bound demotion
+  // (bench/RESULTS.md), so it is not the default. Default: 64.
+  uint64_t host_alignment = 64;
   // Default: write_back when an NVMe tier is configured, else none.
   std::optional<WritePolicy> write_policy;
   // Connections that may have this namespace open at once; more get

@@ -109,16 +109,17 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   if (config.hbm.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenHbmTier());
   std::vector<storage::NamespaceOptions> spaces;
   for (const auto& nc : config.namespaces) {
-    spaces.push_back(
-        {.host = {.name = nc.name,
-                  .capacity_bytes = nc.host_bytes,
-                  .shards = nc.shards,
-                  .try_hugepages = nc.hugepages,
-                  .prefault = nc.prefault,
-                  .eviction_policy = nc.eviction_policy},
-         .write_policy = nc.write_policy.value_or(
-             d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone),
-         .hbm_quota_bytes = nc.hbm_bytes});
+    const WritePolicy write_policy = nc.write_policy.value_or(
+        d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone);
+    spaces.push_back({.host = {.name = nc.name,
+                               .capacity_bytes = nc.host_bytes,
+                               .shards = nc.shards,
+                               .alignment = nc.host_alignment,
+                               .try_hugepages = nc.hugepages,
+                               .prefault = nc.prefault,
+                               .eviction_policy = nc.eviction_policy},
+                      .write_policy = write_policy,
+                      .hbm_quota_bytes = nc.hbm_bytes});
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);

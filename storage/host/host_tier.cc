@@ -288,7 +288,7 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
       e.policy.bytes = extent->length;
       shard.reserved_bytes += extent->length;
       reserved_bytes_.fetch_add(extent->length, std::memory_order_relaxed);
-      return Reservation{.location = {extent->offset, size}};
+      return Reservation{.location = {extent->offset, size, extent->length}};
     }
     // The entry claims the key (another writer gets Busy) while room is
     // made with this shard unlocked: eviction locks one shard at a time.
@@ -317,7 +317,7 @@ Result<Reservation> HostTier::Reserve(const SegmentKey& key, uint64_t size) {
   e.policy.bytes = extent->length;
   shard.reserved_bytes += extent->length;
   reserved_bytes_.fetch_add(extent->length, std::memory_order_relaxed);
-  return Reservation{.location = {extent->offset, size}};
+  return Reservation{.location = {extent->offset, size, extent->length}};
 }
 
 Status HostTier::Commit(const SegmentKey& key, bool dirty, bool acquire) {
@@ -390,7 +390,7 @@ Result<SegmentLocation> HostTier::Acquire(const SegmentKey& key) {
     shard.referenced++;
   }
   UseLocked(shard, e);
-  return SegmentLocation{e.extent.offset, e.size};
+  return SegmentLocation{e.extent.offset, e.size, e.extent.length};
 }
 
 void HostTier::Release(const SegmentKey& key) {
@@ -472,7 +472,7 @@ std::vector<DirtySegment> HostTier::TakeDirty(size_t max_items,
     best->UnlinkDirtyLocked(e);
     e.persisting = true;
     persisting_bytes_.fetch_add(e.extent.length, std::memory_order_relaxed);
-    out.push_back({e.policy.key, {e.extent.offset, e.size}});
+    out.push_back({e.policy.key, {e.extent.offset, e.size, e.extent.length}});
     bytes += e.size;
   }
   return out;

@@ -484,13 +484,17 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
   std::vector<IoRequest> requests;
   std::vector<size_t> request_of;  // planned index per request
   std::vector<IoBuffer> held;      // the bounces, until the batch is done
+  uint64_t bounced = 0;
   if (common.ok()) {
     std::vector<uint64_t> bounce_sizes(planned.size(), 0);
     for (size_t p = 0; p < planned.size(); ++p) {
       const Planned& plan = planned[p];
       const std::span<const std::byte> data = items[plan.item].data;
-      if (data.size() != plan.extent.length || !IsBlockAligned(data.data())) {
+      const uint64_t readable =
+          std::max<uint64_t>(data.size(), items[plan.item].readable_bytes);
+      if (readable < plan.extent.length || !IsBlockAligned(data.data())) {
         bounce_sizes[p] = plan.extent.length;
+        ++bounced;
       }
     }
     const std::vector<std::span<std::byte>> bounces =
@@ -500,13 +504,14 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
       Planned& plan = planned[p];
       std::span<const std::byte> data = items[plan.item].data;
       if (bounce_sizes[p] == 0) {
-        // Written in place. IoRequest carries one mutable span for both
-        // directions; a write only reads from it, so nothing is stored
-        // through the dropped const.
-        requests.push_back(
-            IoRequest{IoOp::kWrite,
-                      plan.extent.offset,
-                      {const_cast<std::byte*>(data.data()), data.size()}});
+        // Written in place, whole blocks: the segment and, past its end,
+        // the caller's readable padding. IoRequest carries one mutable
+        // span for both directions; a write only reads from it, so nothing
+        // is stored through the dropped const.
+        requests.push_back(IoRequest{
+            IoOp::kWrite,
+            plan.extent.offset,
+            {const_cast<std::byte*>(data.data()), plan.extent.length}});
         request_of.push_back(p);
         continue;
       }
@@ -591,6 +596,7 @@ std::vector<Status> NvmeStore::Write(std::string_view ns,
     published_deferred |= !durable;
   }
   if (published_deferred) ++deferred_seq_;  // not durable until a Sync
+  counters_.bounced_writes += bounced;
   for (const Status& s : results) {
     if (s.ok()) {
       ++counters_.writes;
@@ -671,6 +677,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
           pending.landing = item.dst.first(rounded);
         } else {
           bounce_bytes += rounded;
+          ++counters_.bounced_reads;
         }
         round.push_back(std::move(pending));
       }

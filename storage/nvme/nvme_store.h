@@ -164,6 +164,10 @@ struct NvmeStoreStats {
   uint64_t writes = 0;        // items stored (acknowledged)
   uint64_t write_dedup = 0;   // items answered AlreadyExists
   uint64_t write_errors = 0;  // items that failed (any code)
+  // Items staged through a bounce buffer (an unaligned or unpadded source
+  // or destination) rather than moved in place.
+  uint64_t bounced_writes = 0;
+  uint64_t bounced_reads = 0;
   uint64_t pending_catalog_deletes = 0;
   // The catalog refuses writes (a full disk or failing device: see
   // NvmeCatalog); every stored segment stays readable.

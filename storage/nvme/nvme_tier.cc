@@ -65,6 +65,8 @@ void NvmeTier::VisitCounters(TierCounterVisitor& v) const {
   v.Counter("writes", s.writes);
   v.Counter("write_dedup", s.write_dedup);
   v.Counter("write_errors", s.write_errors);
+  v.Counter("bounced_writes", s.bounced_writes);
+  v.Counter("bounced_reads", s.bounced_reads);
   v.Counter("evictions", s.evictions);
   v.Counter("removals", s.removals);
   v.Counter("checksum_failures", s.checksum_failures);

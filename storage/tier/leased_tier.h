@@ -46,6 +46,9 @@ namespace tierkv::storage {
 struct SegmentLocation {
   uint64_t offset = 0;
   uint64_t size = 0;
+  // Bytes the segment owns from `offset`, at least `size` (its extent,
+  // rounded to the tier's alignment); 0 when unknown (take `size`).
+  uint64_t extent = 0;
 };
 
 struct Reservation {

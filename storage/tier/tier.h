@@ -74,6 +74,12 @@ struct TierReadItem {
 struct TierWriteItem {
   SegmentKey key;
   std::span<const std::byte> data;
+  // Bytes readable from data.data(), at least data.size() (the source's
+  // whole extent, say): a tier that writes whole blocks may then write
+  // them straight from the source, past the segment's end, instead of
+  // copying the segment into a padded buffer. The padding is not part of
+  // the segment and never read back as such. 0: data.size().
+  uint64_t readable_bytes = 0;
 };
 
 using TierReadDone = std::function<void(std::vector<Result<uint64_t>>)>;

@@ -214,9 +214,12 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   std::vector<size_t> item_of;  // batch index per item
   items.reserve(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
-    const std::span<std::byte> bytes = tiers.top->HostBytes(batch[k].location);
+    const SegmentLocation& at = batch[k].location;
+    const std::span<std::byte> bytes = tiers.top->HostBytes(at);
     if (bytes.empty()) continue;
-    items.push_back({batch[k].key, bytes});
+    // The whole extent is the segment's: a block-aligned one can be
+    // written in place, padding and all (TierWriteItem::readable_bytes).
+    items.push_back({batch[k].key, bytes, std::max(at.size, at.extent)});
     item_of.push_back(k);
   }
   std::vector<Status> written =
@@ -291,7 +294,8 @@ std::vector<Status> TierMover::PromoteBatch(
   std::vector<SegmentKey> probe;
   while (!todo.empty()) {
     std::vector<TierReadItem> reads;
-    std::vector<size_t> read_of;  // key index per read
+    std::vector<size_t> read_of;      // key index per read
+    std::vector<uint64_t> read_size;  // the segment's size per read
     std::vector<size_t> next_round, busy;
     uint64_t busy_generation = 0;
     uint64_t bytes = 0;
@@ -328,13 +332,19 @@ std::vector<Status> TierMover::PromoteBatch(
         }
         continue;
       }
-      const std::span<std::byte> dst = tiers.top->HostBytes(reserved->location);
+      // The whole extent: a tier below that reads whole blocks lands a
+      // block-aligned one in place, the padding past the segment's end
+      // included (the segment is still `size` bytes).
+      SegmentLocation at = reserved->location;
+      at.size = std::max(at.size, at.extent);
+      const std::span<std::byte> dst = tiers.top->HostBytes(at);
       if (dst.empty()) {
         tiers.top->Abort(keys[i]);
         results[i] = NotHostAddressable(tiers);
         continue;
       }
       reads.push_back({keys[i], dst});
+      read_size.push_back(size);
       read_of.push_back(i);
       bytes += size;
     }
@@ -344,7 +354,7 @@ std::vector<Status> TierMover::PromoteBatch(
       const std::vector<Result<uint64_t>>& got = got_all.items;
       for (size_t r = 0; r < reads.size(); ++r) {
         const size_t i = read_of[r];
-        if (got[r].ok() && *got[r] == reads[r].dst.size()) {
+        if (got[r].ok() && *got[r] == read_size[r]) {
           source[i] = chain_->at(got_all.served_by[r]).kind();
           // Clean: a tier below holds it, so eviction may drop the copy.
           results[i] =
@@ -358,8 +368,7 @@ std::vector<Status> TierMover::PromoteBatch(
         (results[i].ok() ? promotions_done_ : promotions_failed_)
             .fetch_add(1, std::memory_order_relaxed);
         if (results[i].ok()) {
-          promoted_bytes_.fetch_add(reads[r].dst.size(),
-                                    std::memory_order_relaxed);
+          promoted_bytes_.fetch_add(read_size[r], std::memory_order_relaxed);
         }
       }
     }
@@ -416,7 +425,7 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
         results[i] = NotHostAddressable(tiers);
         continue;
       }
-      items.push_back({keys[i], bytes});
+      items.push_back({keys[i], bytes, std::max(loc->size, loc->extent)});
       item_of.push_back(i);
     }
     uint64_t generation;

@@ -23,8 +23,10 @@ class NvmeTierTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(data_dir_.empty()); }
 
+  // `namespace_toml`: more keys for the namespace's table.
   Status Start(std::vector<std::string> extra = {},
-               const std::string& nvme_dir = "") {
+               const std::string& nvme_dir = "",
+               const std::string& namespace_toml = "") {
     daemon_ = std::make_unique<DaemonProcess>();
     std::vector<std::string> args = {
         "--host-bytes",
@@ -46,7 +48,8 @@ class NvmeTierTest : public ::testing::Test {
     }
     std::string config =
         "[[namespace]]\nname = \"default\"\ntoken_file = \"" + data_dir_ +
-        "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n";
+        "/default.token\"\nhost_bytes = \"8MiB\"\nshards = 1\n" +
+        namespace_toml;
     Status s = daemon_->Start({.config_toml = config, .extra_args = args});
     if (s.ok() && token_.empty()) {
       std::ifstream in(data_dir_ + "/default.token");
@@ -160,6 +163,40 @@ TEST_F(NvmeTierTest, FlushOfAThousandKeysIssuesOneDataSync) {
   auto again = Stats(c);
   EXPECT_EQ(again["nvme"]["device_syncs"].get<uint64_t>() - syncs, 1u);
   EXPECT_EQ(again["nvme"]["writes"], 1000);
+}
+
+// host_alignment = 4096: Flush writes segments straight from the arena (no
+// bounce copy) and a Get promotes them straight back into it; the default
+// 64 B alignment bounces every segment of a size that is not whole blocks.
+TEST_F(NvmeTierTest, ABlockAlignedArenaMovesSegmentsToNvmeAndBackInPlace) {
+  for (const int alignment : {4096, 64}) {
+    SCOPED_TRACE(alignment);
+    const std::string nvme_dir = data_dir_ + "/" + std::to_string(alignment);
+    std::filesystem::create_directories(nvme_dir);  // a fresh tier each
+    ASSERT_OK(Start({"--write-policy", "none"}, nvme_dir,
+                    "host_alignment = " + std::to_string(alignment) + "\n"));
+    auto c = daemon_->Connect("default", token_);
+    ASSERT_OK(c);
+    constexpr size_t kOdd = 64 * 1000;  // 15.6 blocks
+    ASSERT_OK((*c)->RegisterLayout(OnePartLayout(kOdd / 64)));
+    const auto pages = Pages(8);
+    for (const PutResult& s : PutPages(**c, pages, kOdd)) ASSERT_OK(s);
+    for (const Status& s : (*c)->Flush(Keys(pages))) ASSERT_OK(s);
+    auto flushed = Stats(**c);
+    EXPECT_EQ(flushed["nvme"]["writes"], 8) << flushed.dump();
+    EXPECT_EQ(flushed["nvme"]["bounced_writes"], alignment == 4096 ? 0 : 8)
+        << flushed.dump();
+    // Out of DRAM (Put past its 8 MiB), then read back through NVMe.
+    for (const PutResult& s : PutPages(**c, Pages(160, 1000), kOdd)) {
+      ASSERT_OK(s);
+    }
+    ASSERT_EQ((*c)->Match(pages)->tiers[0], Tier::kNvme);
+    for (const auto& p : pages) EXPECT_TRUE(ReadsBackExact(**c, p, kOdd));
+    auto read = Stats(**c);
+    EXPECT_EQ(read["nvme"]["bounced_reads"], alignment == 4096 ? 0 : 8)
+        << read.dump();
+    daemon_.reset();
+  }
 }
 
 TEST_F(NvmeTierTest, FlippedBytesOnDiskAreAMissAndCounted) {

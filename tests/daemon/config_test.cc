@@ -87,6 +87,7 @@ host_bytes = "2GiB"
 shards = 16
 hugepages = false
 eviction_policy = "2q"
+host_alignment = "4KiB"
 )");
   ASSERT_OK(c);
   EXPECT_OK(c->Validate());
@@ -110,6 +111,7 @@ eviction_policy = "2q"
   EXPECT_FALSE(c->namespaces[0].hugepages);
   EXPECT_EQ(c->namespaces[0].eviction_policy,
             storage::EvictionPolicyKind::kTwoQueue);
+  EXPECT_EQ(c->namespaces[0].host_alignment, 4096u);
 }
 
 TEST(ConfigTest, MistakesAreNamed) {
@@ -334,6 +336,12 @@ TEST(ConfigTest, EveryValidateErrorOfANamespaceNamesItsKeyAndEntry) {
         "config namespace.token (namespace 'default'): must have at least 8"},
        {[](NamespaceConfig& n) { n.shards = 0; },
         "config namespace.shards (namespace 'default'): must be in [1, 256]"},
+       {[](NamespaceConfig& n) { n.host_alignment = 1000; },
+        "config namespace.host_alignment (namespace 'default'): must be a "
+        "power of two in [64, 4096]"},
+       {[](NamespaceConfig& n) { n.host_alignment = 8192; },
+        "config namespace.host_alignment (namespace 'default'): must be a "
+        "power of two in [64, 4096]"},
        {[](NamespaceConfig& n) { n.host_bytes = 1 << 20; },
         "config namespace.host_bytes (namespace 'default'): must be at least "
         "1 MiB per shard (8 shards)"},

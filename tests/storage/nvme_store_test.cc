@@ -756,6 +756,46 @@ TEST_F(NvmeStoreTest, AlignedWriteIsStoredInPlaceAndSurvivesRestart) {
   EXPECT_OK(Check(*store, 9, data.size()));
 }
 
+// A block-aligned source whose padding may be read (TierWriteItem::
+// readable_bytes: the rest of its arena extent) is written in place, and an
+// aligned destination with room for the whole blocks is read in place; the
+// padding never becomes part of the segment.
+TEST_F(NvmeStoreTest, PaddedAlignedBuffersMoveInPlaceAndThePaddingStaysOut) {
+  constexpr size_t kSize = 2 * 4096 + 5;  // three blocks on the device
+  IoBuffer src = IoBuffer::AllocateAligned(3 * 4096, 4096);
+  const std::vector<std::byte> content = Content(21, kSize);
+  std::memcpy(src.data(), content.data(), kSize);
+  std::memset(src.data() + kSize, 0xAB, src.size() - kSize);  // padding
+  auto store = OpenOrDie(FileOptions());
+  ASSERT_NE(store, nullptr);
+  NvmeWriteItem padded{Key(21), src.span().first(kSize), src.size()};
+  ASSERT_OK(store->Write(kNs, kLayout, {&padded, 1})[0]);
+  EXPECT_EQ(store->Stats().bounced_writes, 0u);
+  NvmeWriteItem unpadded{Key(22), src.span().first(kSize)};  // 0: kSize
+  ASSERT_OK(store->Write(kNs, kLayout, {&unpadded, 1})[0]);
+  EXPECT_EQ(store->Stats().bounced_writes, 1u) << "may not read past kSize";
+
+  IoBuffer dst = IoBuffer::AllocateAligned(3 * 4096, 4096);
+  auto got = store->Read(kNs, Key(21), kLayout, dst.span());
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, kSize);
+  EXPECT_EQ(std::memcmp(dst.data(), content.data(), kSize), 0);
+  EXPECT_EQ(store->Stats().bounced_reads, 0u);
+  // Too small for the whole blocks: bounced, same bytes.
+  EXPECT_OK(Check(*store, 21, kSize));
+  EXPECT_EQ(store->Stats().bounced_reads, 1u);
+  store.reset();
+  store = OpenOrDie(FileOptions());
+  ASSERT_NE(store, nullptr);
+  for (uint64_t n : {21, 22}) {
+    std::vector<std::byte> back(kSize + 4096);
+    auto again = store->Read(kNs, Key(n), kLayout, back);
+    ASSERT_OK(again);
+    EXPECT_EQ(*again, kSize) << "the padding is not part of the segment";
+    EXPECT_EQ(std::memcmp(back.data(), content.data(), kSize), 0) << n;
+  }
+}
+
 // Batched readers (aligned and bounced destinations, repeated keys) verify
 // every hit while writers keep the tier full, so every write evicts. Runs on
 // the memory device (ThreadSanitizer sees overlapping IO as a race) and on a
