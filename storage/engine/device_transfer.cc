@@ -229,8 +229,12 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     host_segments += ok ? 1 : 0;
     host_bytes += ok ? bytes : 0;
   }
+  // Each read lands block-aligned with room for whole blocks, so a tier
+  // that reads blocks reads straight into the (pinned) staging.
+  const uint64_t stride =
+      (bytes + kTierBlockBytes - 1) / kTierBlockBytes * kTierBlockBytes;
   if (!read_page.empty()) {
-    const uint64_t bounce_bytes = read_page.size() * bytes;
+    const uint64_t bounce_bytes = read_page.size() * stride;
     if (staging_) {
       bounce = staging_->Borrow(bounce_bytes);
     } else {
@@ -245,7 +249,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     }
     for (size_t r = 0; r < read_page.size(); ++r) {
       reads.push_back({SegmentKey{t.pages[read_page[r]], l, p},
-                       bounce.bytes.subspan(r * bytes, bytes)});
+                       bounce.bytes.subspan(r * stride, stride)});
     }
   }
   if (!read_page.empty()) {
@@ -261,7 +265,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
         load_misses_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      copy(i, reads[r].dst);
+      copy(i, reads[r].dst.first(bytes));
       batch_reads.push_back(r);
     }
     const std::vector<bool> ok = submit();

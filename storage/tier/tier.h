@@ -63,6 +63,12 @@ struct TierNamespace {
 // both alike.
 enum class Durability { kDurable, kDeferred };
 
+// A Read's `dst` aligned to this many bytes, with room for the segment
+// rounded up to a multiple of it, lets a tier that moves whole blocks
+// (O_DIRECT NVMe) read in place instead of through a buffer of its own;
+// the same holds for a Write's source and TierWriteItem::readable_bytes.
+inline constexpr uint64_t kTierBlockBytes = 4096;
+
 // One segment to read: up to dst.size() bytes land at the front of `dst`,
 // which is borrowed until `done` ran.
 struct TierReadItem {
