@@ -209,14 +209,17 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
   if (batch.empty()) return 0;
   // Taken segments are immutable and cannot be evicted until
   // FinishPersist, so the device reads them straight from the tier's memory.
-  std::vector<Status> statuses(batch.size(), NotHostAddressable(tiers));
+  std::vector<Status> statuses(batch.size());
   std::vector<TierWriteItem> items;
   std::vector<size_t> item_of;  // batch index per item
   items.reserve(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
     const SegmentLocation& at = batch[k].location;
     const std::span<std::byte> bytes = tiers.top->HostBytes(at);
-    if (bytes.empty()) continue;
+    if (bytes.empty()) {
+      statuses[k] = NotHostAddressable(tiers);
+      continue;
+    }
     // The whole extent is the segment's: a block-aligned one can be
     // written in place, padding and all (TierWriteItem::readable_bytes).
     items.push_back({batch[k].key, bytes, std::max(at.size, at.extent)});
