@@ -49,6 +49,10 @@ struct SegmentLocation {
   // Bytes the segment owns from `offset`, at least `size` (its extent,
   // rounded to the tier's alignment); 0 when unknown (take `size`).
   uint64_t extent = 0;
+
+  // The bytes at `offset` that belong to the segment: its extent, or
+  // `size` when that is unknown.
+  uint64_t owned_bytes() const { return extent > size ? extent : size; }
 };
 
 struct Reservation {

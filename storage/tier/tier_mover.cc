@@ -222,7 +222,7 @@ size_t TierMover::DemoteBatch(const NamespaceTiers& tiers, bool only_needed) {
     }
     // The whole extent is the segment's: a block-aligned one can be
     // written in place, padding and all (TierWriteItem::readable_bytes).
-    items.push_back({batch[k].key, bytes, std::max(at.size, at.extent)});
+    items.push_back({batch[k].key, bytes, at.owned_bytes()});
     item_of.push_back(k);
   }
   std::vector<Status> written =
@@ -339,7 +339,7 @@ std::vector<Status> TierMover::PromoteBatch(
       // block-aligned one in place, the padding past the segment's end
       // included (the segment is still `size` bytes).
       SegmentLocation at = reserved->location;
-      at.size = std::max(at.size, at.extent);
+      at.size = at.owned_bytes();
       const std::span<std::byte> dst = tiers.top->HostBytes(at);
       if (dst.empty()) {
         tiers.top->Abort(keys[i]);
@@ -428,7 +428,7 @@ std::vector<Status> TierMover::PersistBatch(const NamespaceTiers& tiers,
         results[i] = NotHostAddressable(tiers);
         continue;
       }
-      items.push_back({keys[i], bytes, std::max(loc->size, loc->extent)});
+      items.push_back({keys[i], bytes, loc->owned_bytes()});
       item_of.push_back(i);
     }
     uint64_t generation;
