@@ -326,6 +326,9 @@ Status DaemonConfig::Validate() const {
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
       return Bad("nvme.queue_depth", "must be in [1, 4096]");
     }
+    if (nvme.readers == 0 || nvme.readers > 64) {
+      return Bad("nvme.readers", "must be in [1, 64]");
+    }
     if (nvme.mover_workers == 0 || nvme.mover_workers > 64) {
       return Bad("nvme.mover_workers", "must be in [1, 64]");
     }
@@ -456,8 +459,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(CheckKeys(
         *nvme, "nvme",
         {"path", "catalog_path", "capacity_bytes", "queue_depth", "direct_io",
-         "sync", "recreate_damaged_catalog", "mover_workers", "prefetch_queue",
-         "sync_interval_ms", "shutdown_persist_ms"}));
+         "sync", "recreate_damaged_catalog", "readers", "mover_workers",
+         "prefetch_queue", "sync_interval_ms", "shutdown_persist_ms"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*nvme, "nvme", "path", c.nvme.path));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*nvme, "nvme", "catalog_path", c.nvme.catalog_path));
@@ -465,6 +468,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadBytes(*nvme, "nvme", "capacity_bytes", c.nvme.capacity_bytes));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*nvme, "nvme", "queue_depth", c.nvme.queue_depth));
+    TIERKV_RETURN_IF_ERROR(ReadInt(*nvme, "nvme", "readers", c.nvme.readers));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*nvme, "nvme", "mover_workers", c.nvme.mover_workers));
     TIERKV_RETURN_IF_ERROR(

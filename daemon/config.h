@@ -16,8 +16,9 @@
 //               max_bytes_percent_per_namespace, refusal_delay_ms
 //   [log]       level ("trace".."off")
 //   [nvme]      path ("" disables the tier), capacity_bytes, queue_depth,
-//               direct_io, sync, recreate_damaged_catalog, mover_workers,
-//               prefetch_queue, sync_interval_ms, shutdown_persist_ms
+//               direct_io, sync, recreate_damaged_catalog, readers,
+//               mover_workers, prefetch_queue, sync_interval_ms,
+//               shutdown_persist_ms
 //   [hbm]       backend ("auto"|"cuda"|"emulated"), device, capacity_bytes
 //               (0 disables), streams
 //   [[namespace]] name, token | token_file, host_bytes,
@@ -57,6 +58,10 @@ struct NvmeConfig {
   // Start with an empty catalog when the existing one is damaged (else the
   // daemon refuses to start and says why). Default: false.
   bool recreate_damaged_catalog = false;
+  // Threads that read the tier (each with its own io_uring ring), so that
+  // Loads and promotions never wait for the device on an engine worker.
+  // 1..64. Default: 4.
+  uint32_t readers = 4;
   uint32_t mover_workers = 2;  // Default: 2
   // Prefetch batches (one per Match) waiting for a mover worker; more are
   // dropped (a hint: the Get promotes on demand). Default: 256.

@@ -135,6 +135,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   eo.workers = config.workers;
   eo.load_workers = config.load_workers;
   eo.worker_queue = config.worker_queue;
+  eo.nvme_readers = config.nvme.readers;
   eo.mover.workers = config.nvme.mover_workers;
   eo.mover.prefetch_queue = config.nvme.prefetch_queue;
   eo.mover.sync_interval =

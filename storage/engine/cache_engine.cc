@@ -26,6 +26,9 @@ Status CacheEngineOptions::Validate() const {
   if (transfer_lanes == 0 || transfer_lanes > 64) {
     return Status::InvalidArgument("engine transfer_lanes must be in [1, 64]");
   }
+  if (nvme_readers == 0 || nvme_readers > 64) {
+    return Status::InvalidArgument("engine nvme_readers must be in [1, 64]");
+  }
   if (worker_queue == 0) {
     return Status::InvalidArgument("engine worker_queue must be > 0");
   }
@@ -49,8 +52,12 @@ CacheEngine::CacheEngine(const CacheEngineOptions& options,
 Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     const CacheEngineOptions& options, std::vector<NamespaceOptions> spaces,
     NvmeStore* nvme) {
+  TIERKV_RETURN_IF_ERROR(options.Validate());  // before readers start
   std::vector<std::unique_ptr<Tier>> below;
-  if (nvme) below.push_back(std::make_unique<NvmeTier>(nvme));
+  if (nvme) {
+    below.push_back(std::make_unique<NvmeTier>(
+        nvme, NvmeTierOptions{.readers = options.nvme_readers}));
+  }
   return Open(options, std::move(spaces), std::move(below), nvme);
 }
 
@@ -130,18 +137,18 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     engine->mover_ = std::make_unique<TierMover>(options.mover, options.clock,
                                                  tiers_below, pairs);
   }
-  // Transfer lanes read the tiers below from these threads: each sets up
-  // its io_uring ring now rather than in the first Load it serves (a few
-  // ms, up to ~20 ms measured, on the critical path of that Load's layer
-  // 0).
+  // Flush writes the tiers below from the workers: each sets up its
+  // io_uring ring now rather than in the first Flush it serves (a few ms,
+  // up to ~20 ms measured). Load lanes only read, and reads run on the
+  // tiers' own threads (they never wait for a device), so theirs need none.
   std::function<void()> prepare_thread;
   if (!tiers_below->empty()) {
     prepare_thread = [tiers_below] { tiers_below->PrepareThisThread(); };
   }
   engine->workers_ = std::make_unique<WorkerPool>(
-      options.workers, options.worker_queue, prepare_thread);
-  engine->load_workers_ = std::make_unique<WorkerPool>(
-      options.load_workers, options.worker_queue, std::move(prepare_thread));
+      options.workers, options.worker_queue, std::move(prepare_thread));
+  engine->load_workers_ =
+      std::make_unique<WorkerPool>(options.load_workers, options.worker_queue);
   return engine;
 }
 
@@ -172,9 +179,14 @@ void CacheEngine::PinHostArenas() {
 }
 
 CacheEngine::~CacheEngine() {
-  // Queued calls complete while everything still exists.
+  // Queued calls complete while everything still exists, and so do the
+  // tier reads the lanes started (their completions finish transfers).
   load_workers_.reset();
   workers_.reset();
+  {
+    MutexLock lock(&unit_reads_mu_);
+    while (unit_reads_ > 0) unit_reads_cv_.Wait(&unit_reads_mu_);
+  }
   // Memory behind a timed-out device wait goes back once its copies are
   // over; copies still running after another timeout keep theirs (the
   // arenas stay mapped until the process ends: said, not freed).

@@ -37,6 +37,7 @@
 
 #include "common/latency_histogram.h"
 #include "common/mutex.h"
+#include "common/worker_pool.h"
 #include "storage/clock.h"
 #include "storage/device/device_backend.h"
 #include "storage/device/device_quarantine.h"
@@ -45,7 +46,6 @@
 #include "storage/device/pinned_staging.h"
 #include "storage/engine/engine_options.h"
 #include "storage/engine/engine_stats.h"
-#include "storage/engine/worker_pool.h"
 #include "storage/engine/write_policy.h"
 #include "storage/host/host_tier.h"
 #include "storage/lease/lease_table.h"
@@ -469,8 +469,9 @@ class CacheEngine {
     uint32_t gate_target = 0;  // LoadTicket::gate_target at submission
     uint32_t device_base = 0;  // LoadTicket::device_layers at submission
     std::atomic<uint32_t> next_unit{0};  // the next unit to claim
-    std::atomic<uint32_t> lanes{1};      // workers still on the job
-    Mutex mu;                            // the ticket's errors and count
+    // Lanes still on the job plus its tier reads in flight (LeaveJob).
+    std::atomic<uint32_t> working{1};
+    Mutex mu;  // the ticket's errors and count
     std::vector<uint32_t> units_left GUARDED_BY(mu);  // per layer
     std::vector<bool> layer_done GUARDED_BY(mu);
     uint32_t published GUARDED_BY(mu) = 0;
@@ -499,17 +500,9 @@ class CacheEngine {
   // lane out marks the ticket finished. The first lane also starts the
   // others, where workers are free.
   void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
-  // DRAM's copy of `key` when it holds one of `bytes`, referenced (the
-  // caller Releases it once copied); otherwise nullopt, and when no tier
-  // below DRAM could have it either, the miss of page `page` is recorded.
-  std::optional<SegmentLocation> AcquireInDram(TransferJob& job,
-                                               const SegmentKey& key,
-                                               uint64_t bytes, uint32_t page);
-  // Reads `reads` (of pages `pages`) from the tiers below DRAM; a failed
-  // read (a miss, a short or failed one) is recorded. Which succeeded.
-  std::vector<bool> ReadBelowDram(TransferJob& job,
-                                  std::span<const TierReadItem> reads,
-                                  std::span<const uint32_t> pages);
+  // A lane or a tier read is done with `job`; the last one finishes it
+  // (queues the Load's promotion, marks the ticket finished).
+  void LeaveJob(const std::shared_ptr<TransferJob>& job);
   // DRAM for a Store's segment `key` of page `page`: waits out write-back
   // backpressure as a Put does, until `*deadline` (set at the unit's first
   // wait, write_back_wait on). The reservation to fill, or nullopt: a dedup
@@ -517,8 +510,25 @@ class CacheEngine {
   std::optional<Reservation> ReserveForStore(
       TransferJob& job, const SegmentKey& key, uint64_t bytes, uint32_t page,
       std::optional<Clock::TimePoint>* deadline);
-  // Pages [begin, end) of the job's layer k.
-  void LoadLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  // Pages [begin, end) of the job's layer k. LoadLayer copies what DRAM
+  // holds and starts one read of the rest from the tiers below; true when
+  // it did, and so the unit is finished (FinishUnit) by that read's
+  // completion, on a tier's thread, while this lane goes on.
+  bool LoadLayer(const std::shared_ptr<TransferJob>& job, uint32_t k,
+                 uint32_t begin, uint32_t end);
+  // One segment LoadLayer reads from a tier below DRAM.
+  struct LoadRead {
+    SegmentKey key;
+    uint32_t page;
+    uint64_t bytes;
+  };
+  // Counts a LoadLayer read's results, recording each failed segment.
+  void FinishLoadReads(TransferJob& job, std::span<const LoadRead> reads,
+                       std::span<const Result<uint64_t>> got);
+  // Tier reads of transfer units in flight: the destructor waits for them
+  // (their completions use the engine).
+  void BeginUnitRead() EXCLUDES(unit_reads_mu_);
+  void EndUnitRead() EXCLUDES(unit_reads_mu_);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   // LoadLayer / StoreLayer for one device pool: copies on `stream` (the
   // unit's alone), then waits for their event.
@@ -607,6 +617,9 @@ class CacheEngine {
   mutable DeviceQuarantine quarantine_;
   mutable std::atomic<bool> device_failure_logged_{false};
   std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
+  Mutex unit_reads_mu_;
+  CondVar unit_reads_cv_;
+  uint64_t unit_reads_ GUARDED_BY(unit_reads_mu_) = 0;
 };
 
 }  // namespace tierkv::storage

@@ -43,6 +43,9 @@ struct CacheEngineOptions {
   // host-tier copy of layer l+1 run while layer l's finishes. 1..64.
   // Default: 2.
   uint32_t transfer_lanes = 2;
+  // Threads the NVMe tier reads on (NvmeTierOptions::readers), when Open
+  // is handed an NvmeStore. 1..64. Default: 4.
+  uint32_t nvme_readers = 4;
   // ReportTopk: an index_k segment gets its page's selection count times
   // this (every decode step scans all index keys of a full layer, while it
   // reads a latent row only when selected). Default: 4.

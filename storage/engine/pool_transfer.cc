@@ -275,10 +275,10 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     const uint32_t lanes =
         std::min<uint32_t>(options_.transfer_lanes, job->t.num_layers);
     for (uint32_t i = 1; i < lanes; ++i) {
-      job->lanes.fetch_add(1, std::memory_order_relaxed);
+      job->working.fetch_add(1, std::memory_order_relaxed);
       if (!LanesFor(job->load).TrySubmit(
               [this, job] { RunLane(job, false); })) {
-        job->lanes.fetch_sub(1, std::memory_order_relaxed);
+        job->working.fetch_sub(1, std::memory_order_relaxed);
         break;
       }
     }
@@ -305,19 +305,35 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
         }
       }
     } else if (job->load) {
-      LoadLayer(*job, k, begin, end);
+      if (LoadLayer(job, k, begin, end)) continue;  // its read finishes it
     } else {
       StoreLayer(*job, k, begin, end);
     }
     FinishUnit(*job, k);
   }
-  // acq_rel: the last lane out sees every other lane's writes to the pools.
-  if (job->lanes.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    // Queued before the ticket says finished, so a finished Load's
-    // promotion is already on the mover's queue.
-    if (job->load) PromoteLoaded(*job);
-    PublishFinished(TicketAt(*job->tickets, job->t.ticket));
-  }
+  LeaveJob(job);
+}
+
+void CacheEngine::LeaveJob(const std::shared_ptr<TransferJob>& job) {
+  // acq_rel: the last one out sees every lane's and read's writes to the
+  // pools.
+  if (job->working.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Queued before the ticket says finished, so a finished Load's promotion
+  // is already on the mover's queue.
+  if (job->load) PromoteLoaded(*job);
+  PublishFinished(TicketAt(*job->tickets, job->t.ticket));
+}
+
+void CacheEngine::BeginUnitRead() {
+  MutexLock lock(&unit_reads_mu_);
+  ++unit_reads_;
+}
+
+void CacheEngine::EndUnitRead() {
+  MutexLock lock(&unit_reads_mu_);
+  // Signalled under the lock: the destructor may end the engine as soon
+  // as it sees 0.
+  if (--unit_reads_ == 0) unit_reads_cv_.SignalAll();
 }
 
 bool CacheEngine::PassStreamGate(TransferJob& job) {
@@ -432,20 +448,16 @@ void CacheEngine::RecordError(TransferJob& job, uint32_t page, uint16_t layer,
   ticket.error_count.store(at + 1, std::memory_order_release);
 }
 
-void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
-                            uint32_t end) {
+bool CacheEngine::LoadLayer(const std::shared_ptr<TransferJob>& shared,
+                            uint32_t k, uint32_t begin, uint32_t end) {
+  TransferJob& job = *shared;
   const PoolTransfer& t = job.t;
   EngineNamespace& ns = *job.ns;
   const uint16_t l = t.first_layer + k;
-  // What DRAM lacks, read from NVMe in one batch for every part of the
+  // What DRAM lacks, read from below in one batch for every part of the
   // unit, so the device queue holds all of it at once.
   std::vector<TierReadItem> reads;
-  struct ReadOf {
-    uint32_t page;
-    uint8_t part;
-    uint64_t bytes;
-  };
-  std::vector<ReadOf> read_of;
+  std::vector<LoadRead> read_of;
   for (const Pool& pool : job.pools[k]) {
     if (pool.device) {
       DeviceBackend& device = *pool.device->backend;
@@ -470,28 +482,45 @@ void CacheEngine::LoadLayer(TransferJob& job, uint32_t k, uint32_t begin,
       if (loc.ok()) ns.host_->Release(key);
       if (!chain_->empty()) {
         reads.push_back({key, {slot, pool.layout.slot_bytes}});
-        read_of.push_back({i, p, pool.layout.slot_bytes});
+        read_of.push_back({key, i, pool.layout.slot_bytes});
       } else {
         RecordError(job, i, l, p, StatusCode::kNotFound);
         load_misses_.fetch_add(1, std::memory_order_relaxed);
       }
     }
   }
-  if (reads.empty()) return;
+  if (reads.empty()) return false;
   // Straight into the slots where aligned, else through a bounce buffer;
-  // either way the checksum is verified before a hit counts. While this
-  // batch drains, the other lanes' batches (the rest of this layer, then
-  // the next) keep the device's queue full.
-  auto got = chain_->ReadAndWait(ns.tiers_.ns, ns.fingerprint(), reads).items;
+  // either way the checksum is verified before a hit counts. The read
+  // completes on the tier's thread: this lane goes on with the next unit
+  // meanwhile, so the device's queue holds this layer and the next.
+  shared->working.fetch_add(1, std::memory_order_relaxed);
+  BeginUnitRead();
+  chain_->Read(ns.tiers_.ns, ns.fingerprint(), reads,
+               [this, job = shared, k, read_of = std::move(read_of)](
+                   TierChain::ReadResult got) mutable {
+                 FinishLoadReads(*job, read_of, got.items);
+                 FinishUnit(*job, k);
+                 LeaveJob(job);
+                 job.reset();  // before the engine may end (EndUnitRead)
+                 EndUnitRead();
+               });
+  return true;
+}
+
+void CacheEngine::FinishLoadReads(TransferJob& job,
+                                  std::span<const LoadRead> reads,
+                                  std::span<const Result<uint64_t>> got) {
   std::vector<SegmentKey> read_ok;
   for (size_t r = 0; r < reads.size(); ++r) {
-    if (got[r].ok() && *got[r] == read_of[r].bytes) {
+    const LoadRead& read = reads[r];
+    if (got[r].ok() && *got[r] == read.bytes) {
       load_segments_nvme_.fetch_add(1, std::memory_order_relaxed);
       load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
-      read_ok.push_back(reads[r].key);
+      read_ok.push_back(read.key);
     } else {
       RecordError(
-          job, read_of[r].page, l, read_of[r].part,
+          job, read.page, read.key.layer, read.key.part,
           got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
       load_misses_.fetch_add(1, std::memory_order_relaxed);
     }

@@ -1,9 +1,24 @@
 // NvmeTier: NvmeStore's calls behind the Tier interface (see nvme_tier.h).
 #include "storage/nvme/nvme_tier.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "common/sync_point.h"
 #include "storage/storage_log.h"
 
 namespace tierkv::storage {
+
+NvmeTier::NvmeTier(NvmeStore* store, NvmeTierOptions options) : store_(store) {
+  if (options.readers == 0) return;
+  readers_ = std::make_unique<WorkerPool>(
+      options.readers, std::max<uint32_t>(1, options.read_queue),
+      // Each reader's ring and registered buffers, before its first read.
+      [store] { store->device().PrepareThisThread(); });
+}
+
+NvmeTier::~NvmeTier() { readers_.reset(); }
 
 Status NvmeTier::OpenNamespace(const TierNamespace& ns) {
   // Registered now, not lazily on the first demotion: that catalog sync
@@ -27,6 +42,31 @@ std::vector<uint64_t> NvmeTier::Lookup(const TierNamespace& ns,
 
 void NvmeTier::Read(const TierNamespace& ns, uint64_t fingerprint,
                     std::span<const TierReadItem> items, TierReadDone done) {
+  if (readers_ != nullptr && !items.empty()) {
+    // The items are the caller's until Read returns: the job keeps a copy
+    // (the bytes they point at are borrowed until `done`, as the contract
+    // says). The done is shared so that a refused job can still run it.
+    auto job =
+        std::make_shared<std::pair<std::vector<TierReadItem>, TierReadDone>>(
+            std::vector<TierReadItem>(items.begin(), items.end()),
+            std::move(done));
+    if (readers_->TrySubmit([this, ns, fingerprint, job] {
+          ReadNow(ns, fingerprint, job->first, job->second);
+        })) {
+      return;
+    }
+    // Queue full (or shutting down): the caller reads itself, which also
+    // slows it down to what the device serves.
+    ReadNow(ns, fingerprint, items, job->second);
+    return;
+  }
+  ReadNow(ns, fingerprint, items, done);
+}
+
+void NvmeTier::ReadNow(const TierNamespace& ns, uint64_t fingerprint,
+                       std::span<const TierReadItem> items,
+                       const TierReadDone& done) {
+  TIERKV_SYNC_POINT_CALLBACK(kBeforeRead, &items);
   done(store_->ReadBatch(ns.name, fingerprint, items));
 }
 

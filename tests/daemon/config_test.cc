@@ -269,6 +269,23 @@ TEST(ConfigTest, ValidateRejectsUnsafeOrImpossibleSettings) {
   c.namespaces[0].nvme_bytes = 64 << 20;
   EXPECT_NE(c.Validate().message().find("more than nvme.capacity_bytes"),
             std::string_view::npos);
+  c.namespaces[0].nvme_bytes = 0;
+  c.nvme.readers = 0;
+  EXPECT_NE(c.Validate().message().find("nvme.readers"),
+            std::string_view::npos);
+}
+
+TEST(ConfigTest, NvmeReadersAreRead) {
+  testing::TempDir dir;
+  auto c = Load(dir, R"(
+[nvme]
+path = "/var/tmp/x.data"
+readers = 8
+)");
+  ASSERT_OK(c);
+  EXPECT_OK(c->Validate());
+  EXPECT_EQ(c->nvme.readers, 8u);
+  EXPECT_EQ(EmbeddedDefaults().nvme.readers, 4u);
 }
 
 // Issue 26: a config error names its key as "config <section>.<key>: ...",

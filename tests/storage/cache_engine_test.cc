@@ -18,6 +18,7 @@
 
 #include "common/load_ticket.h"
 #include "storage/device/device_backend.h"
+#include "storage/nvme/nvme_tier.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
@@ -537,6 +538,31 @@ class CacheEnginePoolTest : public CacheEngineTest {
                 0);
     }
   }
+  // WaitFinished for at most `limit` (a deadline for a test that would
+  // otherwise hang, not a synchronisation): whether it finished.
+  bool WaitFinishedFor(uint32_t i, std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (Ticket(i).finished.load(std::memory_order_acquire) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+      const timespec wait{static_cast<time_t>(left.count() / 1000000000),
+                          static_cast<long>(left.count() % 1000000000)};
+      ::syscall(SYS_futex, &Ticket(i).finished, FUTEX_WAIT, 0, &wait, nullptr,
+                0);
+    }
+    return true;
+  }
+  // Every slot byte of page `page` as Bytes() wrote it, on every layer.
+  void ExpectPageInSlot(uint64_t page, uint32_t slot) {
+    for (const auto& k : AllKeys(page)) {
+      auto got = Slot(k.layer, k.part, slot);
+      const auto want = Bytes(k, got.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0)
+          << k.ToString();
+    }
+  }
   std::span<std::byte> Slot(uint16_t l, uint8_t p, uint32_t slot) {
     const uint64_t seg = TestLayout().SegmentBytes(l, p);
     return {pools_[{l, p}]->base() + slot * seg, seg};
@@ -621,6 +647,70 @@ TEST_F(CacheEnginePoolTest, LoadCopiesEveryLayerIntoTheSlotsInLayerOrder) {
   }
   EXPECT_EQ(st.mover.written_segments, 6u);
   EXPECT_EQ(st.mover.written_bytes, page_bytes);
+}
+
+TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  // One Load worker with one lane: were it to wait for its NVMe reads, a
+  // second Load, served from DRAM alone, would queue behind them.
+  engine_options_.load_workers = 1;
+  engine_options_.transfer_lanes = 1;
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  RegisterPools();
+  PutPage(1);
+  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // page 1: NVMe only
+  PutPage(0);
+  engine_->TEST_DrainBackground();
+  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  // Every NVMe read waits in the tier's reader until the test lets go.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  int reads_held = 0;
+  ScopedSyncPoints sync;
+  sync.SetCallback(NvmeTier::kBeforeRead, [&](void*) {
+    std::unique_lock lock(mu);
+    ++reads_held;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  });
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {0},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 1}));
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return reads_held > 0; });
+  }
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(0)},
+                           .slots = {1},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 2}));
+  EXPECT_TRUE(WaitFinishedFor(2, std::chrono::seconds(60)))
+      << "the DRAM Load waited for the other Load's NVMe reads";
+  EXPECT_EQ(Ticket(2).layers_done.load(), 4u);
+  EXPECT_EQ(Ticket(2).error_count.load(), 0u);
+  ExpectPageInSlot(0, 1);
+  EXPECT_EQ(Ticket(1).finished.load(), 0u) << "its reads are still held";
+  EXPECT_EQ(Ticket(1).layers_done.load(), 0u);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  WaitFinished(1);
+  EXPECT_EQ(Ticket(1).layers_done.load(), 4u);
+  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
+  ExpectPageInSlot(1, 0);
+  const EngineStats st = engine_->Stats(*ns_);
+  EXPECT_EQ(st.load_segments_nvme, 6u);
+  EXPECT_EQ(st.load_segments_host, 6u);
+  EXPECT_EQ(st.loads, 2u);
 }
 
 TEST_F(CacheEnginePoolTest, LoadReadsNvmeOnceAndPromotesItAfterwards) {

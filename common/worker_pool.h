@@ -1,6 +1,7 @@
 // WorkerPool: a fixed set of threads that run jobs from one bounded FIFO
-// queue. The daemon runs blocking work (NVMe promotion, Flush) here so that
-// its socket IO threads never wait for a device.
+// queue. The engine runs work that may wait (promotion, Flush, transfer
+// lanes) here so that its socket IO threads never do; the NVMe tier reads
+// on pools of its own, so that those workers never wait for the device.
 //
 // Why hand-written: Boost.Asio's thread_pool has no queue bound, and a bound
 // is the point: a flood of requests gets Busy, not unbounded memory.
@@ -16,7 +17,7 @@
 
 #include "common/mutex.h"
 
-namespace tierkv::storage {
+namespace tierkv {
 
 class WorkerPool {
  public:
@@ -47,4 +48,4 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace tierkv::storage
+}  // namespace tierkv

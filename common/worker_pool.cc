@@ -1,7 +1,7 @@
 // WorkerPool: bounded FIFO of jobs over a fixed set of threads.
-#include "storage/engine/worker_pool.h"
+#include "common/worker_pool.h"
 
-namespace tierkv::storage {
+namespace tierkv {
 
 WorkerPool::WorkerPool(uint32_t threads, uint32_t queue_limit,
                        std::function<void()> on_thread_start)
@@ -49,4 +49,4 @@ void WorkerPool::Loop(const std::function<void()>& on_thread_start) {
   }
 }
 
-}  // namespace tierkv::storage
+}  // namespace tierkv
