@@ -11,13 +11,17 @@ WorkerPool::WorkerPool(uint32_t threads, uint32_t queue_limit,
   }
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { Shutdown(); }
+
+void WorkerPool::Shutdown() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
   }
   cv_.SignalAll();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 bool WorkerPool::TrySubmit(std::function<void()> job) {

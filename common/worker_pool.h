@@ -25,7 +25,7 @@ class WorkerPool {
   // `on_thread_start` (when set) once, before its first job.
   WorkerPool(uint32_t threads, uint32_t queue_limit,
              std::function<void()> on_thread_start = {});
-  // Runs every job already queued, then joins the threads.
+  // Shutdown().
   ~WorkerPool();
 
   WorkerPool(const WorkerPool&) = delete;
@@ -36,6 +36,11 @@ class WorkerPool {
   [[nodiscard]] bool TrySubmit(std::function<void()> job);
 
   size_t queue_depth() const;
+
+  // Refuses jobs from now on (TrySubmit: false), runs every job already
+  // queued, then joins the threads. Jobs may still call TrySubmit. Idempotent;
+  // not to be called from a job or concurrently with itself.
+  void Shutdown();
 
  private:
   void Loop(const std::function<void()>& on_thread_start);

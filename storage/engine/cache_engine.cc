@@ -152,6 +152,18 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
   return engine;
 }
 
+void CacheEngine::BeginTierRead() {
+  MutexLock lock(&tier_reads_mu_);
+  ++tier_reads_;
+}
+
+void CacheEngine::EndTierRead() {
+  MutexLock lock(&tier_reads_mu_);
+  // Signalled under the lock: the destructor may end the engine as soon
+  // as it sees 0.
+  if (--tier_reads_ == 0) tier_reads_cv_.SignalAll();
+}
+
 uint64_t CacheEngine::PersistDirty(std::chrono::milliseconds budget) {
   return mover_ ? mover_->PersistDirty(options_.clock->Now() + budget) : 0;
 }
@@ -180,12 +192,14 @@ void CacheEngine::PinHostArenas() {
 
 CacheEngine::~CacheEngine() {
   // Queued calls complete while everything still exists, and so do the
-  // tier reads the lanes started (their completions finish transfers).
-  load_workers_.reset();
-  workers_.reset();
+  // reads below DRAM they started (their completions finish transfers and
+  // Gets). The pools stay, refusing work: a late completion's Submit is
+  // answered, not a use of a destroyed pool.
+  if (load_workers_) load_workers_->Shutdown();  // null when Open failed
+  if (workers_) workers_->Shutdown();
   {
-    MutexLock lock(&unit_reads_mu_);
-    while (unit_reads_ > 0) unit_reads_cv_.Wait(&unit_reads_mu_);
+    MutexLock lock(&tier_reads_mu_);
+    while (tier_reads_ > 0) tier_reads_cv_.Wait(&tier_reads_mu_);
   }
   // Memory behind a timed-out device wait goes back once its copies are
   // over; copies still running after another timeout keep theirs (the

@@ -395,10 +395,22 @@ class CacheEngine {
                      std::vector<SegmentSize> items, EngineReservation r,
                      std::vector<size_t> busy, bool wait,
                      std::function<void(EngineReservation)> done);
-  // Promotes what the inline pass missed and finishes an Acquire.
+  // An Acquire whose misses are being promoted.
+  struct AcquireState {
+    std::vector<SegmentKey> keys;
+    EngineRead read;
+    std::vector<size_t> missing;  // indexes of keys DRAM lacked
+    std::function<void(EngineRead)> done;
+  };
+  // On a worker: starts promoting the Acquire's misses; the promotion's
+  // completion finishes it (FinishAcquire).
+  void PromoteForAcquire(uint64_t owner, EngineNamespace& ns,
+                         const std::shared_ptr<AcquireState>& state);
+  // Takes the promoted segments (`promoted`: one answer per `missing`
+  // key) and finishes an Acquire: leases, then `done`.
   void FinishAcquire(uint64_t owner, EngineNamespace& ns,
                      std::vector<SegmentKey> keys, EngineRead read,
-                     std::vector<size_t> missing,
+                     std::vector<size_t> missing, TierMover::Promoted promoted,
                      std::function<void(EngineRead)> done);
 
   // An engine's device pool imported into options_.device; closed when the
@@ -525,10 +537,10 @@ class CacheEngine {
   // Counts a LoadLayer read's results, recording each failed segment.
   void FinishLoadReads(TransferJob& job, std::span<const LoadRead> reads,
                        std::span<const Result<uint64_t>> got);
-  // Tier reads of transfer units in flight: the destructor waits for them
-  // (their completions use the engine).
-  void BeginUnitRead() EXCLUDES(unit_reads_mu_);
-  void EndUnitRead() EXCLUDES(unit_reads_mu_);
+  // Reads below DRAM in flight whose completions use the engine (Load
+  // units, Get promotions): the destructor waits for them.
+  void BeginTierRead() EXCLUDES(tier_reads_mu_);
+  void EndTierRead() EXCLUDES(tier_reads_mu_);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   // LoadLayer / StoreLayer for one device pool: copies on `stream` (the
   // unit's alone), then waits for their event.
@@ -617,9 +629,9 @@ class CacheEngine {
   mutable DeviceQuarantine quarantine_;
   mutable std::atomic<bool> device_failure_logged_{false};
   std::atomic<uint64_t> load_segments_hbm_{0}, load_bytes_hbm_{0};
-  Mutex unit_reads_mu_;
-  CondVar unit_reads_cv_;
-  uint64_t unit_reads_ GUARDED_BY(unit_reads_mu_) = 0;
+  Mutex tier_reads_mu_;
+  CondVar tier_reads_cv_;
+  uint64_t tier_reads_ GUARDED_BY(tier_reads_mu_) = 0;
 };
 
 }  // namespace tierkv::storage

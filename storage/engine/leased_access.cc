@@ -138,55 +138,64 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
     read.items.push_back(std::move(loc));
   }
   if (missing.empty()) {
-    FinishAcquire(owner, ns, std::move(keys), std::move(read), {},
+    FinishAcquire(owner, ns, std::move(keys), std::move(read), {}, {},
                   std::move(done));
     return;
   }
-  // Promotion reads NVMe: never on the caller's (socket) thread. The
-  // references taken above travel with the job.
-  auto state = std::make_shared<
-      std::tuple<std::vector<SegmentKey>, EngineRead, std::vector<size_t>,
-                 std::function<void(EngineRead)>>>(
-      std::move(keys), std::move(read), std::move(missing), std::move(done));
-  const bool queued = Submit([this, owner, &ns, state] {
-    auto& [k, r, m, d] = *state;
-    FinishAcquire(owner, ns, std::move(k), std::move(r), std::move(m),
-                  std::move(d));
-  });
-  if (!queued) {
-    auto& [k, r, m, d] = *state;
-    for (size_t i : m) {
-      r.items[i] = Status::Busy("daemon workers are saturated; retry");
+  // Promotion reads below DRAM: never on the caller's (socket) thread, and
+  // no worker waits for the read either: a worker plans it (Locate,
+  // Reserve) and its completion, on the tier's thread, finishes the
+  // Acquire. The references taken above travel with it.
+  auto state = std::make_shared<AcquireState>(AcquireState{
+      std::move(keys), std::move(read), std::move(missing), std::move(done)});
+  if (!Submit(
+          [this, owner, &ns, state] { PromoteForAcquire(owner, ns, state); })) {
+    for (size_t i : state->missing) {
+      state->read.items[i] =
+          Status::Busy("daemon workers are saturated; retry");
     }
-    FinishAcquire(owner, ns, std::move(k), std::move(r), {}, std::move(d));
+    FinishAcquire(owner, ns, std::move(state->keys), std::move(state->read), {},
+                  {}, std::move(state->done));
   }
+}
+
+void CacheEngine::PromoteForAcquire(
+    uint64_t owner, EngineNamespace& ns,
+    const std::shared_ptr<AcquireState>& state) {
+  std::vector<SegmentKey> wanted;
+  wanted.reserve(state->missing.size());
+  for (size_t i : state->missing) wanted.push_back(state->keys[i]);
+  BeginTierRead();
+  // Held: a promoted segment is referenced from its commit on, so a
+  // concurrent reservation cannot evict it before this read takes it.
+  mover_->PromoteBatchAsync(
+      ns.tiers_, std::move(wanted),
+      options_.clock->Now() + options_.write_back_wait, /*hold=*/true,
+      // A wait for write-back room is a worker's to do.
+      [this](std::function<void()> job) { return Submit(std::move(job)); },
+      [this, owner, &ns, state](TierMover::Promoted promoted) {
+        FinishAcquire(owner, ns, std::move(state->keys), std::move(state->read),
+                      std::move(state->missing), std::move(promoted),
+                      std::move(state->done));
+        EndTierRead();
+      });
 }
 
 void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,
                                 std::vector<SegmentKey> keys, EngineRead read,
                                 std::vector<size_t> missing,
+                                TierMover::Promoted promoted,
                                 std::function<void(EngineRead)> done) {
-  if (!missing.empty()) {
-    std::vector<SegmentKey> wanted;
-    wanted.reserve(missing.size());
-    for (size_t i : missing) wanted.push_back(keys[i]);
-    // Held: a promoted segment is referenced from its commit on, so a
-    // concurrent reservation cannot evict it before this read takes it.
-    std::vector<tierkv::Tier> sources;
-    const std::vector<Status> promoted = mover_->PromoteBatch(
-        ns.tiers_, wanted, options_.clock->Now() + options_.write_back_wait,
-        /*hold=*/true, &sources);
-    for (size_t m = 0; m < missing.size(); ++m) {
-      const size_t i = missing[m];
-      if (!promoted[m].ok()) {
-        read.items[i] = promoted[m];
-        continue;
-      }
-      // The read's own reference, then the promotion's handed back.
-      read.items[i] = ns.host_->Acquire(keys[i]);
-      ns.host_->Release(keys[i]);
-      if (read.items[i].ok()) read.source[i] = sources[m];
+  for (size_t m = 0; m < missing.size(); ++m) {
+    const size_t i = missing[m];
+    if (!promoted.results[m].ok()) {
+      read.items[i] = std::move(promoted.results[m]);
+      continue;
     }
+    // The read's own reference, then the promotion's handed back.
+    read.items[i] = ns.host_->Acquire(keys[i]);
+    ns.host_->Release(keys[i]);
+    if (read.items[i].ok()) read.source[i] = promoted.sources[m];
   }
   std::vector<std::pair<size_t, LeasedSegment>> candidates;
   for (size_t i = 0; i < keys.size(); ++i) {

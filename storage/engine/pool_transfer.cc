@@ -324,18 +324,6 @@ void CacheEngine::LeaveJob(const std::shared_ptr<TransferJob>& job) {
   PublishFinished(TicketAt(*job->tickets, job->t.ticket));
 }
 
-void CacheEngine::BeginUnitRead() {
-  MutexLock lock(&unit_reads_mu_);
-  ++unit_reads_;
-}
-
-void CacheEngine::EndUnitRead() {
-  MutexLock lock(&unit_reads_mu_);
-  // Signalled under the lock: the destructor may end the engine as soon
-  // as it sees 0.
-  if (--unit_reads_ == 0) unit_reads_cv_.SignalAll();
-}
-
 bool CacheEngine::PassStreamGate(TransferJob& job) {
   using Job = TransferJob;
   const uint8_t known = job.gate.load(std::memory_order_acquire);
@@ -495,15 +483,15 @@ bool CacheEngine::LoadLayer(const std::shared_ptr<TransferJob>& shared,
   // completes on the tier's thread: this lane goes on with the next unit
   // meanwhile, so the device's queue holds this layer and the next.
   shared->working.fetch_add(1, std::memory_order_relaxed);
-  BeginUnitRead();
+  BeginTierRead();
   chain_->Read(ns.tiers_.ns, ns.fingerprint(), reads,
                [this, job = shared, k, read_of = std::move(read_of)](
                    TierChain::ReadResult got) mutable {
                  FinishLoadReads(*job, read_of, got.items);
                  FinishUnit(*job, k);
                  LeaveJob(job);
-                 job.reset();  // before the engine may end (EndUnitRead)
-                 EndUnitRead();
+                 job.reset();  // before the engine may end (EndTierRead)
+                 EndTierRead();
                });
   return true;
 }

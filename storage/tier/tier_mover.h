@@ -27,6 +27,8 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -145,10 +147,32 @@ class TierMover {
   // the caller Releases it. A key found stored but gone before it could be
   // referenced is NotFound. With `sources`, (*sources)[i] is the kind of
   // the tier below DRAM key i came from (kMiss when not OK).
+  // Waits for its rounds on the calling thread.
   std::vector<Status> PromoteBatch(
       const NamespaceTiers& tiers, std::span<const SegmentKey> keys,
       Clock::TimePoint wait_until = {}, bool hold = false,
       std::vector<tierkv::Tier>* sources = nullptr);
+
+  // PromoteBatch's answer: a Status per key and where each OK key came
+  // from (kMiss when not OK).
+  struct Promoted {
+    std::vector<Status> results;
+    std::vector<tierkv::Tier> sources;
+  };
+  // Runs `job` on a thread allowed to wait; false when it cannot (the job
+  // is dropped).
+  using Executor = std::function<bool(std::function<void()>)>;
+  // PromoteBatch that holds no thread while the chain reads: a round's
+  // read completes on the tier's thread, which commits it and plans the
+  // next round there (planning never waits). Only a wait for a Busy key's
+  // shard to change is handed to `post`; a refused post ends the
+  // promotion with those keys Busy. `done` runs once, on whichever thread
+  // finished the last round (possibly the caller's, before this returns).
+  // `tiers` must outlive `done`.
+  void PromoteBatchAsync(const NamespaceTiers& tiers,
+                         std::vector<SegmentKey> keys,
+                         Clock::TimePoint wait_until, bool hold, Executor post,
+                         std::function<void(Promoted)> done);
 
   // Writes host segments `keys` to the demotion target now with one durable
   // Tier::Write, then syncs it. One Status per key: OK when there (now or
@@ -177,6 +201,19 @@ class TierMover {
   void TEST_Drain();
 
  private:
+  // A PromoteBatchAsync in progress (tier_mover.cc).
+  struct Promotion;
+  // Plans and reads rounds until one waits for a read or a Busy key, or
+  // the promotion is over (then its `done` runs).
+  void RunPromotion(const std::shared_ptr<Promotion>& p);
+  // Locates p's todo keys and reserves host space for the round.
+  void PlanRound(Promotion& p);
+  // Commits (or aborts) what the round read.
+  void CommitRound(Promotion& p, const TierChain::ReadResult& got);
+  // Sets p's next todo after a round; false when the promotion continues
+  // elsewhere (a posted wait) and the caller must let go of it.
+  bool AdvanceRound(const std::shared_ptr<Promotion>& p);
+
   // Takes and writes one demotion batch; false when there was nothing.
   bool DemoteOnce();
   // Takes one batch of `tiers`' dirty segments (`only_needed`: see

@@ -48,6 +48,42 @@ LayoutSpec TestLayout() {
 
 PageHash Page(uint64_t n) { return PageHash{n, n * 977 + 1}; }
 
+// Holds every NVMe read in the tier's reader (NvmeTier::kBeforeRead) until
+// LetGo() or the end of the object (a failed ASSERT included), which lets
+// them go before its sync points are cleared.
+class HeldNvmeReads {
+ public:
+  HeldNvmeReads() {
+    sync_.SetCallback(NvmeTier::kBeforeRead, [this](void*) {
+      std::unique_lock lock(mu_);
+      ++held_;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return released_; });
+    });
+  }
+  ~HeldNvmeReads() { LetGo(); }  // then sync_ ends, with no read held
+
+  // Returns once a read is held.
+  void WaitForOne() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return held_ > 0; });
+  }
+  void LetGo() {
+    {
+      std::lock_guard lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int held_ = 0;
+  bool released_ = false;
+  ScopedSyncPoints sync_;  // declared last: cleared first, after LetGo
+};
+
 class CacheEngineTest : public ::testing::Test {
  protected:
   CacheEngineOptions engine_options_{.workers = 2};  // set before Open
@@ -316,6 +352,49 @@ TEST_F(CacheEngineTest, NvmeOnlyPagesArePromotedOnAcquireWithOneReadBatch) {
   EXPECT_GT(from_nvme, 0u);
   EXPECT_EQ(nvme_->Stats().reads - reads_before, from_nvme)
       << "one read per promoted segment, in one batch";
+}
+
+TEST_F(CacheEngineTest, AGetPromotingFromNvmeHoldsNoWorkerWhileItReads) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  // One worker: were it to wait for the promotion's read, the Flush after
+  // it would queue behind that read.
+  engine_options_.workers = 1;
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  PutPage(1);
+  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
+  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // page 1: NVMe only
+  PutPage(0);
+  engine_->TEST_DrainBackground();
+  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  HeldNvmeReads held;
+  std::promise<EngineRead> got;
+  engine_->Acquire(kOwner, *ns_, AllKeys(1),
+                   [&](EngineRead r) { got.set_value(std::move(r)); });
+  held.WaitForOne();
+  std::promise<std::vector<Status>> flushed;
+  engine_->Flush(*ns_, AllKeys(0), [&](std::vector<Status> r) {
+    flushed.set_value(std::move(r));
+  });
+  auto flush = flushed.get_future();
+  // A deadline for a test that would otherwise hang, not a synchronisation.
+  ASSERT_EQ(flush.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the Flush waited for the Get's NVMe read";
+  for (const Status& s : flush.get()) EXPECT_OK(s);
+  auto read = got.get_future();
+  EXPECT_EQ(read.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "its read is still held";
+  held.LetGo();
+  const EngineRead r = read.get();
+  const std::vector<SegmentKey> keys = AllKeys(1);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_OK(r.items[i]);
+    EXPECT_EQ(r.source[i], tierkv::Tier::kNvme);
+    const auto want = Bytes(keys[i], r.items[i]->size);
+    EXPECT_EQ(std::memcmp(ns_->host().arena().base() + r.items[i]->offset,
+                          want.data(), want.size()),
+              0)
+        << keys[i].ToString();
+  }
 }
 
 TEST_F(CacheEngineTest, MatchPrefetchesOnlyTheLayersTheReaderNamed) {
@@ -663,28 +742,14 @@ TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
   PutPage(0);
   engine_->TEST_DrainBackground();
   ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
-  // Every NVMe read waits in the tier's reader until the test lets go.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
-  int reads_held = 0;
-  ScopedSyncPoints sync;
-  sync.SetCallback(NvmeTier::kBeforeRead, [&](void*) {
-    std::unique_lock lock(mu);
-    ++reads_held;
-    cv.notify_all();
-    cv.wait(lock, [&] { return release; });
-  });
+  HeldNvmeReads held;  // every NVMe read, until the test lets go
   ASSERT_OK(engine_->Load(kOwner, *ns_,
                           {.pages = {Page(1)},
                            .slots = {0},
                            .first_layer = 0,
                            .num_layers = 4,
                            .ticket = 1}));
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return reads_held > 0; });
-  }
+  held.WaitForOne();
   ASSERT_OK(engine_->Load(kOwner, *ns_,
                           {.pages = {Page(0)},
                            .slots = {1},
@@ -698,11 +763,7 @@ TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
   ExpectPageInSlot(0, 1);
   EXPECT_EQ(Ticket(1).finished.load(), 0u) << "its reads are still held";
   EXPECT_EQ(Ticket(1).layers_done.load(), 0u);
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  held.LetGo();
   WaitFinished(1);
   EXPECT_EQ(Ticket(1).layers_done.load(), 4u);
   EXPECT_EQ(Ticket(1).error_count.load(), 0u);
