@@ -137,16 +137,10 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
     engine->mover_ = std::make_unique<TierMover>(options.mover, options.clock,
                                                  tiers_below, pairs);
   }
-  // Flush writes the tiers below from the workers: each sets up its
-  // io_uring ring now rather than in the first Flush it serves (a few ms,
-  // up to ~20 ms measured). Load lanes only read, and reads run on the
-  // tiers' own threads (they never wait for a device), so theirs need none.
-  std::function<void()> prepare_thread;
-  if (!tiers_below->empty()) {
-    prepare_thread = [tiers_below] { tiers_below->PrepareThisThread(); };
-  }
-  engine->workers_ = std::make_unique<WorkerPool>(
-      options.workers, options.worker_queue, std::move(prepare_thread));
+  // No IO below DRAM runs on these threads (the tiers read on their own,
+  // the mover writes), so none sets up an io_uring ring.
+  engine->workers_ =
+      std::make_unique<WorkerPool>(options.workers, options.worker_queue);
   engine->load_workers_ =
       std::make_unique<WorkerPool>(options.load_workers, options.worker_queue);
   return engine;
@@ -369,18 +363,8 @@ void CacheEngine::Flush(EngineNamespace& ns, std::vector<SegmentKey> keys,
         keys.size(), Status::InvalidArgument("this daemon has no NVMe tier")));
     return;
   }
-  auto state =
-      std::make_shared<std::pair<std::vector<SegmentKey>,
-                                 std::function<void(std::vector<Status>)>>>(
-          std::move(keys), std::move(done));
-  const bool queued = Submit([this, &ns, state] {
-    state->second(mover_->PersistBatch(ns.tiers_, state->first));
-  });
-  if (!queued) {
-    state->second(std::vector<Status>(
-        state->first.size(),
-        Status::Busy("daemon workers are saturated; retry")));
-  }
+  // The mover's workers write and sync: no engine worker waits for that.
+  mover_->Persist(&ns.tiers_, std::move(keys), std::move(done));
 }
 
 std::vector<SegmentInfo> CacheEngine::List(EngineNamespace& ns,

@@ -24,9 +24,10 @@ struct CacheEngineOptions {
   LeaseLimits lease_limits;
   // Longest pin a client may ask for. Default: 1 h.
   std::chrono::milliseconds max_pin_ttl{3600000};
-  // Threads for calls that may wait on a lower tier or for write-back room:
-  // a Put's Reserve under backpressure, promotion on Acquire, Flush, and
-  // the lanes of Store. Default: 4.
+  // Threads for calls that may wait for write-back room (a Put's Reserve
+  // under backpressure, the lanes of Store) and that start a Get's
+  // promotion. None waits for a lower tier's IO: reads complete on the
+  // tiers' threads, and Flush runs on the mover's. Default: 4.
   uint32_t workers = 4;
   // Threads for the lanes of Load, apart from `workers`, so that Puts and
   // Stores stalled on write-back never hold a Load's layers back. Default: 4.

@@ -30,8 +30,9 @@ Status TierMoverOptions::Validate() const {
   if (demotion_batch_segments == 0 || demotion_batch_bytes == 0) {
     return Status::InvalidArgument("tier mover demotion batch must be > 0");
   }
-  if (prefetch_queue == 0) {
-    return Status::InvalidArgument("tier mover prefetch_queue must be > 0");
+  if (prefetch_queue == 0 || persist_queue == 0) {
+    return Status::InvalidArgument(
+        "tier mover prefetch_queue and persist_queue must be > 0");
   }
   if (sync_interval.count() <= 0) {
     return Status::InvalidArgument("tier mover sync_interval must be > 0");
@@ -91,10 +92,29 @@ void TierMover::Prefetch(const NamespaceTiers* tiers,
   work_cv_.Signal();
 }
 
+void TierMover::Persist(const NamespaceTiers* tiers,
+                        std::vector<SegmentKey> keys,
+                        std::function<void(std::vector<Status>)> done) {
+  if (workers_.empty()) {
+    done(PersistBatch(*tiers, keys));
+    return;
+  }
+  {
+    MutexLock lock(&mu_);
+    if (!stopping_ && persists_.size() < options_.persist_queue) {
+      persists_.push_back({tiers, std::move(keys), std::move(done)});
+      work_cv_.Signal();
+      return;
+    }
+  }
+  done(std::vector<Status>(
+      keys.size(), Status::Busy("too many Flush batches waiting; retry")));
+}
+
 void TierMover::WorkerLoop() {
   MutexLock lock(&mu_);
   while (true) {
-    while (!stopping_ && !kicked_ && prefetches_.empty()) {
+    while (!stopping_ && !HasQueuedWorkLocked()) {
       if (!unsynced_since_) {
         work_cv_.Wait(&mu_);
       } else if (!clock_->WaitUntil(
@@ -103,15 +123,22 @@ void TierMover::WorkerLoop() {
         break;  // a group sync is due
       }
     }
-    if (stopping_) return;
-    if (!kicked_ && prefetches_.empty()) {
+    if (stopping_ && persists_.empty()) return;  // a Flush is answered
+    if (!HasQueuedWorkLocked()) {
       lock.Unlock();
       SyncIfDue();
       lock.Lock();
       continue;
     }
     running_++;
-    if (!prefetches_.empty()) {
+    if (!persists_.empty()) {
+      // A client waits on each: first of all.
+      PersistJob job = std::move(persists_.front());
+      persists_.pop_front();
+      lock.Unlock();
+      job.done(PersistBatch(*job.tiers, job.keys));
+      lock.Lock();
+    } else if (!prefetches_.empty()) {
       // Prefetches first: an engine is about to read them.
       PrefetchJob job = std::move(prefetches_.front());
       prefetches_.pop_front();
@@ -131,7 +158,7 @@ void TierMover::WorkerLoop() {
       }
     }
     running_--;
-    if (running_ == 0 && !kicked_ && prefetches_.empty()) {
+    if (running_ == 0 && !HasQueuedWorkLocked()) {
       idle_cv_.SignalAll();
     }
   }
@@ -622,7 +649,7 @@ TierMoverStats TierMover::Stats() const {
 
 void TierMover::TEST_Drain() {
   MutexLock lock(&mu_);
-  while (running_ != 0 || kicked_ || !prefetches_.empty()) idle_cv_.Wait(&mu_);
+  while (running_ != 0 || HasQueuedWorkLocked()) idle_cv_.Wait(&mu_);
 }
 
 }  // namespace tierkv::storage

@@ -18,7 +18,8 @@
 //             bounded queue of hints: a full queue drops the batch and
 //             counts it; the Get that follows promotes on demand).
 //   persist   PersistBatch() writes host segments to the demotion target
-//             now (Flush): one durable Write for the batch.
+//             now: one durable Write for the batch. Persist() queues one
+//             for the workers (a client's Flush), ahead of everything else.
 //
 // Thread safety: thread-safe.
 #pragma once
@@ -54,6 +55,9 @@ struct TierMoverOptions {
   uint64_t demotion_batch_bytes = uint64_t{32} << 20;
   // Prefetch batches waiting for a worker; more are dropped. Default: 256.
   uint32_t prefetch_queue = 256;
+  // Persist batches (Flush) waiting for a worker; more are answered Busy.
+  // Default: 1024.
+  uint32_t persist_queue = 1024;
   // Largest promotion round: bytes reserved in DRAM and read with one chain
   // read (never more than a quarter of the host tier, so a round cannot
   // evict itself). Default: 16 MiB.
@@ -120,7 +124,9 @@ class TierMover {
   TierMover(const TierMoverOptions& options, const Clock* clock,
             const TierChain* chain,
             std::vector<const NamespaceTiers*> namespaces);
-  ~TierMover();  // joins the workers; queued prefetches are dropped
+  // Joins the workers once queued persists ran; queued prefetches are
+  // dropped.
+  ~TierMover();
 
   TierMover(const TierMover&) = delete;
   TierMover& operator=(const TierMover&) = delete;
@@ -181,6 +187,13 @@ class TierMover {
   // within reservation_wait.
   std::vector<Status> PersistBatch(const NamespaceTiers& tiers,
                                    std::span<const SegmentKey> keys);
+  // PersistBatch on a worker, ahead of prefetches and demotions; `done`
+  // gets its answer there (on the caller's thread, before this returns,
+  // with no workers). Busy for every key when persist_queue batches
+  // already wait or the mover is ending; batches queued before it ends
+  // still run.
+  void Persist(const NamespaceTiers* tiers, std::vector<SegmentKey> keys,
+               std::function<void(std::vector<Status>)> done);
 
   // Writes every dirty segment of every namespace with a write policy to
   // the demotion target (batches as in demotion, the workers helping), then
@@ -247,6 +260,16 @@ class TierMover {
     std::vector<SegmentKey> keys;
   };
   std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
+  struct PersistJob {
+    const NamespaceTiers* tiers;
+    std::vector<SegmentKey> keys;
+    std::function<void(std::vector<Status>)> done;
+  };
+  std::deque<PersistJob> persists_ GUARDED_BY(mu_);
+  // Whether a worker has anything queued to do now.
+  bool HasQueuedWorkLocked() const REQUIRES(mu_) {
+    return kicked_ || !prefetches_.empty() || !persists_.empty();
+  }
   bool kicked_ GUARDED_BY(mu_) = false;
   uint32_t running_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;

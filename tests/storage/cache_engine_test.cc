@@ -146,6 +146,17 @@ class CacheEngineTest : public ::testing::Test {
     }
   }
 
+  // Page 1 on NVMe only (flushed, then evicted by 200 other pages) and page
+  // 0 in DRAM.
+  void PutPage1OnNvmeOnlyAndPage0InDram() {
+    PutPage(1);
+    for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
+    for (uint64_t n = 100; n < 300; ++n) PutPage(n);
+    PutPage(0);
+    engine_->TEST_DrainBackground();
+    ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  }
+
   // Reserve, waiting for the callback (inline or from a worker).
   EngineReservation ReserveNow(std::vector<SegmentSize> items) {
     std::promise<EngineReservation> done;
@@ -360,12 +371,7 @@ TEST_F(CacheEngineTest, AGetPromotingFromNvmeHoldsNoWorkerWhileItReads) {
   // it would queue behind that read.
   engine_options_.workers = 1;
   Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
-  PutPage(1);
-  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
-  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // page 1: NVMe only
-  PutPage(0);
-  engine_->TEST_DrainBackground();
-  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  ASSERT_NO_FATAL_FAILURE(PutPage1OnNvmeOnlyAndPage0InDram());
   HeldNvmeReads held;
   std::promise<EngineRead> got;
   engine_->Acquire(kOwner, *ns_, AllKeys(1),
@@ -736,12 +742,7 @@ TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
   engine_options_.transfer_lanes = 1;
   Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
   RegisterPools();
-  PutPage(1);
-  for (const Status& s : FlushNow(AllKeys(1))) ASSERT_OK(s);
-  for (uint64_t n = 100; n < 300; ++n) PutPage(n);  // page 1: NVMe only
-  PutPage(0);
-  engine_->TEST_DrainBackground();
-  ASSERT_FALSE(ns_->host().Touch({Page(1), 0, 0}));
+  ASSERT_NO_FATAL_FAILURE(PutPage1OnNvmeOnlyAndPage0InDram());
   HeldNvmeReads held;  // every NVMe read, until the test lets go
   ASSERT_OK(engine_->Load(kOwner, *ns_,
                           {.pages = {Page(1)},

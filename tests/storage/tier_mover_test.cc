@@ -107,6 +107,48 @@ class TierMoverTest : public ::testing::Test {
   std::unique_ptr<TierChain> chain_;  // after nvme_: destroyed first
 };
 
+TEST_F(TierMoverTest, PersistAnswersFromAWorkerAndQueuedOnesRunAtTheEnd) {
+  for (uint64_t n = 0; n < 8; ++n) PutHost(n);
+  std::vector<std::vector<Status>> answers(8);
+  std::vector<std::thread::id> answered_on(8);
+  {
+    TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
+                    {Tiers()});
+    // Queued one by one, then the mover ends at once: each still runs and
+    // answers, on the mover's worker.
+    for (uint64_t n = 0; n < 8; ++n) {
+      mover.Persist(Tiers(), {Key(n), Key(1000 + n)},
+                    [&answers, &answered_on, n](std::vector<Status> got) {
+                      answers[n] = std::move(got);
+                      answered_on[n] = std::this_thread::get_id();
+                    });
+    }
+  }
+  for (uint64_t n = 0; n < 8; ++n) {
+    ASSERT_EQ(answers[n].size(), 2u) << "batch " << n << " was not answered";
+    EXPECT_OK(answers[n][0]);
+    EXPECT_TRUE(answers[n][1].IsNotFound()) << answers[n][1].ToString();
+    EXPECT_NE(answered_on[n], std::this_thread::get_id());
+    EXPECT_TRUE(NvmeHolds(n)) << n;
+  }
+}
+
+TEST_F(TierMoverTest, PersistWithoutWorkersRunsOnTheCaller) {
+  PutHost(1);
+  TierMover inline_mover({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                         {Tiers()});
+  std::vector<Status> got;
+  std::thread::id on;
+  inline_mover.Persist(Tiers(), {Key(1)}, [&](std::vector<Status> r) {
+    got = std::move(r);
+    on = std::this_thread::get_id();
+  });
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_OK(got[0]);
+  EXPECT_EQ(on, std::this_thread::get_id());
+  EXPECT_TRUE(NvmeHolds(1));
+}
+
 TEST_F(TierMoverTest, WriteBackPersistsBeforeEvictionAndDropsNothing) {
   TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
                   {Tiers(WritePolicy::kWriteBack)});
