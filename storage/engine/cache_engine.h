@@ -9,12 +9,20 @@
 // namespace keeps its own host tier (tenants never evict each other's DRAM).
 //
 // Threads: calls that only touch DRAM (Match, Reserve, Commit, Pin,
-// Release) complete on the caller's thread. Calls that may wait for NVMe
-// (Acquire when a segment must be promoted, Flush) take a completion
-// callback and run on the engine's worker pool; they complete inline when
-// no device IO is needed. A full worker queue completes the call at once
-// with Busy. Callbacks run exactly once, on the caller's or a worker's
-// thread, and must not block.
+// Release) complete on the caller's thread. Calls that may wait for a tier
+// below DRAM take a completion callback, and no engine thread waits for
+// that tier's IO: an Acquire's promotion is planned on a worker and
+// finished on the tier's thread when its read completes, Flush runs on the
+// mover's workers, and Load lanes start their reads and go on. Workers wait
+// only for write-back room (a Reserve or Store under backpressure). Calls
+// complete inline when no such wait is needed; a full queue completes the
+// call at once with Busy. Callbacks run exactly once, on the caller's, a
+// worker's, a tier's or the mover's thread, and must not block.
+//
+// Why one header of ~640 lines: it declares one class, whose definitions
+// are split by concern over cache_engine.cc, leased_access.cc,
+// pool_transfer.cc, device_transfer.cc and tier_reports.cc; the private
+// part (transfer jobs, pools) is what those files share.
 //
 // Owners: every lease belongs to an `owner` id chosen by the caller (the
 // daemon uses connection ids); ReleaseOwner ends all of them.

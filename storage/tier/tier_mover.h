@@ -214,7 +214,10 @@ class TierMover {
   void TEST_Drain();
 
  private:
-  // A PromoteBatchAsync in progress (tier_mover.cc).
+  // The answer for a segment of a tier the CPU cannot address
+  // (NamespaceTiers::top must be host addressable for the mover to move it).
+  static Status NotHostAddressable(const NamespaceTiers& tiers);
+  // A PromoteBatchAsync in progress (tier_mover_promotion.cc).
   struct Promotion;
   // Plans and reads rounds until one waits for a read or a Busy key, or
   // the promotion is over (then its `done` runs).

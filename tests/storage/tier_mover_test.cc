@@ -111,13 +111,14 @@ TEST_F(TierMoverTest, PersistAnswersFromAWorkerAndQueuedOnesRunAtTheEnd) {
   for (uint64_t n = 0; n < 8; ++n) PutHost(n);
   std::vector<std::vector<Status>> answers(8);
   std::vector<std::thread::id> answered_on(8);
+  const NamespaceTiers* tiers = Tiers();  // once: the worker reads it
   {
     TierMover mover({.workers = 1}, SteadyClock::Default(), chain_.get(),
-                    {Tiers()});
+                    {tiers});
     // Queued one by one, then the mover ends at once: each still runs and
     // answers, on the mover's worker.
     for (uint64_t n = 0; n < 8; ++n) {
-      mover.Persist(Tiers(), {Key(n), Key(1000 + n)},
+      mover.Persist(tiers, {Key(n), Key(1000 + n)},
                     [&answers, &answered_on, n](std::vector<Status> got) {
                       answers[n] = std::move(got);
                       answered_on[n] = std::this_thread::get_id();
@@ -135,11 +136,12 @@ TEST_F(TierMoverTest, PersistAnswersFromAWorkerAndQueuedOnesRunAtTheEnd) {
 
 TEST_F(TierMoverTest, PersistWithoutWorkersRunsOnTheCaller) {
   PutHost(1);
+  const NamespaceTiers* tiers = Tiers();
   TierMover inline_mover({.workers = 0}, SteadyClock::Default(), chain_.get(),
-                         {Tiers()});
+                         {tiers});
   std::vector<Status> got;
   std::thread::id on;
-  inline_mover.Persist(Tiers(), {Key(1)}, [&](std::vector<Status> r) {
+  inline_mover.Persist(tiers, {Key(1)}, [&](std::vector<Status> r) {
     got = std::move(r);
     on = std::this_thread::get_id();
   });
