@@ -10,7 +10,8 @@
 
 namespace tierkv::storage {
 
-NvmeTier::NvmeTier(NvmeStore* store, NvmeTierOptions options) : store_(store) {
+NvmeTier::NvmeTier(NvmeStore* store, NvmeTierOptions options)
+    : store_(store), reader_count_(options.readers) {
   if (options.readers == 0) return;
   readers_ = std::make_unique<WorkerPool>(
       options.readers, std::max<uint32_t>(1, options.read_queue),
@@ -57,6 +58,7 @@ void NvmeTier::Read(const TierNamespace& ns, uint64_t fingerprint,
     }
     // Queue full (or shutting down): the caller reads itself, which also
     // slows it down to what the device serves.
+    inline_reads_.fetch_add(1, std::memory_order_relaxed);
     ReadNow(ns, fingerprint, items, job->second);
     return;
   }
@@ -107,6 +109,11 @@ void NvmeTier::VisitCounters(TierCounterVisitor& v) const {
   v.Counter("write_errors", s.write_errors);
   v.Counter("bounced_writes", s.bounced_writes);
   v.Counter("bounced_reads", s.bounced_reads);
+  // Reader saturation: batches waiting for a reader now, and those a full
+  // queue made their caller read.
+  gauge("readers", reader_count_);
+  gauge("read_queue_depth", readers_ ? readers_->queue_depth() : 0);
+  v.Counter("inline_reads", inline_reads_.load(std::memory_order_relaxed));
   v.Counter("evictions", s.evictions);
   v.Counter("removals", s.removals);
   v.Counter("checksum_failures", s.checksum_failures);

@@ -195,6 +195,11 @@ TEST_F(NvmeTierTest, ABlockAlignedArenaMovesSegmentsToNvmeAndBackInPlace) {
     auto read = Stats(**c);
     EXPECT_EQ(read["nvme"]["bounced_reads"], alignment == 4096 ? 0 : 8)
         << read.dump();
+    // The reads ran on the tier's readers (the default 4), none sent back
+    // to its caller by a full queue, and none is waiting now.
+    EXPECT_EQ(read["nvme"]["readers"], 4) << read.dump();
+    EXPECT_EQ(read["nvme"]["inline_reads"], 0) << read.dump();
+    EXPECT_EQ(read["nvme"]["read_queue_depth"], 0) << read.dump();
     daemon_.reset();
   }
 }
