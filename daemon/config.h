@@ -62,7 +62,8 @@ struct NvmeConfig {
   // Loads and promotions never wait for the device on an engine worker.
   // 1..64. Default: 4.
   uint32_t readers = 4;
-  uint32_t mover_workers = 2;  // Default: 2
+  // Write-back, prefetch and Flush threads. Default: 2.
+  uint32_t mover_workers = 2;
   // Prefetch batches (one per Match) waiting for a mover worker; more are
   // dropped (a hint: the Get promotes on demand). Default: 256.
   uint32_t prefetch_queue = 256;
@@ -145,10 +146,11 @@ struct DaemonConfig {
   // How long an IO thread polls for the next request before sleeping
   // (transport::UdsServerOptions::poll_after_work); 0 never polls.
   uint32_t poll_us = 50;  // Default: 50 us
-  // Engine threads for requests that may wait on a lower tier or for
-  // write-back room (Put under backpressure, Get promotions, Flush, Store
-  // lanes), and how many requests may wait for a worker of each kind (more
-  // get Busy).
+  // Engine threads for requests that may wait for write-back room (Put
+  // under backpressure, Store lanes) and that start a Get's promotion (its
+  // read completes on the NVMe tier's readers; Flush runs on the mover),
+  // and how many requests may wait for a worker of each kind (more get
+  // Busy).
   uint32_t workers = 4;  // Default: 4
   // Engine threads for the lanes of Load, apart from `workers`, so a Put
   // stalled on write-back never holds a Load back.
