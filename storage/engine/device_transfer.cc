@@ -253,6 +253,10 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
     }
   }
   if (!read_page.empty()) {
+    // Waits, unlike a host pool's unit: the staged segments' device copies
+    // follow on this unit's stream, and the unit waits for that stream's
+    // event below anyway. A Load lane (load_workers), apart from Puts
+    // waiting for write-back room.
     auto got = chain_->ReadAndWait(ns.tiers_.ns, ns.fingerprint(), reads).items;
     std::vector<SegmentKey> read_ok;
     std::vector<size_t> batch_reads;  // the reads[] index of each copy
