@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "common/sync_point.h"
 #include "storage/nvme/nvme_tier.h"
 #include "storage/storage_log.h"
 
@@ -191,6 +192,7 @@ CacheEngine::~CacheEngine() {
   // answered, not a use of a destroyed pool.
   if (load_workers_) load_workers_->Shutdown();  // null when Open failed
   if (workers_) workers_->Shutdown();
+  TIERKV_SYNC_POINT(kBeforeWaitingForTierReads);
   {
     MutexLock lock(&tier_reads_mu_);
     while (tier_reads_ > 0) tier_reads_cv_.Wait(&tier_reads_mu_);

@@ -349,6 +349,11 @@ class CacheEngine {
   // Tests: stall layer l+1 to see WaitLayer(l) return first.
   static constexpr char kBeforeTransferUnit[] =
       "CacheEngine::RunLane:BeforeTransferUnit";
+  // Sync point the destructor passes once its workers are done, before it
+  // waits for the reads below DRAM they started (tests: let held reads go
+  // there).
+  static constexpr char kBeforeWaitingForTierReads[] =
+      "CacheEngine::~CacheEngine:BeforeWaitingForTierReads";
 
  private:
   CacheEngine(const CacheEngineOptions& options, const NvmeStore* nvme,

@@ -75,6 +75,10 @@ class HeldNvmeReads {
     }
     cv_.notify_all();
   }
+  // Lets the reads go when a thread reaches sync point `point`.
+  void LetGoAt(std::string_view point) {
+    sync_.SetCallback(point, [this](void*) { LetGo(); });
+  }
 
  private:
   std::mutex mu_;
@@ -773,6 +777,30 @@ TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
   EXPECT_EQ(st.load_segments_nvme, 6u);
   EXPECT_EQ(st.load_segments_host, 6u);
   EXPECT_EQ(st.loads, 2u);
+}
+
+TEST_F(CacheEnginePoolTest, EndingTheEngineLetsItsNvmeReadsFinishTheirLoad) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  Open(/*with_nvme=*/true, WritePolicy::kNone, /*host_bytes=*/1 << 20);
+  RegisterPools();
+  ASSERT_NO_FATAL_FAILURE(PutPage1OnNvmeOnlyAndPage0InDram());
+  HeldNvmeReads held;
+  held.LetGoAt(CacheEngine::kBeforeWaitingForTierReads);
+  ASSERT_OK(engine_->Load(kOwner, *ns_,
+                          {.pages = {Page(1)},
+                           .slots = {0},
+                           .first_layer = 0,
+                           .num_layers = 4,
+                           .ticket = 1}));
+  held.WaitForOne();
+  EXPECT_EQ(Ticket(1).finished.load(), 0u);
+  // The lanes are idle, the reads held: the engine ends, its destructor
+  // lets them go, and it returns only once they finished the Load.
+  engine_.reset();
+  EXPECT_EQ(Ticket(1).finished.load(), 1u);
+  EXPECT_EQ(Ticket(1).layers_done.load(), 4u);
+  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
+  ExpectPageInSlot(1, 0);
 }
 
 TEST_F(CacheEnginePoolTest, LoadReadsNvmeOnceAndPromotesItAfterwards) {
