@@ -643,6 +643,23 @@ class CacheEnginePoolTest : public CacheEngineTest {
     }
     return true;
   }
+  // Loads page `page` (every layer) into `slot`, progress in `ticket`.
+  Status LoadEveryLayer(uint64_t page, uint32_t slot, uint32_t ticket) {
+    return engine_->Load(kOwner, *ns_,
+                         {.pages = {Page(page)},
+                          .slots = {slot},
+                          .first_layer = 0,
+                          .num_layers = 4,
+                          .ticket = ticket});
+  }
+  // A finished Load of page `page` into `slot`: every layer, no error,
+  // the bytes in place.
+  void ExpectLoaded(uint32_t ticket, uint64_t page, uint32_t slot) {
+    EXPECT_EQ(Ticket(ticket).finished.load(), 1u);
+    EXPECT_EQ(Ticket(ticket).layers_done.load(), 4u);
+    EXPECT_EQ(Ticket(ticket).error_count.load(), 0u);
+    ExpectPageInSlot(page, slot);
+  }
   // Every slot byte of page `page` as Bytes() wrote it, on every layer.
   void ExpectPageInSlot(uint64_t page, uint32_t slot) {
     for (const auto& k : AllKeys(page)) {
@@ -748,31 +765,17 @@ TEST_F(CacheEnginePoolTest, ALoadLaneGoesOnWhileItsNvmeReadsAreInFlight) {
   RegisterPools();
   ASSERT_NO_FATAL_FAILURE(PutPage1OnNvmeOnlyAndPage0InDram());
   HeldNvmeReads held;  // every NVMe read, until the test lets go
-  ASSERT_OK(engine_->Load(kOwner, *ns_,
-                          {.pages = {Page(1)},
-                           .slots = {0},
-                           .first_layer = 0,
-                           .num_layers = 4,
-                           .ticket = 1}));
+  ASSERT_OK(LoadEveryLayer(1, /*slot=*/0, /*ticket=*/1));
   held.WaitForOne();
-  ASSERT_OK(engine_->Load(kOwner, *ns_,
-                          {.pages = {Page(0)},
-                           .slots = {1},
-                           .first_layer = 0,
-                           .num_layers = 4,
-                           .ticket = 2}));
+  ASSERT_OK(LoadEveryLayer(0, /*slot=*/1, /*ticket=*/2));
   EXPECT_TRUE(WaitFinishedFor(2, std::chrono::seconds(60)))
       << "the DRAM Load waited for the other Load's NVMe reads";
-  EXPECT_EQ(Ticket(2).layers_done.load(), 4u);
-  EXPECT_EQ(Ticket(2).error_count.load(), 0u);
-  ExpectPageInSlot(0, 1);
+  ExpectLoaded(2, 0, /*slot=*/1);
   EXPECT_EQ(Ticket(1).finished.load(), 0u) << "its reads are still held";
   EXPECT_EQ(Ticket(1).layers_done.load(), 0u);
   held.LetGo();
   WaitFinished(1);
-  EXPECT_EQ(Ticket(1).layers_done.load(), 4u);
-  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
-  ExpectPageInSlot(1, 0);
+  ExpectLoaded(1, 1, /*slot=*/0);
   const EngineStats st = engine_->Stats(*ns_);
   EXPECT_EQ(st.load_segments_nvme, 6u);
   EXPECT_EQ(st.load_segments_host, 6u);
@@ -786,21 +789,13 @@ TEST_F(CacheEnginePoolTest, EndingTheEngineLetsItsNvmeReadsFinishTheirLoad) {
   ASSERT_NO_FATAL_FAILURE(PutPage1OnNvmeOnlyAndPage0InDram());
   HeldNvmeReads held;
   held.LetGoAt(CacheEngine::kBeforeWaitingForTierReads);
-  ASSERT_OK(engine_->Load(kOwner, *ns_,
-                          {.pages = {Page(1)},
-                           .slots = {0},
-                           .first_layer = 0,
-                           .num_layers = 4,
-                           .ticket = 1}));
+  ASSERT_OK(LoadEveryLayer(1, /*slot=*/0, /*ticket=*/1));
   held.WaitForOne();
   EXPECT_EQ(Ticket(1).finished.load(), 0u);
   // The lanes are idle, the reads held: the engine ends, its destructor
   // lets them go, and it returns only once they finished the Load.
   engine_.reset();
-  EXPECT_EQ(Ticket(1).finished.load(), 1u);
-  EXPECT_EQ(Ticket(1).layers_done.load(), 4u);
-  EXPECT_EQ(Ticket(1).error_count.load(), 0u);
-  ExpectPageInSlot(1, 0);
+  ExpectLoaded(1, 1, /*slot=*/0);
 }
 
 TEST_F(CacheEnginePoolTest, LoadReadsNvmeOnceAndPromotesItAfterwards) {
