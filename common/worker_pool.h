@@ -36,6 +36,8 @@ class WorkerPool {
   [[nodiscard]] bool TrySubmit(std::function<void()> job);
 
   size_t queue_depth() const;
+  // The pool's threads (fixed at construction).
+  size_t threads() const { return threads_.size(); }
 
   // Refuses jobs from now on (TrySubmit: false), runs every job already
   // queued, then joins the threads. Jobs may still call TrySubmit. Idempotent;

@@ -521,9 +521,10 @@ class CacheEngine {
   // device_copy_timeout after the request was accepted. True once open or
   // when the transfer has no gate; false when it timed out, for every lane.
   bool PassStreamGate(TransferJob& job);
-  // One worker's share of a job: claims layers until none is left; the last
-  // lane out marks the ticket finished. The first lane also starts the
-  // others, where workers are free.
+  // One worker's share of a job: claims layers until none is left, then
+  // leaves it (LeaveJob: the last of its lanes and reads marks the ticket
+  // finished). The first lane also starts the others, where workers are
+  // free.
   void RunLane(const std::shared_ptr<TransferJob>& job, bool first);
   // A lane or a tier read is done with `job`; the last one finishes it
   // (queues the Load's promotion, marks the ticket finished).

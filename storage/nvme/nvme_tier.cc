@@ -10,8 +10,7 @@
 
 namespace tierkv::storage {
 
-NvmeTier::NvmeTier(NvmeStore* store, NvmeTierOptions options)
-    : store_(store), reader_count_(options.readers) {
+NvmeTier::NvmeTier(NvmeStore* store, NvmeTierOptions options) : store_(store) {
   if (options.readers == 0) return;
   readers_ = std::make_unique<WorkerPool>(
       options.readers, std::max<uint32_t>(1, options.read_queue),
@@ -111,7 +110,7 @@ void NvmeTier::VisitCounters(TierCounterVisitor& v) const {
   v.Counter("bounced_reads", s.bounced_reads);
   // Reader saturation: batches waiting for a reader now, and those a full
   // queue made their caller read.
-  gauge("readers", reader_count_);
+  gauge("readers", readers_ ? readers_->threads() : 0);
   gauge("read_queue_depth", readers_ ? readers_->queue_depth() : 0);
   v.Counter("inline_reads", inline_reads_.load(std::memory_order_relaxed));
   v.Counter("evictions", s.evictions);

@@ -89,7 +89,6 @@ class NvmeTier final : public Tier {
                std::span<const TierReadItem> items, const TierReadDone& done);
 
   NvmeStore* const store_;
-  const uint32_t reader_count_;
   std::unique_ptr<WorkerPool> readers_;  // null: reads run inline
   // Read batches the readers' full queue sent back to their caller.
   std::atomic<uint64_t> inline_reads_{0};
