@@ -312,7 +312,9 @@ void CacheService::PutReserve(uint64_t conn, Namespace& ns, In in,
           resp.items.push_back(std::move(placement));
         }
         UpdateLeaseGauge();
-        r->Send(Ok(resp));
+        HandlerReply reply = Ok(resp);
+        reply.expect_followup = resp.lease_id != 0;  // the commit
+        r->Send(std::move(reply));
       });
 }
 
@@ -373,7 +375,9 @@ void CacheService::Get(uint64_t conn, Namespace& ns, In in,
           return lease_throttle_.Refuse(std::move(*r), Ok(resp),
                                         /*hang_up=*/false);
         }
-        r->Send(Ok(resp));
+        HandlerReply reply = Ok(resp);
+        reply.expect_followup = resp.lease_id != 0;  // the release
+        r->Send(std::move(reply));
       });
 }
 

@@ -239,6 +239,9 @@ Status DaemonConfig::Validate() const {
   if (io_threads == 0 || io_threads > 64)
     return Bad("server.io_threads", "must be in [1, 64]");
   if (poll_us > 10000) return Bad("server.poll_us", "must be <= 10000");
+  if (poll_followup_us > 10000) {
+    return Bad("server.poll_followup_us", "must be <= 10000");
+  }
   if (workers == 0 || workers > 256)
     return Bad("server.workers", "must be in [1, 256]");
   if (load_workers == 0 || load_workers > 256)
@@ -484,13 +487,14 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                     c.nvme.recreate_damaged_catalog));
   }
   if (auto* server = root["server"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(CheckKeys(
-        *server, "server",
-        {"socket", "socket_mode", "socket_group", "io_threads", "poll_us",
-         "workers", "load_workers", "worker_queue", "max_frame_bytes",
-         "max_connections", "max_unauthenticated_connections",
-         "handshake_timeout_ms", "idle_timeout_ms", "stall_timeout_ms",
-         "max_in_flight_bytes", "auth_failure_delay_ms"}));
+    TIERKV_RETURN_IF_ERROR(
+        CheckKeys(*server, "server",
+                  {"socket", "socket_mode", "socket_group", "io_threads",
+                   "poll_us", "poll_followup_us", "workers", "load_workers",
+                   "worker_queue", "max_frame_bytes", "max_connections",
+                   "max_unauthenticated_connections", "handshake_timeout_ms",
+                   "idle_timeout_ms", "stall_timeout_ms", "max_in_flight_bytes",
+                   "auth_failure_delay_ms"}));
     TIERKV_RETURN_IF_ERROR(
         ReadString(*server, "server", "socket", c.socket_path));
     TIERKV_RETURN_IF_ERROR(ReadMode(*server, c.socket_mode));
@@ -499,6 +503,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "io_threads", c.io_threads));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "poll_us", c.poll_us));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*server, "server", "poll_followup_us", c.poll_followup_us));
     TIERKV_RETURN_IF_ERROR(ReadInt(*server, "server", "workers", c.workers));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*server, "server", "load_workers", c.load_workers));

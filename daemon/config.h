@@ -5,10 +5,11 @@
 //
 // TOML shape (every key optional; see README "Configuration"):
 //   [server]    socket, socket_mode ("0660"), socket_group, io_threads,
-//               poll_us, workers, load_workers, worker_queue, max_frame_bytes,
-//               max_connections, max_unauthenticated_connections,
-//               handshake_timeout_ms, idle_timeout_ms, stall_timeout_ms,
-//               max_in_flight_bytes, auth_failure_delay_ms
+//               poll_us, poll_followup_us, workers, load_workers, worker_queue,
+//               max_frame_bytes, max_connections,
+//               max_unauthenticated_connections, handshake_timeout_ms,
+//               idle_timeout_ms, stall_timeout_ms, max_in_flight_bytes,
+//               auth_failure_delay_ms
 //   [metrics]   listen ("127.0.0.1:9400"; "" disables)
 //   [leases]    ttl_ms, max_pin_ttl_ms, sweep_interval_ms,
 //               max_per_connection, max_segments_per_connection,
@@ -146,6 +147,10 @@ struct DaemonConfig {
   // How long an IO thread polls for the next request before sleeping
   // (transport::UdsServerOptions::poll_after_work); 0 never polls.
   uint32_t poll_us = 50;  // Default: 50 us
+  // How long an IO thread polls, at least, for the request that completes
+  // an open transaction (a reserved Put's commit, a read lease's release;
+  // transport::UdsServerOptions::poll_for_followup); 0 never.
+  uint32_t poll_followup_us = 500;  // Default: 500 us
   // Engine threads for requests that may wait for write-back room (Put
   // under backpressure, Store lanes) and that start a Get's promotion (its
   // read completes on the NVMe tier's readers; Flush runs on the mover),

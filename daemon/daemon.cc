@@ -223,7 +223,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
        .idle_timeout = std::chrono::milliseconds(config.idle_timeout_ms),
        .max_in_flight_bytes = config.max_in_flight_bytes,
        .stall_timeout = std::chrono::milliseconds(config.stall_timeout_ms),
-       .poll_after_work = std::chrono::microseconds(config.poll_us)},
+       .poll_after_work = std::chrono::microseconds(config.poll_us),
+       .poll_for_followup = std::chrono::microseconds(config.poll_followup_us)},
       d->service_.get());
   if (!server.ok()) {
     // The server names the path or group it could not use; this names the

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cstring>
@@ -55,17 +56,27 @@ bool SocketIsLive(const std::string& path) {
   return live;
 }
 
+// Until when this IO thread polls at least, set by replies that expect a
+// follow-up (HandlerReply::expect_followup). Each connection's handlers
+// and replies run on its own IO thread, the one that reads this.
+thread_local Clock::time_point t_poll_until{};
+
 // Runs `io` until it is stopped, polling for `poll` after each burst of
-// work before blocking again (see UdsServerOptions::poll_after_work).
-void RunPolling(asio::io_context& io, std::chrono::microseconds poll) {
-  if (poll.count() == 0) {
+// work, or until t_poll_until if later, before blocking again (see
+// UdsServerOptions::poll_after_work and poll_for_followup).
+void RunPolling(asio::io_context& io, std::chrono::microseconds poll,
+                std::chrono::microseconds followup) {
+  if (poll.count() == 0 && followup.count() == 0) {
     io.run();
     return;
   }
+  auto poll_until = [poll] {
+    return std::max(Clock::now() + poll, t_poll_until);
+  };
   while (io.run_one() > 0) {  // 0: stopped
-    auto until = Clock::now() + poll;
+    auto until = poll_until();
     while (!io.stopped() && Clock::now() < until) {
-      if (io.poll() > 0) until = Clock::now() + poll;
+      if (io.poll() > 0) until = poll_until();
     }
   }
 }
@@ -484,6 +495,10 @@ class Connection : public std::enable_shared_from_this<Connection>,
       admitted_ = true;
       server_.Admit(id_);
     }
+    if (reply.expect_followup && server_.options.poll_for_followup.count()) {
+      t_poll_until = std::max(t_poll_until,
+                              Clock::now() + server_.options.poll_for_followup);
+    }
     if (!closed_ && !reply.no_reply) {
       const uint16_t out_opcode =
           reply.is_error ? kErrorOpcode : (opcode | kResponseBit);
@@ -803,7 +818,8 @@ Result<std::unique_ptr<UdsServer>> UdsServer::Start(const UdsServerOptions& o,
     // Until Stop, a context without connections still keeps its thread.
     impl->keep_running.push_back(asio::make_work_guard(*io));
     impl->threads.emplace_back(
-        [io = io.get(), poll = o.poll_after_work] { RunPolling(*io, poll); });
+        [io = io.get(), poll = o.poll_after_work,
+         followup = o.poll_for_followup] { RunPolling(*io, poll, followup); });
   }
   return std::unique_ptr<UdsServer>(new UdsServer(std::move(impl)));
 }

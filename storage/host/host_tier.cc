@@ -8,6 +8,21 @@ namespace tierkv::storage {
 
 namespace {
 constexpr uint64_t kNoDirty = UINT64_MAX;
+
+// std::hash<SegmentKey>, not noexcept on purpose: libstdc++ then stores each
+// node's hash code in it. With a noexcept ("fast") hash it stores none, and
+// a lookup walking a bucket rehashes every node it passes to find where the
+// bucket ends: one more cache miss and two Mix64 per node, which was 40% of
+// a Put's reservation in a full 72 KiB arena (bench/RESULTS.md).
+struct CachedSegmentKeyHash {
+  size_t operator()(const SegmentKey& key) const {  // NOLINT: see above
+    return std::hash<SegmentKey>()(key);
+  }
+};
+#if defined(__GLIBCXX__)
+static_assert(std::__cache_default<SegmentKey, CachedSegmentKeyHash>::value,
+              "the host index must store hash codes in its nodes");
+#endif
 }  // namespace
 
 struct HostTier::Shard {
@@ -44,7 +59,8 @@ struct HostTier::Shard {
   // Entries are node-based (stable addresses): the policy's and the dirty
   // list's hooks live in them. Declared before the list, so they outlive
   // it.
-  std::unordered_map<SegmentKey, Entry> entries GUARDED_BY(mu);
+  std::unordered_map<SegmentKey, Entry, CachedSegmentKeyHash> entries
+      GUARDED_BY(mu);
   DirtyList dirty GUARDED_BY(mu);
   // The dirty tail's rank, read without the lock by TakeDirty choosing a
   // shard; written under it.

@@ -66,6 +66,7 @@ socket = "/tmp/x.sock"
 socket_mode = "0600"
 io_threads = 4
 poll_us = 0
+poll_followup_us = 200
 load_workers = 6
 max_connections = 100
 max_unauthenticated_connections = 8
@@ -94,6 +95,7 @@ host_alignment = "4KiB"
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->io_threads, 4u);
   EXPECT_EQ(c->poll_us, 0u);
+  EXPECT_EQ(c->poll_followup_us, 200u);
   EXPECT_EQ(c->load_workers, 6u);
   EXPECT_EQ(c->max_connections, 100u);
   EXPECT_EQ(c->max_unauthenticated_connections, 8u);
@@ -128,6 +130,10 @@ TEST(ConfigTest, MistakesAreNamed) {
   auto poll = Load(dir, "[server]\npoll_us = 20000\n");
   ASSERT_OK(poll);
   EXPECT_NE(poll->Validate().message().find("server.poll_us"),
+            std::string_view::npos);
+  auto followup = Load(dir, "[server]\npoll_followup_us = 20000\n");
+  ASSERT_OK(followup);
+  EXPECT_NE(followup->Validate().message().find("server.poll_followup_us"),
             std::string_view::npos);
   auto size = Load(dir,
                    "[[namespace]]\nname = \"a\"\ntoken = "
