@@ -213,7 +213,9 @@ bool HostTier::WaitChange(uint64_t seen, const Clock& clock,
   return changed;
 }
 
-bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key) {
+bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key,
+                           uint64_t reuse_length,
+                           std::optional<Extent>* reused) {
   shard.mu.AssertHeld();
   auto it = shard.entries.find(key);
   if (it == shard.entries.end()) return false;
@@ -225,7 +227,9 @@ bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key) {
     policy_->Unlink(e.policy);
     policy_->Evicted(e.policy);
   }
-  {
+  if (reused != nullptr && e.extent.length == reuse_length) {
+    *reused = e.extent;
+  } else {
     MutexLock space(&space_mu_);
     allocator_.Free(e.extent);
   }
@@ -239,6 +243,9 @@ bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key) {
 }
 
 Result<Extent> HostTier::MakeRoom(uint64_t size) {
+  // What the allocator would round `size` to (ExtentAllocator::RoundUp).
+  const uint64_t length =
+      (size + options_.alignment - 1) & ~(options_.alignment - 1);
   while (true) {
     {
       MutexLock space(&space_mu_);
@@ -254,8 +261,10 @@ Result<Extent> HostTier::MakeRoom(uint64_t size) {
     if (victim) {
       Shard& shard = ShardFor(*victim);
       MutexLock lock(&shard.mu);
-      (void)EvictLocked(shard, *victim);  // else raced: choose again
-      continue;
+      std::optional<Extent> reused;
+      (void)EvictLocked(shard, *victim, length, &reused);  // else raced
+      if (reused) return *reused;
+      continue;  // freed (another size) or raced: allocate or choose again
     }
     if (dirty_segments_.load(std::memory_order_relaxed) > 0) {
       return Status::Busy(fmt::format(

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -225,11 +226,17 @@ class HostTier final : public LeasedTier {
   // Space for a reservation: allocates, evicting the policy's victims
   // until it fits. Called with no lock held.
   Result<Extent> MakeRoom(uint64_t size);
-  // Evicts `key` if it is still evictable; false otherwise (raced).
+  // Evicts `key` if it is still evictable; false otherwise (raced). When
+  // `reused` is set and the victim's extent is exactly `reuse_length`
+  // bytes, the extent goes to *reused instead of back to the allocator: in
+  // an arena full of one segment size, a reservation then takes its
+  // victim's space without two allocator calls under space_mu_.
   // REQUIRES: shard.mu (every helper taking a Shard& below does too; the
   // analysis cannot name a lock reached through a parameter of an
   // incomplete type, so they assert it).
-  bool EvictLocked(Shard& shard, const SegmentKey& key);
+  bool EvictLocked(Shard& shard, const SegmentKey& key,
+                   uint64_t reuse_length = 0,
+                   std::optional<Extent>* reused = nullptr);
   // An unreferenced committed entry becomes evictable (clean) or goes on
   // its shard's dirty list, as just used, or (`persist_done`) as the
   // mover leaves it: clean where its last use puts it, dirty first out.

@@ -192,6 +192,35 @@ TEST(HostTierTest, GenerationAdvancesOnCommitAbortAndWriteBack) {
 // used segments whichever shards hold them (a per-shard LRU would evict
 // each shard's own oldest as its keys come), and a segment may be as large
 // as the whole tier.
+TEST(HostTierTest, AReservationTakesTheSpaceOfAVictimOfItsSize) {
+  auto tier = MakeTier(1 << 20, 1);  // 16 segments of 64 KiB
+  std::vector<uint64_t> offsets;
+  for (uint64_t i = 0; i < 16; ++i) {
+    auto r = tier->Reserve(Key(i), 65536);
+    ASSERT_OK(r);
+    offsets.push_back(r->location.offset);
+    ASSERT_OK(tier->Commit(Key(i), false));
+  }
+  // Same size: the least recently used segment's extent, as it was.
+  auto same = tier->Reserve(Key(100), 65536);
+  ASSERT_OK(same);
+  EXPECT_EQ(same->location.offset, offsets[0]);
+  EXPECT_EQ(same->location.extent, 65536u);
+  ASSERT_OK(tier->Commit(Key(100), false));
+  EXPECT_FALSE(tier->Touch(Key(0)));
+  // Another size: victims go back to the allocator until a free extent
+  // fits (segments 1 and 2, adjacent, coalesce to 128 KiB).
+  auto larger = tier->Reserve(Key(101), 100 * 1024);
+  ASSERT_OK(larger);
+  EXPECT_EQ(larger->location.offset, std::min(offsets[1], offsets[2]));
+  ASSERT_OK(tier->Commit(Key(101), false));
+  const HostTierStats s = tier->Stats();
+  EXPECT_EQ(s.evictions, 3u);
+  EXPECT_EQ(s.segments, 15u);
+  EXPECT_EQ(s.used_bytes, 14 * 65536u + 100 * 1024u);
+  EXPECT_EQ(s.largest_free_bytes, 128 * 1024u - 100 * 1024u);
+}
+
 TEST(HostTierTest, ShardsShareOneSpaceAndOneLruOrder) {
   auto tier = MakeTier(8 << 20, 8);  // 128 segments of 64 KiB
   for (uint64_t i = 0; i < 128; ++i) PutSegment(*tier, Key(i), 65536, 'z');
