@@ -12,8 +12,8 @@ constexpr uint64_t kNoDirty = UINT64_MAX;
 // std::hash<SegmentKey>, not noexcept on purpose: libstdc++ then stores each
 // node's hash code in it. With a noexcept ("fast") hash it stores none, and
 // a lookup walking a bucket rehashes every node it passes to find where the
-// bucket ends: one more cache miss and two Mix64 per node, which was 40% of
-// a Put's reservation in a full 72 KiB arena (bench/RESULTS.md).
+// bucket ends: one more cache miss and two Mix64 per node, about a third of
+// HostTier::Reserve's samples in the daemon's profile under 72 KiB Puts.
 struct CachedSegmentKeyHash {
   size_t operator()(const SegmentKey& key) const {  // NOLINT: see above
     return std::hash<SegmentKey>()(key);

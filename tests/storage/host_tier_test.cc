@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/status_matchers.h"
@@ -188,10 +190,6 @@ TEST(HostTierTest, GenerationAdvancesOnCommitAbortAndWriteBack) {
   advancer.join();
 }
 
-// Shards partition the index only: a full tier evicts its least recently
-// used segments whichever shards hold them (a per-shard LRU would evict
-// each shard's own oldest as its keys come), and a segment may be as large
-// as the whole tier.
 TEST(HostTierTest, AReservationTakesTheSpaceOfAVictimOfItsSize) {
   auto tier = MakeTier(1 << 20, 1);  // 16 segments of 64 KiB
   std::vector<uint64_t> offsets;
@@ -221,6 +219,10 @@ TEST(HostTierTest, AReservationTakesTheSpaceOfAVictimOfItsSize) {
   EXPECT_EQ(s.largest_free_bytes, 128 * 1024u - 100 * 1024u);
 }
 
+// Shards partition the index only: a full tier evicts its least recently
+// used segments whichever shards hold them (a per-shard LRU would evict
+// each shard's own oldest as its keys come), and a segment may be as large
+// as the whole tier.
 TEST(HostTierTest, ShardsShareOneSpaceAndOneLruOrder) {
   auto tier = MakeTier(8 << 20, 8);  // 128 segments of 64 KiB
   for (uint64_t i = 0; i < 128; ++i) PutSegment(*tier, Key(i), 65536, 'z');
