@@ -243,13 +243,12 @@ bool HostTier::EvictLocked(Shard& shard, const SegmentKey& key,
 }
 
 Result<Extent> HostTier::MakeRoom(uint64_t size) {
-  // What the allocator would round `size` to (ExtentAllocator::RoundUp).
-  const uint64_t length =
-      (size + options_.alignment - 1) & ~(options_.alignment - 1);
   while (true) {
+    uint64_t length;  // what the allocator makes of `size`
     {
       MutexLock space(&space_mu_);
       if (auto extent = allocator_.Allocate(size)) return *extent;
+      length = allocator_.RoundUp(size);
     }
     // The policy's victim, then its entry under its shard's lock (a shard
     // lock is never taken under the policy's: lock order shard, policy).
