@@ -16,6 +16,7 @@
 #include "common/load_ticket.h"
 #include "common/mutex.h"
 #include "common/shared_mapping.h"
+#include "common/stream_copy.h"
 #include "common/thread_annotations.h"
 #include "storage/device/device_backend.h"
 #include "transport/protocol.h"
@@ -451,7 +452,7 @@ std::vector<PutResult> Client::Put(std::span<const SegmentWrite> writes) {
             Status::ProtocolError("daemon placed a segment outside the arena");
         continue;  // the reservation expires with the lease
       }
-      std::memcpy(dst.data(), writes[i].data.data(), dst.size());
+      StreamCopy(dst.data(), writes[i].data.data(), dst.size());
       commit.keys.push_back(writes[i].key);
       committed[k].push_back(i);
     }
@@ -531,7 +532,7 @@ std::vector<Status> Client::Get(std::span<const SegmentRead> reads) {
               "daemon located a segment outside the arena");
           continue;
         }
-        std::memcpy(reads[i].dst.data(), src.data(), src.size());
+        StreamCopy(reads[i].dst.data(), src.data(), src.size());
       }
       if (resp.lease_id) finished.push_back(resp.lease_id);
     }

@@ -14,9 +14,9 @@
 #include <tuple>
 
 #include "common/load_ticket.h"
+#include "common/stream_copy.h"
 #include "common/sync_point.h"
 #include "storage/engine/cache_engine.h"
-#include "storage/engine/stream_copy.h"
 
 namespace tierkv::storage {
 
