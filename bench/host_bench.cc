@@ -3,14 +3,20 @@
 //
 // For each segment size it measures, over a working set larger than the
 // last-level cache and with pre-faulted buffers:
-//   memcpy  - copying the working set segment by segment (the ceiling for
-//             a one-thread client: Get is exactly such a copy plus RPCs),
-//             timed batch by batch, interleaved with the Gets;
-//   put     - batched Put of new segments (reserve RPC, copy, commit RPC)
-//             into an arena full of segments of the same size (warm: each
-//             Put evicts one), and once into an empty arena (fresh: no
-//             eviction, every arena page written for the first time);
+//   memcpy  - copying the working set segment by segment with glibc's
+//             memcpy, timed batch by batch interleaved with the Gets, and
+//             in whole passes beside the fresh Puts;
+//   put     - batched Put of new segments (reserve RPC, copy, commit RPC),
+//             calls back to back, into an arena full of segments of the
+//             same size (warm: each Put evicts one), and into an empty
+//             arena (fresh: no eviction, every arena page written for the
+//             first time; --iterations passes into one arena sized for all
+//             of them);
 //   get     - batched Get of stored segments (lease RPC, copy, release RPC);
+//   stream  - the working set copied with StreamCopy (streaming stores, as
+//             Put and Get copy), in passes alternating with memcpy passes:
+//             how far Put and Get are from their own copy's limit is
+//             put/memcpy divided by stream/memcpy;
 // and the round-trip latency of a one-segment Match. Figures are medians of
 // --iterations runs; ratios are to memcpy of the same size.
 #include <fmt/chrono.h>
@@ -31,6 +37,7 @@
 #include "bench/registry.h"
 #include "bench/sample_stats.h"
 #include "bench/size_option.h"
+#include "common/stream_copy.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
@@ -147,8 +154,8 @@ int Run(const HostBenchOptions& o) {
   // Each size has namespaces of its own, so that no size's Puts evict
   // another's segments (a 72 KiB Put evicting nine 8 KiB segments measured
   // the eviction, not the steady state): `warm-<size>` holds two working
-  // sets and is filled before it is timed; `fresh-<size>` holds one, is
-  // written once, and is never full.
+  // sets and is filled before it is timed; `fresh-<size>` holds one per
+  // iteration, is written once, and is never full.
   const uint64_t slack = uint64_t{16} << 20;
   std::string config = R"(
 [[namespace]]
@@ -160,7 +167,7 @@ shards = 1
   for (const auto& sc : cases) {
     for (const auto& [kind, bytes] :
          {std::pair{"warm", 2 * working_set + slack},
-          std::pair{"fresh", working_set + slack}}) {
+          std::pair{"fresh", o.iterations * working_set + slack}}) {
       config += fmt::format(
           "[[namespace]]\nname = \"{}-{}\"\ntoken = \"bench-token\"\n"
           "host_bytes = {}\nshards = 8\n",
@@ -213,9 +220,9 @@ shards = 1
       "tierkv-bench host: working set {} per size, batches of {}, median of "
       "{}\n\n",
       o.working_set, o.batch, o.iterations);
-  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10} {:>16}\n", "segment",
-             "memcpy GB/s", "put GB/s", "get GB/s", "put/memcpy", "get/memcpy",
-             "fresh put/memcpy");
+  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>10} {:>10} {:>16} {:>14}\n",
+             "segment", "memcpy GB/s", "put GB/s", "get GB/s", "put/memcpy",
+             "get/memcpy", "fresh put/memcpy", "stream/memcpy");
 
   uint32_t page_counter = 0;
   for (uint16_t layer = 0; layer < cases.size(); ++layer) {
@@ -232,24 +239,12 @@ shards = 1
         keys.push_back({PageHash{++page_counter, 0xbe9c4}, layer, 0});
       }
     };
-    // Puts the working set under `keys`, batch by batch, adding the time
-    // to *put_time; with `memcpy_time`, also copies each batch (alternating
-    // which goes first) and adds that time there.
-    auto put_all = [&](Client& to, double* put_time,
-                       double* memcpy_time) -> bool {
+    // Puts the working set under `keys`, batch by batch, back to back,
+    // adding the time to *put_time.
+    auto put_all = [&](Client& to, double* put_time) -> bool {
       std::vector<SegmentWrite> writes;
-      for (size_t b = 0, n = 0; b < count; b += per_batch, ++n) {
+      for (size_t b = 0; b < count; b += per_batch) {
         const size_t end = std::min(count, b + per_batch);
-        auto copy = [&] {
-          if (memcpy_time == nullptr) return;
-          auto c0 = Clock::now();
-          for (size_t i = b; i < end; ++i) {
-            std::memcpy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
-          }
-          *memcpy_time +=
-              std::chrono::duration<double>(Clock::now() - c0).count();
-        };
-        if (n % 2) copy();
         writes.clear();
         for (size_t i = b; i < end; ++i) {
           writes.push_back({keys[i], src.span().subspan(i * seg, seg)});
@@ -262,26 +257,50 @@ shards = 1
           }
         }
         *put_time += std::chrono::duration<double>(Clock::now() - p0).count();
-        if (n % 2 == 0) copy();
       }
       return true;
     };
-    // Fresh: one pass into the empty arena.
-    double fresh_put_s = 0, fresh_memcpy_s = 0;
-    new_keys();
-    if (!put_all(*fresh, &fresh_put_s, &fresh_memcpy_s)) return 1;
+    // Seconds to copy the working set segment by segment, from src (cold:
+    // a pass is far larger than L3) to copy_dst.
+    auto copy_pass = [&](bool stream) {
+      auto c0 = Clock::now();
+      for (size_t i = 0; i < count; ++i) {
+        if (stream) {
+          StreamCopy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
+        } else {
+          std::memcpy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
+        }
+      }
+      return std::chrono::duration<double>(Clock::now() - c0).count();
+    };
+    // Fresh: each pass writes arena pages no earlier pass wrote, Puts back
+    // to back as in the warm case (so the arena's state is the only
+    // difference), beside a memcpy pass (alternating which goes first).
+    // A median of passes, as every other figure: one pass is ~15 ms at
+    // 256 MiB, and one preemption (a kernel thread holding a core for ~2 ms
+    // on the 2-core VM) moved a single pass's ratio by 0.15.
+    std::vector<double> fresh_ratios, fresh_put_s;
+    for (int it = 0; it < o.iterations; ++it) {
+      double put_s = 0, memcpy_s = 0;
+      new_keys();
+      if (it % 2) memcpy_s = copy_pass(/*stream=*/false);
+      if (!put_all(*fresh, &put_s)) return 1;
+      if (it % 2 == 0) memcpy_s = copy_pass(/*stream=*/false);
+      fresh_ratios.push_back(memcpy_s / put_s);
+      fresh_put_s.push_back(put_s);
+    }
     // Warm: two passes fill the arena; from then on every Put evicts one.
     for (int fill = 0; fill < 2; ++fill) {
       double untimed = 0;
       new_keys();
-      if (!put_all(*warm, &untimed, nullptr)) return 1;
+      if (!put_all(*warm, &untimed)) return 1;
     }
     Client& c = *warm;
     std::vector<double> memcpy_s, put_s, get_s;
     for (int it = 0; it <= o.iterations; ++it) {  // iteration 0 warms up
       new_keys();
       double put_time = 0;
-      if (!put_all(c, &put_time, nullptr)) return 1;
+      if (!put_all(c, &put_time)) return 1;
       put_s.push_back(put_time);
       // memcpy and Get alternate batch by batch (and which goes first), so a
       // noisy moment on this machine hits both alike.
@@ -323,14 +342,26 @@ shards = 1
       }
       if (it == 0) memcpy_s.clear(), put_s.clear(), get_s.clear();
     }
+    // The streaming copy against memcpy, whole passes alternating which
+    // goes first.
+    std::vector<double> stream_ratios;
+    for (int it = 0; it < o.iterations; ++it) {
+      const bool stream_first = it % 2;
+      const double first = copy_pass(stream_first);
+      const double second = copy_pass(!stream_first);
+      stream_ratios.push_back(stream_first ? second / first : first / second);
+    }
     const double bytes = static_cast<double>(count * seg);
     const double mem = bytes / Median(memcpy_s) / 1e9;
     const double put = bytes / Median(put_s) / 1e9;
     const double get = bytes / Median(get_s) / 1e9;
-    const double fresh_ratio = fresh_memcpy_s / fresh_put_s;
+    const double fresh_ratio = Median(fresh_ratios);
+    const double stream_ratio = Median(stream_ratios);
     fmt::print(
-        "{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>16.2f}\n",
-        cases[layer].name, mem, put, get, put / mem, get / mem, fresh_ratio);
+        "{:>8} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>16.2f} "
+        "{:>14.2f}\n",
+        cases[layer].name, mem, put, get, put / mem, get / mem, fresh_ratio,
+        stream_ratio);
     out["sizes"][cases[layer].name] = {
         {"segment_bytes", seg},
         {"segments_per_batch", per_batch},
@@ -338,8 +369,10 @@ shards = 1
         {"put_gbps", put},
         {"get_gbps", get},
         {"put_over_memcpy", put / mem},
-        {"put_fresh_gbps", bytes / fresh_put_s / 1e9},
+        {"put_fresh_gbps", bytes / Median(fresh_put_s) / 1e9},
         {"put_fresh_over_memcpy", fresh_ratio},
+        {"put_fresh_over_memcpy_passes", fresh_ratios},
+        {"stream_over_memcpy", stream_ratio},
         {"get_over_memcpy", get / mem}};
   }
 
