@@ -39,6 +39,11 @@ size_t WorkerPool::queue_depth() const {
   return jobs_.size();
 }
 
+void WorkerPool::WaitIdle() const {
+  MutexLock lock(&mu_);
+  while (!jobs_.empty() || running_ > 0) idle_cv_.Wait(&mu_);
+}
+
 void WorkerPool::Loop(const std::function<void()>& on_thread_start) {
   if (on_thread_start) on_thread_start();
   MutexLock lock(&mu_);
@@ -47,9 +52,11 @@ void WorkerPool::Loop(const std::function<void()>& on_thread_start) {
     if (jobs_.empty()) return;  // stopping, and nothing left to run
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
+    ++running_;
     lock.Unlock();
     job();
     lock.Lock();
+    if (--running_ == 0 && jobs_.empty()) idle_cv_.SignalAll();
   }
 }
 

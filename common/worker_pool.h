@@ -36,6 +36,9 @@ class WorkerPool {
   [[nodiscard]] bool TrySubmit(std::function<void()> job);
 
   size_t queue_depth() const;
+  // Blocks until no job is queued or running (tests: a job's effects are
+  // then visible).
+  void WaitIdle() const;
   // The pool's threads (fixed at construction).
   size_t threads() const { return threads_.size(); }
 
@@ -50,7 +53,9 @@ class WorkerPool {
   const uint32_t queue_limit_;
   mutable Mutex mu_;
   CondVar cv_;
+  mutable CondVar idle_cv_;  // signalled when the last running job ends
   std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  uint32_t running_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

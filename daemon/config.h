@@ -111,7 +111,9 @@ struct NamespaceConfig {
   uint64_t host_bytes = uint64_t{1} << 30;  // Default: 1 GiB
   uint32_t shards = 8;                      // Default: 8
   bool hugepages = true;                    // Default: true (with fallback)
-  bool prefault = true;  // commit the arena at start. Default: true
+  // Commit the arena at start, and the host index's memory for a full
+  // arena when a layout is registered (HostTier::ReserveIndex). Default: true
+  bool prefault = true;
   // Where segments start in the arena, and what their extents round up to
   // (bytes, a power of two in [64, 4096]). 4096 (the NVMe block size) lets
   // write-back write segments straight from the arena and promotion read

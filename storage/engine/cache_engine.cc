@@ -231,6 +231,20 @@ Status CacheEngine::RegisterLayout(EngineNamespace& ns,
   if (!ns.layout_) {
     ns.layout_ = std::make_shared<const LayoutSpec>(layout);
     ns.fingerprint_.store(layout.Fingerprint(), std::memory_order_release);
+    // The host index's memory for an arena full of this layout's pages,
+    // populated as the arena was (HostTier::ReserveIndex), on a worker so
+    // that this reply does not wait. Skipped when the workers are saturated:
+    // the index then grows on first use, as it always may.
+    uint64_t page_bytes = 0, page_segments = 0;
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        page_bytes += layout.SegmentBytes(l, p);
+        ++page_segments;
+      }
+    }
+    const uint64_t segments =
+        ns.host_->capacity_bytes() / page_bytes * page_segments;
+    (void)Submit([&ns, segments] { ns.host_->ReserveIndex(segments); });
     return Status::OK();
   }
   if (*ns.layout_ == layout) return Status::OK();

@@ -343,6 +343,9 @@ class CacheEngine {
 
   // Blocks until the mover is idle and the worker queue is empty (tests).
   void TEST_DrainBackground();
+  // Blocks until the engine's workers have no job queued or running
+  // (tests: e.g. RegisterLayout's index reservation has run).
+  void TEST_WaitWorkersIdle() { workers_->WaitIdle(); }
   // Sync point (common/sync_point.h) a worker passes before it moves each
   // unit (part of a layer, see TransferJob) of a Load or Store, so once per
   // lane that works on the layer; its argument is the layer (uint16_t*).

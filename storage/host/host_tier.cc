@@ -4,6 +4,12 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+#include <memory_resource>
+#include <unordered_map>
+
+#include "storage/host/populated_memory.h"
+
 namespace tierkv::storage {
 
 namespace {
@@ -25,7 +31,16 @@ static_assert(std::__cache_default<SegmentKey, CachedSegmentKeyHash>::value,
 #endif
 }  // namespace
 
+// Index nodes come from a pool (freed nodes are reused) over memory that
+// ReserveIndex populates ahead of use (populated_memory.h). The pool's
+// blocks hold one node each; 256 blocks per chunk bounds what a shard
+// strands in a half-used chunk.
+constexpr std::pmr::pool_options kIndexPoolOptions{
+    .max_blocks_per_chunk = 256, .largest_required_pool_block = 512};
+
 struct HostTier::Shard {
+  Shard() : nodes(kIndexPoolOptions, &memory), entries(&nodes) {}
+
   using DirtyList = boost::intrusive::list<
       Entry, boost::intrusive::member_hook<Entry, PolicyState::Hook,
                                            &Entry::dirty_hook>>;
@@ -56,11 +71,15 @@ struct HostTier::Shard {
   }
 
   mutable Mutex mu;
+  // Where the index's nodes live (used by every change to entries).
+  PopulatedMemory memory GUARDED_BY(mu);
+  std::pmr::unsynchronized_pool_resource nodes GUARDED_BY(mu);
   // Entries are node-based (stable addresses): the policy's and the dirty
   // list's hooks live in them. Declared before the list, so they outlive
   // it.
-  std::unordered_map<SegmentKey, Entry, CachedSegmentKeyHash> entries
+  std::pmr::unordered_map<SegmentKey, Entry, CachedSegmentKeyHash> entries
       GUARDED_BY(mu);
+  uint64_t index_reserved GUARDED_BY(mu) = 0;  // entries ReserveIndex sized
   DirtyList dirty GUARDED_BY(mu);
   // The dirty tail's rank, read without the lock by TakeDirty choosing a
   // shard; written under it.
@@ -130,6 +149,39 @@ HostTier::HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena)
   EvictionPolicyOptions po = o.policy_options;
   po.capacity_bytes = capacity_bytes_;
   policy_ = NewEvictionPolicy(o.eviction_policy, po);
+}
+
+void HostTier::ReserveIndex(uint64_t segments) {
+  if (!options_.prefault) return;
+  // Per entry: a pool block (the node's size rounded up to the pool's size
+  // class, at most the next power of two) and its share of the bucket array.
+  using Node = std::pair<const SegmentKey, Entry>;
+  constexpr uint64_t kNodeBytes =
+      std::bit_ceil(sizeof(Node) + 2 * sizeof(void*));
+  static_assert(kNodeBytes <= kIndexPoolOptions.largest_required_pool_block);
+  constexpr uint64_t kEntryBytes = kNodeBytes + 2 * sizeof(void*);
+  // Slack of one pool chunk: the pool takes blocks a chunk at a time.
+  constexpr uint64_t kSlackBytes =
+      kIndexPoolOptions.max_blocks_per_chunk *
+      kIndexPoolOptions.largest_required_pool_block;
+  segments = std::min(segments, capacity_bytes_ / kMaxIndexShare / kEntryBytes);
+  const uint64_t per_shard = (segments + shards_.size() - 1) / shards_.size();
+  for (const auto& shard : shards_) {
+    uint64_t reserved;
+    {
+      MutexLock lock(&shard->mu);
+      reserved = shard->index_reserved;
+    }
+    if (per_shard <= reserved) continue;
+    // Populating takes a fault's time per page: not under the shard lock.
+    PopulatedChunk chunk =
+        PopulatedChunk::Map((per_shard - reserved) * kEntryBytes + kSlackBytes);
+    MutexLock lock(&shard->mu);
+    shard->memory.Add(std::move(chunk));
+    // The bucket array, allocated (and zeroed, so touched) now.
+    shard->entries.reserve(per_shard);
+    shard->index_reserved = std::max(shard->index_reserved, per_shard);
+  }
 }
 
 HostTier::~HostTier() {
@@ -556,6 +608,8 @@ HostTierStats HostTier::Stats() const {
     s.dirty_segments += shard->dirty_segments;
     s.dirty_bytes += shard->dirty_bytes;
     s.backpressure_rejections += shard->backpressure_rejections;
+    s.index_populated_bytes += shard->memory.populated_bytes();
+    s.index_heap_bytes += shard->memory.heap_bytes();
   }
   MutexLock space(&space_mu_);
   s.largest_free_bytes = allocator_.Stats().largest_free_bytes;
@@ -575,6 +629,8 @@ void HostTier::VisitCounters(TierCounterVisitor& v) const {
   gauge("segments", s.segments);
   gauge("referenced_segments", s.referenced_segments);
   gauge("dirty_segments", s.dirty_segments);
+  gauge("index_populated_bytes", s.index_populated_bytes);
+  gauge("index_heap_bytes", s.index_heap_bytes);
   v.Counter("inserts", s.inserts);
   v.Counter("dedup_hits", s.dedup_hits);
   v.Counter("evictions", s.evictions);

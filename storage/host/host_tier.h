@@ -109,6 +109,10 @@ struct HostTierStats {
   // evict (write-back backpressure).
   uint64_t backpressure_rejections = 0;
   uint64_t largest_free_bytes = 0;  // over all shards
+  // The index's memory: populated ahead by ReserveIndex, and taken from the
+  // heap beyond it (bucket arrays, nodes past the reservation).
+  uint64_t index_populated_bytes = 0;
+  uint64_t index_heap_bytes = 0;
   bool hugepages = false;
 };
 
@@ -181,6 +185,18 @@ class HostTier final : public LeasedTier {
   // host copy stays a cache entry rather than wedging the tier).
   void FinishPersist(const SegmentKey& key, bool persisted,
                      bool retry) override;
+
+  // Sizes the index for `segments` entries and populates the memory of
+  // their nodes now (populated_memory.h), so that Reserves into a fresh
+  // arena allocate nothing until the tier holds that many. At most
+  // 1/kMaxIndexShare of the capacity (plus a pool chunk, 128 KiB, per
+  // shard) is populated: a layout of tiny segments cannot make the daemon
+  // populate more than a share of the arena it already holds. No-op
+  // without `prefault` (memory committed on first use) or below an earlier
+  // call's count. Takes a fault's time per page: call it off
+  // latency-sensitive threads.
+  void ReserveIndex(uint64_t segments);
+  static constexpr uint64_t kMaxIndexShare = 16;
 
   // Up to `limit` committed segments, in no particular order.
   std::vector<SegmentInfo> List(size_t limit) const;

@@ -227,6 +227,20 @@ TEST_F(CacheEngineTest, MatchCountsOnlyPagesWithEveryLayerAndPart) {
                           tierkv::Tier::kMiss, tierkv::Tier::kHost}));
 }
 
+// The first layout registered sizes the host index for an arena full of its
+// pages (HostTier::ReserveIndex, on a worker): the entries of a fresh
+// arena's first pages then take no memory from the heap.
+TEST_F(CacheEngineTest, RegisteringALayoutPopulatesTheHostIndex) {
+  Open(/*with_nvme=*/false, WritePolicy::kNone, /*host_bytes=*/4 << 20);
+  engine_->TEST_WaitWorkersIdle();
+  const EngineStats before = engine_->Stats(*ns_);
+  EXPECT_GT(before.host.index_populated_bytes, 0u);
+  for (uint64_t n = 0; n < 100; ++n) PutPage(n);  // 600 segments
+  const EngineStats after = engine_->Stats(*ns_);
+  EXPECT_EQ(after.host.segments, 600u);
+  EXPECT_EQ(after.host.index_heap_bytes, before.host.index_heap_bytes);
+}
+
 TEST_F(CacheEngineTest, DedupIsASuccessAndChecksTheLayout) {
   Open(/*with_nvme=*/false);
   PutPage(0);

@@ -219,6 +219,60 @@ TEST(HostTierTest, AReservationTakesTheSpaceOfAVictimOfItsSize) {
   EXPECT_EQ(s.largest_free_bytes, 128 * 1024u - 100 * 1024u);
 }
 
+// ReserveIndex populates the nodes of a fresh arena's entries ahead: up to
+// the reserved count they come from populated memory (the heap's share
+// does not grow), beyond it from the heap; evictions recycle nodes.
+TEST(HostTierTest, ReservedIndexMemoryHoldsAFreshArenasEntries) {
+  auto tier = MakeTier(64 << 20, 1);  // 16384 segments of 4 KiB
+  EXPECT_EQ(tier->Stats().index_populated_bytes, 0u);
+  tier->ReserveIndex(1000);
+  const HostTierStats reserved = tier->Stats();
+  EXPECT_GE(reserved.index_populated_bytes, 1000 * sizeof(SegmentKey));
+  for (uint64_t i = 0; i < 1000; ++i) PutSegment(*tier, Key(i), 4096, 'a');
+  EXPECT_EQ(tier->Stats().index_heap_bytes, reserved.index_heap_bytes);
+  // A smaller count later changes nothing.
+  tier->ReserveIndex(10);
+  EXPECT_EQ(tier->Stats().index_populated_bytes,
+            reserved.index_populated_bytes);
+  for (uint64_t i = 1000; i < 3000; ++i) PutSegment(*tier, Key(i), 4096, 'b');
+  EXPECT_GT(tier->Stats().index_heap_bytes, reserved.index_heap_bytes);
+  // Full, then 4000 more: each Put evicts one, and its node is reused (a
+  // Put's new node is allocated before its victim's goes: the first
+  // evicting Put may take one more).
+  for (uint64_t i = 3000; i <= 16384; ++i) PutSegment(*tier, Key(i), 4096, 'c');
+  const HostTierStats full = tier->Stats();
+  EXPECT_EQ(full.segments, 16384u);
+  EXPECT_EQ(full.evictions, 1u);
+  for (uint64_t i = 16385; i < 20385; ++i) {
+    PutSegment(*tier, Key(i), 4096, 'd');
+  }
+  const HostTierStats after = tier->Stats();
+  EXPECT_EQ(after.evictions, 4001u);
+  EXPECT_EQ(after.index_heap_bytes, full.index_heap_bytes);
+  EXPECT_EQ(after.index_populated_bytes, full.index_populated_bytes);
+}
+
+// The reservation is bounded by the arena (a layout of tiny segments asks
+// for far more entries than it could ever hold), and skipped for a tier
+// that commits memory on first use.
+TEST(HostTierTest, IndexReservationIsBoundedAndFollowsPrefault) {
+  auto tier = MakeTier(16 << 20, 2);
+  tier->ReserveIndex(UINT64_MAX / 2);
+  const uint64_t populated = tier->Stats().index_populated_bytes;
+  EXPECT_GT(populated, 0u);
+  // The share, and per shard a pool chunk of slack and a partial page.
+  EXPECT_LE(populated,
+            (16u << 20) / HostTier::kMaxIndexShare + 2 * (128 * 1024 + 4096));
+
+  auto lazy = HostTier::Create({.name = "lazy",
+                                .capacity_bytes = 16 << 20,
+                                .shards = 2,
+                                .prefault = false});
+  ASSERT_OK(lazy);
+  (*lazy)->ReserveIndex(1000);
+  EXPECT_EQ((*lazy)->Stats().index_populated_bytes, 0u);
+}
+
 // Shards partition the index only: a full tier evicts its least recently
 // used segments whichever shards hold them (a per-shard LRU would evict
 // each shard's own oldest as its keys come), and a segment may be as large
