@@ -20,7 +20,8 @@ DaemonProcess::~DaemonProcess() {
 
 Status DaemonProcess::Start(const DaemonSpec& spec) {
   tools::DaemonLaunchOptions options{.config_toml = spec.config_toml,
-                                     .env = spec.env};
+                                     .env = spec.env,
+                                     .ready_timeout = spec.ready_timeout};
   const bool sized = std::find(spec.extra_args.begin(), spec.extra_args.end(),
                                "--host-bytes") != spec.extra_args.end();
   if (spec.config_toml.empty() && !sized && !spec.default_host_bytes.empty()) {

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,6 +34,9 @@ struct DaemonSpec {
   // Set in the daemon's environment on top of the test's own, e.g.
   // {"TIERKV_TEST_STALL_LAYER", "3:/tmp/x/stall.fifo"}.
   std::vector<std::pair<std::string, std::string>> env;
+  // How long Start() waits for the daemon to be ready (a bench populating
+  // GiBs of arenas on a slow VM takes longer than the default).
+  std::chrono::milliseconds ready_timeout{20000};
 };
 
 class DaemonProcess {
