@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <bit>
 #include <memory_resource>
 #include <unordered_map>
 
@@ -31,15 +30,8 @@ static_assert(std::__cache_default<SegmentKey, CachedSegmentKeyHash>::value,
 #endif
 }  // namespace
 
-// Index nodes come from a pool (freed nodes are reused) over memory that
-// ReserveIndex populates ahead of use (populated_memory.h). The pool's
-// blocks hold one node each; 256 blocks per chunk bounds what a shard
-// strands in a half-used chunk.
-constexpr std::pmr::pool_options kIndexPoolOptions{
-    .max_blocks_per_chunk = 256, .largest_required_pool_block = 512};
-
 struct HostTier::Shard {
-  Shard() : nodes(kIndexPoolOptions, &memory), entries(&nodes) {}
+  Shard() : entries(&memory) {}
 
   using DirtyList = boost::intrusive::list<
       Entry, boost::intrusive::member_hook<Entry, PolicyState::Hook,
@@ -71,9 +63,9 @@ struct HostTier::Shard {
   }
 
   mutable Mutex mu;
-  // Where the index's nodes live (used by every change to entries).
+  // Where the index's nodes live, populated ahead by ReserveIndex (used by
+  // every change to entries).
   PopulatedMemory memory GUARDED_BY(mu);
-  std::pmr::unsynchronized_pool_resource nodes GUARDED_BY(mu);
   // Entries are node-based (stable addresses): the policy's and the dirty
   // list's hooks live in them. Declared before the list, so they outlive
   // it.
@@ -153,17 +145,14 @@ HostTier::HostTier(const HostTierOptions& o, std::unique_ptr<HostArena> arena)
 
 void HostTier::ReserveIndex(uint64_t segments) {
   if (!options_.prefault) return;
-  // Per entry: a pool block (the node's size rounded up to the pool's size
-  // class, at most the next power of two) and its share of the bucket array.
+  // Per entry: a node (its block size in PopulatedMemory) in the chunk, and
+  // its share of the bucket array on the heap.
   using Node = std::pair<const SegmentKey, Entry>;
   constexpr uint64_t kNodeBytes =
-      std::bit_ceil(sizeof(Node) + 2 * sizeof(void*));
-  static_assert(kNodeBytes <= kIndexPoolOptions.largest_required_pool_block);
+      (sizeof(Node) + 2 * sizeof(void*) + PopulatedMemory::kBlockAlign - 1) /
+      PopulatedMemory::kBlockAlign * PopulatedMemory::kBlockAlign;
+  static_assert(kNodeBytes <= PopulatedMemory::kMaxBlock);
   constexpr uint64_t kEntryBytes = kNodeBytes + 2 * sizeof(void*);
-  // Slack of one pool chunk: the pool takes blocks a chunk at a time.
-  constexpr uint64_t kSlackBytes =
-      kIndexPoolOptions.max_blocks_per_chunk *
-      kIndexPoolOptions.largest_required_pool_block;
   segments = std::min(segments, capacity_bytes_ / kMaxIndexShare / kEntryBytes);
   const uint64_t per_shard = (segments + shards_.size() - 1) / shards_.size();
   for (const auto& shard : shards_) {
@@ -175,7 +164,7 @@ void HostTier::ReserveIndex(uint64_t segments) {
     if (per_shard <= reserved) continue;
     // Populating takes a fault's time per page: not under the shard lock.
     PopulatedChunk chunk =
-        PopulatedChunk::Map((per_shard - reserved) * kEntryBytes + kSlackBytes);
+        PopulatedChunk::Map((per_shard - reserved) * kNodeBytes);
     MutexLock lock(&shard->mu);
     shard->memory.Add(std::move(chunk));
     // The bucket array, allocated (and zeroed, so touched) now.

@@ -189,12 +189,11 @@ class HostTier final : public LeasedTier {
   // Sizes the index for `segments` entries and populates the memory of
   // their nodes now (populated_memory.h), so that Reserves into a fresh
   // arena allocate nothing until the tier holds that many. At most
-  // 1/kMaxIndexShare of the capacity (plus a pool chunk, 128 KiB, per
-  // shard) is populated: a layout of tiny segments cannot make the daemon
-  // populate more than a share of the arena it already holds. No-op
-  // without `prefault` (memory committed on first use) or below an earlier
-  // call's count. Takes a fault's time per page: call it off
-  // latency-sensitive threads.
+  // 1/kMaxIndexShare of the capacity (plus a page per shard) is populated: a
+  // layout of tiny segments cannot make the daemon populate more than a share
+  // of the arena it already holds. No-op without `prefault` (memory committed
+  // on first use) or below an earlier call's count. Takes a fault's time per
+  // page: call it off latency-sensitive threads.
   void ReserveIndex(uint64_t segments);
   static constexpr uint64_t kMaxIndexShare = 16;
 

@@ -1,17 +1,16 @@
-// PopulatedMemory: chunks populated ahead of use, then the heap (see
-// populated_memory.h).
+// PopulatedMemory: chunks populated ahead of use, free lists, then the heap
+// (see populated_memory.h).
 #include "storage/host/populated_memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <new>
 #include <utility>
 
 namespace tierkv::storage {
 
-PopulatedChunk PopulatedChunk::Map(size_t bytes) {
+PopulatedChunk PopulatedChunk::Map(size_t bytes, bool populate) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t size = (bytes + page - 1) / page * page;
   PopulatedChunk chunk;
@@ -19,7 +18,8 @@ PopulatedChunk PopulatedChunk::Map(size_t bytes) {
   // A private writable mapping is populated with write faults: every page
   // is allocated now, not shared with the zero page.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0),
+                   -1, 0);
   if (p == MAP_FAILED) return chunk;
   chunk.base_ = static_cast<std::byte*>(p);
   chunk.size_ = size;
@@ -49,35 +49,44 @@ void PopulatedMemory::Add(PopulatedChunk chunk) {
   chunks_.push_back(std::move(chunk));
 }
 
-void* PopulatedMemory::do_allocate(size_t bytes, size_t alignment) {
-  if (bytes <= kMaxChunkAllocation) {
-    for (; current_ < chunks_.size(); ++current_, used_ = 0) {
-      const PopulatedChunk& c = chunks_[current_];
-      const size_t start = (used_ + alignment - 1) / alignment * alignment;
-      if (start + bytes <= c.size()) {
-        used_ = start + bytes;
-        return c.base() + start;
-      }
+void* PopulatedMemory::Bump(size_t bytes) {
+  for (; current_ < chunks_.size(); ++current_, used_ = 0) {
+    if (used_ + bytes <= chunks_[current_].size()) {
+      void* p = chunks_[current_].base() + used_;
+      used_ += bytes;
+      return p;
     }
   }
-  void* p = ::operator new (bytes, std::align_val_t{alignment});
-  heap_bytes_ += bytes;
-  return p;
+  PopulatedChunk grown = PopulatedChunk::Map(kGrowChunkBytes, false);
+  if (!grown.ok()) throw std::bad_alloc();
+  heap_bytes_ += grown.size();
+  chunks_.push_back(std::move(grown));
+  used_ = bytes;
+  return chunks_[current_].base();
+}
+
+void* PopulatedMemory::do_allocate(size_t bytes, size_t alignment) {
+  if (!Small(bytes, alignment)) {
+    void* p = ::operator new (bytes, std::align_val_t{alignment});
+    heap_bytes_ += bytes;
+    return p;
+  }
+  const size_t cls = (bytes + kBlockAlign - 1) / kBlockAlign;
+  if (FreeBlock* b = free_[cls]) {
+    free_[cls] = b->next;
+    return b;
+  }
+  return Bump(cls * kBlockAlign);
 }
 
 void PopulatedMemory::do_deallocate(void* p, size_t bytes, size_t alignment) {
-  if (InChunk(p)) return;  // reclaimed with the chunk
-  ::operator delete (p, std::align_val_t{alignment});
-  heap_bytes_ -= bytes;
-}
-
-bool PopulatedMemory::InChunk(const void* p) const {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  for (const PopulatedChunk& c : chunks_) {
-    const auto base = reinterpret_cast<uintptr_t>(c.base());
-    if (at >= base && at - base < c.size()) return true;
+  if (!Small(bytes, alignment)) {
+    ::operator delete (p, std::align_val_t{alignment});
+    heap_bytes_ -= bytes;
+    return;
   }
-  return false;
+  const size_t cls = (bytes + kBlockAlign - 1) / kBlockAlign;
+  free_[cls] = new (p) FreeBlock{free_[cls]};
 }
 
 }  // namespace tierkv::storage

@@ -1,7 +1,9 @@
-// PopulatedMemory: a memory resource that serves small allocations from
-// chunks whose pages were populated ahead of use, then from the heap.
+// PopulatedMemory: the memory resource of a host tier shard's index: small
+// blocks bumped from chunks whose pages were populated ahead of use (then
+// from chunks mapped on demand), recycled through per-size free lists; large
+// blocks from the heap.
 //
-// Why: a host tier's index grows by one node (~250 B) per segment it holds,
+// Why: a host tier's index grows by one node (~220 B) per segment it holds,
 // and into a fresh arena that growth is the only memory a Put allocates.
 // Each new page of it costs a fault when first touched: ~1.3 us on bare
 // metal, 12-28 us on the 2-core VM once the guest's recently used pages are
@@ -10,12 +12,17 @@
 // (bench/RESULTS.md, "fresh arena"). The arena is populated when it is
 // created (the namespace's `prefault`); HostTier::ReserveIndex populates the
 // index's memory for the segments the arena will hold the same way.
+// Why not std::pmr::unsynchronized_pool_resource over it: its per-block
+// bookkeeping made an evicting Reserve ~20% slower than glibc malloc (1.18
+// against 0.95 us at 8 KiB, `tierkv-bench eviction`); a node freed by an
+// eviction is reused by the next reservation, and a free list does that in
+// two stores.
 //
 // Thread safety: none; the owner serializes calls (a host tier shard holds
-// its lock). Chunk memory is returned only when the resource is destroyed:
-// the pool resource above it recycles freed nodes.
+// its lock). Chunks are unmapped when the resource is destroyed.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory_resource>
@@ -23,14 +30,14 @@
 
 namespace tierkv::storage {
 
-// Anonymous memory with every page populated as written, unmapped on
-// destruction. Empty (ok() false) when the mapping failed.
+// Anonymous memory, unmapped on destruction; with `populate`, every page is
+// allocated now (as if written). Empty (ok() false) when mapping failed.
 class PopulatedChunk {
  public:
   PopulatedChunk() = default;
-  // Maps `bytes` rounded up to whole pages (mmap MAP_POPULATE). May take
-  // long (a fault's worth per page): call it without locks held.
-  static PopulatedChunk Map(size_t bytes);
+  // Maps `bytes` rounded up to whole pages. Populating takes a fault's
+  // time per page: call it without locks held.
+  static PopulatedChunk Map(size_t bytes, bool populate = true);
   ~PopulatedChunk();
   PopulatedChunk(PopulatedChunk&& other) noexcept;
   PopulatedChunk& operator=(PopulatedChunk&& other) noexcept;
@@ -46,21 +53,24 @@ class PopulatedChunk {
 
 class PopulatedMemory final : public std::pmr::memory_resource {
  public:
-  // Larger requests always go to the heap: a big hash table's bucket
-  // arrays, which the pool above does not recycle, and which would strand
-  // chunk space each time the table grows. (A pool's chunk of 256 blocks of
-  // 256 B is 64 KiB and a few bytes.)
-  static constexpr size_t kMaxChunkAllocation = 128 * 1024;
+  // Blocks up to this size (an index node; small bucket arrays) come from
+  // chunks and are recycled; larger ones (bucket arrays) from the heap.
+  static constexpr size_t kMaxBlock = 512;
+  static constexpr size_t kBlockAlign = 16;
+  // A chunk mapped (not populated) when the populated ones are full.
+  static constexpr size_t kGrowChunkBytes = 256 * 1024;
 
   PopulatedMemory() = default;
   PopulatedMemory(const PopulatedMemory&) = delete;
   PopulatedMemory& operator=(const PopulatedMemory&) = delete;
 
-  // Appends a chunk; allocations use it once the earlier ones are full.
+  // Adds a populated chunk; blocks come from it once the earlier chunks
+  // are full (and before any chunk mapped on demand after it).
   void Add(PopulatedChunk chunk);
 
   uint64_t populated_bytes() const { return populated_bytes_; }
-  // Bytes allocated from the heap and not yet deallocated.
+  // Memory beyond the populated chunks: chunks mapped on demand plus live
+  // heap blocks.
   uint64_t heap_bytes() const { return heap_bytes_; }
 
  private:
@@ -70,11 +80,20 @@ class PopulatedMemory final : public std::pmr::memory_resource {
       const std::pmr::memory_resource& other) const noexcept override {
     return this == &other;
   }
-  bool InChunk(const void* p) const;
+  static bool Small(size_t bytes, size_t alignment) {
+    return bytes <= kMaxBlock && alignment <= kBlockAlign;
+  }
+  // A fresh block of `bytes` (a multiple of kBlockAlign) from the chunks.
+  void* Bump(size_t bytes);
 
+  struct FreeBlock {
+    FreeBlock* next;
+  };
+  // Free lists by size class (bytes / kBlockAlign).
+  std::array<FreeBlock*, kMaxBlock / kBlockAlign + 1> free_{};
   std::vector<PopulatedChunk> chunks_;
   size_t current_ = 0;  // chunks before it are full
-  size_t used_ = 0;     // bytes handed out from chunks_[current_]
+  size_t used_ = 0;     // bytes bumped from chunks_[current_]
   uint64_t populated_bytes_ = 0;
   uint64_t heap_bytes_ = 0;
 };

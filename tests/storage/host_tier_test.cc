@@ -260,9 +260,8 @@ TEST(HostTierTest, IndexReservationIsBoundedAndFollowsPrefault) {
   tier->ReserveIndex(UINT64_MAX / 2);
   const uint64_t populated = tier->Stats().index_populated_bytes;
   EXPECT_GT(populated, 0u);
-  // The share, and per shard a pool chunk of slack and a partial page.
-  EXPECT_LE(populated,
-            (16u << 20) / HostTier::kMaxIndexShare + 2 * (128 * 1024 + 4096));
+  // The share, and per shard a partial page.
+  EXPECT_LE(populated, (16u << 20) / HostTier::kMaxIndexShare + 2 * 4096);
 
   auto lazy = HostTier::Create({.name = "lazy",
                                 .capacity_bytes = 16 << 20,
