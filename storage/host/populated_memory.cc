@@ -8,6 +8,18 @@
 #include <new>
 #include <utility>
 
+// Blocks handed out are addressable, freed and not yet bumped ones are not:
+// under AddressSanitizer, a use of an index node after its erase is caught
+// as it would be with malloc (no-ops otherwise).
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define TIERKV_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define TIERKV_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define TIERKV_POISON(p, n) ((void)(p), (void)(n))
+#define TIERKV_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace tierkv::storage {
 
 PopulatedChunk PopulatedChunk::Map(size_t bytes, bool populate) {
@@ -23,11 +35,14 @@ PopulatedChunk PopulatedChunk::Map(size_t bytes, bool populate) {
   if (p == MAP_FAILED) return chunk;
   chunk.base_ = static_cast<std::byte*>(p);
   chunk.size_ = size;
+  TIERKV_POISON(chunk.base_, chunk.size_);
   return chunk;
 }
 
 PopulatedChunk::~PopulatedChunk() {
-  if (base_) ::munmap(base_, size_);
+  if (!base_) return;
+  TIERKV_UNPOISON(base_, size_);  // the address range may be mapped again
+  ::munmap(base_, size_);
 }
 
 PopulatedChunk::PopulatedChunk(PopulatedChunk&& other) noexcept
@@ -36,7 +51,10 @@ PopulatedChunk::PopulatedChunk(PopulatedChunk&& other) noexcept
 
 PopulatedChunk& PopulatedChunk::operator=(PopulatedChunk&& other) noexcept {
   if (this != &other) {
-    if (base_) ::munmap(base_, size_);
+    if (base_) {
+      TIERKV_UNPOISON(base_, size_);
+      ::munmap(base_, size_);
+    }
     base_ = std::exchange(other.base_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -54,6 +72,7 @@ void* PopulatedMemory::Bump(size_t bytes) {
     if (used_ + bytes <= chunks_[current_].size()) {
       void* p = chunks_[current_].base() + used_;
       used_ += bytes;
+      TIERKV_UNPOISON(p, bytes);
       return p;
     }
   }
@@ -62,6 +81,7 @@ void* PopulatedMemory::Bump(size_t bytes) {
   heap_bytes_ += grown.size();
   chunks_.push_back(std::move(grown));
   used_ = bytes;
+  TIERKV_UNPOISON(chunks_[current_].base(), bytes);
   return chunks_[current_].base();
 }
 
@@ -73,6 +93,7 @@ void* PopulatedMemory::do_allocate(size_t bytes, size_t alignment) {
   }
   const size_t cls = (bytes + kBlockAlign - 1) / kBlockAlign;
   if (FreeBlock* b = free_[cls]) {
+    TIERKV_UNPOISON(b, cls * kBlockAlign);
     free_[cls] = b->next;
     return b;
   }
@@ -87,6 +108,7 @@ void PopulatedMemory::do_deallocate(void* p, size_t bytes, size_t alignment) {
   }
   const size_t cls = (bytes + kBlockAlign - 1) / kBlockAlign;
   free_[cls] = new (p) FreeBlock{free_[cls]};
+  TIERKV_POISON(p, cls * kBlockAlign);
 }
 
 }  // namespace tierkv::storage

@@ -67,5 +67,20 @@ TEST(PopulatedMemoryTest, AnEmptyChunkAddsNothing) {
   EXPECT_EQ(memory.populated_bytes(), 0u);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer a freed block, and a chunk's unused tail, are
+// poisoned: a use of an erased index node is caught as with malloc.
+TEST(PopulatedMemoryDeathTest, FreedAndUnusedBytesArePoisoned) {
+  PopulatedMemory memory;
+  memory.Add(PopulatedChunk::Map(4096));
+  auto* p = static_cast<char*>(memory.allocate(64, 8));
+  p[63] = 1;  // handed out: addressable
+  memory.deallocate(p, 64, 8);
+  EXPECT_DEATH(static_cast<volatile char*>(p)[32] = 1, "use-after-poison");
+  EXPECT_DEATH(static_cast<volatile char*>(p)[64 + 100] = 1,
+               "use-after-poison");
+}
+#endif
+
 }  // namespace
 }  // namespace tierkv::storage
