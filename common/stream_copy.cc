@@ -70,6 +70,9 @@ void CopySse2(std::byte* dst, const std::byte* src, size_t n) {
 
 const StreamCopyIsa kDefaultIsa = [] {
 #if defined(__x86_64__)
+  // This runs as a static initializer, possibly before libgcc's own
+  // constructor has read the CPU's features: read them first.
+  __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") ? StreamCopyIsa::kAvx2
                                         : StreamCopyIsa::kSse2;
 #else
