@@ -277,11 +277,11 @@ shards = 1
       }
       return true;
     };
-    // Seconds to copy the working set segment by segment, from src (cold:
-    // a pass is far larger than L3) to copy_dst.
-    auto copy_pass = [&](bool stream) {
+    // Seconds to copy segments [begin, end) one by one from src to
+    // copy_dst; a whole pass is far larger than L3, so its source is cold.
+    auto copy_range = [&](size_t begin, size_t end, bool stream) {
       auto c0 = Clock::now();
-      for (size_t i = 0; i < count; ++i) {
+      for (size_t i = begin; i < end; ++i) {
         if (stream) {
           StreamCopy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
         } else {
@@ -289,6 +289,26 @@ shards = 1
         }
       }
       return std::chrono::duration<double>(Clock::now() - c0).count();
+    };
+    auto copy_pass = [&](bool stream) { return copy_range(0, count, stream); };
+    // Seconds one Get of segments [begin, end) into dst takes; -1 when a
+    // segment fails.
+    std::vector<SegmentRead> reads;
+    auto get_range = [&](Client& from, size_t begin, size_t end) -> double {
+      reads.clear();
+      for (size_t i = begin; i < end; ++i) {
+        reads.push_back({keys[i], dst.span().subspan(i * seg, seg)});
+      }
+      auto g0 = Clock::now();
+      const std::vector<Status> statuses = from.Get(reads);
+      const double t = std::chrono::duration<double>(Clock::now() - g0).count();
+      for (const Status& st : statuses) {
+        if (!st.ok()) {
+          fmt::print(stderr, "get failed: {}\n", st.ToString());
+          return -1;
+        }
+      }
+      return t;
     };
     // Fresh: each pass writes arena pages no earlier pass wrote, Puts back
     // to back as in the warm case (so the arena's state is the only
@@ -323,34 +343,13 @@ shards = 1
       // memcpy and Get alternate batch by batch (and which goes first), so a
       // noisy moment on this machine hits both alike.
       double memcpy_time = 0, get_time = 0;
-      std::vector<SegmentRead> reads;
       for (size_t b = 0, n = 0; b < count; b += per_batch, ++n) {
         const size_t end = std::min(count, b + per_batch);
-        auto copy = [&] {
-          auto c0 = Clock::now();
-          for (size_t i = b; i < end; ++i) {
-            std::memcpy(copy_dst.data() + i * seg, src.data() + i * seg, seg);
-          }
-          memcpy_time +=
-              std::chrono::duration<double>(Clock::now() - c0).count();
-        };
-        auto get = [&] {
-          reads.clear();
-          for (size_t i = b; i < end; ++i) {
-            reads.push_back({keys[i], dst.span().subspan(i * seg, seg)});
-          }
-          auto g0 = Clock::now();
-          auto statuses = c.Get(reads);
-          get_time += std::chrono::duration<double>(Clock::now() - g0).count();
-          return std::all_of(statuses.begin(), statuses.end(),
-                             [](const Status& s) { return s.ok(); });
-        };
-        if (n % 2) copy();
-        if (!get()) {
-          fmt::print(stderr, "get failed\n");
-          return 1;
-        }
-        if (n % 2 == 0) copy();
+        if (n % 2) memcpy_time += copy_range(b, end, /*stream=*/false);
+        const double t = get_range(c, b, end);
+        if (t < 0) return 1;
+        get_time += t;
+        if (n % 2 == 0) memcpy_time += copy_range(b, end, /*stream=*/false);
       }
       memcpy_s.push_back(memcpy_time);
       get_s.push_back(get_time);
@@ -365,22 +364,10 @@ shards = 1
       std::memset(dst.data(), 0, count * seg);
       double pass_memcpy = 0, pass_get = 0;
       if (it % 2) pass_memcpy = copy_pass(/*stream=*/false);
-      {
-        auto g0 = Clock::now();
-        for (size_t b = 0; b < count; b += per_batch) {
-          const size_t end = std::min(count, b + per_batch);
-          reads.clear();
-          for (size_t i = b; i < end; ++i) {
-            reads.push_back({keys[i], dst.span().subspan(i * seg, seg)});
-          }
-          for (const Status& st : c.Get(reads)) {
-            if (!st.ok()) {
-              fmt::print(stderr, "get failed: {}\n", st.ToString());
-              return 1;
-            }
-          }
-        }
-        pass_get = std::chrono::duration<double>(Clock::now() - g0).count();
+      for (size_t b = 0; b < count; b += per_batch) {
+        const double t = get_range(c, b, std::min(count, b + per_batch));
+        if (t < 0) return 1;
+        pass_get += t;
       }
       if (it % 2 == 0) pass_memcpy = copy_pass(/*stream=*/false);
       if (std::memcmp(dst.data(), src.data(), count * seg) != 0) {

@@ -236,9 +236,9 @@ Status CacheEngine::RegisterLayout(EngineNamespace& ns,
     // that this reply does not wait. Skipped when the workers are saturated:
     // the index then grows on first use, as it always may.
     uint64_t page_bytes = 0, page_segments = 0;
-    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
-      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
-        page_bytes += layout.SegmentBytes(l, p);
+    for (const LayerSpec& l : layout.layers) {
+      for (const PartSpec& part : l.parts) {
+        page_bytes += uint64_t{part.bytes_per_token} * layout.page_tokens;
         ++page_segments;
       }
     }
