@@ -12,8 +12,9 @@
 //           buffer by GatherRows (the sparse working set's miss path), for
 //           `--layers` layers back to back.
 //   device->device
-//           the same pages copied pool to pool (CopyOnDevice, one call per
-//           page: an HBM-tier hit into an engine's pool), against one
+//           the same pages copied pool to pool, one CopyOnDevice per page
+//           and as one CopyOnDeviceBatch (the daemon's path for HBM-tier
+//           hits into an engine's pool and admissions from it), against one
 //           contiguous device-to-device copy of the same bytes.
 //   wait    latency of a 4 KiB copy plus WaitEvent, against the same copy
 //           detected by spinning on EventDone (the floor of completion
@@ -270,6 +271,15 @@ class HbmBench {
       return Status::OK();
     });
     Report("pages device->device", total, t, ref);
+    // The daemon's path for HBM hits and admissions: one CopyOnDeviceBatch.
+    std::vector<DeviceRegion> dsts, srcs;
+    for (uint32_t i = 0; i < o_.pages; ++i) {
+      dsts.push_back({pool_, i * o_.page_bytes, o_.page_bytes});
+      srcs.push_back({from->id, slot[i] * o_.page_bytes, o_.page_bytes});
+    }
+    const double batched =
+        Time(total, [&] { return b_.CopyOnDeviceBatch(0, dsts, srcs); });
+    Report("pages device->device batched", total, batched, ref);
     if (Status s = b_.FreePool(from->id); !s.ok()) Fail("free", s);
   }
 

@@ -179,6 +179,30 @@ Status DeviceBackend::CopyOnDevice(StreamId stream, DeviceRegion dst,
   return CopyOnDeviceImpl(stream, dst, src);
 }
 
+Status DeviceBackend::CopyOnDeviceBatch(StreamId stream,
+                                        std::span<const DeviceRegion> dsts,
+                                        std::span<const DeviceRegion> srcs) {
+  if (failed()) return health();
+  DeviceScope scope(this);
+  TIERKV_RETURN_IF_ERROR(CheckStream(stream));
+  if (dsts.size() != srcs.size()) {
+    return Status::InvalidArgument(
+        fmt::format("a batch of {} device regions for {} sources", dsts.size(),
+                    srcs.size()));
+  }
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    TIERKV_RETURN_IF_ERROR(CheckRegion(dsts[i]));
+    TIERKV_RETURN_IF_ERROR(CheckRegion(srcs[i]));
+    if (dsts[i].bytes != srcs[i].bytes) {
+      return Status::InvalidArgument(fmt::format(
+          "batch item {}: device copy of {} bytes into a {}-byte region", i,
+          srcs[i].bytes, dsts[i].bytes));
+    }
+  }
+  if (dsts.empty()) return Status::OK();
+  return CopyOnDeviceBatchImpl(stream, dsts, srcs);
+}
+
 Status DeviceBackend::CopyToHost(StreamId stream, std::span<std::byte> dst,
                                  DeviceRegion src) {
   if (failed()) return health();

@@ -298,6 +298,27 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
+  Status CopyOnDeviceBatchImpl(StreamId stream,
+                               std::span<const DeviceRegion> dsts,
+                               std::span<const DeviceRegion> srcs) override {
+    TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
+    std::vector<std::pair<std::byte*, std::span<const std::byte>>> copies;
+    copies.reserve(dsts.size());
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      copies.emplace_back(
+          Address(dsts[i]),
+          std::span<const std::byte>(Address(srcs[i]), srcs[i].bytes));
+    }
+    streams_[stream]->Submit([this, copies = std::move(copies)] {
+      for (const auto& [to, from] : copies) {
+        TIERKV_RETURN_IF_ERROR(BeforeWork());
+        std::memcpy(to, from.data(), from.size());
+      }
+      return Status::OK();
+    });
+    return Status::OK();
+  }
+
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
                         std::span<const std::byte* const> rows,
                         uint32_t row_bytes,

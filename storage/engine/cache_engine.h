@@ -565,13 +565,23 @@ class CacheEngine {
                         uint32_t begin, uint32_t end, StreamId stream);
   void StoreUnitFromDevice(TransferJob& job, const Pool& pool, uint32_t k,
                            uint32_t begin, uint32_t end, StreamId stream);
-  // HBM admission of a segment whose bytes `src` holds (a device pool's
-  // slot on `device`): reserves it and queues the device copy on `stream`,
-  // adding the key to `admitted` (nothing without an HBM tier or room, or
-  // when `device` is another GPU's).
+  // HBM admissions of segments whose bytes are in an engine's device pool
+  // (just loaded into it or to be stored from it), copied device to device
+  // as one batch: QueueHbmAdmission reserves the segment and adds the copy
+  // from `src` (a slot on `device`) to `batch` (nothing without an HBM tier
+  // or room, or when `device` is another GPU's); SubmitHbmAdmissions
+  // queues the batch's copies on `stream` and moves its keys to
+  // `admitted`, or aborts them if the copies were refused.
+  struct HbmAdmissions {
+    std::vector<SegmentKey> keys;
+    std::vector<DeviceRegion> dsts, srcs;
+  };
   void QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
                          const DeviceBackend& device, const DeviceRegion& src,
-                         StreamId stream, std::vector<SegmentKey>* admitted);
+                         HbmAdmissions* batch);
+  void SubmitHbmAdmissions(EngineNamespace& ns, StreamId stream,
+                           HbmAdmissions* batch,
+                           std::vector<SegmentKey>* admitted);
   // After the stream's event: commits what was admitted, or aborts it.
   void FinishHbmAdmissions(EngineNamespace& ns,
                            std::span<const SegmentKey> admitted, bool copied);

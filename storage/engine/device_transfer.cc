@@ -72,20 +72,27 @@ Result<DeviceBackend*> CacheEngine::DeviceFor(const DeviceUuid& uuid) {
 
 void CacheEngine::QueueHbmAdmission(EngineNamespace& ns, const SegmentKey& key,
                                     const DeviceBackend& device,
-                                    const DeviceRegion& src, StreamId stream,
-                                    std::vector<SegmentKey>* admitted) {
+                                    const DeviceRegion& src,
+                                    HbmAdmissions* batch) {
   if (&device != options_.device || !HbmUsable()) return;
   auto at = ns.hbm_->Reserve(key, src.bytes);
   if (!at.ok() || at->already_stored) return;  // no room, or already there
-  if (options_.device
-          ->CopyOnDevice(stream,
-                         {options_.hbm_pool.id, at->location.offset, src.bytes},
-                         src)
+  batch->keys.push_back(key);
+  batch->dsts.push_back({options_.hbm_pool.id, at->location.offset, src.bytes});
+  batch->srcs.push_back(src);
+}
+
+void CacheEngine::SubmitHbmAdmissions(EngineNamespace& ns, StreamId stream,
+                                      HbmAdmissions* batch,
+                                      std::vector<SegmentKey>* admitted) {
+  if (batch->keys.empty()) return;
+  if (options_.device->CopyOnDeviceBatch(stream, batch->dsts, batch->srcs)
           .ok()) {
-    admitted->push_back(key);
+    admitted->insert(admitted->end(), batch->keys.begin(), batch->keys.end());
   } else {
-    ns.hbm_->Abort(key);
+    for (const SegmentKey& key : batch->keys) ns.hbm_->Abort(key);
   }
+  *batch = {};
 }
 
 void CacheEngine::FinishHbmAdmissions(EngineNamespace& ns,
@@ -164,7 +171,8 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   std::vector<uint32_t> read_page;
   PinnedStaging::Buffer bounce;
   // Host -> device copies go in batches (one submission per source tier:
-  // CopyToDeviceBatch), each page's HBM admission queued after its batch.
+  // CopyToDeviceBatch), the batch's HBM admissions as one device batch
+  // after it.
   std::vector<uint32_t> batch_pages;
   std::vector<DeviceRegion> batch_slots;
   std::vector<std::span<const std::byte>> batch_sources;
@@ -178,6 +186,7 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
   auto submit = [&]() -> std::vector<bool> {
     std::vector<bool> ok(batch_pages.size(), true);
     Status s = device.CopyToDeviceBatch(stream, batch_slots, batch_sources);
+    HbmAdmissions admissions;
     for (size_t b = 0; b < batch_pages.size(); ++b) {
       const uint32_t i = batch_pages[b];
       if (!s.ok()) {
@@ -186,30 +195,49 @@ void CacheEngine::LoadUnitToDevice(TransferJob& job, const Pool& pool,
         continue;
       }
       copied.push_back(i);
-      QueueHbmAdmission(ns, {t.pages[i], l, p}, device, batch_slots[b], stream,
-                        &admitted);
+      QueueHbmAdmission(ns, {t.pages[i], l, p}, device, batch_slots[b],
+                        &admissions);
     }
+    SubmitHbmAdmissions(ns, stream, &admissions, &admitted);
     batch_pages.clear();
     batch_slots.clear();
     batch_sources.clear();
     return ok;
   };
-  for (uint32_t i = begin; i < end; ++i) {
-    const SegmentKey key{t.pages[i], l, p};
-    if (hbm != nullptr) {
-      if (auto at = hbm->Acquire(key); at.ok()) {
-        if (at->size == bytes &&
-            device
-                .CopyOnDevice(stream, pool.DeviceSlot(t.slots[i]),
-                              {hbm_pool, at->offset, bytes})
-                .ok()) {
-          hbm_held.push_back(key);
+  // HBM hits first, copied as one device-to-device batch; if the batch is
+  // refused, every page is served from below instead.
+  std::vector<bool> from_hbm(end - begin, false);
+  if (hbm != nullptr) {
+    std::vector<uint32_t> hit_pages;
+    std::vector<DeviceRegion> hit_slots, hit_sources;
+    for (uint32_t i = begin; i < end; ++i) {
+      const SegmentKey key{t.pages[i], l, p};
+      auto at = hbm->Acquire(key);
+      if (!at.ok()) continue;
+      if (at->size != bytes) {
+        hbm->Release(key);
+        continue;
+      }
+      hbm_held.push_back(key);
+      hit_pages.push_back(i);
+      hit_slots.push_back(pool.DeviceSlot(t.slots[i]));
+      hit_sources.push_back({hbm_pool, at->offset, bytes});
+    }
+    if (!hit_pages.empty()) {
+      if (device.CopyOnDeviceBatch(stream, hit_slots, hit_sources).ok()) {
+        for (uint32_t i : hit_pages) {
+          from_hbm[i - begin] = true;
           copied.push_back(i);
-          continue;
         }
-        hbm->Release(key);  // served from below instead
+      } else {
+        for (const SegmentKey& key : hbm_held) hbm->Release(key);
+        hbm_held.clear();
       }
     }
+  }
+  for (uint32_t i = begin; i < end; ++i) {
+    if (from_hbm[i - begin]) continue;
+    const SegmentKey key{t.pages[i], l, p};
     auto loc = ns.host_->Acquire(key);
     if (loc.ok() && loc->size == bytes) {
       copy(i, {ns.host_->arena().base() + loc->offset, bytes});
@@ -333,7 +361,7 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
   // memfd path's and a Put's do.
   std::optional<Clock::TimePoint> deadline;
   std::vector<std::pair<uint32_t, SegmentKey>> reserved;
-  std::vector<SegmentKey> admitted;  // HBM copies of what is stored
+  HbmAdmissions admissions;  // HBM copies of what is stored
   for (uint32_t i = begin; i < end; ++i) {
     const SegmentKey key{t.pages[i], l, p};
     auto r = ReserveForStore(job, key, bytes, i, &deadline);
@@ -349,9 +377,11 @@ void CacheEngine::StoreUnitFromDevice(TransferJob& job, const Pool& pool,
     reserved.emplace_back(i, key);
     // A segment an engine just computed is likely read again soon: keep a
     // copy in HBM too (device to device, off the PCIe bus).
-    QueueHbmAdmission(ns, key, device, pool.DeviceSlot(t.slots[i]), stream,
-                      &admitted);
+    QueueHbmAdmission(ns, key, device, pool.DeviceSlot(t.slots[i]),
+                      &admissions);
   }
+  std::vector<SegmentKey> admitted;
+  SubmitHbmAdmissions(ns, stream, &admissions, &admitted);
   if (reserved.empty()) return;
   // Failed copies give their reservations back, once the copies are over
   // (a copy past a timed-out wait may still write them).

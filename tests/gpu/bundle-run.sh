@@ -21,8 +21,10 @@
 # pools registered; and the working set with a consumer on another
 # stream), compute-sanitizer memcheck and racecheck where present, and
 # tierkv-bench hbm with its acceptance ratios (pinned page loads, batched
-# as the daemon issues them, >= 0.8x and row gather >= 0.6x of one contiguous pinned cudaMemcpyAsync, same
-# run) and its device->device, WaitEvent and registration figures. Meant
+# as the daemon issues them, >= 0.8x and row gather >= 0.6x of one
+# contiguous pinned cudaMemcpyAsync; batched device->device pages >= 0.25x
+# of one contiguous device copy; same run) and its WaitEvent and
+# registration figures. Meant
 # to finish within 5 minutes on an H200 machine.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -134,14 +136,16 @@ if ((gpu)); then
   fi
   # compute-sanitizer (memcheck, then racecheck on the kernels) over the
   # backend and working-set tests, where the machine has one; bounded so
-  # the whole check stays within its time.
+  # the whole check stays within its time. The test that asks for more
+  # device memory than there is stays out: memcheck counts the
+  # cudaMalloc error it provokes (and checks) as an error.
   sanitizer=$(command -v compute-sanitizer ||
     ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [[ -n $sanitizer ]]; then
     for tool in memcheck racecheck; do
       if TIERKV_REQUIRE_GPU=1 timeout 150 "$sanitizer" --tool "$tool" \
           --error-exitcode 9 "$bin/gpu_tests" \
-          --gtest_filter='CudaBackendTest.*:CudaWorkingSetTest.*' \
+          --gtest_filter='CudaBackendTest.*:CudaWorkingSetTest.*:-CudaBackendTest.AnAllocationTooLargeIsExhaustedAndNotSticky' \
           > "$out/sanitizer-$tool.log" 2>&1; then
         say "PASS compute-sanitizer $tool: $(grep -m1 -E 'ERROR SUMMARY' "$out/sanitizer-$tool.log")"
       else
@@ -160,6 +164,7 @@ import json, sys
 cases = {c["case"]: c for c in json.load(open(sys.argv[1]))["cases"]}
 bad = 0
 for name, floor in [("pages host->device pinned batched", 0.8),
+                    ("pages device->device batched", 0.25),
                     ("gather 656-B rows pinned", 0.6),
                     ("gather 1152-B rows pinned", 0.6)]:
     c = cases.get(name)

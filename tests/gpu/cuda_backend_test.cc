@@ -134,6 +134,61 @@ TEST(CudaBackendTest, ABatchOfPageCopiesLandsInItsSlots) {
   ASSERT_OK(b->FreePool(pool->id));
 }
 
+// Copies of every alignment the batch-copy kernel distinguishes (16, 8,
+// 4, 1 bytes) and sizes around its chunks and its 64 KiB pieces, from a
+// registered host arena (the kernel reads it mapped) and then device to
+// device, each into a pool pre-filled with a pattern: every copied byte
+// lands, and every byte between the copies is left as it was.
+TEST(CudaBackendTest, BatchCopiesOfOddSizesAndAlignmentsLandExactly) {
+  CUDA_OR_SKIP(b);
+  constexpr uint64_t kBytes = 4 << 20;
+  const std::vector<uint64_t> sizes = {1,     3,     15,     16,        17,
+                                       4095,  4096,  41984,  65535,     65536,
+                                       65537, 98304, 300001, 131072 + 9};
+  const std::vector<uint64_t> skews = {0, 1, 2, 4, 8, 3, 5, 16, 12, 7};
+  auto arena = Pattern(kBytes, 31);
+  ASSERT_OK(b->RegisterHost(arena));
+  const auto before = Pattern(kBytes, 32);
+  auto pool = b->AllocatePool(2 * kBytes);
+  ASSERT_OK(pool);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, kBytes}, before));
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, kBytes, kBytes}, before));
+  // Item i: arena bytes [src, src + size) -> pool [dst, dst + size), with
+  // independent skews, 64 bytes apart; then the same layout device to
+  // device from the first half of the pool into the second.
+  std::vector<std::span<const std::byte>> srcs;
+  std::vector<DeviceRegion> dsts, device_srcs, device_dsts;
+  std::vector<std::byte> want = before;
+  uint64_t src = 0, dst = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src += skews[i % skews.size()];
+    dst += skews[(i + 3) % skews.size()];
+    srcs.push_back(std::span<const std::byte>(arena).subspan(src, sizes[i]));
+    dsts.push_back({pool->id, dst, sizes[i]});
+    device_srcs.push_back({pool->id, dst, sizes[i]});
+    device_dsts.push_back({pool->id, kBytes + dst, sizes[i]});
+    std::memcpy(want.data() + dst, arena.data() + src, sizes[i]);
+    src += sizes[i] + 64;
+    dst += sizes[i] + 64;
+  }
+  ASSERT_LT(std::max(src, dst), kBytes);
+  ASSERT_OK(b->CopyToDeviceBatch(0, dsts, srcs));
+  ASSERT_OK(b->CopyOnDeviceBatch(0, device_dsts, device_srcs));
+  std::vector<std::byte> back(2 * kBytes);
+  ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, back.size()}));
+  Sync(*b, 0);
+  for (int half = 0; half < 2; ++half) {
+    const std::byte* got = back.data() + half * kBytes;
+    const auto first =
+        std::mismatch(want.begin(), want.end(), got).first - want.begin();
+    EXPECT_EQ(first, static_cast<ptrdiff_t>(kBytes))
+        << (half == 0 ? "host -> device" : "device -> device")
+        << ": first wrong byte at " << first;
+  }
+  ASSERT_OK(b->UnregisterHost(arena.data()));
+  ASSERT_OK(b->FreePool(pool->id));
+}
+
 // Gathers 2048 random rows of `row_bytes` from a host arena, pinned or
 // not, packed or (into_slots) into the reverse order of a 2048-slot buffer
 // as the working set's misses go into their slots, and checks every byte.

@@ -376,21 +376,17 @@ TEST(DeviceBackendTest, WorkIsOrderedWithAnotherOwnersStream) {
       StatusCode::kInvalidArgument);
 }
 
-TEST(DeviceBackendTest, ABatchOfCopiesLandsInOrderAndIsCheckedWhole) {
+TEST(DeviceBackendTest, ABatchOfCopiesLandsInItsRegionsAndIsCheckedWhole) {
   auto b = Emulated();
   auto pool = b->AllocatePool(1 << 16);
   ASSERT_OK(pool);
   const auto data = Pattern(3 * 4096, 11);
   const std::span<const std::byte> all(data);
-  // Page 2 lands at offset 0, page 0 at 8192; two copies to 4096, the
-  // later wins (in order).
-  const std::vector<DeviceRegion> dsts = {{pool->id, 0, 4096},
-                                          {pool->id, 8192, 4096},
-                                          {pool->id, 4096, 4096},
-                                          {pool->id, 4096, 4096}};
+  // Page 2 lands at offset 0, page 0 at 8192, page 1 at 4096.
+  const std::vector<DeviceRegion> dsts = {
+      {pool->id, 0, 4096}, {pool->id, 8192, 4096}, {pool->id, 4096, 4096}};
   const std::vector<std::span<const std::byte>> srcs = {
-      all.subspan(8192, 4096), all.first(4096), all.subspan(4096, 4096),
-      all.subspan(8192, 4096)};
+      all.subspan(8192, 4096), all.first(4096), all.subspan(4096, 4096)};
   ASSERT_OK(b->CopyToDeviceBatch(0, dsts, srcs));
   std::vector<std::byte> back(3 * 4096);
   ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, back.size()}));
@@ -398,16 +394,54 @@ TEST(DeviceBackendTest, ABatchOfCopiesLandsInOrderAndIsCheckedWhole) {
   ASSERT_OK(done);
   ASSERT_OK(b->WaitEvent(*done, kTimeout));
   EXPECT_EQ(std::memcmp(back.data(), data.data() + 8192, 4096), 0);
-  EXPECT_EQ(std::memcmp(back.data() + 4096, data.data() + 8192, 4096), 0);
+  EXPECT_EQ(std::memcmp(back.data() + 4096, data.data() + 4096, 4096), 0);
   EXPECT_EQ(std::memcmp(back.data() + 8192, data.data(), 4096), 0);
   // One bad item refuses the whole batch before anything is queued.
   const std::vector<DeviceRegion> bad = {{pool->id, 0, 4096},
                                          {pool->id, 1 << 16, 4096}};
   EXPECT_EQ(b->CopyToDeviceBatch(0, bad, std::span(srcs).first(2)).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(b->CopyToDeviceBatch(0, dsts, std::span(srcs).first(3)).code(),
+  EXPECT_EQ(b->CopyToDeviceBatch(0, dsts, std::span(srcs).first(2)).code(),
             StatusCode::kInvalidArgument);
   EXPECT_OK(b->CopyToDeviceBatch(0, {}, {}));
+}
+
+TEST(DeviceBackendTest, ABatchOfDeviceCopiesLandsAndIsCheckedWhole) {
+  auto b = Emulated();
+  auto pool = b->AllocatePool(1 << 16);
+  ASSERT_OK(pool);
+  const auto data = Pattern(1 << 16, 12);
+  ASSERT_OK(b->CopyToDevice(0, {pool->id, 0, data.size()}, data));
+  // Three regions of the first 32 KiB, of odd sizes and offsets, into the
+  // second half in another order.
+  const std::vector<DeviceRegion> srcs = {
+      {pool->id, 1, 4095}, {pool->id, 5000, 7}, {pool->id, 9000, 20001}};
+  const std::vector<DeviceRegion> dsts = {
+      {pool->id, 40003, 4095}, {pool->id, 32768, 7}, {pool->id, 44100, 20001}};
+  ASSERT_OK(b->CopyOnDeviceBatch(0, dsts, srcs));
+  std::vector<std::byte> back(data.size());
+  ASSERT_OK(b->CopyToHost(0, back, {pool->id, 0, back.size()}));
+  auto done = b->RecordEvent(0);
+  ASSERT_OK(done);
+  ASSERT_OK(b->WaitEvent(*done, kTimeout));
+  std::vector<std::byte> want = data;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    std::memcpy(want.data() + dsts[i].offset, data.data() + srcs[i].offset,
+                srcs[i].bytes);
+  }
+  EXPECT_TRUE(back == want);
+  // Sizes that differ, a region past the pool, or counts that differ
+  // refuse the whole batch before anything is queued.
+  const std::vector<DeviceRegion> uneven = {{pool->id, 0, 8}};
+  const std::vector<DeviceRegion> past = {{pool->id, (1 << 16) - 4, 8}};
+  const std::vector<DeviceRegion> eight = {{pool->id, 100, 8}};
+  EXPECT_EQ(b->CopyOnDeviceBatch(0, uneven, std::span(srcs).first(1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->CopyOnDeviceBatch(0, past, eight).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->CopyOnDeviceBatch(0, dsts, std::span(srcs).first(2)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(b->CopyOnDeviceBatch(0, {}, {}));
 }
 
 TEST(DeviceBackendTest, PackRowsPacksDeviceRowsInSelectionOrder) {

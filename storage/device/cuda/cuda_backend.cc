@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "storage/device/cuda/copy_batch.h"
 #include "storage/device/cuda/cuda_arch.h"
 #include "storage/device/cuda/row_gather.h"
 
@@ -205,11 +206,11 @@ LocalExports& Exports() {
 }
 
 // A gather's row list (the rows' device-readable addresses, then the
-// target slots) in pinned host memory mapped for the device: the kernel
-// reads it across the bus, as it reads the rows, so a gather needs no
-// stream-ordered allocation and no staging copy. `used` is recorded after
-// the kernel that read it last; the buffer is rewritten only once it is
-// done.
+// target slots), or a batch copy's items, in pinned host memory mapped for
+// the device: the kernel reads it across the bus, as it reads the rows, so
+// a launch needs no stream-ordered allocation and no staging copy. `used` is
+// recorded after the kernel that read it last; the buffer is rewritten only
+// once it is done.
 struct RowList {
   std::byte* host = nullptr;    // cudaHostAlloc, mapped
   std::byte* device = nullptr;  // the same bytes' device address
@@ -240,6 +241,12 @@ struct Stream {
 // Done events kept per stream for reuse (cudaEventCreate costs more than a
 // record); more are destroyed.
 constexpr size_t kSpareEvents = 64;
+
+// A host -> device batch whose copies average at most this many bytes goes
+// through the batch-copy kernel when its sources are mapped. Measured on an
+// H200: a copy-engine call costs about as much as 24 KiB of transfer, so at
+// 128 KiB per copy the engines would still lose ~16% to it.
+constexpr uint64_t kKernelCopyMaxMeanBytes = 128 << 10;
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -285,6 +292,15 @@ class CudaBackend final : public DeviceBackend {
       if (e != cudaSuccess) return Fail("cudaStreamCreate", e);
       streams_.push_back(std::move(s));
     }
+    int sms = 0;
+    const cudaError_t e =
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
+    if (e != cudaSuccess) return Fail("cudaDeviceGetAttribute (SMs)", e);
+    // Two blocks of the batch copy per SM: 32 KiB in flight per SM, enough
+    // for bus speed from host memory (0.96x on an H200), while most of each
+    // SM's threads stay the engine's. Device to device it reached 0.36x of
+    // one contiguous copy, and 0.36x too with eight blocks per SM.
+    copy_blocks_ = 2 * static_cast<uint32_t>(std::max(sms, 1));
     return Status::OK();
   }
 
@@ -332,16 +348,38 @@ class CudaBackend final : public DeviceBackend {
                             : Fail("cudaMemcpyAsync host to device", e);
   }
 
-  // cudaMemcpyBatchAsync (CUDA 12.8+): the sources are read in stream
-  // order (they are tierkv's DRAM or bounce buffers, valid until the
-  // stream's event). A runtime or driver without it (cudaErrorNotSupported,
-  // cudaErrorCallRequiresNewerDriver) gets one cudaMemcpyAsync per copy,
-  // decided once.
+  // Copies small enough that the copy engines' per-copy cost dominates
+  // (pages; see copy_batch.h), from registered (mapped) host memory, go
+  // through the batch-copy kernel. Otherwise cudaMemcpyBatchAsync (CUDA
+  // 12.8+): the sources are read in stream order (they are tierkv's DRAM or
+  // bounce buffers, valid until the stream's event). A runtime or driver
+  // without it (cudaErrorNotSupported, cudaErrorCallRequiresNewerDriver)
+  // gets one cudaMemcpyAsync per copy, decided once.
   Status CopyToDeviceBatchImpl(
       StreamId stream, std::span<const DeviceRegion> dsts,
       std::span<const std::span<const std::byte>> srcs) override {
     TIERKV_RETURN_IF_ERROR(Use());
-    cudaStream_t s = streams_[stream]->handle;
+    Stream& st = *streams_[stream];
+    cudaStream_t s = st.handle;
+    uint64_t total = 0;
+    for (const auto& src : srcs) total += src.size();
+    if (total <= kKernelCopyMaxMeanBytes * srcs.size()) {
+      std::vector<cuda::CopyItem> items;
+      items.reserve(srcs.size());
+      bool all_mapped = true;
+      {
+        MutexLock lock(&mu_);
+        for (size_t i = 0; i < srcs.size() && all_mapped; ++i) {
+          const std::byte* from =
+              DeviceAddressLocked(srcs[i].data(), srcs[i].size());
+          all_mapped = from != nullptr;
+          if (all_mapped) {
+            AddCopyItems(from, AddressLocked(dsts[i]), srcs[i].size(), items);
+          }
+        }
+      }
+      if (all_mapped) return LaunchCopyList(s, st.lists, items);
+    }
     if (batch_copies_.load(std::memory_order_relaxed)) {
       std::vector<void*> to(dsts.size());
       std::vector<const void*> from(dsts.size());
@@ -391,6 +429,25 @@ class CudaBackend final : public DeviceBackend {
                         cudaMemcpyDeviceToDevice, streams_[stream]->handle);
     return e == cudaSuccess ? Status::OK()
                             : Fail("cudaMemcpyAsync device to device", e);
+  }
+
+  // Always the batch-copy kernel: one copy-engine call per page reached
+  // 0.01x of one contiguous copy on an H200 (copy_batch.h).
+  Status CopyOnDeviceBatchImpl(StreamId stream,
+                               std::span<const DeviceRegion> dsts,
+                               std::span<const DeviceRegion> srcs) override {
+    TIERKV_RETURN_IF_ERROR(Use());
+    std::vector<cuda::CopyItem> items;
+    items.reserve(srcs.size());
+    {
+      MutexLock lock(&mu_);
+      for (size_t i = 0; i < srcs.size(); ++i) {
+        AddCopyItems(AddressLocked(srcs[i]), AddressLocked(dsts[i]),
+                     srcs[i].bytes, items);
+      }
+    }
+    Stream& st = *streams_[stream];
+    return LaunchCopyList(st.handle, st.lists, items);
   }
 
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
@@ -565,29 +622,60 @@ class CudaBackend final : public DeviceBackend {
     const size_t list_bytes = device_rows.size() * sizeof(const std::byte*);
     const size_t slot_bytes = dst_rows.size() * sizeof(uint32_t);
     MutexLock lists_lock(&lists.mu);
-    RowList& list = lists.list[lists.next];
-    lists.next ^= 1;
-    if (list.in_use) {
-      // Two gathers ago on this stream: normally long done.
-      const cudaError_t e = cudaEventSynchronize(list.used);
-      if (e != cudaSuccess) return Fail("row list reuse", e);
-      list.in_use = false;
-    }
-    TIERKV_RETURN_IF_ERROR(FitRowList(list, list_bytes + slot_bytes));
-    std::memcpy(list.host, device_rows.data(), list_bytes);
+    auto list = TakeListLocked(lists, list_bytes + slot_bytes);
+    if (!list.ok()) return list.status();
+    std::memcpy((*list)->host, device_rows.data(), list_bytes);
     if (slot_bytes != 0) {
-      std::memcpy(list.host + list_bytes, dst_rows.data(), slot_bytes);
+      std::memcpy((*list)->host + list_bytes, dst_rows.data(), slot_bytes);
     }
     const auto* slots_on_device =
         dst_rows.empty()
             ? nullptr
-            : reinterpret_cast<const uint32_t*>(list.device + list_bytes);
-    cudaError_t e = cuda::LaunchGatherRows(
+            : reinterpret_cast<const uint32_t*>((*list)->device + list_bytes);
+    const cudaError_t e = cuda::LaunchGatherRows(
         out, slots_on_device,
-        reinterpret_cast<const std::byte* const*>(list.device),
+        reinterpret_cast<const std::byte* const*>((*list)->device),
         static_cast<uint32_t>(device_rows.size()), row_bytes, s);
     if (e != cudaSuccess) return Fail("row gather", e);
-    e = cudaEventRecord(list.used, s);
+    return MarkListUsed(**list, s);
+  }
+
+  // The batch-copy kernel over `items` (device addresses), its list passed
+  // as LaunchRowList passes rows.
+  Status LaunchCopyList(cudaStream_t s, RowLists& lists,
+                        std::span<const cuda::CopyItem> items) {
+    if (items.empty()) return Status::OK();
+    const size_t list_bytes = items.size_bytes();
+    MutexLock lists_lock(&lists.mu);
+    auto list = TakeListLocked(lists, list_bytes);
+    if (!list.ok()) return list.status();
+    std::memcpy((*list)->host, items.data(), list_bytes);
+    const cudaError_t e = cuda::LaunchCopyBatch(
+        reinterpret_cast<const cuda::CopyItem*>((*list)->device),
+        static_cast<uint32_t>(items.size()), copy_blocks_, s);
+    if (e != cudaSuccess) return Fail("batch copy", e);
+    return MarkListUsed(**list, s);
+  }
+
+  // The next of the stream's two lists, grown to `bytes`, once the kernel
+  // that last read it (two launches ago on this stream: normally long
+  // done) is over.
+  Result<RowList*> TakeListLocked(RowLists& lists, size_t bytes)
+      REQUIRES(lists.mu) {
+    RowList& list = lists.list[lists.next];
+    lists.next ^= 1;
+    if (list.in_use) {
+      const cudaError_t e = cudaEventSynchronize(list.used);
+      if (e != cudaSuccess) return Fail("row list reuse", e);
+      list.in_use = false;
+    }
+    TIERKV_RETURN_IF_ERROR(FitRowList(list, bytes));
+    return &list;
+  }
+
+  // After the launch that reads `list` on `s`.
+  Status MarkListUsed(RowList& list, cudaStream_t s) {
+    const cudaError_t e = cudaEventRecord(list.used, s);
     if (e != cudaSuccess) return Fail("cudaEventRecord (row list)", e);
     list.in_use = true;
     return Status::OK();
@@ -1130,7 +1218,21 @@ class CudaBackend final : public DeviceBackend {
   // REQUIRES: the region was checked (the public method did).
   std::byte* Address(const DeviceRegion& region) const {
     MutexLock lock(&mu_);
+    return AddressLocked(region);
+  }
+  std::byte* AddressLocked(const DeviceRegion& region) const REQUIRES(mu_) {
     return pools_.at(region.pool).base + region.offset;
+  }
+
+  // Appends the copy of `bytes` from `src` to `dst` (device addresses) to
+  // `items`, in pieces of at most kCopyItemMaxBytes so that the kernel's
+  // blocks share a batch of large copies evenly.
+  static void AddCopyItems(const std::byte* src, std::byte* dst, uint64_t bytes,
+                           std::vector<cuda::CopyItem>& items) {
+    for (uint64_t at = 0; at < bytes; at += cuda::kCopyItemMaxBytes) {
+      items.push_back(
+          {src + at, dst + at, std::min(cuda::kCopyItemMaxBytes, bytes - at)});
+    }
   }
 
   // The device address of [p, p + bytes) when it lies in one registered
@@ -1225,6 +1327,7 @@ class CudaBackend final : public DeviceBackend {
   std::map<uintptr_t, HostRange> host_ GUARDED_BY(mu_);
   // False once the runtime or driver said it has no cudaMemcpyBatchAsync.
   std::atomic<bool> batch_copies_{true};
+  uint32_t copy_blocks_ = 1;  // the batch-copy kernel's most blocks (Init)
   std::map<HandleBytes, Opened> opened_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Stream>> streams_;  // fixed after Init
 };
