@@ -10,6 +10,12 @@ if(TIERKV_CLIENT_ONLY)
   return()
 endif()
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+# The cluster (transport/peer, transport/directory): UCX between daemons,
+# hiredis for the directory on Redis (shared/reference/scaleout.md).
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+# HMAC-SHA256 for the peers' mutual challenge-response (OpenSSL's libcrypto).
+pkg_check_modules(LIBCRYPTO REQUIRED IMPORTED_TARGET libcrypto)
 find_package(RocksDB CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 # civetweb: prometheus-cpp's HTTP server (its config finds the package);

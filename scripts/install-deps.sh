@@ -7,6 +7,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates
   clang-14 clang-format
   liburing-dev librocksdb-dev libboost-dev libucx-dev ucx-utils prometheus-cpp-dev
+  libhiredis-dev redis-server libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev nlohmann-json3-dev
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
   python3 python3-dev python3-numpy python3-pytest python3-matplotlib
