@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks that every tracked C++ / CUDA source (*.h, *.cc, *.cu) is
+# Checks that every tracked C++ / CUDA source (*.h, *.cc, *.cu, *.cuh) is
 # clang-formatted (.clang-format: Google style). Prints the unformatted files
 # and fails when there are any; fix them with `clang-format -i FILE...`.
 # scripts/test.sh runs it first. CLANG_FORMAT overrides the binary (default:
@@ -17,7 +17,7 @@ while IFS= read -r -d '' f; do
   [[ -f $f ]] || continue  # deleted in the work tree, not yet committed
   checked=$((checked + 1))
   "$clang_format" --dry-run -Werror "$f" > /dev/null 2>&1 || bad+=("$f")
-done < <(git ls-files -z -- '*.h' '*.cc' '*.cu')
+done < <(git ls-files -z -- '*.h' '*.cc' '*.cu' '*.cuh')
 
 if ((${#bad[@]})); then
   echo "check-format: ${#bad[@]} of $checked files are not clang-formatted:"

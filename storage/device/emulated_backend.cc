@@ -257,18 +257,12 @@ class EmulatedBackend final : public DeviceBackend {
       StreamId stream, std::span<const DeviceRegion> dsts,
       std::span<const std::span<const std::byte>> srcs) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
-    std::vector<std::pair<std::byte*, std::span<const std::byte>>> copies;
+    std::vector<Copy> copies;
     copies.reserve(dsts.size());
     for (size_t i = 0; i < dsts.size(); ++i) {
-      copies.emplace_back(Address(dsts[i]), srcs[i]);
+      copies.push_back({Address(dsts[i]), srcs[i]});
     }
-    streams_[stream]->Submit([this, copies = std::move(copies)] {
-      for (const auto& [to, from] : copies) {
-        TIERKV_RETURN_IF_ERROR(BeforeWork());
-        std::memcpy(to, from.data(), from.size());
-      }
-      return Status::OK();
-    });
+    SubmitCopies(stream, std::move(copies));
     return Status::OK();
   }
 
@@ -302,21 +296,28 @@ class EmulatedBackend final : public DeviceBackend {
                                std::span<const DeviceRegion> dsts,
                                std::span<const DeviceRegion> srcs) override {
     TIERKV_RETURN_IF_ERROR(CheckCurrentDevice());
-    std::vector<std::pair<std::byte*, std::span<const std::byte>>> copies;
+    std::vector<Copy> copies;
     copies.reserve(dsts.size());
     for (size_t i = 0; i < dsts.size(); ++i) {
-      copies.emplace_back(
-          Address(dsts[i]),
-          std::span<const std::byte>(Address(srcs[i]), srcs[i].bytes));
+      copies.push_back({Address(dsts[i]), {Address(srcs[i]), srcs[i].bytes}});
     }
+    SubmitCopies(stream, std::move(copies));
+    return Status::OK();
+  }
+
+  // A batch's copies, one after another on the stream's worker.
+  struct Copy {
+    std::byte* to;
+    std::span<const std::byte> from;
+  };
+  void SubmitCopies(StreamId stream, std::vector<Copy> copies) {
     streams_[stream]->Submit([this, copies = std::move(copies)] {
-      for (const auto& [to, from] : copies) {
+      for (const Copy& copy : copies) {
         TIERKV_RETURN_IF_ERROR(BeforeWork());
-        std::memcpy(to, from.data(), from.size());
+        std::memcpy(copy.to, copy.from.data(), copy.from.size());
       }
       return Status::OK();
     });
-    return Status::OK();
   }
 
   Status GatherRowsImpl(StreamId stream, DeviceRegion dst,
