@@ -2,7 +2,7 @@
 # The whole test suite (README, command 2; CI runs it through .ci/run):
 #   1. format check (scripts/check-format.sh), then a Clang 14 build, with
 #      -Werror=thread-safety, of every target that takes locks: tierkvd,
-#      libtierkv and the tierkv CLI, the storage / transport tests (the
+#      libtierkv and the tierkv CLI, the storage / transport tests (peer and
 #      directory included) and the
 #      test doubles, and the executor's thread pool (no tests run); and the
 #      libFuzzer targets (fuzz/), each run for TIERKV_FUZZ_SECONDS (20);
@@ -18,7 +18,7 @@
 #      tests (tests/ops: deploy/, dashboards and rules against a real
 #      Prometheus, the status page in Chromium, `tierkv stats --watch` in
 #      tmux) in the virtualenv scripts/ops-venv.sh keeps in build/ops-venv;
-#   3. ThreadSanitizer build of the storage, transport (the directory
+#   3. ThreadSanitizer build of the storage, transport (peer and directory
 #      too) and test-double tests;
 #   4. AddressSanitizer + UBSan build, every test (the daemon the tests start
 #      is instrumented too; the benchmarks are not built there).
@@ -41,7 +41,7 @@ else
   scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
     -DTIERKV_FUZZ=ON \
     -- tierkvd tierkv_client tierkv storage_tests transport_tests testing_tests \
-    directory_tests \
+    peer_tests directory_tests \
     executor/CMakeFiles/tierkv_executor.dir/thread_pool.cc.o fuzzers
   # libFuzzer, briefly, on each parser a client or an operator feeds: new
   # inputs go to a scratch corpus, the seeds in fuzz/corpus stay as they are.
@@ -128,7 +128,7 @@ PYTHONPATH=build/python TIERKV_BIN_DIR=build/bin \
 
 if ((!quick)); then
   echo "== [3/4] ThreadSanitizer: storage, transport, test doubles ($(( $(date +%s) - start )) s so far)"
-  tsan_tests=(storage_tests transport_tests testing_tests directory_tests)
+  tsan_tests=(storage_tests transport_tests testing_tests peer_tests directory_tests)
   scripts/build.sh build-tsan -DTIERKV_SANITIZE=thread -DTIERKV_BUILD_EXECUTOR=OFF \
     -- "${tsan_tests[@]}"
   for t in "${tsan_tests[@]}"; do
@@ -141,7 +141,7 @@ if ((!quick)); then
   # benchmarks themselves (CI time).
   scripts/build.sh build-asan -DTIERKV_SANITIZE=address,undefined -- \
     common_tests storage_tests testing_tests transport_tests client_tests \
-    directory_tests \
+    peer_tests directory_tests \
     daemon_tests executor_tests tools_tests bench_tests tierkvd tierkv tierkv-run
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan -j2 --output-on-failure --timeout 900
