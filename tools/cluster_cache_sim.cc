@@ -1,8 +1,6 @@
 // The offline cluster prefix-cache simulator (see cluster_cache_sim.h).
 #include "tools/cluster_cache_sim.h"
 
-#include <unordered_map>
-
 #include "tools/lru_blocks.h"
 #include "tools/prefix_hit_rules.h"
 
@@ -34,41 +32,26 @@ double ClusterCacheResult::PeerTokenRate() const {
   return Share(peer_hit_tokens, input_tokens);
 }
 
-ClusterCacheSimulator::ClusterCacheSimulator(
-    std::span<const TraceRequest> requests) {
-  std::unordered_map<uint64_t, uint32_t> dense;
-  request_begin_.reserve(requests.size() + 1);
-  input_tokens_.reserve(requests.size());
-  for (const TraceRequest& request : requests) {
-    request_begin_.push_back(blocks_.size());
-    input_tokens_.push_back(request.input_length);
-    for (uint64_t id : CacheableBlocks(request)) {
-      auto [it, fresh] = dense.try_emplace(id, distinct_blocks_);
-      if (fresh) ++distinct_blocks_;
-      blocks_.push_back(it->second);
-    }
-  }
-  request_begin_.push_back(blocks_.size());
-}
-
 ClusterCacheResult ClusterCacheSimulator::Run(
     const ClusterCacheOptions& o) const {
   const uint32_t n = o.nodes == 0 ? 1 : o.nodes;
-  std::vector<LruBlocks> nodes(n,
-                               LruBlocks(distinct_blocks_, o.capacity_blocks));
+  std::vector<LruBlocks> nodes(
+      n, LruBlocks(trace_.distinct_blocks, o.capacity_blocks));
   ClusterCacheResult out;
-  out.requests = input_tokens_.size();
+  out.requests = trace_.input_tokens.size();
   out.node_input_tokens.assign(n, 0);
   out.node_hit_tokens.assign(n, 0);
   auto own_run = [&](uint32_t node, size_t begin, size_t end) {
     size_t run = 0;
-    while (begin + run < end && nodes[node].Contains(blocks_[begin + run])) {
+    while (begin + run < end &&
+           nodes[node].Contains(trace_.blocks[begin + run])) {
       ++run;
     }
     return run;
   };
-  for (size_t r = 0; r < input_tokens_.size(); ++r) {
-    const size_t begin = request_begin_[r], end = request_begin_[r + 1];
+  for (size_t r = 0; r < trace_.input_tokens.size(); ++r) {
+    const size_t begin = trace_.request_begin[r],
+                 end = trace_.request_begin[r + 1];
     uint32_t node = static_cast<uint32_t>(r % n);
     if (o.routing == ClusterRouting::kKvAware) {
       size_t best = own_run(node, begin, end);
@@ -83,7 +66,7 @@ ClusterCacheResult ClusterCacheSimulator::Run(
     // The leading run: the node's own blocks, then (with peers) any node's.
     size_t leading = 0, fetched = 0;
     for (size_t i = begin; i < end; ++i) {
-      const uint32_t block = blocks_[i];
+      const uint32_t block = trace_.blocks[i];
       if (nodes[node].Contains(block)) {
         ++leading;
         continue;
@@ -100,12 +83,13 @@ ClusterCacheResult ClusterCacheSimulator::Run(
       ++leading;
       ++fetched;
     }
-    out.input_tokens += input_tokens_[r];
+    out.input_tokens += trace_.input_tokens[r];
     out.hit_tokens += HitTokens(leading);
     out.peer_hit_tokens += HitTokens(fetched);
-    out.node_input_tokens[node] += input_tokens_[r];
+    out.node_input_tokens[node] += trace_.input_tokens[r];
     out.node_hit_tokens[node] += HitTokens(leading);
-    for (size_t i = begin; i < end; ++i) nodes[node].Access(blocks_[i], i);
+    for (size_t i = begin; i < end; ++i)
+      nodes[node].Access(trace_.blocks[i], i);
   }
   return out;
 }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tools/flat_trace.h"
 #include "tools/prefix_trace.h"
 
 namespace tierkv::tools {
@@ -64,19 +65,14 @@ struct ClusterCacheResult {
 
 class ClusterCacheSimulator {
  public:
-  // Flattens the cacheable blocks of `requests` into dense ids. Copies what
-  // it needs; the requests need not outlive the simulator.
-  explicit ClusterCacheSimulator(std::span<const TraceRequest> requests);
+  // Copies what it needs; the requests need not outlive the simulator.
+  explicit ClusterCacheSimulator(std::span<const TraceRequest> requests)
+      : trace_(requests) {}
 
   ClusterCacheResult Run(const ClusterCacheOptions& options) const;
 
  private:
-  // Request r's cacheable blocks are blocks_[request_begin_[r] ..
-  // request_begin_[r + 1]).
-  std::vector<uint32_t> blocks_;
-  std::vector<size_t> request_begin_;
-  std::vector<uint64_t> input_tokens_;  // per request
-  uint32_t distinct_blocks_ = 0;
+  const FlatTrace trace_;
 };
 
 }  // namespace tierkv::tools

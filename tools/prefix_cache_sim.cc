@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <unordered_map>
 #include <utility>
 
 #include "tools/lru_blocks.h"
@@ -101,25 +100,14 @@ double PrefixCacheResult::TokenHitRate() const {
 }
 
 PrefixCacheSimulator::PrefixCacheSimulator(
-    std::span<const TraceRequest> requests) {
-  std::unordered_map<uint64_t, uint32_t> dense;
-  request_begin_.reserve(requests.size() + 1);
-  input_tokens_.reserve(requests.size());
-  for (const TraceRequest& request : requests) {
-    request_begin_.push_back(blocks_.size());
-    input_tokens_.push_back(request.input_length);
-    for (uint64_t id : CacheableBlocks(request)) {
-      auto [it, fresh] = dense.try_emplace(id, distinct_blocks_);
-      if (fresh) ++distinct_blocks_;
-      blocks_.push_back(it->second);
-    }
-  }
-  request_begin_.push_back(blocks_.size());
-  next_use_.assign(blocks_.size(), kNeverAgain);
-  std::vector<size_t> seen_next(distinct_blocks_, kNeverAgain);
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    next_use_[i] = seen_next[blocks_[i]];
-    seen_next[blocks_[i]] = i;
+    std::span<const TraceRequest> requests)
+    : trace_(requests) {
+  const std::vector<uint32_t>& blocks = trace_.blocks;
+  next_use_.assign(blocks.size(), kNeverAgain);
+  std::vector<size_t> seen_next(trace_.distinct_blocks, kNeverAgain);
+  for (size_t i = blocks.size(); i-- > 0;) {
+    next_use_[i] = seen_next[blocks[i]];
+    seen_next[blocks[i]] = i;
   }
 }
 
@@ -132,23 +120,23 @@ PrefixCacheResult PrefixCacheSimulator::Run(OfflinePolicy policy,
 PrefixCacheResult PrefixCacheSimulator::Totals(uint64_t capacity_blocks) const {
   PrefixCacheResult out;
   out.capacity_blocks = capacity_blocks;
-  out.requests = input_tokens_.size();
-  for (uint64_t tokens : input_tokens_) out.input_tokens += tokens;
-  out.accessed_blocks = blocks_.size();
+  out.requests = trace_.requests();
+  for (uint64_t tokens : trace_.input_tokens) out.input_tokens += tokens;
+  out.accessed_blocks = trace_.blocks.size();
   return out;
 }
 
 PrefixCacheResult PrefixCacheSimulator::Lru(uint64_t capacity_blocks) const {
   PrefixCacheResult out = Totals(capacity_blocks);
-  LruBlocks cache(distinct_blocks_, capacity_blocks);
-  Replay(cache, blocks_, request_begin_, out);
+  LruBlocks cache(trace_.distinct_blocks, capacity_blocks);
+  Replay(cache, trace_.blocks, trace_.request_begin, out);
   return out;
 }
 
 PrefixCacheResult PrefixCacheSimulator::Belady(uint64_t capacity_blocks) const {
   PrefixCacheResult out = Totals(capacity_blocks);
-  MinCache cache(distinct_blocks_, capacity_blocks, next_use_);
-  Replay(cache, blocks_, request_begin_, out);
+  MinCache cache(trace_.distinct_blocks, capacity_blocks, next_use_);
+  Replay(cache, trace_.blocks, trace_.request_begin, out);
   return out;
 }
 

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tools/flat_trace.h"
 #include "tools/prefix_trace.h"
 
 namespace tierkv::tools {
@@ -61,22 +62,17 @@ class PrefixCacheSimulator {
   // Simulates a cache of `capacity_blocks` (0: nothing is ever kept).
   PrefixCacheResult Run(OfflinePolicy policy, uint64_t capacity_blocks) const;
 
-  uint64_t distinct_blocks() const { return distinct_blocks_; }
+  uint64_t distinct_blocks() const { return trace_.distinct_blocks; }
 
  private:
   PrefixCacheResult Lru(uint64_t capacity_blocks) const;
   PrefixCacheResult Belady(uint64_t capacity_blocks) const;
   PrefixCacheResult Totals(uint64_t capacity_blocks) const;
 
-  // Access i of the trace names dense block blocks_[i]; request r's
-  // accesses are [request_begin_[r], request_begin_[r + 1]).
-  std::vector<uint32_t> blocks_;
-  std::vector<size_t> request_begin_;
-  std::vector<uint64_t> input_tokens_;  // per request
+  const FlatTrace trace_;
   // Index of the next access of the same block after access i, or
   // kNeverAgain.
   std::vector<size_t> next_use_;
-  uint32_t distinct_blocks_ = 0;
 };
 
 }  // namespace tierkv::tools

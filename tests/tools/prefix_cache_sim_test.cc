@@ -13,18 +13,9 @@
 namespace tierkv::tools {
 namespace {
 
-// A request whose prompt is exactly `ids.size()` full blocks plus one token,
-// so every id in `ids` is cacheable; the partial block gets id 1000 + i.
 std::vector<TraceRequest> Requests(
     const std::vector<std::vector<uint64_t>>& prompts) {
-  std::vector<TraceRequest> out;
-  for (const auto& ids : prompts) {
-    TraceRequest r{.input_length = ids.size() * kTraceBlockTokens + 1,
-                   .hash_ids = ids};
-    r.hash_ids.push_back(1000 + out.size());
-    out.push_back(std::move(r));
-  }
-  return out;
+  return testing::FullBlockRequests(prompts);
 }
 
 uint64_t HitBlocks(const std::vector<TraceRequest>& trace, OfflinePolicy policy,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tools/prefix_trace.h"
@@ -59,6 +60,20 @@ inline std::vector<TraceRequest> MultiTurnTrace(
     trace.push_back(std::move(r));
   }
   return trace;
+}
+
+// A request whose prompt is exactly `ids.size()` full blocks plus one token,
+// so every id in `ids` is cacheable; the partial block gets id 1000 + i.
+inline std::vector<TraceRequest> FullBlockRequests(
+    const std::vector<std::vector<uint64_t>>& prompts) {
+  std::vector<TraceRequest> out;
+  for (const auto& ids : prompts) {
+    TraceRequest r{.input_length = ids.size() * kTraceBlockTokens + 1,
+                   .hash_ids = ids};
+    r.hash_ids.push_back(1000 + out.size());
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 }  // namespace tierkv::tools::testing
