@@ -309,6 +309,11 @@ class Core : public std::enable_shared_from_this<Core> {
 
   Conn* FindConn(uint64_t id);
   Conn* ConnOf(const ucp_am_recv_param_t* param);
+  // The authenticated connection a request or reply (`what`) arrived on,
+  // or null, *drop then being what its callback returns: an unknown or
+  // refused endpoint, or one still in the handshake (which fails it).
+  Conn* ReadyConnOf(const ucp_am_recv_param_t* param, std::string_view what,
+                    ucs_status_t* drop);
   Result<Conn*> ConnectTo(const std::string& address);
   Conn& AddConn(ucp_ep_h ep, bool outgoing, std::string address);
   // How an endpoint is closed. kGraceful flushes what was sent and
@@ -697,6 +702,20 @@ Core::Conn* Core::ConnOf(const ucp_am_recv_param_t* param) {
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return nullptr;
   auto it = conn_by_ep_.find(param->reply_ep);
   return it == conn_by_ep_.end() ? nullptr : FindConn(it->second);
+}
+
+Core::Conn* Core::ReadyConnOf(const ucp_am_recv_param_t* param,
+                              std::string_view what, ucs_status_t* drop) {
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  *drop = rndv ? UCS_ERR_CANCELED : UCS_OK;
+  Conn* conn = ConnOf(param);
+  if (conn == nullptr || conn->refused) return nullptr;
+  if (conn->state != ConnState::kReady) {
+    FailHandshake(*conn, Status::PermissionDenied(std::string(what) +
+                                                  " before authentication"));
+    return nullptr;
+  }
+  return conn;
 }
 
 Core::Conn& Core::AddConn(ucp_ep_h ep, bool outgoing, std::string address) {
@@ -1199,15 +1218,10 @@ ucs_status_t Core::OnRequestAm(void* arg, const void* header,
                                size_t header_length, void* data, size_t length,
                                const ucp_am_recv_param_t* param) {
   Core* core = static_cast<Core*>(arg);
-  Conn* conn = core->ConnOf(param);
+  ucs_status_t drop = UCS_OK;
+  Conn* conn = core->ReadyConnOf(param, "request", &drop);
+  if (conn == nullptr) return drop;
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  const ucs_status_t drop = rndv ? UCS_ERR_CANCELED : UCS_OK;
-  if (conn == nullptr || conn->refused) return drop;
-  if (conn->state != ConnState::kReady) {
-    core->FailHandshake(
-        *conn, Status::PermissionDenied("request before authentication"));
-    return drop;
-  }
   const std::span<const std::byte> hdr(static_cast<const std::byte*>(header),
                                        header_length);
   if (rndv) {  // requests are sent eagerly; a rendezvous one is hostile
@@ -1405,15 +1419,10 @@ ucs_status_t Core::OnReplyAm(void* arg, const void* header,
                              size_t header_length, void* data, size_t length,
                              const ucp_am_recv_param_t* param) {
   Core* core = static_cast<Core*>(arg);
-  Conn* conn = core->ConnOf(param);
+  ucs_status_t drop = UCS_OK;
+  Conn* conn = core->ReadyConnOf(param, "reply", &drop);
+  if (conn == nullptr) return drop;
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  const ucs_status_t drop = rndv ? UCS_ERR_CANCELED : UCS_OK;
-  if (conn == nullptr || conn->refused) return drop;
-  if (conn->state != ConnState::kReady) {
-    core->FailHandshake(
-        *conn, Status::PermissionDenied("reply before authentication"));
-    return drop;
-  }
   const std::span<const std::byte> hdr(static_cast<const std::byte*>(header),
                                        header_length);
   Add(core->counters_.bytes_received, header_length + (rndv ? 0 : length));
