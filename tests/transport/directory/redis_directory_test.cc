@@ -93,6 +93,15 @@ class RedisDirectoryTest : public ::testing::Test {
     return directory.ok() ? std::move(*directory) : nullptr;
   }
 
+  // `from` publishes `pages` of kNs and waits until they are written; `to`
+  // then reloads its live set, so that its Lookup sees them.
+  static void PublishAndSee(RedisDirectory& from, RedisDirectory& to,
+                            std::span<const PageHash> pages) {
+    ASSERT_OK(from.Publish(kNs, pages));
+    ASSERT_OK(from.Flush(Generous()));
+    ASSERT_OK(to.RefreshLiveNodes(Generous()));
+  }
+
   // The holders of each page of a lookup, as node id lists.
   static std::vector<std::vector<std::string>> Holders(
       const Result<std::vector<PageHolders>>& result) {
@@ -148,9 +157,7 @@ TEST_F(RedisDirectoryTest, PublishedPagesAreFoundByOtherLiveNodes) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(1, 4);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
 
   Result<std::vector<PageHolders>> found = b->Lookup(kNs, pages, Generous());
   ASSERT_OK(found);
@@ -204,9 +211,7 @@ TEST_F(RedisDirectoryTest, LookupLeavesOutTheAskingNode) {
   ASSERT_OK(own);
   EXPECT_TRUE(own->empty()) << "a node's own pages are local, not peer hits";
 
-  ASSERT_OK(b->Publish(kNs, pages));
-  ASSERT_OK(b->Flush(Generous()));
-  ASSERT_OK(a->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*b, *a, pages));
   ASSERT_OK(b->RefreshLiveNodes(Generous()));
   EXPECT_EQ(Holders(a->Lookup(kNs, pages, Generous())), Ids(2, {"node-b"}));
   EXPECT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(2, {"node-a"}));
@@ -273,9 +278,7 @@ TEST_F(RedisDirectoryTest, NamespacesAndLayoutFingerprintsDoNotShare) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(6, 2);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   DirectoryNamespace other_layout = kNs;
   other_layout.layout_fingerprint ^= 1;
   DirectoryNamespace other_name = kNs;
@@ -361,9 +364,7 @@ TEST_F(RedisDirectoryTest, ANodeWhoseLivenessExpiresIsNoLongerAHolder) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(9, 2);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   ASSERT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(2, {"node-a"}));
 
   const auto crashed_at = Clock::now();
@@ -482,9 +483,7 @@ TEST_F(RedisDirectoryTest, UnixSocketUrlWorks) {
   auto b = Open(options);
   ASSERT_TRUE(a && b);
   const auto pages = Pages(10, 3);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   EXPECT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(3, {"node-a"}));
 }
 
@@ -542,9 +541,7 @@ TEST_F(RedisDirectoryTest, ExpiredDeadlineFailsThatCallOnly) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(22, 2);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   EXPECT_EQ(b->Lookup(kNs, pages, Clock::now() - 1ms).status().code(),
             StatusCode::kUnavailable);
   EXPECT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(2, {"node-a"}))
@@ -618,9 +615,7 @@ TEST_F(RedisDirectoryTest, ConcurrentLookupsShareTheConnectionWithinDeadline) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(16, 64);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -650,9 +645,7 @@ TEST_F(RedisDirectoryTest, LookupIsNotQueuedBehindAPublishBacklog) {
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
   const auto pages = Pages(18, 8);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
 
   // Hold node-b's writer in front of a backlog of its own publishes.
   Mutex mu;
@@ -721,9 +714,7 @@ TEST_F(RedisDirectoryTest, RedisRestartedEmptyMakesNodesRepublish) {
   auto a = Open(options);
   auto b = Open(NodeOptions("node-b"));
   ASSERT_TRUE(a && b);
-  ASSERT_OK(a->Publish(kNs, pages));
-  ASSERT_OK(a->Flush(Generous()));
-  ASSERT_OK(b->RefreshLiveNodes(Generous()));
+  ASSERT_NO_FATAL_FAILURE(PublishAndSee(*a, *b, pages));
   ASSERT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(4, {"node-a"}));
   EXPECT_EQ(probe.runs(), 0) << "no re-publish while nothing was lost";
 
