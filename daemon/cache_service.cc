@@ -323,9 +323,16 @@ HandlerReply CacheService::PutCommit(uint64_t conn, Namespace& ns, In in) {
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   ItemStatusResponse resp;
   resp.items = engine_->Commit(conn, *ns.engine, req.lease_id, req.keys);
-  for (const Status& s : resp.items) {
-    (s.ok() ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
+  std::vector<PageHash> stored;
+  for (size_t i = 0; i < resp.items.size(); ++i) {
+    const bool ok = resp.items[i].ok();
+    (ok ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
+    if (ok && options_.on_stored && i < req.keys.size() &&
+        (stored.empty() || stored.back() != req.keys[i].page)) {
+      stored.push_back(req.keys[i].page);
+    }
   }
+  if (!stored.empty()) options_.on_stored(ns.engine, stored);
   UpdateLeaseGauge();
   return Ok(resp);
 }
@@ -479,6 +486,10 @@ HandlerReply CacheService::Transfer(uint64_t conn, Namespace& ns, Opcode op,
   TransferRequest req;
   if (Status s = Decode(in, req); !s.ok()) return Error(s);
   RecordWaits(ns, req.waits);
+  if (op == Opcode::kStore && options_.on_stored) {
+    // Queued before the Store lands: the publisher re-checks a while.
+    options_.on_stored(ns.engine, req.pages);
+  }
   storage::PoolTransfer t{.pages = std::move(req.pages),
                           .slots = std::move(req.slots),
                           .first_layer = req.first_layer,

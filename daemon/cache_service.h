@@ -41,6 +41,11 @@ struct CacheServiceOptions {
   // asking past its limits waits instead of spinning the daemon's IO
   // threads. Default: 10 ms.
   std::chrono::milliseconds lease_refusal_delay{10};
+  // Told the pages of every Put commit and Store (the cluster's publisher:
+  // candidates to announce to peers). Must not block. Default: none.
+  std::function<void(const storage::EngineNamespace*,
+                     std::span<const PageHash>)>
+      on_stored;
 };
 
 class CacheService final : public transport::FrameHandler {

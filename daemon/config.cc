@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cerrno>
@@ -227,6 +228,51 @@ DaemonConfig EmbeddedDefaults() {
   return c;
 }
 
+namespace {
+
+// Ids and names that become Redis key parts and handshake fields.
+bool IsClusterIdentifier(std::string_view s) {
+  return !s.empty() && s.size() <= 64 &&
+         std::all_of(s.begin(), s.end(), [](char ch) {
+           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                  ch == '.' || ch == '-';
+         });
+}
+
+Status ValidateCluster(const ClusterConfig& k) {
+  if (!IsClusterIdentifier(k.name)) {
+    return Bad("cluster.name", "must be 1-64 characters of [A-Za-z0-9_.-]");
+  }
+  if (!k.node_id.empty() && !IsClusterIdentifier(k.node_id)) {
+    return Bad("cluster.node_id", "must be 1-64 characters of [A-Za-z0-9_.-]");
+  }
+  if (k.secret_file.empty()) {
+    return Bad("cluster.secret_file",
+               "is required: a file of >= 32 random bytes, mode 0600, the "
+               "same on every node (e.g. head -c 32 /dev/urandom > "
+               "cluster.key; chmod 600 cluster.key)");
+  }
+  if (k.directory.empty()) {
+    return Bad("cluster.directory",
+               "is required: the Redis URL, e.g. redis://10.0.0.2:6379/0");
+  }
+  if (k.peer_listen.empty()) {
+    return Bad("cluster.peer_listen", "must be ip:port (port 0: any)");
+  }
+  if (k.liveness_ttl_ms < 100 || k.liveness_ttl_ms > 3600000) {
+    return Bad("cluster.liveness_ttl_ms", "must be in [100, 3600000]");
+  }
+  if (k.lookup_budget_us < 100 || k.lookup_budget_us > 1000000) {
+    return Bad("cluster.lookup_budget_us", "must be in [100, 1000000]");
+  }
+  if (k.fetch_deadline_ms < 10 || k.fetch_deadline_ms > 600000) {
+    return Bad("cluster.fetch_deadline_ms", "must be in [10, 600000]");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status DaemonConfig::Validate() const {
   if (socket_path.empty()) return Bad("server.socket", "must not be empty");
   if (socket_path.size() > 107)
@@ -405,7 +451,11 @@ Status DaemonConfig::Validate() const {
                  fmt::format("{} needs an [nvme] tier (set nvme.path)",
                              WritePolicyName(*ns.write_policy)));
     }
+    if (ns.shared && !cluster) {
+      return Bad(key("shared"), "needs a [cluster] section");
+    }
   }
+  if (cluster) TIERKV_RETURN_IF_ERROR(ValidateCluster(*cluster));
   return Status::OK();
 }
 
@@ -426,13 +476,13 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                                e.description()));
   }
   DaemonConfig c = base;
-  TIERKV_RETURN_IF_ERROR(CheckKeys(
-      root, "",
-      {"server", "metrics", "leases", "log", "nvme", "hbm", "namespace"}));
+  TIERKV_RETURN_IF_ERROR(CheckKeys(root, "",
+                                   {"server", "metrics", "leases", "log",
+                                    "nvme", "hbm", "cluster", "namespace"}));
   // A section written as a value (`server = 1`) or an array of tables
   // (`[[server]]`) would be skipped below without a word.
   for (std::string_view name :
-       {"server", "metrics", "leases", "log", "nvme", "hbm"}) {
+       {"server", "metrics", "leases", "log", "nvme", "hbm", "cluster"}) {
     const toml::node* node = root.get(name);
     if (node != nullptr && !node->is_table()) {
       return Bad(name, fmt::format("must be a table ([{}])", name));
@@ -457,6 +507,40 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "streams", c.hbm.streams));
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "emulated_fault_after_copies",
                                    c.hbm.emulated_fault_after_copies));
+  }
+  if (auto* cluster = root["cluster"].as_table()) {
+    TIERKV_RETURN_IF_ERROR(
+        CheckKeys(*cluster, "cluster",
+                  {"name", "node_id", "secret_file", "directory",
+                   "directory_password_file", "peer_listen", "liveness_ttl_ms",
+                   "lookup_budget_us", "fetch_deadline_ms"}));
+    ClusterConfig& k = c.cluster.emplace();
+    TIERKV_RETURN_IF_ERROR(ReadString(*cluster, "cluster", "name", k.name));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*cluster, "cluster", "node_id", k.node_id));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*cluster, "cluster", "secret_file", k.secret_file));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*cluster, "cluster", "directory", k.directory));
+    TIERKV_RETURN_IF_ERROR(ReadString(*cluster, "cluster",
+                                      "directory_password_file",
+                                      k.directory_password_file));
+    TIERKV_RETURN_IF_ERROR(
+        ReadString(*cluster, "cluster", "peer_listen", k.peer_listen));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*cluster, "cluster", "liveness_ttl_ms", k.liveness_ttl_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*cluster, "cluster", "lookup_budget_us", k.lookup_budget_us));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*cluster, "cluster", "fetch_deadline_ms", k.fetch_deadline_ms));
+    // Files named relative to the config file, as a service's working
+    // directory is rarely the config's.
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    for (std::string* file : {&k.secret_file, &k.directory_password_file}) {
+      if (!file->empty() && std::filesystem::path(*file).is_relative()) {
+        *file = (dir / *file).string();
+      }
+    }
   }
   if (auto* nvme = root["nvme"].as_table()) {
     TIERKV_RETURN_IF_ERROR(CheckKeys(
@@ -582,7 +666,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           *t, "namespace",
           {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
            "prefault", "host_alignment", "write_policy", "nvme_bytes",
-           "hbm_bytes", "max_connections", "eviction_policy"},
+           "hbm_bytes", "max_connections", "eviction_policy", "shared"},
           entry));
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "token", ns.token, entry));
@@ -608,6 +692,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           ReadBool(*t, "namespace", "hugepages", ns.hugepages, entry));
       TIERKV_RETURN_IF_ERROR(
           ReadBool(*t, "namespace", "prefault", ns.prefault, entry));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBool(*t, "namespace", "shared", ns.shared, entry));
       std::string policy;
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "write_policy", policy, entry));

@@ -22,10 +22,13 @@
 //               shutdown_persist_ms
 //   [hbm]       backend ("auto"|"cuda"|"emulated"), device, capacity_bytes
 //               (0 disables), streams
+//   [cluster]   name, node_id, secret_file, directory,
+//               directory_password_file, peer_listen, liveness_ttl_ms,
+//               lookup_budget_us, fetch_deadline_ms (absent: one node alone)
 //   [[namespace]] name, token | token_file, host_bytes,
 //               shards, hugepages, prefault, host_alignment, write_policy,
 //               nvme_bytes,
-//               max_connections, eviction_policy
+//               max_connections, eviction_policy, shared
 // Every *_bytes key takes an integer or a string in ParseByteSize's grammar
 // (common/byte_size.h: "16MiB", "1 GiB", "64k"; all units binary).
 #pragma once
@@ -139,6 +142,43 @@ struct NamespaceConfig {
   // Most of the HBM tier ([hbm]) this namespace may hold; past it, its own
   // least recent segments there go first. 0: all of it. Default: 0.
   uint64_t hbm_bytes = 0;
+  // Whether peers of the [cluster] may fetch this namespace's pages and
+  // this node theirs (both sides must say so, with equal layouts). Needs
+  // [cluster]. Default: false.
+  bool shared = false;
+};
+
+// Scale-out (shared/reference/scaleout.md §8(g)): the daemons of a cluster
+// share pages of their `shared` namespaces over UCX, finding each other's
+// pages in a directory on Redis.
+struct ClusterConfig {
+  // The directory's key prefix and the peers' handshake; nodes of one
+  // cluster must agree. 1-64 of [A-Za-z0-9_.-]. Default: "tierkv".
+  std::string name = "tierkv";
+  // This node's id, stable across restarts. 1-64 of [A-Za-z0-9_.-].
+  // Default: the host name.
+  std::string node_id;
+  // The cluster secret (>= 32 bytes, mode 0600): peers prove they hold it
+  // before anything is served. Required. Relative paths are relative to
+  // the config file's directory.
+  std::string secret_file;
+  // The directory: redis://[user@]host[:port][/db] or unix:///path.
+  // Required.
+  std::string directory;
+  // A file with the directory's password (mode 0600). Default: none.
+  std::string directory_password_file;
+  // The peer listener (UCX), "ip:port"; port 0 picks one. Loopback by
+  // default, so that a node is not reachable until told where to listen.
+  // Default: "127.0.0.1:0".
+  std::string peer_listen = "127.0.0.1:0";
+  // A node silent this long counts as gone. 100..3600000. Default: 10000.
+  uint32_t liveness_ttl_ms = 10000;
+  // The most a Match waits for the directory before answering from local
+  // tiers only. 100..1000000. Default: 2000 us.
+  uint32_t lookup_budget_us = 2000;
+  // A fetch from a peer not finished by then fails its segments (engines
+  // recompute them). 10..600000. Default: 2000 ms.
+  uint32_t fetch_deadline_ms = 2000;
 };
 
 struct DaemonConfig {
@@ -214,6 +254,7 @@ struct DaemonConfig {
 
   NvmeConfig nvme;
   HbmConfig hbm;
+  std::optional<ClusterConfig> cluster;  // absent: this node alone
   std::vector<NamespaceConfig> namespaces;
 
   // InvalidArgument naming the first bad field by its TOML key

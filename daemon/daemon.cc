@@ -11,10 +11,26 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/build_info.h"
+#include "storage/nvme/nvme_tier.h"
 
 namespace tierkv::daemon {
 
 Daemon::Daemon(const DaemonConfig& config) : config_(config) {}
+
+namespace {
+
+// CacheServiceOptions::on_stored: stored pages are the cluster's candidates
+// to publish (none without a cluster).
+std::function<void(const storage::EngineNamespace*, std::span<const PageHash>)>
+StoredHook(cluster::Cluster* cluster) {
+  if (cluster == nullptr) return nullptr;
+  return [cluster](const storage::EngineNamespace* ns,
+                   std::span<const PageHash> pages) {
+    cluster->Stored(ns, pages);
+  };
+}
+
+}  // namespace
 
 Status Daemon::OpenNvmeTier() {
   const NvmeConfig& c = config_.nvme;
@@ -142,10 +158,23 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       std::chrono::milliseconds(config.nvme.sync_interval_ms);
   eo.device = d->hbm_.get();  // null without [hbm]: device pools refused
   eo.hbm_pool = d->hbm_pool_;
-  auto engine =
-      storage::CacheEngine::Open(eo, std::move(spaces), d->nvme_.get());
+  // The tiers below DRAM in read order: this node's NVMe, then its peers.
+  std::vector<std::unique_ptr<storage::Tier>> below;
+  if (d->nvme_) {
+    below.push_back(std::make_unique<storage::NvmeTier>(
+        d->nvme_.get(), storage::NvmeTierOptions{.readers = eo.nvme_readers}));
+  }
+  if (config.cluster) {
+    auto cluster = cluster::Cluster::Open(*config.cluster, config.namespaces);
+    if (!cluster.ok()) return cluster.status();
+    d->cluster_ = std::move(cluster).value();
+    below.push_back(d->cluster_->TakeTier());
+  }
+  auto engine = storage::CacheEngine::Open(eo, std::move(spaces),
+                                           std::move(below), d->nvme_.get());
   if (!engine.ok()) return engine.status();
   d->engine_ = std::move(engine).value();
+  if (d->cluster_) d->cluster_->Start(d->engine_.get());
 #ifdef TIERKV_SYNC_POINTS
   // Test-only fault injection, armed before any transfer can start.
   if (*stall) d->layer_stall_ = std::make_unique<ArmedLayerStall>(**stall);
@@ -185,7 +214,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                           .auth_failure_delay = std::chrono::milliseconds(
                               config.auth_failure_delay_ms),
                           .lease_refusal_delay = std::chrono::milliseconds(
-                              config.lease_refusal_delay_ms)},
+                              config.lease_refusal_delay_ms),
+                          .on_stored = StoredHook(d->cluster_.get())},
       d->engine_.get(), &d->namespaces_, &d->metrics_);
   d->metrics_.AddTiers(d->engine_.get());
   if (d->nvme_) {
@@ -259,6 +289,8 @@ Daemon::~Daemon() {
   // deliver replies, which the stopped server's queues absorb. The server
   // object itself outlives the engine for that reason.
   if (server_) server_->Stop();
+  // Peers are refused from now on, and nothing publishes any more.
+  if (cluster_) cluster_->Stop();
   if (engine_ && nvme_ && config_.nvme.shutdown_persist_ms > 0) {
     // No client can write any more: what DRAM holds goes to NVMe, so the
     // next start serves it (a SIGKILL skips this; demotions so far stay).
@@ -279,7 +311,8 @@ Daemon::~Daemon() {
             .count(),
         left);
   }
-  engine_.reset();  // runs queued calls, joins the mover, ends leases
+  engine_.reset();   // runs queued calls, joins the mover, ends leases
+  cluster_.reset();  // closes the transport, deregisters the node
   service_.reset();
   server_.reset();
   namespaces_.clear();

@@ -13,6 +13,7 @@
 
 #include "common/mutex.h"
 #include "daemon/cache_service.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/config.h"
 #include "daemon/layer_stall.h"
 #include "daemon/metrics.h"
@@ -55,6 +56,9 @@ class Daemon {
   // before engine_, so it is disarmed after the engine's workers ended.
   std::unique_ptr<ArmedLayerStall> layer_stall_;
 #endif
+  // The node's part in a [cluster] (null without one). Declared before
+  // engine_: the engine's peer tier uses its transport and directory.
+  std::unique_ptr<cluster::Cluster> cluster_;
   std::unique_ptr<storage::CacheEngine> engine_;
   std::vector<std::unique_ptr<Namespace>> namespaces_;
   std::unique_ptr<CacheService> service_;

@@ -141,7 +141,7 @@ if ((!quick)); then
   # benchmarks themselves (CI time).
   scripts/build.sh build-asan -DTIERKV_SANITIZE=address,undefined -- \
     common_tests storage_tests testing_tests transport_tests client_tests \
-    peer_tests directory_tests \
+    peer_tests directory_tests cluster_tests \
     daemon_tests executor_tests tools_tests bench_tests tierkvd tierkv tierkv-run
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan -j2 --output-on-failure --timeout 900

@@ -366,6 +366,34 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
   return out;
 }
 
+std::vector<bool> CacheEngine::HeldLocally(
+    EngineNamespace& ns, std::span<const PageHash> pages) const {
+  std::vector<bool> held(pages.size(), false);
+  const auto layout = ns.layout();
+  if (!layout) return held;
+  std::vector<SegmentKey> below_keys;  // DRAM misses, in page order
+  std::vector<uint32_t> below_page;    // the page of each
+  for (uint32_t n = 0; n < pages.size(); ++n) {
+    held[n] = true;
+    for (uint16_t l = 0; l < layout->num_layers(); ++l) {
+      const auto parts = layout->layers[l].parts.size();
+      for (uint8_t p = 0; p < parts; ++p) {
+        const SegmentKey key{pages[n], l, p};
+        if (ns.host_->Contains(key)) continue;
+        below_keys.push_back(key);
+        below_page.push_back(n);
+      }
+    }
+  }
+  if (below_keys.empty()) return held;
+  const std::vector<TierChain::Location> where = chain_->Locate(
+      ns.tiers_.ns, ns.fingerprint(), below_keys, TierScope::kLocal);
+  for (size_t b = 0; b < below_keys.size(); ++b) {
+    if (where[b].tier == TierChain::kNowhere) held[below_page[b]] = false;
+  }
+  return held;
+}
+
 bool CacheEngine::HasPools(uint64_t owner) const {
   MutexLock lock(&owners_mu_);
   auto it = owners_.find(owner);

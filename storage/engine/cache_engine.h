@@ -230,10 +230,18 @@ class CacheEngine {
 
   // Leases `keys` for reading, promoting NVMe-only ones into DRAM first
   // (one ReadBatch), then calls `done` once. A segment that fails its
-  // checksum on NVMe is a miss, never bad bytes.
+  // checksum on NVMe is a miss, never bad bytes. `scope` kLocal promotes
+  // only from this node's own tiers (a read on a peer's behalf).
   void Acquire(uint64_t owner, EngineNamespace& ns,
                std::vector<SegmentKey> keys,
-               std::function<void(EngineRead)> done);
+               std::function<void(EngineRead)> done,
+               TierScope scope = TierScope::kAll);
+
+  // Per page: whether every segment of the layout is held by this node
+  // (DRAM or a local tier below it). Not a use: no eviction order changes.
+  // All false without a registered layout.
+  std::vector<bool> HeldLocally(EngineNamespace& ns,
+                                std::span<const PageHash> pages) const;
 
   // Protects host segments from eviction for `ttl` (InvalidArgument
   // outside [1 ms, max_pin_ttl]).
@@ -417,6 +425,7 @@ class CacheEngine {
     EngineRead read;
     std::vector<size_t> missing;  // indexes of keys DRAM lacked
     std::function<void(EngineRead)> done;
+    TierScope scope = TierScope::kAll;
   };
   // On a worker: starts promoting the Acquire's misses; the promotion's
   // completion finishes it (FinishAcquire).

@@ -118,7 +118,8 @@ std::vector<Status> CacheEngine::Commit(uint64_t owner, EngineNamespace& ns,
 
 void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
                           std::vector<SegmentKey> keys,
-                          std::function<void(EngineRead)> done) {
+                          std::function<void(EngineRead)> done,
+                          TierScope scope) {
   EngineRead read;
   read.items.reserve(keys.size());
   read.source.assign(keys.size(), tierkv::Tier::kMiss);
@@ -146,8 +147,9 @@ void CacheEngine::Acquire(uint64_t owner, EngineNamespace& ns,
   // no worker waits for the read either: a worker plans it (Locate,
   // Reserve) and its completion, on the tier's thread, finishes the
   // Acquire. The references taken above travel with it.
-  auto state = std::make_shared<AcquireState>(AcquireState{
-      std::move(keys), std::move(read), std::move(missing), std::move(done)});
+  auto state = std::make_shared<AcquireState>(
+      AcquireState{std::move(keys), std::move(read), std::move(missing),
+                   std::move(done), scope});
   if (!Submit(
           [this, owner, &ns, state] { PromoteForAcquire(owner, ns, state); })) {
     for (size_t i : state->missing) {
@@ -178,7 +180,8 @@ void CacheEngine::PromoteForAcquire(
                       std::move(state->missing), std::move(promoted),
                       std::move(state->done));
         EndTierRead();
-      });
+      },
+      state->scope);
 }
 
 void CacheEngine::FinishAcquire(uint64_t owner, EngineNamespace& ns,

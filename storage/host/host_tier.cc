@@ -481,6 +481,13 @@ bool HostTier::Touch(const SegmentKey& key) {
   return true;
 }
 
+bool HostTier::Contains(const SegmentKey& key) const {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  auto it = shard.entries.find(key);
+  return it != shard.entries.end() && it->second.committed;
+}
+
 void HostTier::Report(std::span<const std::pair<SegmentKey, double>> reports) {
   for (const auto& [key, weight] : reports) {
     Shard& shard = ShardFor(key);

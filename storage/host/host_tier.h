@@ -154,6 +154,8 @@ class HostTier final : public LeasedTier {
 
   // True when `key` is committed; a use of it.
   bool Touch(const SegmentKey& key);
+  // True when `key` is committed; not a use (the eviction order stays).
+  bool Contains(const SegmentKey& key) const;
 
   // Engines' indexers selected these segments' tokens `weight` times
   // (EvictionPolicy::Report: the `topk` policy ranks by it); keys not

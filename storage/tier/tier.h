@@ -124,6 +124,11 @@ class Tier {
   // Whether what it stores survives a restart of the daemon (a Flush
   // target must).
   virtual bool persistent() const = 0;
+  // Whether it holds other nodes' copies rather than this node's own (the
+  // peer tier). A read on a peer's behalf skips such tiers (TierScope), so
+  // a node serves only what it holds and a fetch never hops onwards.
+  // Default: false.
+  virtual bool remote() const { return false; }
 
   // Called once per namespace before any other call names it. An error
   // keeps the namespace out of this tier (its calls then miss) and is

@@ -80,12 +80,13 @@ Status TierChain::OpenNamespace(const TierNamespace& ns) {
 
 std::vector<TierChain::Location> TierChain::Locate(
     const TierNamespace& ns, uint64_t fingerprint,
-    std::span<const SegmentKey> keys) const {
+    std::span<const SegmentKey> keys, TierScope scope) const {
   std::vector<Location> out(keys.size());
   std::vector<size_t> missing(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) missing[i] = i;
   std::vector<SegmentKey> probe;
   for (size_t level = 0; level < tiers_.size() && !missing.empty(); ++level) {
+    if (!InScope(level, scope)) continue;
     probe.clear();
     for (size_t i : missing) probe.push_back(keys[i]);
     const std::vector<uint64_t> bytes =
@@ -107,16 +108,19 @@ std::vector<TierChain::Location> TierChain::Locate(
 struct TierChain::PendingRead {
   TierNamespace ns;
   uint64_t fingerprint = 0;
+  TierScope scope = TierScope::kAll;
   std::vector<TierReadItem> items;
   ReadResult result;
   ReadDone done;
 };
 
 void TierChain::Read(const TierNamespace& ns, uint64_t fingerprint,
-                     std::span<const TierReadItem> items, ReadDone done) const {
+                     std::span<const TierReadItem> items, ReadDone done,
+                     TierScope scope) const {
   auto state = std::make_shared<PendingRead>();
   state->ns = ns;
   state->fingerprint = fingerprint;
+  state->scope = scope;
   state->items.assign(items.begin(), items.end());
   state->result.items.assign(items.size(),
                              Status::NotFound("segment in no tier below DRAM"));
@@ -137,6 +141,7 @@ void TierChain::ReadFrom(size_t level,
       todo.push_back(i);
     }
   }
+  while (level < tiers_.size() && !InScope(level, state->scope)) ++level;
   if (level >= tiers_.size() || todo.empty()) {
     ReadDone done = std::move(state->done);
     done(std::move(state->result));

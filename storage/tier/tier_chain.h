@@ -20,6 +20,10 @@
 
 namespace tierkv::storage {
 
+// Which tiers of a chain a probe or read may use: all of them, or only the
+// node's own (not remote(): what a node serves to a peer).
+enum class TierScope { kAll, kLocal };
+
 class TierChain {
  public:
   // Orders `tiers` by placement.read_order and resolves the demotion
@@ -61,7 +65,8 @@ class TierChain {
   Status OpenNamespace(const TierNamespace& ns);
   // One Lookup per tier, each with the keys the tiers before it lacked.
   std::vector<Location> Locate(const TierNamespace& ns, uint64_t fingerprint,
-                               std::span<const SegmentKey> keys) const;
+                               std::span<const SegmentKey> keys,
+                               TierScope scope = TierScope::kAll) const;
   // Reads each item from the first tier that has it (see the top); `done`
   // runs once, as Tier::Read's. An item a tier failed (IOError, ...) is
   // tried further down too: segments are immutable, so any tier's copy is
@@ -69,7 +74,8 @@ class TierChain {
   // (NotFound only when every tier missed), and InvalidArgument (dst too
   // small) ends it at once.
   void Read(const TierNamespace& ns, uint64_t fingerprint,
-            std::span<const TierReadItem> items, ReadDone done) const;
+            std::span<const TierReadItem> items, ReadDone done,
+            TierScope scope = TierScope::kAll) const;
   ReadResult ReadAndWait(const TierNamespace& ns, uint64_t fingerprint,
                          std::span<const TierReadItem> items) const;
   // Syncs every tier with unsynced writes; the first error.
@@ -82,6 +88,10 @@ class TierChain {
   TierChain(std::vector<std::unique_ptr<Tier>> tiers, Tier* demote_to)
       : tiers_(std::move(tiers)), demote_to_(demote_to) {}
   struct PendingRead;
+  // Whether tier `level` is in `scope`.
+  bool InScope(size_t level, TierScope scope) const {
+    return scope == TierScope::kAll || !tiers_[level]->remote();
+  }
   // Reads what is still NotFound in `state` from tier `level` on.
   void ReadFrom(size_t level, std::shared_ptr<PendingRead> state) const;
 

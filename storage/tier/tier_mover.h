@@ -175,10 +175,13 @@ class TierMover {
   // promotion with those keys Busy. `done` runs once, on whichever thread
   // finished the last round (possibly the caller's, before this returns).
   // `tiers` must outlive `done`.
+  // `scope` says which tiers below DRAM it may read (TierScope::kLocal: on
+  // a peer's behalf).
   void PromoteBatchAsync(const NamespaceTiers& tiers,
                          std::vector<SegmentKey> keys,
                          Clock::TimePoint wait_until, bool hold, Executor post,
-                         std::function<void(Promoted)> done);
+                         std::function<void(Promoted)> done,
+                         TierScope scope = TierScope::kAll);
 
   // Writes host segments `keys` to the demotion target now with one durable
   // Tier::Write, then syncs it. One Status per key: OK when there (now or

@@ -16,6 +16,7 @@ struct TierMover::Promotion {
   std::vector<SegmentKey> keys;
   Clock::TimePoint wait_until;
   bool hold = false;
+  TierScope scope = TierScope::kAll;
   Executor post;
   std::function<void(Promoted)> done;
   uint64_t fingerprint = 0;
@@ -34,9 +35,11 @@ void TierMover::PromoteBatchAsync(const NamespaceTiers& tiers,
                                   std::vector<SegmentKey> keys,
                                   Clock::TimePoint wait_until, bool hold,
                                   Executor post,
-                                  std::function<void(Promoted)> done) {
+                                  std::function<void(Promoted)> done,
+                                  TierScope scope) {
   auto p = std::make_shared<Promotion>();
   p->tiers = &tiers;
+  p->scope = scope;
   p->wait_until = wait_until;
   p->hold = hold;
   p->post = std::move(post);
@@ -57,11 +60,13 @@ void TierMover::RunPromotion(const std::shared_ptr<Promotion>& p) {
   while (!p->todo.empty()) {
     PlanRound(*p);
     if (!p->reads.empty()) {
-      chain_->Read(p->tiers->ns, p->fingerprint, p->reads,
-                   [this, p](TierChain::ReadResult got) {
-                     CommitRound(*p, got);
-                     if (AdvanceRound(p)) RunPromotion(p);
-                   });
+      chain_->Read(
+          p->tiers->ns, p->fingerprint, p->reads,
+          [this, p](TierChain::ReadResult got) {
+            CommitRound(*p, got);
+            if (AdvanceRound(p)) RunPromotion(p);
+          },
+          p->scope);
       return;
     }
     if (!AdvanceRound(p)) return;
@@ -85,7 +90,7 @@ void TierMover::PlanRound(Promotion& p) {
   probe.reserve(p.todo.size());
   for (size_t i : p.todo) probe.push_back(p.keys[i]);
   const std::vector<TierChain::Location> where =
-      chain_->Locate(tiers.ns, p.fingerprint, probe);
+      chain_->Locate(tiers.ns, p.fingerprint, probe, p.scope);
   for (size_t t = 0; t < p.todo.size(); ++t) {
     const size_t i = p.todo[t];
     const SegmentKey& key = p.keys[i];

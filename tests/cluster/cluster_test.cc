@@ -1,0 +1,441 @@
+// A cluster of real tierkvd processes, each on its own loopback port, a real
+// redis-server as the directory, UCX forced to tcp (shared/reference/
+// scaleout.md §9.3): pages flow from the node that stored
+// them to the nodes that ask, bit-identical, and every failure of a peer or
+// the directory is a miss or a per-segment error, never wrong bytes and
+// never a hang.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "daemon/cluster/fetch_protocol.h"
+#include "tests/client/client_test_util.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/transport/directory/redis_server.h"
+#include "transport/peer/peer_transport.h"
+
+namespace tierkv::testing {
+namespace {
+
+using daemon::cluster::DecodeFetchReplyHead;
+using daemon::cluster::EncodeFetchRequest;
+using daemon::cluster::FetchRequest;
+using daemon::cluster::kFetchOpcode;
+using daemon::cluster::SegmentChecksum;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kToken[] = "cluster-test-token-0123456789abcdef";
+
+// 4 layers of latent KV, indexer keys on layers 0 and 2: 6 segments a page.
+LayoutSpec TestLayout() { return IndexShareLayout(4, 2); }
+
+struct NodeSpec {
+  std::string id;  // node-a, ...
+  bool shared = true;
+  std::string host_bytes = "16MiB";
+};
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!RedisServer::Available()) GTEST_SKIP() << "no redis-server";
+    ASSERT_OK(redis_.Start());
+    secret_file_ = WriteSecret("cluster.key");
+  }
+
+  std::string WriteSecret(const std::string& name) {
+    std::vector<char> bytes(32);
+    std::random_device rd;
+    for (char& b : bytes) b = static_cast<char>(rd());
+    const std::string path = dir_.File(name);
+    std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
+    ::chmod(path.c_str(), 0600);
+    return path;
+  }
+
+  std::string Config(const NodeSpec& n) const {
+    return fmt::format(R"([cluster]
+name = "test"
+node_id = "{}"
+secret_file = "{}"
+directory = "{}"
+directory_password_file = "{}"
+peer_listen = "127.0.0.1:0"
+liveness_ttl_ms = 2000
+fetch_deadline_ms = 1000
+[[namespace]]
+name = "default"
+token = "{}"
+host_bytes = "{}"
+shards = 1
+shared = {}
+)",
+                       n.id, secret_file_, redis_.url(), redis_.password_file(),
+                       kToken, n.host_bytes, n.shared ? "true" : "false");
+  }
+
+  std::unique_ptr<DaemonProcess> StartNode(const NodeSpec& n) {
+    auto d = std::make_unique<DaemonProcess>();
+    const Status s = d->Start(
+        {.config_toml = Config(n),
+         .env = {{"UCX_TLS", "tcp"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}}});
+    EXPECT_OK(s);
+    if (!s.ok()) return nullptr;
+    return d;
+  }
+
+  std::unique_ptr<Client> Open(const DaemonProcess& d,
+                               const LayoutSpec& layout = TestLayout()) {
+    auto c = d.Connect("default", kToken);
+    EXPECT_OK(c);
+    if (!c.ok()) return nullptr;
+    EXPECT_OK((*c)->RegisterLayout(layout));
+    return std::move(c).value();
+  }
+
+  static nlohmann::json PeerStats(Client& c) {
+    auto s = c.StatsJson();
+    EXPECT_OK(s);
+    const auto j = nlohmann::json::parse(s.ok() ? *s : "{}");
+    return j.contains("peer") ? j["peer"] : nlohmann::json::object();
+  }
+
+  // Every segment of `pages` read back through `c` as PutLayoutPages wrote
+  // it; per segment, the Get's Status (OK only with exact bytes).
+  static std::vector<Status> GetPages(Client& c,
+                                      const std::vector<PageHash>& pages) {
+    const LayoutSpec layout = TestLayout();
+    std::vector<SegmentKey> keys;
+    for (const auto& p : pages) {
+      for (const auto& k : LayoutKeys(layout, p)) keys.push_back(k);
+    }
+    std::vector<std::vector<std::byte>> dst;
+    std::vector<SegmentRead> reads;
+    for (const auto& k : keys) {
+      dst.emplace_back(layout.SegmentBytes(k.layer, k.part));
+    }
+    for (size_t i = 0; i < keys.size(); ++i) reads.push_back({keys[i], dst[i]});
+    std::vector<Status> out = c.Get(reads);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (out[i].ok() && dst[i] != SegmentBytes(keys[i], dst[i].size())) {
+        out[i] = Status::Corruption("wrong bytes for " + keys[i].ToString());
+      }
+    }
+    return out;
+  }
+
+  // Waits until `c`'s Match of `pages` reports `n` leading pages: what a
+  // node published reaches the directory in the background.
+  static bool MatchReaches(Client& c, const std::vector<PageHash>& pages,
+                           uint32_t n) {
+    return PollUntil([&] {
+      auto m = c.Match(pages, {.prefetch = false});
+      return m.ok() && m->leading_pages == n;
+    });
+  }
+
+  // Whether the directory names `node_id` a holder of every page.
+  bool AllHeldBy(const std::vector<PageHash>& pages,
+                 const std::string& node_id) {
+    const std::string prefix =
+        fmt::format("tkv:test:default@{:016x}:p:", TestLayout().Fingerprint());
+    for (const PageHash& page : pages) {
+      auto member =
+          redis_.Command({"SISMEMBER", prefix + page.ToHex(), node_id});
+      if (!member.ok() || member->integer != 1) return false;
+    }
+    return true;
+  }
+
+  // The node's registered peer address, from the directory.
+  std::string PeerAddress(const std::string& node_id) {
+    auto addr = redis_.Command({"HGET", "tkv:test:node:" + node_id, "addr"});
+    EXPECT_OK(addr);
+    return addr.ok() ? addr->str : "";
+  }
+
+  TempDir dir_;
+  RedisServer redis_;
+  std::string secret_file_;
+};
+
+TEST_F(ClusterTest, PagesFlowFromTheStoringNodeToAskingNodesBitIdentical) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b"});
+  auto c = StartNode({"node-c"});
+  ASSERT_TRUE(a && b && c);
+  const auto pages = Pages(8);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 8)) << a->log();
+  auto m = cb->Match(pages, {.prefetch = false});
+  ASSERT_OK(m);
+  for (Tier t : m->tiers) EXPECT_EQ(t, Tier::kPeer);
+
+  for (const Status& s : GetPages(*cb, pages)) EXPECT_OK(s);
+  const auto fetched = PeerStats(*cb);
+  EXPECT_EQ(fetched["fetch_segments"], 48) << fetched.dump();
+  EXPECT_EQ(fetched["errors_checksum"], 0);
+  EXPECT_GE(PeerStats(*ca)["served_segments"], 48);
+  // Fetched once, the pages are B's own now.
+  auto again = cb->Match(pages, {.prefetch = false});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->leading_pages, 8u);
+  EXPECT_EQ(again->tiers[0], Tier::kHost);
+
+  // B publishes what it fetched, in the background.
+  ASSERT_TRUE(PollUntil([&] { return AllHeldBy(pages, "node-b"); }));
+  // A leaves (deregistering); C finds B's copy, which B published.
+  EXPECT_EQ(a->Stop(SIGTERM), 0);
+  auto cc = Open(*c);
+  ASSERT_TRUE(MatchReaches(*cc, pages, 8)) << b->log();
+  for (const Status& s : GetPages(*cc, pages)) EXPECT_OK(s);
+  EXPECT_EQ(PeerStats(*cc)["fetch_segments"], 48) << PeerStats(*cc).dump();
+  EXPECT_GE(PeerStats(*cb)["served_segments"], 48);
+}
+
+TEST_F(ClusterTest,
+       HoldersServeOnlyAuthenticatedPeersSharedPagesOfTheirLayout) {
+  auto a = StartNode({"node-a"});
+  ASSERT_TRUE(a);
+  const auto pages = Pages(2);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  const std::string address = PeerAddress("node-a");
+  ASSERT_FALSE(address.empty());
+  FetchRequest fetch{.ns = "default",
+                     .fingerprint = TestLayout().Fingerprint(),
+                     .keys = LayoutKeys(TestLayout(), pages[0])};
+
+  auto secret = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<std::byte> out;
+    char ch;
+    while (in.get(ch)) out.push_back(static_cast<std::byte>(ch));
+    return out;
+  };
+  auto open = [&](std::vector<std::byte> key) {
+    transport::peer::PeerTransportOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.cluster_name = "test";
+    o.node_id = "tester";
+    o.cluster_secret = std::move(key);
+    o.ucx_settings.push_back({"TLS", "tcp"});
+    auto t = transport::peer::PeerTransport::Open(o, nullptr);
+    EXPECT_OK(t);
+    return t.ok() ? std::move(t).value() : nullptr;
+  };
+
+  // A wrong secret: the handshake fails, nothing is served.
+  {
+    auto intruder = open(secret(WriteSecret("wrong.key")));
+    ASSERT_TRUE(intruder);
+    auto reply =
+        intruder->CallAndWait(address, kFetchOpcode, EncodeFetchRequest(fetch));
+    EXPECT_EQ(reply.status().code(), StatusCode::kPermissionDenied)
+        << reply.status().ToString();
+  }
+  const auto after_intruder = PeerStats(*ca);
+  EXPECT_EQ(after_intruder["served_segments"], 0) << after_intruder.dump();
+  EXPECT_EQ(after_intruder["served_bytes"], 0);
+
+  auto member = open(secret(secret_file_));
+  ASSERT_TRUE(member);
+  // Another layout: refused.
+  FetchRequest other_layout = fetch;
+  other_layout.fingerprint ^= 1;
+  auto refused = member->CallAndWait(address, kFetchOpcode,
+                                     EncodeFetchRequest(other_layout));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+      << refused.status().ToString();
+  // A namespace the holder does not share (or have): refused.
+  FetchRequest other_ns = fetch;
+  other_ns.ns = "private";
+  auto unshared =
+      member->CallAndWait(address, kFetchOpcode, EncodeFetchRequest(other_ns));
+  EXPECT_EQ(unshared.status().code(), StatusCode::kPermissionDenied)
+      << unshared.status().ToString();
+  EXPECT_EQ(PeerStats(*ca)["served_segments"], 0);
+
+  // A member asking properly gets every segment, checksummed; one page it
+  // does not hold is answered "absent" (length 0), not refused.
+  fetch.keys.push_back({Pages(1, 9999)[0], 0, 0});
+  auto served =
+      member->CallAndWait(address, kFetchOpcode, EncodeFetchRequest(fetch));
+  ASSERT_OK(served);
+  auto head = DecodeFetchReplyHead(served->head, fetch.keys.size());
+  ASSERT_OK(head);
+  size_t at = 0;
+  for (size_t i = 0; i + 1 < fetch.keys.size(); ++i) {
+    const SegmentKey& k = fetch.keys[i];
+    const uint32_t bytes = (*head)[i].bytes;
+    ASSERT_EQ(bytes, TestLayout().SegmentBytes(k.layer, k.part));
+    const std::span<const std::byte> got(served->data.data() + at, bytes);
+    EXPECT_TRUE(std::ranges::equal(got, SegmentBytes(k, bytes)))
+        << k.ToString();
+    EXPECT_EQ((*head)[i].checksum, SegmentChecksum(got));
+    at += bytes;
+  }
+  EXPECT_EQ((*head).back().bytes, 0u);
+  EXPECT_EQ(at, served->data.size());
+  EXPECT_EQ(PeerStats(*ca)["served_segments"], 6);
+}
+
+TEST_F(ClusterTest, UnsharedNamespacesAndOtherLayoutsNeverReachPeers) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b", /*shared=*/false});
+  auto c = StartNode({"node-c"});
+  ASSERT_TRUE(a && b && c);
+  const auto pages = Pages(4);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  // C, shared with A's layout, sees them: they are published.
+  auto cc = Open(*c);
+  ASSERT_TRUE(MatchReaches(*cc, pages, 4));
+  // B does not share the namespace: local only.
+  auto cb = Open(*b);
+  auto m = cb->Match(pages, {.prefetch = false});
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 0u);
+  for (const Status& s : GetPages(*cb, pages)) {
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  }
+  // A node of another layout (a restarted C) finds nothing either.
+  cc.reset();
+  EXPECT_EQ(c->Stop(SIGTERM), 0);
+  c = StartNode({"node-c"});
+  ASSERT_TRUE(c);
+  cc = Open(*c, OnePartLayout());
+  auto other = cc->Match(pages, {.prefetch = false});
+  ASSERT_OK(other);
+  EXPECT_EQ(other->leading_pages, 0u);
+  EXPECT_EQ(PeerStats(*ca)["served_segments"], 0);
+}
+
+TEST_F(ClusterTest, AKilledHolderIsAPerSegmentErrorWithinHalfASecond) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b"});
+  ASSERT_TRUE(a && b);
+  const auto pages = Pages(4);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 4));
+  // A connection to A exists and works (one page fetched).
+  for (const Status& s : GetPages(*cb, {pages[0]})) ASSERT_OK(s);
+
+  ca.reset();
+  a->Stop(SIGKILL);
+  const auto t0 = Clock::now();
+  const std::vector<Status> got = GetPages(*cb, {pages[1], pages[2]});
+  const auto took = Clock::now() - t0;
+  for (const Status& s : got) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), StatusCode::kCorruption) << s.ToString();
+  }
+  EXPECT_LT(took, std::chrono::milliseconds(500));
+  // The daemon itself is fine: its own page reads back.
+  for (const Status& s : GetPages(*cb, {pages[0]})) EXPECT_OK(s);
+}
+
+TEST_F(ClusterTest, AHungHolderFailsItsFetchesByTheDeadline) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b"});
+  ASSERT_TRUE(a && b);
+  const auto pages = Pages(4);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 4));
+  for (const Status& s : GetPages(*cb, {pages[0]})) ASSERT_OK(s);
+
+  ASSERT_EQ(::kill(a->pid(), SIGSTOP), 0);
+  const auto t0 = Clock::now();
+  const std::vector<Status> got = GetPages(*cb, {pages[1]});
+  const auto took = Clock::now() - t0;
+  ::kill(a->pid(), SIGCONT);
+  for (const Status& s : got) EXPECT_FALSE(s.ok());
+  // fetch_deadline_ms = 1000, plus the transport's stalled-receive grace.
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  EXPECT_GE(PeerStats(*cb)["errors_timeout"], 1);
+}
+
+TEST_F(ClusterTest, ADirectoryOutageIsLocalOnlyAndARestartRepublishes) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b"});
+  ASSERT_TRUE(a && b);
+  const auto pages = Pages(4);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 4));
+
+  redis_.Kill();
+  const auto t0 = Clock::now();
+  auto m = cb->Match(pages, {.prefetch = false});
+  const auto took = Clock::now() - t0;
+  ASSERT_OK(m);
+  EXPECT_EQ(m->leading_pages, 0u) << "no directory: local only";
+  EXPECT_LT(took, std::chrono::milliseconds(200));
+  // A's own pages are unaffected.
+  auto own = ca->Match(pages, {.prefetch = false});
+  ASSERT_OK(own);
+  EXPECT_EQ(own->leading_pages, 4u);
+
+  // Back, empty: the nodes register again and A re-publishes what it holds.
+  ASSERT_OK(redis_.Start());
+  ASSERT_TRUE(MatchReaches(*cb, pages, 4)) << a->log();
+  for (const Status& s : GetPages(*cb, pages)) EXPECT_OK(s);
+}
+
+TEST_F(ClusterTest, PagesAHolderEvictedAreMissesNeverWrongBytes) {
+  auto a = StartNode({"node-a", true, "4MiB"});
+  auto b = StartNode({"node-b"});
+  ASSERT_TRUE(a && b);
+  const auto first = Pages(4);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), first)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, first, 4));
+  // 24 more pages (7.5 MB) through A's 4 MiB: the first ones are evicted.
+  for (const PutResult& r :
+       PutLayoutPages(*ca, TestLayout(), Pages(24, 1 << 20))) {
+    ASSERT_OK(r);
+  }
+  size_t misses = 0;
+  for (const Status& s : GetPages(*cb, first)) {
+    if (!s.ok()) {
+      EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+      ++misses;
+    }
+  }
+  EXPECT_GT(misses, 0u);
+  // The directory learns it (A's sweep, or B's repair of a stale entry).
+  EXPECT_TRUE(MatchReaches(*cb, first, 0));
+}
+
+}  // namespace
+}  // namespace tierkv::testing
