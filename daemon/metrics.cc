@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/latency_histogram.h"
+#include "daemon/cluster_metrics.h"
 #include "daemon/metric_families.h"
 #include "daemon/nvme_metrics.h"
 #include "daemon/status_page.h"
@@ -160,6 +161,7 @@ Status DaemonMetrics::Serve(const std::string& listen) {
   if (tiers_) exposer_->RegisterCollectable(tiers_);
   if (nvme_) exposer_->RegisterCollectable(nvme_);
   if (engine_) exposer_->RegisterCollectable(engine_);
+  if (cluster_) exposer_->RegisterCollectable(cluster_);
   return Status::OK();
 }
 
@@ -177,6 +179,12 @@ void DaemonMetrics::AddNvmeTier(const storage::NvmeStore* store,
                                 const storage::TierMover* mover) {
   nvme_ = std::make_shared<NvmeMetrics>(store, mover);
   if (exposer_) exposer_->RegisterCollectable(nvme_);
+}
+
+void DaemonMetrics::AddCluster(const transport::Directory* directory,
+                               const transport::peer::PeerTransport* peers) {
+  cluster_ = std::make_shared<ClusterMetrics>(directory, peers);
+  if (exposer_) exposer_->RegisterCollectable(cluster_);
 }
 
 namespace {

@@ -6,8 +6,9 @@
 // (lookups, gets, puts, auth failures, requests, client layer waits) are
 // bumped where the event happens; everything storage counts itself (every
 // tier's occupancy, evictions and reads, the NVMe device, the engine's
-// transfers) is read from storage at scrape time (tier_metrics.h,
-// nvme_metrics.h, transfer_metrics.h), so it never drifts.
+// transfers) and the cluster's transports count is read from them at
+// scrape time (tier_metrics.h, nvme_metrics.h, transfer_metrics.h,
+// cluster_metrics.h), so it never drifts.
 //
 // Thread safety: thread-safe (prometheus-cpp metrics are).
 #pragma once
@@ -34,6 +35,13 @@ class Histogram;
 class Registry;
 class Exposer;
 }  // namespace prometheus
+
+namespace tierkv::transport {
+class Directory;
+}
+namespace tierkv::transport::peer {
+class PeerTransport;
+}
 
 namespace tierkv::daemon {
 
@@ -94,6 +102,12 @@ class DaemonMetrics {
   // Exports the engine's transfers and work queues (see
   // transfer_metrics.h). Borrowed; call StopServing() before destroying it.
   void AddEngine(const storage::CacheEngine* engine);
+  // Exports the cluster's directory and peer transport (see
+  // cluster_metrics.h); a daemon without [cluster] never calls it. Both
+  // borrowed (either may be null: its families are left out); call
+  // StopServing() before destroying them.
+  void AddCluster(const transport::Directory* directory,
+                  const transport::peer::PeerTransport* peers);
   // Closes the HTTP listener (no scrape runs afterwards).
   void StopServing();
   // Merges a client's report of its WaitLayer / Wait calls into
@@ -118,6 +132,7 @@ class DaemonMetrics {
   std::shared_ptr<prometheus::Collectable> tiers_;
   std::shared_ptr<prometheus::Collectable> nvme_;
   std::shared_ptr<prometheus::Collectable> engine_;
+  std::shared_ptr<prometheus::Collectable> cluster_;
   std::unique_ptr<RequestMetrics> requests_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
   prometheus::Counter* auth_failures_;

@@ -407,6 +407,91 @@ def health() -> List:
     ]
 
 
+def peer_tier(name_selector: str, by: str = "") -> str:
+    """The peer tier's counters (tierkv_tier_counter_total{tier="peer"}) per
+    second, summed by `by`: its daemon-wide series where the tier reports
+    them (no `namespace` label), else the sum of its namespaces' shares
+    (never both, which would count each byte twice)."""
+    agg = f"sum by ({by}) " if by else "sum"
+    family = "tierkv_tier_counter_total"
+    whole = rate(family, f'tier="peer",namespace="",{name_selector}')
+    shares = rate(family, f'tier="peer",namespace!="",{name_selector}')
+    return f"{agg}({whole}) or {agg}({shares})"
+
+
+def cluster() -> List:
+    """Multi-node daemons ([cluster]): the directory, the peers and the peer
+    tier. A single-node daemon exports none of these families, so its
+    panels read "no data" (CLUSTER_TITLES)."""
+    return [
+        (4, stat(
+            "Directory up", "nonnegative",
+            "Whether every daemon's last round trip to the cluster directory "
+            "(Redis) succeeded. While it is down, lookups are local-only and "
+            "publishes queue, then drop.", SHORT,
+            [("min(tierkv_directory_up)", "up")],
+            steps=[{"color": "red", "value": None},
+                   {"color": "green", "value": 1}],
+            mappings=[{"type": "value", "options": {
+                "0": {"text": "DOWN", "color": "red", "index": 0},
+                "1": {"text": "up", "color": "green", "index": 1}}}])),
+        (4, stat(
+            "Live peers", "nonnegative",
+            "Live nodes other than itself in each daemon's view of the "
+            "directory; the lowest view.", SHORT,
+            [("min(tierkv_peers_live)", "live peers")])),
+        (8, series(
+            "Directory latency", "nonnegative",
+            "Each daemon's latest directory lookup (its budget is "
+            "lookup_budget_us, 2 ms by default).", SECONDS,
+            [("max by (instance) (tierkv_directory_last_lookup_seconds)",
+              "{{instance}}")])),
+        (8, series(
+            "Peers and connections", "nonnegative",
+            "Per daemon: live peers in its directory view and authenticated "
+            "peer connections.", SHORT,
+            [("max by (instance) (tierkv_peers_live)",
+              "{{instance}} live peers"),
+             ("max by (instance) (tierkv_peer_connections)",
+              "{{instance}} connections")])),
+        (12, series(
+            "Peer fetch bandwidth", "nonnegative",
+            "Bytes per second fetched from peers by the peer tier, and the "
+            "peer transport's traffic by direction (requests, reply heads and "
+            "data).", BPS,
+            [(peer_tier('name="fetch_bytes"'), "fetched"),
+             ("sum by (direction) "
+              f"({rate('tierkv_peer_bytes_total')})", "transport {{direction}}")
+             ])),
+        (12, series(
+            "Peer bytes served", "nonnegative",
+            "Bytes per second this cluster's daemons served to peers (reply "
+            "data sent), and the peer tier's own count of them.", BPS,
+            [(f"sum({rate('tierkv_peer_served_bytes_total')})", "sent"),
+             (peer_tier('name="served_bytes"'), "peer tier served")])),
+        (12, series(
+            "Peer errors by reason", "nonnegative",
+            "Per second: peer transport errors (timeout, reset, auth, "
+            "malformed, abandoned) and the peer tier's fetch errors (timeout, "
+            "unavailable, stale directory entry, checksum, refused).", OPS,
+            [("sum by (reason) "
+              f"({rate('tierkv_peer_errors_total')})", "transport {{reason}}"),
+             (peer_tier('name=~"errors_.+"', by="name"), "fetch {{name}}")])),
+        (12, series(
+            "Directory operations", "nonnegative",
+            "Per second: directory operations by op (publish, unpublish and "
+            "forget in pages), failures by op, and pages dropped by a full "
+            "publish queue; pages still queued.", OPS,
+            [("sum by (op) "
+              f"({rate('tierkv_directory_ops_total')})", "{{op}}"),
+             ("sum by (op) "
+              f"({rate('tierkv_directory_errors_total')})", "{{op}} errors"),
+             (f"sum({rate('tierkv_directory_dropped_pages_total')})",
+              "dropped pages"),
+             ("sum(tierkv_directory_queued_pages)", "queued pages")])),
+    ]
+
+
 ROWS = [
     ("Overview", overview, 5),
     ("Hit rate", hit_rate, 8),
@@ -414,7 +499,12 @@ ROWS = [
     ("Movement", movement, 8),
     ("Latency", latency, 8),
     ("Health", health, 8),
+    ("Cluster", cluster, 8),
 ]
+
+# The Cluster row's panels: they have data only from daemons with [cluster]
+# (tests/ops/test_prometheus.py scrapes a single node and leaves them out).
+CLUSTER_TITLES = frozenset(panel.title for _, panel in cluster())
 
 
 def layout() -> List:

@@ -43,8 +43,16 @@ REQUIRED_TITLES = {
     "Corruptions",                     # corruptions
     "NVMe read-only",
     "Request latency p99 by op",
+    # Issue 27: the cluster's directory and peers.
+    "Directory up",
+    "Directory latency",
+    "Live peers",
+    "Peer fetch bandwidth",
+    "Peer errors by reason",
+    "Peer bytes served",
 }
-ROWS = ["Overview", "Hit rate", "Capacity", "Movement", "Latency", "Health"]
+ROWS = ["Overview", "Hit rate", "Capacity", "Movement", "Latency", "Health",
+        "Cluster"]
 METRIC = re.compile(r"\btierkv_[a-z_]+")
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")
 
@@ -173,6 +181,30 @@ def test_metric_names_are_documented(dashboard):
         for name in METRIC.findall(v["query"] or ""):
             assert name in documented, name
     assert len(used) >= 25, sorted(used)
+
+
+def test_cluster_panels_are_the_cluster_row_and_read_cluster_families(
+        dashboard):
+    """The Cluster row's panels (CLUSTER_TITLES, which the single-node
+    Prometheus test leaves out) read only what a daemon with [cluster]
+    exports: the directory and peer families, and the peer tier's counters
+    by the names it reports (fetch_bytes, served_bytes, errors_*)."""
+    panels = list(all_panels(dashboard))
+    start = next(i for i, p in enumerate(panels)
+                 if p["type"] == "row" and p["title"] == "Cluster")
+    row = [p["title"] for p in panels[start + 1:] if p["type"] != "row"]
+    assert set(row) == tierkv_dashboard.CLUSTER_TITLES
+    for title, expr in tierkv_dashboard.panel_queries(dashboard):
+        if title not in tierkv_dashboard.CLUSTER_TITLES:
+            assert not re.search(r"tierkv_(directory|peer)", expr), title
+            continue
+        for name in METRIC.findall(expr):
+            assert re.match(r"tierkv_(directory_|peers?_|tier_counter_total)",
+                            name), (title, name)
+        if "tierkv_tier_counter_total" in expr:
+            assert 'tier="peer"' in expr, (title, expr)
+            # The daemon-wide series or the namespaces' shares, never both.
+            assert 'namespace=""' in expr and 'namespace!=""' in expr, expr
 
 
 def test_queries_use_grafana_intervals_and_the_namespace_filter(dashboard):
