@@ -222,6 +222,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
   d->metrics_.AddEngine(d->engine_.get());
+  if (d->cluster_) {
+    d->metrics_.AddCluster(&d->cluster_->directory(),
+                           &d->cluster_->transport());
+  }
   if (!config.metrics_listen.empty()) {
     const std::string& listen = config.metrics_listen;
     const std::string host = listen.substr(0, listen.rfind(':'));
