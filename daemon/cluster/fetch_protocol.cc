@@ -10,7 +10,8 @@ using transport::WireReader;
 using transport::WireWriter;
 
 namespace {
-constexpr size_t kSegmentHeadBytes = sizeof(uint32_t) + sizeof(uint64_t);
+constexpr size_t kSegmentHeadBytes =
+    sizeof(uint8_t) + sizeof(uint32_t) + sizeof(uint64_t);
 constexpr size_t kMaxNamespaceName = 255;
 }  // namespace
 
@@ -43,6 +44,7 @@ std::vector<std::byte> EncodeFetchReplyHead(
   WireWriter w;
   w.Int(static_cast<uint32_t>(segments.size()));
   for (const FetchedSegment& s : segments) {
+    w.Int(static_cast<uint8_t>(s.state));
     w.Int(s.bytes);
     w.Int(s.checksum);
   }
@@ -58,8 +60,12 @@ Result<std::vector<FetchedSegment>> DecodeFetchReplyHead(
   }
   std::vector<FetchedSegment> out(n);
   for (FetchedSegment& s : out) {
+    const uint8_t state = r.Int<uint8_t>();
     s.bytes = r.Int<uint32_t>();
     s.checksum = r.Int<uint64_t>();
+    const bool served = state == 0;
+    if (state > 2 || served != (s.bytes > 0)) r.Fail();
+    s.state = static_cast<FetchedSegment::State>(state);
   }
   TIERKV_RETURN_IF_ERROR(r.status());
   return out;

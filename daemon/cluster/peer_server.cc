@@ -57,31 +57,39 @@ void PeerServer::Handle(const PeerRequest& request, PeerResponder responder) {
   auto shared_responder = std::make_shared<PeerResponder>(std::move(responder));
   engine_->Acquire(
       kPeerOwner, *ns, std::move(fetch.keys),
-      [this, ns, fingerprint, keys = std::move(keys),
+      [this, ns, keys = std::move(keys),
        shared_responder](storage::EngineRead read) mutable {
-        Reply(*ns, fingerprint, std::move(keys), std::move(read),
+        Reply(*ns, std::move(keys), std::move(read),
               std::move(*shared_responder));
       },
       storage::TierScope::kLocal);
   Leave();
 }
 
-void PeerServer::Reply(storage::EngineNamespace& ns, uint64_t fingerprint,
+void PeerServer::Reply(storage::EngineNamespace& ns,
                        std::vector<SegmentKey> keys, storage::EngineRead read,
                        PeerResponder responder) {
-  (void)fingerprint;
   std::vector<FetchedSegment> head(keys.size());
   std::vector<std::span<const std::byte>> data;
   uint64_t bytes = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!read.items[i].ok()) {
-      absent_segments_.fetch_add(1, std::memory_order_relaxed);
+      // NotFound: not here (or failed its NVMe checksum). Anything else
+      // (lease limits, no DRAM to promote into, workers saturated) is a
+      // refusal for now that must not read as "absent".
+      if (read.items[i].status().IsNotFound()) {
+        absent_segments_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        head[i].state = FetchedSegment::State::kUnavailable;
+        unavailable_segments_.fetch_add(1, std::memory_order_relaxed);
+      }
       continue;
     }
     const std::span<const std::byte> segment =
         ns.host().HostBytes(*read.items[i]);
     if (segment.empty()) continue;
-    head[i] = {.bytes = static_cast<uint32_t>(segment.size()),
+    head[i] = {.state = FetchedSegment::State::kServed,
+               .bytes = static_cast<uint32_t>(segment.size()),
                .checksum = SegmentChecksum(segment)};
     data.push_back(segment);
     bytes += segment.size();
@@ -127,7 +135,8 @@ PeerServerCounters PeerServer::counters() const {
           .refused = get(refused_),
           .served_segments = get(served_segments_),
           .served_bytes = get(served_bytes_),
-          .absent_segments = get(absent_segments_)};
+          .absent_segments = get(absent_segments_),
+          .unavailable_segments = get(unavailable_segments_)};
 }
 
 }  // namespace tierkv::daemon::cluster

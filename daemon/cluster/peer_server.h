@@ -11,8 +11,9 @@
 // Refused (an error reply, no bytes): a namespace this node does not have or
 // does not share (PermissionDenied), a layout fingerprint other than this
 // node's (InvalidArgument), a malformed request (ProtocolError). A segment
-// the node does not hold is answered with length 0 (the requester repairs
-// the directory); one that fails its NVMe checksum likewise.
+// the node does not hold is answered "absent" (the requester repairs the
+// directory), as is one that fails its NVMe checksum; one it holds but
+// cannot lease or promote now is "unavailable" (the hint stands).
 //
 // Thread safety: Handle runs on the transport's progress thread and never
 // blocks; Stop may be called from any thread, once.
@@ -35,6 +36,8 @@ struct PeerServerCounters {
   uint64_t served_segments = 0;  // segments sent
   uint64_t served_bytes = 0;
   uint64_t absent_segments = 0;  // asked for, not held here
+  // Held, but not servable now (lease limits, no DRAM to promote into).
+  uint64_t unavailable_segments = 0;
 };
 
 class PeerServer {
@@ -60,9 +63,9 @@ class PeerServer {
 
  private:
   // Sends the reply for an Acquire's result; releases its lease once sent.
-  void Reply(storage::EngineNamespace& ns, uint64_t fingerprint,
-             std::vector<SegmentKey> keys, storage::EngineRead read,
-             transport::peer::PeerResponder responder) EXCLUDES(mu_);
+  void Reply(storage::EngineNamespace& ns, std::vector<SegmentKey> keys,
+             storage::EngineRead read, transport::peer::PeerResponder responder)
+      EXCLUDES(mu_);
   void Release(uint64_t lease_id) EXCLUDES(mu_);
 
   storage::CacheEngine* const engine_;
@@ -84,6 +87,7 @@ class PeerServer {
   std::atomic<uint64_t> served_segments_{0};
   std::atomic<uint64_t> served_bytes_{0};
   std::atomic<uint64_t> absent_segments_{0};
+  std::atomic<uint64_t> unavailable_segments_{0};
 };
 
 }  // namespace tierkv::daemon::cluster

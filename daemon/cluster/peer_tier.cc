@@ -55,7 +55,7 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
     uint64_t total = 0;
     for (size_t i = 0; i < items_.size(); ++i) {
       const uint32_t bytes = segments_[i].bytes;
-      if (bytes == 0) continue;
+      if (segments_[i].state != FetchedSegment::State::kServed) continue;
       const std::span<std::byte> dst = state_->items[items_[i]].dst;
       if (bytes > dst.size()) {
         return Status::ProtocolError(
@@ -82,13 +82,17 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
       for (size_t i = 0; i < items_.size(); ++i) {
         const storage::TierReadItem& item = s.items[items_[i]];
         const FetchedSegment& seg = segments_[i];
-        if (seg.bytes == 0) {
+        if (seg.state == FetchedSegment::State::kAbsent) {
           tier_->errors_stale_.fetch_add(1, std::memory_order_relaxed);
           if (stale.empty() || stale.back() != item.key.page) {
             stale.push_back(item.key.page);
           }
           out.push_back(Status::NotFound(
               fmt::format("peer {} no longer holds the segment", holder_)));
+        } else if (seg.state == FetchedSegment::State::kUnavailable) {
+          tier_->errors_unavailable_.fetch_add(1, std::memory_order_relaxed);
+          out.push_back(Status::IOError(fmt::format(
+              "peer {} holds the segment but cannot serve it now", holder_)));
         } else if (SegmentChecksum(item.dst.first(seg.bytes)) != seg.checksum) {
           tier_->errors_checksum_.fetch_add(1, std::memory_order_relaxed);
           out.push_back(Status::NotFound(fmt::format(
@@ -106,32 +110,33 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
       if (!refused) tier_->HolderFailed(holder_);
       for (size_t i = 0; i < items_.size(); ++i) {
         // A refusal (namespace not shared there, another layout) is a
-        // miss; a failed peer is an error the engine reports per segment,
-        // unless another replica serves the item (below).
+        // miss; a failed peer is an error the engine reports per segment.
         out.push_back(
             refused ? Status::NotFound(fmt::format("peer {} refused: {}",
                                                    holder_, status.message()))
                     : Status::IOError(fmt::format("peer {}: {}", holder_,
                                                   status.ToString())));
       }
-      // Failover: the items whose pages another live peer holds go there,
-      // while the read's deadline allows.
-      if (!refused && Clock::now() < s.deadline) {
-        std::vector<size_t> retry;
-        {
-          MutexLock lock(&s.mu);
-          for (size_t i = 0; i < items_.size(); ++i) {
-            const size_t item = items_[i];
-            if (s.attempt[item] + 1 < s.candidates[item].size()) {
-              ++s.attempt[item];
-              retry.push_back(item);
-            }
+    }
+    // Failover: an item this holder did not serve goes to the next live
+    // holder of its page, while the read's deadline allows. Its dst is
+    // reused: the transport force-closed a failed call's endpoint before
+    // completing it, so no byte of that call lands there any more.
+    if (Clock::now() < s.deadline) {
+      std::vector<size_t> retry;
+      {
+        MutexLock lock(&s.mu);
+        for (size_t i = 0; i < items_.size(); ++i) {
+          const size_t item = items_[i];
+          if (!out[i].ok() && s.attempt[item] + 1 < s.candidates[item].size()) {
+            ++s.attempt[item];
+            retry.push_back(item);
           }
         }
-        if (!retry.empty()) {
-          tier_->failovers_.fetch_add(retry.size(), std::memory_order_relaxed);
-          tier_->Issue(state_, retry);  // before this call ends (pending)
-        }
+      }
+      if (!retry.empty()) {
+        tier_->failovers_.fetch_add(retry.size(), std::memory_order_relaxed);
+        tier_->Issue(state_, retry);  // before this call ends (pending)
       }
     }
     bool last = false;
@@ -220,20 +225,13 @@ std::vector<uint64_t> PeerTier::Lookup(const storage::TierNamespace& ns,
     if (pages.empty() || pages.back() != key.page) pages.push_back(key.page);
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);
-  const DirectoryNamespace dns{ns.name, fingerprint};
-  auto found = directory_->Lookup(dns, pages);
-  if (!found.ok()) {
-    lookup_errors_.fetch_add(1, std::memory_order_relaxed);
-    return out;  // local-only while the directory is down or slow
-  }
-  const std::vector<PageHolders>& holders = *found;
-  lookup_hit_pages_.fetch_add(holders.size(), std::memory_order_relaxed);
-  Remember(ns.id, std::span(pages).first(holders.size()), holders);
+  const size_t held = HoldersOf(ns, fingerprint, pages).size();
+  lookup_hit_pages_.fetch_add(held, std::memory_order_relaxed);
   // Keys of the pages in the prefix some peer holds.
   size_t page = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    while (page < holders.size() && pages[page] != keys[i].page) ++page;
-    if (page >= holders.size()) break;
+    while (page < held && pages[page] != keys[i].page) ++page;
+    if (page >= held) break;
     out[i] = layout->SegmentBytes(keys[i].layer, keys[i].part);
   }
   return out;
@@ -241,44 +239,44 @@ std::vector<uint64_t> PeerTier::Lookup(const storage::TierNamespace& ns,
 
 void PeerTier::Remember(uint32_t ns_id, std::span<const PageHash> pages,
                         std::span<const PageHolders> holders) {
+  const Clock::time_point now = Clock::now();
   MutexLock lock(&mu_);
   if (holders_.size() + pages.size() > options_.holder_cache_pages) {
-    holders_.clear();  // a cache for the Read after a Match, not an index
+    holders_.clear();  // a cache for the calls of one request, not an index
   }
   for (size_t i = 0; i < pages.size(); ++i) {
-    holders_[CachedPage{ns_id, pages[i]}] = holders[i].node_ids;
+    holders_[CachedPage{ns_id, pages[i]}] = {holders[i].node_ids, now};
   }
 }
 
 std::vector<std::vector<std::string>> PeerTier::HoldersOf(
     const storage::TierNamespace& ns, uint64_t fingerprint,
     std::span<const PageHash> pages) {
-  std::vector<std::vector<std::string>> out(pages.size());
-  std::vector<PageHash> unknown;
-  std::vector<size_t> unknown_at;
+  std::vector<std::vector<std::string>> out;
   {
+    const Clock::time_point now = Clock::now();
     MutexLock lock(&mu_);
-    for (size_t i = 0; i < pages.size(); ++i) {
-      auto it = holders_.find(CachedPage{ns.id, pages[i]});
-      if (it != holders_.end()) {
-        out[i] = it->second;
-      } else {
-        unknown.push_back(pages[i]);
-        unknown_at.push_back(i);
+    for (const PageHash& page : pages) {
+      auto it = holders_.find(CachedPage{ns.id, page});
+      if (it == holders_.end() ||
+          now - it->second.at >= options_.holder_cache_ttl) {
+        break;
       }
+      out.push_back(it->second.node_ids);
     }
   }
-  if (unknown.empty()) return out;
+  if (out.size() == pages.size()) return out;
+  const std::span<const PageHash> rest = pages.subspan(out.size());
   auto found =
-      directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, unknown);
+      directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, rest);
   if (!found.ok()) {
+    // Local-only while the directory is down or slow (the cached prefix
+    // stands: those entries are at most holder_cache_ttl old).
     lookup_errors_.fetch_add(1, std::memory_order_relaxed);
     return out;
   }
-  for (size_t i = 0; i < found->size(); ++i) {
-    out[unknown_at[i]] = (*found)[i].node_ids;
-  }
-  Remember(ns.id, std::span(unknown).first(found->size()), *found);
+  Remember(ns.id, rest.first(found->size()), *found);
+  for (auto& holders : *found) out.push_back(std::move(holders.node_ids));
   return out;
 }
 
@@ -311,7 +309,8 @@ void PeerTier::Read(const storage::TierNamespace& ns, uint64_t fingerprint,
       pages.push_back(item.key.page);
     }
   }
-  const auto holders = HoldersOf(ns, fingerprint, pages);
+  auto holders = HoldersOf(ns, fingerprint, pages);
+  holders.resize(pages.size());  // no holder known past the prefix
   for (const auto& node : directory_->LiveNodes()) {
     if (node.node_id != directory_->self().node_id) {
       state->address[node.node_id] = node.address;
@@ -498,6 +497,7 @@ void PeerTier::VisitCounters(storage::TierCounterVisitor& visitor) const {
     visitor.Counter("served_bytes", served.served_bytes);
     visitor.Counter("served_refused", served.refused);
     visitor.Counter("served_absent", served.absent_segments);
+    visitor.Counter("served_unavailable", served.unavailable_segments);
   }
   const transport::DirectoryStats dir = directory_->GetStats();
   visitor.Flag("directory_up", dir.up);

@@ -63,9 +63,13 @@ struct PeerTierOptions {
   std::chrono::milliseconds fetch_deadline{2000};
   // Largest bulk data of one FETCH. Default: 64 MiB.
   uint64_t max_fetch_bytes = uint64_t{64} << 20;
-  // Pages whose holders a Lookup remembers for the Read that follows it
-  // (the cache is emptied when full). Default: 65536.
+  // Pages whose holders a directory lookup remembers, for the Lookups and
+  // Reads that follow it (Match, then the Get's promotion, then its read)
+  // within holder_cache_ttl: one directory round trip per request rather
+  // than three. Emptied when full. Default: 65536 pages, 1 s (the
+  // directory's own live-set refresh period).
   size_t holder_cache_pages = 65536;
+  std::chrono::milliseconds holder_cache_ttl{1000};
   // How long a holder whose FETCH failed is passed over when another live
   // peer holds the page. Default: 1 s (the transport's first back-off).
   std::chrono::milliseconds failed_holder_pause{1000};
@@ -139,8 +143,10 @@ class PeerTier final : public storage::Tier {
   };
 
   bool Shared(uint32_t ns_id) const EXCLUDES(mu_);
-  // The holders of `pages` (one entry per page, empty when none is known):
-  // from the Lookup cache, else one directory Lookup of the rest.
+  // The live holders of pages[0], pages[1], ... up to the first page no
+  // peer is known to hold (the directory's prefix semantics): the fresh
+  // cached prefix, then one directory Lookup of the rest. Empty when the
+  // directory is down or slow.
   std::vector<std::vector<std::string>> HoldersOf(
       const storage::TierNamespace& ns, uint64_t fingerprint,
       std::span<const PageHash> pages) EXCLUDES(mu_);
@@ -168,8 +174,12 @@ class PeerTier final : public storage::Tier {
 
   mutable Mutex mu_;
   std::unordered_set<uint32_t> shared_ids_ GUARDED_BY(mu_);
-  std::unordered_map<CachedPage, std::vector<std::string>, CachedPageHash>
-      holders_ GUARDED_BY(mu_);
+  struct CachedHolders {
+    std::vector<std::string> node_ids;
+    Clock::time_point at;
+  };
+  std::unordered_map<CachedPage, CachedHolders, CachedPageHash> holders_
+      GUARDED_BY(mu_);
   // Holders passed over until the time given (HolderFailed).
   std::unordered_map<std::string, Clock::time_point> paused_ GUARDED_BY(mu_);
 

@@ -55,10 +55,12 @@ TEST(FetchProtocolTest, RequestDecoderRefusesEveryMalformedShape) {
 }
 
 TEST(FetchProtocolTest, ReplyHeadRoundTripsAndMustNameEverySegment) {
+  using State = FetchedSegment::State;
   const std::vector<FetchedSegment> sent = {
-      {.bytes = 73728, .checksum = 1},
-      {.bytes = 0, .checksum = 0},
-      {.bytes = 8448, .checksum = ~uint64_t{0}}};
+      {.state = State::kServed, .bytes = 73728, .checksum = 1},
+      {.state = State::kAbsent},
+      {.state = State::kUnavailable},
+      {.state = State::kServed, .bytes = 8448, .checksum = ~uint64_t{0}}};
   const std::vector<std::byte> head = EncodeFetchReplyHead(sent);
   // Fits the transport's default reply-head bound at the largest request.
   EXPECT_LE(EncodeFetchReplyHead(std::vector<FetchedSegment>(kMaxFetchSegments))
@@ -68,6 +70,7 @@ TEST(FetchProtocolTest, ReplyHeadRoundTripsAndMustNameEverySegment) {
   ASSERT_OK(got);
   ASSERT_EQ(got->size(), sent.size());
   for (size_t i = 0; i < sent.size(); ++i) {
+    EXPECT_EQ((*got)[i].state, sent[i].state);
     EXPECT_EQ((*got)[i].bytes, sent[i].bytes);
     EXPECT_EQ((*got)[i].checksum, sent[i].checksum);
   }
@@ -78,6 +81,20 @@ TEST(FetchProtocolTest, ReplyHeadRoundTripsAndMustNameEverySegment) {
           .status()
           .code(),
       StatusCode::kProtocolError);
+}
+
+TEST(FetchProtocolTest, ReplyHeadDecoderRefusesInconsistentSegments) {
+  using State = FetchedSegment::State;
+  for (const FetchedSegment& bad :
+       {FetchedSegment{.state = State::kServed, .bytes = 0},
+        FetchedSegment{.state = State::kAbsent, .bytes = 64},
+        FetchedSegment{.state = static_cast<State>(3), .bytes = 0}}) {
+    EXPECT_EQ(DecodeFetchReplyHead(EncodeFetchReplyHead({&bad, 1}), 1)
+                  .status()
+                  .code(),
+              StatusCode::kProtocolError)
+        << static_cast<int>(bad.state) << " " << bad.bytes;
+  }
 }
 
 TEST(FetchProtocolTest, ChecksumSeesEveryByte) {
