@@ -112,6 +112,7 @@ Status DaemonLauncher::Start(const DaemonLaunchOptions& options) {
     args.push_back(config);
   }
   args.insert(args.end(), options.args.begin(), options.args.end());
+  args.insert(args.begin(), options.wrapper.begin(), options.wrapper.end());
   const std::string log_path = File("tierkvd.log");
   // Built before fork: the child may only make async-signal-safe calls.
   std::vector<std::string> env = ChildEnvironment(options.env);

@@ -43,6 +43,11 @@ struct DaemonLaunchOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Where tierkvd is. Default: "" (DaemonBinDir()).
   std::string bin_dir;
+  // A command tierkvd is started through, its arguments before tierkvd's
+  // path, e.g. {"/usr/sbin/ip", "netns", "exec", "ns1"}: an absolute path
+  // first, and a command that execs tierkvd in place (its PID is the one
+  // signalled). Default: none.
+  std::vector<std::string> wrapper;
   // The daemon's --metrics address; port 0 picks a free one (see
   // metrics_port()). Default: "127.0.0.1:0".
   std::string metrics_listen = "127.0.0.1:0";

@@ -21,6 +21,7 @@ DaemonProcess::~DaemonProcess() {
 Status DaemonProcess::Start(const DaemonSpec& spec) {
   tools::DaemonLaunchOptions options{.config_toml = spec.config_toml,
                                      .env = spec.env,
+                                     .wrapper = spec.wrapper,
                                      .ready_timeout = spec.ready_timeout};
   const bool sized = std::find(spec.extra_args.begin(), spec.extra_args.end(),
                                "--host-bytes") != spec.extra_args.end();

@@ -37,6 +37,8 @@ struct DaemonSpec {
   // How long Start() waits for the daemon to be ready (a bench populating
   // GiBs of arenas on a slow VM takes longer than the default).
   std::chrono::milliseconds ready_timeout{20000};
+  // tools::DaemonLaunchOptions::wrapper (e.g. `ip netns exec NS`).
+  std::vector<std::string> wrapper;
 };
 
 class DaemonProcess {

@@ -45,6 +45,9 @@ class RedisServer {
   struct Spec {
     std::string password = "directory-test-secret";  // "" runs without
     bool unix_socket = false;  // also listen on <dir>/redis.sock
+    // Another address to listen on besides 127.0.0.1 (a test network's),
+    // which url() then names. Default: none.
+    std::string also_bind;
     // How long Start() waits for PING. Default: 20 s (a loaded 2-core VM).
     std::chrono::milliseconds ready_timeout{20000};
   };
@@ -102,7 +105,9 @@ class RedisServer {
   pid_t pid() const { return pid_; }
   const TempDir& dir() const { return dir_; }
   std::string url() const {
-    return "redis://127.0.0.1:" + std::to_string(port_);
+    const std::string& host =
+        spec_.also_bind.empty() ? std::string("127.0.0.1") : spec_.also_bind;
+    return "redis://" + host + ":" + std::to_string(port_);
   }
   std::string unix_path() const { return dir_.File("redis.sock"); }
   std::string unix_url() const { return "unix://" + unix_path(); }
@@ -155,6 +160,9 @@ class RedisServer {
         Binary(), "--port", std::to_string(port_), "--bind",    "127.0.0.1",
         "--save", "",       "--appendonly",        "no",        "--daemonize",
         "no",     "--dir",  dir_.path().string(),  "--logfile", ""};
+    if (!spec_.also_bind.empty()) {
+      args.insert(args.begin() + 5, spec_.also_bind);  // after "127.0.0.1"
+    }
     if (!spec_.password.empty()) {
       args.push_back("--requirepass");
       args.push_back(spec_.password);
