@@ -270,9 +270,11 @@ HandlerReply CacheService::Match(uint64_t conn, Namespace& ns, In in) {
   if (!match.ok()) return Ok(MatchResponse{match.status(), 0, {}});
   const double page_tokens = ns.engine->layout()->page_tokens;
   ns.metrics->lookups->Increment();
-  ns.metrics->lookup_tokens_host->Increment((match->leading_pages -
-                                             match->leading_nvme_pages -
-                                             match->leading_hbm_pages) *
+  ns.metrics->lookup_tokens_host->Increment(
+      (match->leading_pages - match->leading_nvme_pages -
+       match->leading_peer_pages - match->leading_hbm_pages) *
+      page_tokens);
+  ns.metrics->lookup_tokens_peer->Increment(match->leading_peer_pages *
                                             page_tokens);
   ns.metrics->lookup_tokens_hbm->Increment(match->leading_hbm_pages *
                                            page_tokens);
@@ -606,6 +608,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
   j["write_policy"] = storage::WritePolicyName(ns.engine->write_policy());
   j["lookup_tokens"]["nvme"] = m.lookup_tokens_nvme->Value();
   j["lookup_tokens"]["hbm"] = m.lookup_tokens_hbm->Value();
+  j["lookup_tokens"]["peer"] = m.lookup_tokens_peer->Value();
   j["transfers"]["load_segments"]["hbm"] = es.load_segments_hbm;
   j["transfers"]["load_bytes"]["hbm"] = es.load_bytes_hbm;
   if (es.has_device) {

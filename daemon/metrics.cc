@@ -273,6 +273,7 @@ NamespaceMetrics* DaemonMetrics::AddNamespace(const std::string& ns) {
   m->lookup_tokens_host = &tokens.Add({{"namespace", ns}, {"tier", "host"}});
   m->lookup_tokens_nvme = &tokens.Add({{"namespace", ns}, {"tier", "nvme"}});
   m->lookup_tokens_hbm = &tokens.Add({{"namespace", ns}, {"tier", "hbm"}});
+  m->lookup_tokens_peer = &tokens.Add({{"namespace", ns}, {"tier", "peer"}});
   m->lookup_tokens_miss = &tokens.Add({{"namespace", ns}, {"tier", "miss"}});
   m->get_hits = &gets.Add({{"namespace", ns}, {"result", "hit"}});
   m->get_hits_nvme = &gets.Add({{"namespace", ns}, {"result", "hit_nvme"}});

@@ -51,6 +51,7 @@ struct NamespaceMetrics {
   prometheus::Counter* lookup_tokens_host;  // tokens of pages found in host
   prometheus::Counter* lookup_tokens_nvme;
   prometheus::Counter* lookup_tokens_hbm;
+  prometheus::Counter* lookup_tokens_peer;  // pages another node holds
   prometheus::Counter* lookup_tokens_miss;
   prometheus::Counter* get_hits;       // segments
   prometheus::Counter* get_hits_nvme;  // promoted from NVMe on demand

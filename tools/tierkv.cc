@@ -355,12 +355,13 @@ int PrintStats(const std::string& json_text, bool raw) {
       h["segments"].get<uint64_t>(),
       h["hugepages"].get<bool>() ? ", hugepages" : "");
   const double hit_nvme = j["lookup_tokens"].value("nvme", 0.0);
+  const double hit_peer = j["lookup_tokens"].value("peer", 0.0);
   fmt::print(
       "  lookups     {:.0f} requests; tokens hit {:.0f} in host, {:.0f} on "
-      "nvme, "
-      "missed {:.0f} (hit rate {:.1f}%)\n",
-      j["lookups"].get<double>(), hit, hit_nvme, miss,
-      100.0 * (hit + hit_nvme) / std::max(1.0, hit + hit_nvme + miss));
+      "nvme, {:.0f} on peers, missed {:.0f} (hit rate {:.1f}%)\n",
+      j["lookups"].get<double>(), hit, hit_nvme, hit_peer, miss,
+      100.0 * (hit + hit_nvme + hit_peer) /
+          std::max(1.0, hit + hit_nvme + hit_peer + miss));
   fmt::print(
       "  gets        {:.0f} segments hit, {:.0f} missed (hit rate {:.1f}%)\n",
       ghit, gmiss, 100.0 * ghit / std::max(1.0, ghit + gmiss));
@@ -415,6 +416,25 @@ int PrintStats(const std::string& json_text, bool raw) {
         h["backpressure_rejections"].get<uint64_t>(),
         n["promotions_done"].get<uint64_t>(),
         j["write_policy"].get<std::string>());
+  }
+  if (j.contains("peer")) {
+    // The peer tier ([cluster]): what this node fetched and served.
+    const auto& p = j["peer"];
+    auto n = [&](const char* key) { return p.value(key, 0.0); };
+    fmt::print(
+        "  peer tier   {} live peers, directory {}; fetched {:.0f} segments "
+        "/ {} in {:.0f} fetches ({:.0f} failed over), served {:.0f} / {}\n",
+        static_cast<uint64_t>(n("live_peers")),
+        p.value("directory_up", false) ? "up" : "DOWN", n("fetch_segments"),
+        HumanBytes(n("fetch_bytes")), n("fetches"), n("failovers"),
+        n("served_segments"), HumanBytes(n("served_bytes")));
+    fmt::print(
+        "    errors    {:.0f} timeout, {:.0f} unavailable, {:.0f} stale, {:.0f} "
+        "checksum, {:.0f} refused; directory lookups {:.0f} failed of "
+        "{:.0f}\n",
+        n("errors_timeout"), n("errors_unavailable"), n("errors_stale"),
+        n("errors_checksum"), n("errors_refused"), n("lookup_errors"),
+        n("lookups"));
   }
   if (j.contains("transfers")) {
     // Registered-pool transfers (daemon-wide) and this namespace's waits.

@@ -344,6 +344,7 @@ Result<EngineMatch> CacheEngine::Match(EngineNamespace& ns,
     if (all_hbm[n]) tier = tierkv::Tier::kHbm;
     out.leading_pages++;
     out.leading_nvme_pages += tier == tierkv::Tier::kNvme;
+    out.leading_peer_pages += tier == tierkv::Tier::kPeer;
     out.leading_hbm_pages += tier == tierkv::Tier::kHbm;
     for (; b < below_keys.size() && below_page[b] == n; ++b) {
       const uint64_t bytes = where[b].bytes;

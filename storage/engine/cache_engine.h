@@ -102,6 +102,8 @@ struct EngineMatch {
   // Pages [0, leading_pages) have every segment of the layout stored.
   uint32_t leading_pages = 0;
   uint32_t leading_nvme_pages = 0;  // of those, pages with a segment on NVMe
+  // ... pages with a segment only a peer holds (the peer tier, [cluster])
+  uint32_t leading_peer_pages = 0;
   uint32_t leading_hbm_pages = 0;   // of those, pages wholly in HBM too
   // Per page: the slowest tier holding one of its segments, or kMiss;
   // kHbm for a stored page whose every segment the HBM tier holds too.
