@@ -28,6 +28,7 @@
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,16 +77,27 @@ struct FetchRequest {
 };
 // The holder's source buffer: every reply's spans lie in it.
 constexpr uint64_t kHolderBufferBytes = uint64_t{64} << 20;
+// Bytes left between consecutive segments of one call, on both sides, so
+// that no two spans are adjacent (as pages in an arena seldom are) and no
+// layer may merge them into one contiguous transfer.
+constexpr uint64_t kSegmentGapBytes = 4096;
 constexpr uint64_t kLatencySegmentBytes = uint64_t{64} << 10;
 constexpr size_t kLookupPages = 128;
 
 struct PeerBenchOptions {
   int iterations = 3;                      // rounds per configuration
   std::string bytes_per_round = "256MiB";  // per fetch round and perftest run
-  int in_flight = 4;                       // calls outstanding in fetch rows
-  int latency_calls = 1000;                // per round
-  int lookup_calls = 1000;                 // per round, and raw pipelines
+  int in_flight = 8;         // calls outstanding in the fetch rows
+  int latency_calls = 1000;  // per round
+  int lookup_calls = 1000;   // per round, and raw pipelines
   std::string tls = "tcp";
+  // PeerTransportOptions::rendezvous_threshold_bytes on both sides; empty
+  // keeps the transport's default.
+  std::string rendezvous_threshold;
+  // Which parts run: any of fetch, latency, directory.
+  std::vector<std::string> sections = {"fetch", "latency", "directory"};
+  // Fetch rows to run, by name (64KiB .. 64x64KiB); empty runs all.
+  std::vector<std::string> cases;
   std::string ucx_perftest = "/usr/bin/ucx_perftest";
   std::string json_path;
   // Set only in the re-executed holder.
@@ -97,14 +109,20 @@ std::byte Pattern(uint64_t i) {
   return static_cast<std::byte>((i * 131 + (i >> 12)) & 0xff);
 }
 
-PeerTransportOptions TransportOptions(const std::string& node,
-                                      std::vector<std::byte> secret,
-                                      const std::string& tls) {
+Result<PeerTransportOptions> TransportOptions(const std::string& node,
+                                              std::vector<std::byte> secret,
+                                              const PeerBenchOptions& bench) {
   PeerTransportOptions o;
   o.node_id = node;
   o.cluster_name = "tierkv-bench";
   o.cluster_secret = std::move(secret);
-  o.ucx_settings = {{"TLS", tls}, {"KEEPALIVE_INTERVAL", "2s"}};
+  o.ucx_settings = {{"TLS", bench.tls}, {"KEEPALIVE_INTERVAL", "2s"}};
+  if (!bench.rendezvous_threshold.empty()) {
+    auto bytes =
+        ParseSizeOption("--rendezvous-threshold", bench.rendezvous_threshold);
+    if (!bytes.ok()) return bytes.status();
+    o.rendezvous_threshold_bytes = *bytes;
+  }
   return o;
 }
 
@@ -123,23 +141,27 @@ int RunHolder(const PeerBenchOptions& o) {
   }
   static std::vector<std::byte> source(kHolderBufferBytes);
   for (uint64_t i = 0; i < source.size(); ++i) source[i] = Pattern(i);
+  Result<PeerTransportOptions> options = TransportOptions("holder", *secret, o);
+  if (!options.ok()) {
+    fmt::print(stderr, "holder: {}\n", options.status().ToString());
+    return 1;
+  }
   Result<std::unique_ptr<PeerTransport>> t = PeerTransport::Open(
-      TransportOptions("holder", *secret, o.tls),
-      [](const PeerRequest& req, PeerResponder r) {
+      *options, [](const PeerRequest& req, PeerResponder r) {
         FetchRequest f;
         if (req.opcode != kFetchOpcode || req.payload.size() != sizeof(f)) {
           return r.ReplyError(Status::InvalidArgument("bad fetch"));
         }
         std::memcpy(&f, req.payload.data(), sizeof(f));
         if (f.segment_bytes == 0 || f.segments == 0 ||
-            f.segment_bytes * f.segments > source.size()) {
+            (f.segment_bytes + kSegmentGapBytes) * f.segments > source.size()) {
           return r.ReplyError(Status::InvalidArgument("fetch too large"));
         }
         std::vector<std::span<const std::byte>> spans;
         spans.reserve(f.segments);
         for (uint64_t i = 0; i < f.segments; ++i) {
-          spans.push_back(
-              std::span(source).subspan(i * f.segment_bytes, f.segment_bytes));
+          spans.push_back(std::span(source).subspan(
+              i * (f.segment_bytes + kSegmentGapBytes), f.segment_bytes));
         }
         std::vector<std::byte> head(sizeof(f.segments));
         std::memcpy(head.data(), &f.segments, sizeof(f.segments));
@@ -166,7 +188,7 @@ int RunHolder(const PeerBenchOptions& o) {
 // SIGKILLed and reaped on destruction.
 class HolderProcess {
  public:
-  HolderProcess(const std::string& secret_path, const std::string& tls) {
+  HolderProcess(const std::string& secret_path, const PeerBenchOptions& o) {
     int ready[2], lifeline[2];
     if (::pipe2(ready, O_CLOEXEC) != 0) return;
     if (::pipe2(lifeline, O_CLOEXEC) != 0) {
@@ -179,14 +201,14 @@ class HolderProcess {
     const ssize_t n =
         ::readlink("/proc/self/exe", self.data(), self.size() - 1);
     self.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    std::vector<std::string> args = {self,
-                                     "peer",
-                                     "--holder-secret",
-                                     secret_path,
-                                     "--holder-fd",
-                                     std::to_string(child_fd),
-                                     "--tls",
-                                     tls};
+    std::vector<std::string> args = {
+        self,        "peer",        "--holder-secret",
+        secret_path, "--holder-fd", std::to_string(child_fd),
+        "--tls",     o.tls};
+    if (!o.rendezvous_threshold.empty()) {
+      args.push_back("--rendezvous-threshold");
+      args.push_back(o.rendezvous_threshold);
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -276,7 +298,8 @@ class Completions {
 };
 
 // Lands one call's segments in its slot's buffer, segment i at
-// i * segment_bytes (the spans an engine would pass: one per page).
+// i * (segment_bytes + kSegmentGapBytes) (the spans an engine would pass:
+// one per page).
 class SlotReceiver final : public ReplyReceiver {
  public:
   SlotReceiver(std::span<std::byte> slot, uint64_t segment_bytes,
@@ -295,7 +318,8 @@ class SlotReceiver final : public ReplyReceiver {
     std::vector<std::span<std::byte>> spans;
     spans.reserve(segments_);
     for (uint64_t i = 0; i < segments_; ++i) {
-      spans.push_back(slot_.subspan(i * segment_bytes_, segment_bytes_));
+      spans.push_back(slot_.subspan(i * (segment_bytes_ + kSegmentGapBytes),
+                                    segment_bytes_));
     }
     return spans;
   }
@@ -362,11 +386,13 @@ class Requester {
 
   // One fetch of `c` whose bytes are compared with the holder's pattern.
   Status Verify(const FetchCase& c) {
-    std::fill(landing_.begin(), landing_.begin() + CallBytes(c), std::byte{0});
+    std::fill(landing_.begin(), landing_.begin() + SlotBytes(c), std::byte{0});
     Result<double> s = Fetch({c.name, c.segment_bytes, c.segments, 1}, 1);
     if (!s.ok()) return s.status();
-    for (uint64_t i = 0; i < CallBytes(c); ++i) {
-      if (landing_[i] != Pattern(i)) {
+    const uint64_t stride = c.segment_bytes + kSegmentGapBytes;
+    for (uint64_t i = 0; i < SlotBytes(c); ++i) {
+      const bool in_segment = i % stride < c.segment_bytes;
+      if (landing_[i] != (in_segment ? Pattern(i) : std::byte{0})) {
         return Status::Corruption(
             fmt::format("{}: byte {} differs", c.name, i));
       }
@@ -374,8 +400,13 @@ class Requester {
     return Status::OK();
   }
 
+  // Bytes of reply data per call.
   static uint64_t CallBytes(const FetchCase& c) {
     return c.segment_bytes * c.segments;
+  }
+  // Bytes of landing buffer per call, gaps included.
+  static uint64_t SlotBytes(const FetchCase& c) {
+    return (c.segment_bytes + kSegmentGapBytes) * c.segments;
   }
 
  private:
@@ -387,7 +418,7 @@ class Requester {
         address_, kFetchOpcode, std::move(payload),
         Clock::now() + std::chrono::seconds(10),
         std::make_shared<SlotReceiver>(
-            std::span(landing_).subspan(slot * slot_bytes_, CallBytes(c)),
+            std::span(landing_).subspan(slot * slot_bytes_, SlotBytes(c)),
             c.segment_bytes, c.segments, slot, &done_));
   }
 
@@ -396,6 +427,24 @@ class Requester {
   std::vector<std::byte> landing_;
   const uint64_t slot_bytes_;
   Completions done_;
+};
+
+// This process's CPU time and context switches so far (all threads): what
+// the requester side of a call costs beyond its wall time.
+struct ProcessCost {
+  double cpu_us = 0;
+  double switches = 0;
+
+  static ProcessCost Now() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    auto us = [](const timeval& tv) { return tv.tv_sec * 1e6 + tv.tv_usec; };
+    return {us(u.ru_utime) + us(u.ru_stime),
+            static_cast<double>(u.ru_nvcsw + u.ru_nivcsw)};
+  }
+  ProcessCost operator-(const ProcessCost& b) const {
+    return {cpu_us - b.cpu_us, switches - b.switches};
+  }
 };
 
 // ------------------------------------------------------------ directory
@@ -515,6 +564,11 @@ Status MeasureDirectory(const PeerBenchOptions& o, LookupFigures* fig) {
 
 // ----------------------------------------------------------------- run
 
+bool Wanted(const PeerBenchOptions& o, std::string_view section) {
+  return std::find(o.sections.begin(), o.sections.end(), section) !=
+         o.sections.end();
+}
+
 Result<std::string> WriteSecret(const testing::TempDir& dir) {
   std::vector<std::byte> bytes(32);
   if (::getrandom(bytes.data(), bytes.size(), 0) !=
@@ -565,7 +619,7 @@ int Run(const PeerBenchOptions& o) {
     fmt::print(stderr, "{}\n", secret.status().ToString());
     return 1;
   }
-  HolderProcess holder(*secret_path, o.tls);
+  HolderProcess holder(*secret_path, o);
   if (holder.address().empty()) {
     fmt::print(stderr, "the holder process did not start\n");
     return 1;
@@ -582,13 +636,19 @@ int Run(const PeerBenchOptions& o) {
   };
   uint64_t slot_bytes = 0;
   for (const auto& c : cases) {
-    slot_bytes = std::max(slot_bytes, Requester::CallBytes(c));
+    slot_bytes = std::max(slot_bytes, Requester::SlotBytes(c));
   }
   // Declared before the transport, so destroyed after it: UCX may write
   // into the landing buffers until the transport has shut down.
   std::unique_ptr<Requester> requester;
-  Result<std::unique_ptr<PeerTransport>> opened = PeerTransport::Open(
-      TransportOptions("requester", *secret, o.tls), nullptr);
+  Result<PeerTransportOptions> options =
+      TransportOptions("requester", *secret, o);
+  if (!options.ok()) {
+    fmt::print(stderr, "{}\n", options.status().ToString());
+    return 2;
+  }
+  Result<std::unique_ptr<PeerTransport>> opened =
+      PeerTransport::Open(*options, nullptr);
   if (!opened.ok()) {
     fmt::print(stderr, "{}\n", opened.status().ToString());
     return 1;
@@ -602,16 +662,20 @@ int Run(const PeerBenchOptions& o) {
   out["tls"] = o.tls;
   out["iterations"] = o.iterations;
   out["bytes_per_round"] = *round_bytes;
-  fmt::print(
-      "peer fetch, UCX_TLS={}, holder in another process; GB/s = 1e9 B/s, "
-      "medians of {} rounds of {} each, alternating with ucx_perftest "
-      "ucp_am_bw of the same message\n",
-      o.tls, o.iterations, o.bytes_per_round);
-  fmt::print("{:>10} {:>9} {:>12} {:>14} {:>8}\n", "segments", "in flight",
-             "tierkv GB/s", "am_bw GB/s", "ratio");
-  int rc = 0;
-  {
+  if (Wanted(o, "fetch")) {
+    fmt::print(
+        "peer fetch, UCX_TLS={}, holder in another process; GB/s = 1e9 B/s, "
+        "medians of {} rounds of {} each, alternating with ucx_perftest "
+        "ucp_am_bw of the same message\n",
+        o.tls, o.iterations, o.bytes_per_round);
+    fmt::print("{:>10} {:>9} {:>12} {:>14} {:>8} {:>13}\n", "segments",
+               "in flight", "tierkv GB/s", "am_bw GB/s", "ratio",
+               "requester CPU");
     for (const FetchCase& c : cases) {
+      if (!o.cases.empty() &&
+          std::find(o.cases.begin(), o.cases.end(), c.name) == o.cases.end()) {
+        continue;
+      }
       if (Status s = requester->Verify(c); !s.ok()) {
         fmt::print(stderr, "{}: {}\n", c.name, s.ToString());
         return 1;
@@ -626,17 +690,20 @@ int Run(const PeerBenchOptions& o) {
       spec.iov = c.segments > 1;
       spec.iterations = calls;
       spec.warmup = 16;
-      std::vector<double> ours, theirs, ratios;
+      // The requester process's CPU seconds per wall second.
+      std::vector<double> ours, theirs, ratios, cpu;
       for (int it = 0; it < o.iterations; ++it) {
         double mine = 0, perf = 0;
         for (int turn = 0; turn < 2; ++turn) {
           if ((turn == 0) == (it % 2 == 0)) {
+            const ProcessCost before = ProcessCost::Now();
             Result<double> sec = requester->Fetch(c, calls);
             if (!sec.ok()) {
               fmt::print(stderr, "{}: {}\n", c.name, sec.status().ToString());
               return 1;
             }
             mine = static_cast<double>(calls * call_bytes) / *sec / 1e9;
+            cpu.push_back((ProcessCost::Now() - before).cpu_us / (*sec * 1e6));
           } else {
             Result<UcxPerftestResult> r = RunUcxPerftest(spec);
             if (!r.ok()) {
@@ -651,8 +718,9 @@ int Run(const PeerBenchOptions& o) {
         ratios.push_back(mine / perf);
       }
       const double ratio = Median(ratios);
-      fmt::print("{:>10} {:>9} {:>12.2f} {:>14.2f} {:>8.2f}\n", c.name,
-                 c.in_flight, Median(ours), Median(theirs), ratio);
+      fmt::print("{:>10} {:>9} {:>12.2f} {:>14.2f} {:>8.2f} {:>13.2f}\n",
+                 c.name, c.in_flight, Median(ours), Median(theirs), ratio,
+                 Median(cpu));
       out["fetch"].push_back({{"case", c.name},
                               {"segment_bytes", c.segment_bytes},
                               {"segments_per_call", c.segments},
@@ -661,11 +729,14 @@ int Run(const PeerBenchOptions& o) {
                               {"tierkv_gbps", Median(ours)},
                               {"ucp_am_bw_gbps", Median(theirs)},
                               {"ratio", ratio},
+                              {"requester_cpu_per_wall_second", Median(cpu)},
                               {"tierkv_gbps_rounds", ours},
                               {"ucp_am_bw_gbps_rounds", theirs}});
     }
+  }
 
-    // One 64 KiB fetch at a time, against ucp_am_lat's round trip.
+  // One 64 KiB fetch at a time, against ucp_am_lat's round trip.
+  if (Wanted(o, "latency")) {
     const FetchCase one{"64KiB", kLatencySegmentBytes, 1, 1};
     std::vector<double> lat_us, perf_p50, perf_p99;
     if (Status s = requester->Latencies(one, 100, &lat_us); !s.ok()) {
@@ -673,12 +744,17 @@ int Run(const PeerBenchOptions& o) {
       return 1;
     }
     lat_us.clear();
+    ProcessCost cost;
     for (int it = 0; it < o.iterations; ++it) {
+      const ProcessCost before = ProcessCost::Now();
       if (Status s = requester->Latencies(one, o.latency_calls, &lat_us);
           !s.ok()) {
         fmt::print(stderr, "latency: {}\n", s.ToString());
         return 1;
       }
+      const ProcessCost spent = ProcessCost::Now() - before;
+      cost.cpu_us += spent.cpu_us;
+      cost.switches += spent.switches;
       for (double rank : {50.0, 99.0}) {
         UcxPerftestSpec spec;
         spec.binary = o.ucx_perftest;
@@ -705,23 +781,34 @@ int Run(const PeerBenchOptions& o) {
         "trip (2x its one-way figure) p50 {:.1f} us, p99 {:.1f} us; ratio "
         "p50 {:.2f}, p99 {:.2f}\n",
         lat_us.size(), p50, p99, am_p50, am_p99, p50 / am_p50, p99 / am_p99);
-    out["fetch_latency_64KiB_us"] = {{"calls", lat_us.size()},
-                                     {"p50", p50},
-                                     {"p99", p99},
-                                     {"ucp_am_lat_round_trip_p50", am_p50},
-                                     {"ucp_am_lat_round_trip_p99", am_p99},
-                                     {"p50_ratio", p50 / am_p50},
-                                     {"p99_ratio", p99 / am_p99}};
-    const auto counters = transport->counters();
-    out["requester_counters"] = {
-        {"requests_sent", counters.requests_sent},
-        {"replies_received", counters.replies_received},
-        {"errors_timeout", counters.errors_timeout},
-        {"errors_reset", counters.errors_reset}};
+    const double calls = static_cast<double>(lat_us.size());
+    fmt::print(
+        "  requester process per call: {:.1f} us of CPU, {:.1f} context "
+        "switches\n",
+        cost.cpu_us / calls, cost.switches / calls);
+    out["fetch_latency_64KiB_us"] = {
+        {"calls", lat_us.size()},
+        {"p50", p50},
+        {"p99", p99},
+        {"ucp_am_lat_round_trip_p50", am_p50},
+        {"ucp_am_lat_round_trip_p99", am_p99},
+        {"p50_ratio", p50 / am_p50},
+        {"p99_ratio", p99 / am_p99},
+        {"requester_cpu_us_per_call", cost.cpu_us / calls},
+        {"requester_context_switches_per_call", cost.switches / calls}};
   }
 
+  const auto counters = transport->counters();
+  out["requester_counters"] = {{"requests_sent", counters.requests_sent},
+                               {"replies_received", counters.replies_received},
+                               {"errors_timeout", counters.errors_timeout},
+                               {"errors_reset", counters.errors_reset}};
+
+  int rc = 0;
   LookupFigures fig;
-  if (Status s = MeasureDirectory(o, &fig); !s.ok()) {
+  if (!Wanted(o, "directory")) {
+    // skipped
+  } else if (Status s = MeasureDirectory(o, &fig); !s.ok()) {
     fmt::print(stderr, "directory: {}\n", s.ToString());
     rc = 1;
   } else {
@@ -772,6 +859,16 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--tls", opts->tls, "UCX_TLS for every UCX user here")
       ->capture_default_str();
+  sub->add_option("--rendezvous-threshold", opts->rendezvous_threshold,
+                  "the transports' rendezvous_threshold_bytes (default: "
+                  "theirs)");
+  sub->add_option("--sections", opts->sections,
+                  "which parts to run: fetch, latency, directory")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fetch", "latency", "directory"}));
+  sub->add_option("--cases", opts->cases,
+                  "fetch rows to run (64KiB, 256KiB, 1MiB, 4MiB, 64x64KiB); "
+                  "default all");
   sub->add_option("--ucx-perftest", opts->ucx_perftest)->capture_default_str();
   sub->add_option("--json", opts->json_path, "also write the figures here");
   // The re-executed holder (HolderProcess); not for people.
