@@ -193,6 +193,7 @@ Result<UcxPerftestResult> RunUcxPerftest(const UcxPerftestSpec& spec) {
       "-n",        std::to_string(spec.iterations),
       "-w",        std::to_string(spec.warmup),
       "-R",        fmt::format("{:.1f}", spec.percentile),
+      "-E",        spec.wait_mode,
       "-f",        "-v"};
   if (spec.iov) {
     args.push_back("-D");

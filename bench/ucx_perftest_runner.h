@@ -22,6 +22,10 @@ struct UcxPerftestSpec {
   uint64_t iterations = 1000;  // -n
   uint64_t warmup = 16;        // -w
   double percentile = 50;      // -R, for latency tests
+  // -E: "poll" (ucx_perftest's default: both sides spin in
+  // ucp_worker_progress) or "sleep" (they wait for events, as the peer
+  // transport does).
+  std::string wait_mode = "poll";
   // The whole run (start-up included) is killed after this long.
   std::chrono::seconds timeout{60};
 };
