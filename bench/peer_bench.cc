@@ -12,13 +12,13 @@
 //               `ucx_perftest -t ucp_am_lat -s 65536` (whose latency is half
 //               a round trip of 64 KiB each way; the ratio is to its full
 //               round trip);
+//   directory - RedisDirectory::Lookup of 128 pages (one pipelined round
+//               trip) against a redis-server started here, beside a raw
+//               hiredis pipeline of the same 128 SMEMBERS.
 // ucx_perftest runs both polling (-E poll, its default: both processes
 // spin) and sleeping (-E sleep: they wait for events, as the transport's
 // progress thread does); on a loaded 2-core machine the spinning pair can
 // be the slower one.
-//   directory - RedisDirectory::Lookup of 128 pages (one pipelined round
-//               trip) against a redis-server started here, beside a raw
-//               hiredis pipeline of the same 128 SMEMBERS.
 // The requester is this process; the holder is this binary re-executed
 // (`peer --holder-secret F --holder-fd N`), so that the two sides' progress
 // threads are scheduled as two daemons' would be. Every UCX user here
@@ -200,7 +200,7 @@ class HolderProcess {
       ::close(ready[1]);
       return;
     }
-    const int child_fd = 200;
+    const int child_fd = ready[1] == 200 ? 201 : 200;
     std::string self(4096, '\0');
     const ssize_t n =
         ::readlink("/proc/self/exe", self.data(), self.size() - 1);

@@ -34,8 +34,9 @@ struct UcxPerftestSpec {
 // listens, runs `ucx_perftest 127.0.0.1 -p PORT ... -f -v` (the client) and
 // parses the client's summary. Both inherit this process's environment
 // (UCX_TLS). Both are reaped before it returns; on a timeout or failure
-// they are killed. IOError naming the command and quoting its output when
-// either fails or times out.
+// they are killed, and the pair is run once more on a new port (the
+// failure is printed to stderr). IOError naming the command and quoting its
+// output when the second run fails or times out too.
 Result<UcxPerftestResult> RunUcxPerftest(const UcxPerftestSpec& spec);
 
 // True when `binary` exists and is executable.
