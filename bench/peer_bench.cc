@@ -471,7 +471,10 @@ class RawPipeline {
   // Returns the number of members summed over the keys, or -1.
   int64_t Run(const std::vector<std::string>& keys) {
     for (const std::string& k : keys) {
-      ::redisAppendCommand(ctx_, "SMEMBERS %b", k.data(), k.size());
+      if (::redisAppendCommand(ctx_, "SMEMBERS %b", k.data(), k.size()) !=
+          REDIS_OK) {
+        return -1;
+      }
     }
     int64_t members = 0;
     for (size_t i = 0; i < keys.size(); ++i) {
