@@ -265,7 +265,9 @@ class HolderProcess {
 class Completions {
  public:
   void Done(size_t slot, Status s) {
+    const Clock::time_point now = Clock::now();
     MutexLock lock(&mu_);
+    last_done_ = now;
     free_slots_.push_back(slot);
     ++completed_;
     if (!s.ok() && first_error_.ok()) first_error_ = std::move(s);
@@ -286,6 +288,11 @@ class Completions {
     while (completed_ < calls && first_error_.ok()) cv_.Wait(&mu_);
     return first_error_;
   }
+  // When the last call completed (its OnComplete ran).
+  Clock::time_point last_done() {
+    MutexLock lock(&mu_);
+    return last_done_;
+  }
   void Reset(size_t slots) {
     MutexLock lock(&mu_);
     free_slots_.clear();
@@ -298,6 +305,7 @@ class Completions {
   CondVar cv_;
   std::vector<size_t> free_slots_ GUARDED_BY(mu_);
   uint64_t completed_ GUARDED_BY(mu_) = 0;
+  Clock::time_point last_done_ GUARDED_BY(mu_);
   Status first_error_ GUARDED_BY(mu_);
 };
 
@@ -370,8 +378,11 @@ class Requester {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  // One call of `c` at a time; appends each one's microseconds.
-  Status Latencies(const FetchCase& c, int calls, std::vector<double>* us) {
+  // One call of `c` at a time; appends each one's microseconds to `us`,
+  // and to `wake_us` the part from its OnComplete (on the progress thread)
+  // to this thread's return from the wait.
+  Status Latencies(const FetchCase& c, int calls, std::vector<double>* us,
+                   std::vector<double>* wake_us) {
     done_.Reset(1);
     for (int i = 0; i < calls; ++i) {
       Result<size_t> slot = done_.TakeSlot();
@@ -382,8 +393,11 @@ class Requester {
           !s.ok()) {
         return s;
       }
-      us->push_back(
-          std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      const auto t1 = Clock::now();
+      us->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      wake_us->push_back(
+          std::chrono::duration<double, std::micro>(t1 - done_.last_done())
+              .count());
     }
     return Status::OK();
   }
@@ -758,18 +772,20 @@ int Run(const PeerBenchOptions& o) {
   // and sleeping).
   if (Wanted(o, "latency")) {
     const FetchCase one{"64KiB", kLatencySegmentBytes, 1, 1};
-    std::vector<double> lat_us;
+    std::vector<double> lat_us, wake_us;
     // Per wait mode (poll, sleep): each round's p50 and p99 round trips.
     std::vector<double> am_p50[2], am_p99[2];
-    if (Status s = requester->Latencies(one, 100, &lat_us); !s.ok()) {
+    if (Status s = requester->Latencies(one, 100, &lat_us, &wake_us); !s.ok()) {
       fmt::print(stderr, "latency warm-up: {}\n", s.ToString());
       return 1;
     }
     lat_us.clear();
+    wake_us.clear();
     ProcessCost cost;
     for (int it = 0; it < o.iterations; ++it) {
       const ProcessCost before = ProcessCost::Now();
-      if (Status s = requester->Latencies(one, o.latency_calls, &lat_us);
+      if (Status s =
+              requester->Latencies(one, o.latency_calls, &lat_us, &wake_us);
           !s.ok()) {
         fmt::print(stderr, "latency: {}\n", s.ToString());
         return 1;
@@ -803,13 +819,16 @@ int Run(const PeerBenchOptions& o) {
     fmt::print(
         "\nfetch latency, one 64 KiB segment per call, {} calls: p50 {:.1f} "
         "us, p99 {:.1f} us (goal <= 100 / 300 us)\n"
+        "  of which OnComplete to the caller's wake-up: p50 {:.1f} us\n"
         "  requester process per call: {:.1f} us of CPU, {:.1f} context "
         "switches\n",
-        lat_us.size(), p50, p99, cost.cpu_us / calls, cost.switches / calls);
+        lat_us.size(), p50, p99, Median(wake_us), cost.cpu_us / calls,
+        cost.switches / calls);
     out["fetch_latency_64KiB_us"] = {
         {"calls", lat_us.size()},
         {"p50", p50},
         {"p99", p99},
+        {"complete_to_caller_wake_p50", Median(wake_us)},
         {"requester_cpu_us_per_call", cost.cpu_us / calls},
         {"requester_context_switches_per_call", cost.switches / calls}};
     for (int mode = 0; mode < 2; ++mode) {
