@@ -90,7 +90,7 @@ constexpr size_t kLookupPages = 128;
 
 struct PeerBenchOptions {
   int iterations = 3;                      // rounds per configuration
-  std::string bytes_per_round = "256MiB";  // per fetch round and perftest run
+  std::string bytes_per_round = "128MiB";  // per fetch round and perftest run
   int in_flight = 8;         // calls outstanding in the fetch rows
   int latency_calls = 1000;  // per round
   int lookup_calls = 1000;   // per round, and raw pipelines
