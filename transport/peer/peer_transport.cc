@@ -934,7 +934,17 @@ Core::SendOp* Core::SendAm(Conn& conn, unsigned am_id,
   p.flags = flags | UCP_AM_SEND_FLAG_REPLY;
   const void* buffer = op->payload.empty() ? nullptr : op->payload.data();
   size_t count = op->payload.size();
-  if (!op->iov.empty()) {
+  if (op->iov.size() == 1) {
+    // One piece goes as contiguous data. UCX 1.13 moves an IOV datatype
+    // by copying it through its own buffers (bcopy, a rendezvous over AM
+    // fragments), while contiguous data on both sides (OnReplyAm receives
+    // one piece the same way) goes zero-copy where the transport can: on
+    // TCP, sendmsg straight from this buffer and recv straight into the
+    // requester's. tierkv-bench peer: 4 MiB single-segment replies over
+    // TCP went from ~1 GB/s to 3-4.7 GB/s.
+    buffer = op->iov.front().buffer;
+    count = op->iov.front().length;
+  } else if (!op->iov.empty()) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
     buffer = op->iov.data();
@@ -1511,8 +1521,15 @@ ucs_status_t Core::OnReplyAm(void* arg, const void* header,
   p.cb.recv_am = &Core::OnRecvDone;
   p.user_data = op.get();
   p.datatype = ucp_dt_make_iov();
-  const ucs_status_ptr_t r = ucp_am_recv_data_nbx(
-      core->worker_, data, op->iov.data(), op->iov.size(), &p);
+  void* buffer = op->iov.data();
+  size_t count = op->iov.size();
+  if (op->iov.size() == 1) {  // contiguous, as SendAm sends one piece
+    p.datatype = ucp_dt_make_contig(1);
+    buffer = op->iov.front().buffer;
+    count = op->iov.front().length;
+  }
+  const ucs_status_ptr_t r =
+      ucp_am_recv_data_nbx(core->worker_, data, buffer, count, &p);
   if (r == nullptr) {
     Add(core->counters_.bytes_received, length);
     core->CompleteCall(id, Status::OK());
