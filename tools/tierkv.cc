@@ -429,7 +429,8 @@ int PrintStats(const std::string& json_text, bool raw) {
         HumanBytes(n("fetch_bytes")), n("fetches"), n("failovers"),
         n("served_segments"), HumanBytes(n("served_bytes")));
     fmt::print(
-        "    errors    {:.0f} timeout, {:.0f} unavailable, {:.0f} stale, {:.0f} "
+        "    errors    {:.0f} timeout, {:.0f} unavailable, {:.0f} stale, "
+        "{:.0f} "
         "checksum, {:.0f} refused; directory lookups {:.0f} failed of "
         "{:.0f}\n",
         n("errors_timeout"), n("errors_unavailable"), n("errors_stale"),

@@ -104,7 +104,7 @@ struct EngineMatch {
   uint32_t leading_nvme_pages = 0;  // of those, pages with a segment on NVMe
   // ... pages with a segment only a peer holds (the peer tier, [cluster])
   uint32_t leading_peer_pages = 0;
-  uint32_t leading_hbm_pages = 0;   // of those, pages wholly in HBM too
+  uint32_t leading_hbm_pages = 0;  // of those, pages wholly in HBM too
   // Per page: the slowest tier holding one of its segments, or kMiss;
   // kHbm for a stored page whose every segment the HBM tier holds too.
   std::vector<tierkv::Tier> tiers;
