@@ -315,15 +315,14 @@ Result<ClusterReplayResult> ReplayPrefixTraceOnCluster(
     node.result.node_id = node.id;
     node.daemon = std::make_unique<DaemonLauncher>();
     const Status started = node.daemon->Start(
-        {.config_toml = ClusterReplayDaemonConfig(options, i, redis.url(),
-                                                  redis.password_file(),
-                                                  secret_file),
+        {.config_toml = ClusterReplayDaemonConfig(
+             options, i, redis.url(), redis.password_file(), secret_file),
          .env = {{"UCX_TLS", "tcp"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}},
          .bin_dir = options.node.bin_dir,
          .log_level = "warn"});
     if (!started.ok()) {
-      return Status(started.code(), fmt::format("{}: {}", node.id,
-                                                 started.message()));
+      return Status(started.code(),
+                    fmt::format("{}: {}", node.id, started.message()));
     }
     auto client = node.daemon->Connect(kReplayNamespace, kReplayToken);
     if (!client.ok()) return client.status();
@@ -358,17 +357,16 @@ Result<ClusterReplayResult> ReplayPrefixTraceOnCluster(
     Node& node = nodes[target];
     auto outcome = node.replayer->Request(request);
     if (!outcome.ok()) {
-      return Status(outcome.status().code(),
-                    fmt::format("request {} of {} on {}: {}; its log ends:{}",
-                                r + 1, trace.size(), node.id,
-                                outcome.status().message(),
-                                Tail(node.daemon->log(), 10)));
+      return Status(
+          outcome.status().code(),
+          fmt::format("request {} of {} on {}: {}; its log ends:{}", r + 1,
+                      trace.size(), node.id, outcome.status().message(),
+                      Tail(node.daemon->log(), 10)));
     }
     ClusterNodeResult& n = node.result;
     n.requests++;
     n.input_tokens += request.input_length;
-    n.local_hit_tokens +=
-        HitTokens(outcome->host_pages + outcome->nvme_pages);
+    n.local_hit_tokens += HitTokens(outcome->host_pages + outcome->nvme_pages);
     n.peer_hit_tokens += HitTokens(outcome->peer_pages);
     n.get_missed += outcome->get_missed;
     n.put_failed += outcome->put_failed;
@@ -396,8 +394,7 @@ Result<ClusterReplayResult> ReplayPrefixTraceOnCluster(
     }
     if (options.progress) options.progress(r + 1, trace.size());
   }
-  out.seconds =
-      std::chrono::duration<double>(Clock::now() - start).count();
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   out.publish_wait_seconds = std::chrono::duration<double>(waited).count();
 
   for (Node& node : nodes) {

@@ -13,8 +13,8 @@ PrefixReplayer::PrefixReplayer(Client& client, uint32_t bytes_per_token,
                                bool prefetch)
     : client_(client),
       prefetch_(prefetch),
-      payload_(uint64_t{kTraceBlockTokens} * bytes_per_token,
-               std::byte{0x5a}) {}
+      payload_(uint64_t{kTraceBlockTokens} * bytes_per_token, std::byte{0x5a}) {
+}
 
 void PrefixReplayer::SetPages(const TraceRequest& request) {
   pages_.clear();

@@ -60,8 +60,7 @@ std::string RedisLauncher::Binary(const RedisLaunchOptions& options) {
 
 RedisLauncher::RedisLauncher() : password_(RandomPassword()) {
   std::string pattern =
-      (std::filesystem::temp_directory_path() / "tierkv-redis-XXXXXX")
-          .string();
+      (std::filesystem::temp_directory_path() / "tierkv-redis-XXXXXX").string();
   if (::mkdtemp(pattern.data()) != nullptr) dir_ = pattern;
 }
 
@@ -112,9 +111,8 @@ Status RedisLauncher::Start(const RedisLaunchOptions& options) {
                           O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return Status::IOError("cannot create " + password_file());
     const std::string line = password_ + "\n";
-    const bool written =
-        ::write(fd, line.data(), line.size()) ==
-        static_cast<ssize_t>(line.size());
+    const bool written = ::write(fd, line.data(), line.size()) ==
+                         static_cast<ssize_t>(line.size());
     ::close(fd);
     if (!written) return Status::IOError("cannot write " + password_file());
   }
@@ -125,7 +123,8 @@ Status RedisLauncher::Start(const RedisLaunchOptions& options) {
     port_ = FreeLoopbackPort();
     if (port_ == 0) return Status::IOError("no free loopback port");
     last = StartOnce(binary, options.ready_timeout);
-    if (last.ok() || Log().find("Address already in use") == std::string::npos) {
+    if (last.ok() ||
+        Log().find("Address already in use") == std::string::npos) {
       return last;
     }
   }

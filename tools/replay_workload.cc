@@ -83,7 +83,8 @@ std::string ReplayDaemonConfig(const ReplayOptions& o) {
       "token = \"{}\"\n"
       "host_bytes = {}\n"
       "shards = {}\n",
-      kReplayNamespace, kReplayToken, o.host_blocks * SegmentBytes(o), o.shards);
+      kReplayNamespace, kReplayToken, o.host_blocks * SegmentBytes(o),
+      o.shards);
   // Written only when set, for daemons without the key.
   if (o.shared) toml += "shared = true\n";
   // Written only when it is not the default, for daemons without the key.

@@ -74,7 +74,7 @@ struct ReplayOptions {
 struct ReplayResult {
   ReplayOptions options;  // as run (progress cleared)
   uint64_t requests = 0;
-  uint64_t input_tokens = 0;     // sum of input_length
+  uint64_t input_tokens = 0;  // sum of input_length
   // Leading pages read (Match found them, Get returned them), by the tier
   // Match reported: host DRAM, NVMe only.
   uint64_t host_hit_tokens = 0;

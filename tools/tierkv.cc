@@ -175,18 +175,18 @@ Status PlotReplay(const std::string& report_path, const std::string& png) {
 nlohmann::json ClusterRunJson(const tierkv::tools::ClusterReplayResult& r) {
   nlohmann::json nodes = nlohmann::json::array();
   for (const auto& n : r.nodes) {
-    nodes.push_back({{"node", n.node_id},
-                     {"requests", n.requests},
-                     {"input_tokens", n.input_tokens},
-                     {"local_hit_tokens", n.local_hit_tokens},
-                     {"peer_hit_tokens", n.peer_hit_tokens},
-                     {"local_hit_rate", n.LocalHitRate()},
-                     {"cluster_hit_rate", n.ClusterHitRate()},
-                     {"get_missed", n.get_missed},
-                     {"put_failed", n.put_failed},
-                     {"peer_stats", nlohmann::json::parse(
-                                        n.peer_stats_json, nullptr,
-                                        /*allow_exceptions=*/false)}});
+    nodes.push_back(
+        {{"node", n.node_id},
+         {"requests", n.requests},
+         {"input_tokens", n.input_tokens},
+         {"local_hit_tokens", n.local_hit_tokens},
+         {"peer_hit_tokens", n.peer_hit_tokens},
+         {"local_hit_rate", n.LocalHitRate()},
+         {"cluster_hit_rate", n.ClusterHitRate()},
+         {"get_missed", n.get_missed},
+         {"put_failed", n.put_failed},
+         {"peer_stats", nlohmann::json::parse(n.peer_stats_json, nullptr,
+                                              /*allow_exceptions=*/false)}});
   }
   return {{"peers", r.options.peers},
           {"requests", r.requests()},
@@ -216,8 +216,8 @@ int RunClusterReplay(const ReplayCommand& cmd,
   } else if (cmd.routing == "kv-aware") {
     o.routing = tools::ClusterRouting::kKvAware;
   } else {
-    return Fail(Status::InvalidArgument(
-        "--routing must be round-robin or kv-aware"));
+    return Fail(
+        Status::InvalidArgument("--routing must be round-robin or kv-aware"));
   }
   if (cmd.host_blocks.size() != 1 || cmd.policies.size() != 1) {
     return Fail(Status::InvalidArgument(
@@ -262,29 +262,27 @@ int RunClusterReplay(const ReplayCommand& cmd,
     if (progress) {
       bar.emplace(fmt::format("replay {} nodes, peers {}", o.nodes,
                               peers ? "on" : "off"));
-      o.progress = [&](size_t done, size_t total) {
-        bar->Update(done, total);
-      };
+      o.progress = [&](size_t done, size_t total) { bar->Update(done, total); };
     }
     const auto wall_start = std::chrono::steady_clock::now();
     auto run = tools::ReplayPrefixTraceOnCluster(*trace, o);
-    const double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                      wall_start)
-            .count();
+    const double wall = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - wall_start)
+                            .count();
     bar.reset();
     if (!run.ok()) {
-      return Fail(Status(run.status().code(),
-                         fmt::format("cluster replay (peers {}): {}",
-                                     peers ? "on" : "off",
-                                     run.status().message())));
+      return Fail(
+          Status(run.status().code(),
+                 fmt::format("cluster replay (peers {}): {}",
+                             peers ? "on" : "off", run.status().message())));
     }
     const tools::ClusterCacheResult& sim_run =
         peers ? peers_bound : local_bound;
-    fmt::print("\npeers {}:\n{:<8} {:>8} {:>13} {:>8} {:>8} {:>8} {:>9} "
-               "{:>8} {:>7}\n",
-               peers ? "on" : "off", "node", "requests", "input tokens",
-               "local", "peer", "cluster", "offline", "missed", "fetched");
+    fmt::print(
+        "\npeers {}:\n{:<8} {:>8} {:>13} {:>8} {:>8} {:>8} {:>9} "
+        "{:>8} {:>7}\n",
+        peers ? "on" : "off", "node", "requests", "input tokens", "local",
+        "peer", "cluster", "offline", "missed", "fetched");
     for (size_t i = 0; i < run->nodes.size(); ++i) {
       const auto& n = run->nodes[i];
       const auto stats = nlohmann::json::parse(n.peer_stats_json, nullptr,
@@ -301,14 +299,13 @@ int RunClusterReplay(const ReplayCommand& cmd,
           "{:<8} {:>8} {:>13} {:>7.2f}% {:>7.2f}% {:>7.2f}% {:>8.2f}% {:>8} "
           "{:>7}\n",
           n.node_id, n.requests, n.input_tokens, 100 * n.LocalHitRate(),
-          100 * n.PeerHitRate(),
-          100 * n.ClusterHitRate(), 100 * offline, n.get_missed, fetched);
+          100 * n.PeerHitRate(), 100 * n.ClusterHitRate(), 100 * offline,
+          n.get_missed, fetched);
     }
-    fmt::print(
-        "{:<8} {:>8} {:>13} {:>7.2f}% {:>7.2f}% {:>7.2f}% {:>8.2f}%\n",
-        "cluster", run->requests(), run->input_tokens(),
-        100 * run->LocalHitRate(), 100 * run->PeerHitRate(),
-        100 * run->ClusterHitRate(), 100 * sim_run.TokenHitRate());
+    fmt::print("{:<8} {:>8} {:>13} {:>7.2f}% {:>7.2f}% {:>7.2f}% {:>8.2f}%\n",
+               "cluster", run->requests(), run->input_tokens(),
+               100 * run->LocalHitRate(), 100 * run->PeerHitRate(),
+               100 * run->ClusterHitRate(), 100 * sim_run.TokenHitRate());
     fmt::print(
         "replay {:.1f} s (of which waiting for the directory {:.1f} s; {} "
         "publish timeouts), {:.1f} s with start-up and stop\n",
@@ -324,9 +321,8 @@ int RunClusterReplay(const ReplayCommand& cmd,
           "cluster hit rate {:.2f}%: {:.2f}x the offline local-only bound, "
           "{:.1f}% of the offline peers bound",
           100 * cluster,
-          local_bound.TokenHitRate() > 0
-              ? cluster / local_bound.TokenHitRate()
-              : 0.0,
+          local_bound.TokenHitRate() > 0 ? cluster / local_bound.TokenHitRate()
+                                         : 0.0,
           peers_bound.TokenHitRate() > 0
               ? 100 * cluster / peers_bound.TokenHitRate()
               : 0.0);
