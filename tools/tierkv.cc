@@ -319,7 +319,7 @@ int RunClusterReplay(const ReplayCommand& cmd,
       const double cluster = run->ClusterHitRate();
       fmt::print(
           "cluster hit rate {:.2f}%: {:.2f}x the offline local-only bound, "
-          "{:.1f}% of the offline peers bound",
+          "{:.2f}% of the offline peers bound",
           100 * cluster,
           local_bound.TokenHitRate() > 0 ? cluster / local_bound.TokenHitRate()
                                          : 0.0,
