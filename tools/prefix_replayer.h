@@ -68,7 +68,9 @@ class PrefixReplayer {
   Result<RequestOutcome> Request(const TraceRequest& request);
 
   // Match only (no prefetch, nothing read or stored): the leading pages
-  // this node holds itself (host DRAM or NVMe), for KV-aware routing.
+  // this node holds itself (host DRAM or NVMe), for KV-aware routing. As
+  // every Match, it counts as a use of the DRAM pages it finds (their LRU
+  // order moves), which the offline KV-aware bound does not model.
   Result<uint32_t> OwnLeadingPages(const TraceRequest& request);
 
   // The cacheable pages of the last request given to Request() or
