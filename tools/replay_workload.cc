@@ -11,12 +11,11 @@
 #include "tierkv/client.h"
 #include "tools/daemon_launcher.h"
 #include "tools/prefix_hit_rules.h"
+#include "tools/prefix_replayer.h"
 
 namespace tierkv::tools {
 namespace {
 
-constexpr char kNamespace[] = "replay";
-constexpr char kToken[] = "replay-token";
 constexpr uint32_t kMaxBytesPerToken = 2048;  // 1 MiB segments
 constexpr uint64_t kNvmeExtentBytes = 4096;   // NVMe tier allocation unit
 
@@ -38,85 +37,6 @@ double Share(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0
                     : static_cast<double>(part) / static_cast<double>(whole);
 }
-
-// One replay: a connected client and the tallies.
-class Replayer {
- public:
-  Replayer(Client& client, const ReplayOptions& options, ReplayResult& out)
-      : client_(client),
-        payload_(SegmentBytes(options), std::byte{0x5a}),
-        out_(out) {}
-
-  Status Request(const TraceRequest& request) {
-    out_.requests++;
-    out_.input_tokens += request.input_length;
-    const std::span<const uint64_t> blocks = CacheableBlocks(request);
-    if (blocks.empty()) return Status::OK();
-    pages_.clear();
-    for (uint64_t id : blocks) {
-      pages_.push_back(PageHash{.lo = id, .hi = kReplayPageSalt});
-    }
-    auto match = client_.Match(pages_);
-    if (!match.ok()) return match.status();
-    const uint32_t leading = match->leading_pages;
-    for (uint32_t i = 0; i < leading; ++i) {
-      (match->tiers[i] == Tier::kNvme ? out_.nvme_hit_tokens
-                                      : out_.host_hit_tokens) += HitTokens(1);
-    }
-    TIERKV_RETURN_IF_ERROR(ReadHits(leading));
-    return StoreFrom(leading);
-  }
-
- private:
-  // Get of the hit pages into a buffer, as an engine loads the cached
-  // prefix into its KV memory (the daemon leases, the client copies, the
-  // lease is released).
-  Status ReadHits(uint32_t leading) {
-    if (leading == 0) return Status::OK();
-    const size_t segment_bytes = payload_.size();
-    if (read_buffer_.size() < leading * segment_bytes) {
-      read_buffer_.resize(leading * segment_bytes);
-    }
-    reads_.clear();
-    for (uint32_t i = 0; i < leading; ++i) {
-      reads_.push_back({.key = {pages_[i], 0, 0},
-                        .dst = std::span(read_buffer_)
-                                   .subspan(i * segment_bytes, segment_bytes)});
-    }
-    for (const Status& s : client_.Get(reads_)) {
-      if (s.ok()) continue;
-      if (!s.IsNotFound()) return s;
-      out_.get_missed++;
-    }
-    return Status::OK();
-  }
-
-  // Put of every page from the first miss on, in order, in one call.
-  Status StoreFrom(uint32_t first_miss) {
-    if (first_miss == pages_.size()) return Status::OK();
-    writes_.clear();
-    for (size_t i = first_miss; i < pages_.size(); ++i) {
-      writes_.push_back({.key = {pages_[i], 0, 0}, .data = payload_});
-    }
-    for (const PutResult& r : client_.Put(writes_)) {
-      if (r.ok()) continue;
-      const StatusCode code = r.status.code();
-      if (code != StatusCode::kBusy && code != StatusCode::kResourceExhausted) {
-        return r.status;
-      }
-      out_.put_failed++;
-    }
-    return Status::OK();
-  }
-
-  Client& client_;
-  const std::vector<std::byte> payload_;
-  ReplayResult& out_;
-  std::vector<PageHash> pages_;  // reused across requests
-  std::vector<SegmentRead> reads_;
-  std::vector<std::byte> read_buffer_;
-  std::vector<SegmentWrite> writes_;
-};
 
 }  // namespace
 
@@ -163,7 +83,10 @@ std::string ReplayDaemonConfig(const ReplayOptions& o) {
       "token = \"{}\"\n"
       "host_bytes = {}\n"
       "shards = {}\n",
-      kNamespace, kToken, o.host_blocks * SegmentBytes(o), o.shards);
+      kReplayNamespace, kReplayToken, o.host_blocks * SegmentBytes(o),
+      o.shards);
+  // Written only when set, for daemons without the key.
+  if (o.shared) toml += "shared = true\n";
   // Written only when it is not the default, for daemons without the key.
   if (o.policy != "lru") {
     toml += fmt::format("eviction_policy = \"{}\"\n", o.policy);
@@ -196,12 +119,13 @@ Result<ReplayResult> ReplayPrefixTrace(std::span<const TraceRequest> trace,
       daemon.Start({.config_toml = ReplayDaemonConfig(options),
                     .bin_dir = options.bin_dir,
                     .log_level = "warn"}));
-  auto client = daemon.Connect(kNamespace, kToken);
+  auto client = daemon.Connect(kReplayNamespace, kReplayToken);
   if (!client.ok()) return client.status();
-  TIERKV_RETURN_IF_ERROR((*client)->RegisterLayout(LayoutSpec::Uniform(
-      kTraceBlockTokens, 1, {{"kv", options.bytes_per_token}})));
+  TIERKV_RETURN_IF_ERROR(
+      (*client)->RegisterLayout(ReplayLayout(options.bytes_per_token)));
 
-  Replayer replayer(**client, options, out);
+  PrefixReplayer replayer(**client, options.bytes_per_token,
+                          /*prefetch=*/true);
   const auto start = std::chrono::steady_clock::now();
   const uint64_t first_ms = trace.empty() ? 0 : trace.front().timestamp_ms;
   for (size_t i = 0; i < trace.size(); ++i) {
@@ -214,7 +138,16 @@ Result<ReplayResult> ReplayPrefixTrace(std::span<const TraceRequest> trace,
                   static_cast<double>(trace[i].timestamp_ms - first_ms) /
                   options.speed)));
     }
-    Status s = replayer.Request(trace[i]);
+    out.requests++;
+    out.input_tokens += trace[i].input_length;
+    auto request = replayer.Request(trace[i]);
+    Status s = request.status();
+    if (request.ok()) {
+      out.host_hit_tokens += HitTokens(request->host_pages);
+      out.nvme_hit_tokens += HitTokens(request->nvme_pages);
+      out.get_missed += request->get_missed;
+      out.put_failed += request->put_failed;
+    }
     if (!s.ok()) {
       return Status(
           s.code(),

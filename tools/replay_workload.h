@@ -11,11 +11,11 @@
 // 512-token pages, so a trace block is one segment; trace block id X is page
 // PageHash{.lo = X, .hi = kReplayPageSalt} (the ids are already
 // chain-consistent: no hashing). Per request, in trace order, as an engine
-// does: Match the cacheable blocks (the leading pages are the hit, split
-// into host and NVMe by their tier), Get the hit pages (the daemon leases
-// them, the client copies them out, the lease is released), Put the
-// cacheable blocks from the first miss on in one call (stored ones
-// deduplicate). One client, one request at a time.
+// does (prefix_replayer.h): Match the cacheable blocks, Get the leading
+// pages (the hit: those read, split into host and NVMe by their tier), Put
+// the cacheable blocks from the first miss on in one call (stored ones
+// deduplicate). One client, one request at a time. `tierkv replay --nodes
+// N` runs the same steps over a cluster (cluster_replay.h).
 //
 // Thread safety: ReplayPrefixTrace() may run concurrently with itself (each
 // call has its own daemon).
@@ -27,12 +27,14 @@
 #include <string>
 
 #include "tierkv/status.h"
+#include "tools/prefix_replayer.h"
 #include "tools/prefix_trace.h"
 
 namespace tierkv::tools {
 
-// PageHash::hi of every replayed page.
-inline constexpr uint64_t kReplayPageSalt = 0x7469'6572'6b76'7270;
+// The namespace the replay's daemons serve, and its token.
+inline constexpr char kReplayNamespace[] = "replay";
+inline constexpr char kReplayToken[] = "replay-token";
 
 struct ReplayOptions {
   // The namespace's eviction policy (tierkvd's `eviction_policy`: "lru",
@@ -55,6 +57,9 @@ struct ReplayOptions {
   // Honour the trace's timestamps, sped up by this factor (2: twice as
   // fast as recorded); 0 replays as fast as possible. Default: 0.
   double speed = 0;
+  // The namespace's `shared` key: peers of the daemon's [cluster] may fetch
+  // its pages and it theirs (cluster_replay.h sets it). Default: false.
+  bool shared = false;
   // Where tierkvd is. Default: "" (DaemonBinDir()).
   std::string bin_dir;
   // Called on the replaying thread after each request with the number of
@@ -69,13 +74,15 @@ struct ReplayOptions {
 struct ReplayResult {
   ReplayOptions options;  // as run (progress cleared)
   uint64_t requests = 0;
-  uint64_t input_tokens = 0;     // sum of input_length
-  uint64_t host_hit_tokens = 0;  // leading pages Match found in host DRAM
-  uint64_t nvme_hit_tokens = 0;  // ... and on NVMe only
+  uint64_t input_tokens = 0;  // sum of input_length
+  // Leading pages read (Match found them, Get returned them), by the tier
+  // Match reported: host DRAM, NVMe only.
+  uint64_t host_hit_tokens = 0;
+  uint64_t nvme_hit_tokens = 0;
   // Put items the daemon did not store (Busy: write-back backpressure;
   // ResourceExhausted: no evictable space). The replay goes on.
   uint64_t put_failed = 0;
-  // Leading pages Match reported that the following Get did not find.
+  // Leading pages Match reported that the following Get did not return.
   uint64_t get_missed = 0;
   double seconds = 0;  // the replay itself, without daemon start and stop
 
@@ -86,7 +93,8 @@ struct ReplayResult {
 };
 
 // The tierkvd config (TOML) ReplayPrefixTrace() starts the daemon with,
-// with "{DIR}" for its directory. REQUIRES: options.Validate().ok().
+// with "{DIR}" for its directory: tables [leases], one [[namespace]] and,
+// with NVMe, [nvme]. REQUIRES: options.Validate().ok().
 std::string ReplayDaemonConfig(const ReplayOptions& options);
 
 // Replays `trace` through a fresh tierkvd (see the file comment) and stops

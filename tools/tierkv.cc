@@ -20,6 +20,8 @@
 
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
+#include "tools/cluster_cache_sim.h"
+#include "tools/cluster_replay.h"
 #include "tools/demo_workload.h"
 #include "tools/human_bytes.h"
 #include "tools/prefix_cache_sim.h"
@@ -111,6 +113,11 @@ struct ReplayCommand {
   std::string json_path;
   std::string plot_path;
   bool no_progress = false;
+  // --nodes N > 1: the cluster replay (cluster_replay.h).
+  uint32_t nodes = 1;
+  std::string routing = "round-robin";
+  bool no_peers = false;        // every node an island
+  bool local_baseline = false;  // also measure the cluster without peers
 };
 
 // A one-line progress bar on stderr, redrawn when the percentage changes.
@@ -162,6 +169,190 @@ Status PlotReplay(const std::string& report_path, const std::string& png) {
                     script));
   }
   return Status::OK();
+}
+
+// The figures of one cluster replay as a JSON object.
+nlohmann::json ClusterRunJson(const tierkv::tools::ClusterReplayResult& r) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const auto& n : r.nodes) {
+    nodes.push_back(
+        {{"node", n.node_id},
+         {"requests", n.requests},
+         {"input_tokens", n.input_tokens},
+         {"local_hit_tokens", n.local_hit_tokens},
+         {"peer_hit_tokens", n.peer_hit_tokens},
+         {"local_hit_rate", n.LocalHitRate()},
+         {"cluster_hit_rate", n.ClusterHitRate()},
+         {"get_missed", n.get_missed},
+         {"put_failed", n.put_failed},
+         {"peer_stats", nlohmann::json::parse(n.peer_stats_json, nullptr,
+                                              /*allow_exceptions=*/false)}});
+  }
+  return {{"peers", r.options.peers},
+          {"requests", r.requests()},
+          {"input_tokens", r.input_tokens()},
+          {"local_hit_tokens", r.local_hit_tokens()},
+          {"peer_hit_tokens", r.peer_hit_tokens()},
+          {"local_hit_rate", r.LocalHitRate()},
+          {"peer_hit_rate", r.PeerHitRate()},
+          {"cluster_hit_rate", r.ClusterHitRate()},
+          {"publish_timeouts", r.publish_timeouts},
+          {"publish_wait_seconds", r.publish_wait_seconds},
+          {"seconds", r.seconds},
+          {"nodes", nodes}};
+}
+
+// `tierkv replay --nodes N`: the trace through a cluster of N tierkvds and a
+// redis-server, next to the offline cluster bounds of cluster_cache_sim.h;
+// exit 1 on any error.
+int RunClusterReplay(const ReplayCommand& cmd,
+                     const tierkv::tools::ReplayOptions& node) {
+  namespace tools = tierkv::tools;
+  tools::ClusterReplayOptions o;
+  o.nodes = cmd.nodes;
+  o.node = node;
+  if (cmd.routing == "round-robin") {
+    o.routing = tools::ClusterRouting::kRoundRobin;
+  } else if (cmd.routing == "kv-aware") {
+    o.routing = tools::ClusterRouting::kKvAware;
+  } else {
+    return Fail(
+        Status::InvalidArgument("--routing must be round-robin or kv-aware"));
+  }
+  if (cmd.host_blocks.size() != 1 || cmd.policies.size() != 1) {
+    return Fail(Status::InvalidArgument(
+        "--nodes replays one --host-blocks size and one policy"));
+  }
+  o.node.host_blocks = cmd.host_blocks.front();
+  o.node.policy = cmd.policies.front();
+  if (Status s = o.Validate(); !s.ok()) return Fail(s);
+  auto trace = tools::LoadPrefixTrace(cmd.trace);
+  if (!trace.ok()) return Fail(trace.status());
+
+  // Offline bounds (no daemon code) on the same accesses and routing.
+  const tools::ClusterCacheSimulator sim(*trace);
+  tools::ClusterCacheOptions bound{.nodes = o.nodes,
+                                   .capacity_blocks = o.node.host_blocks,
+                                   .peers = false,
+                                   .routing = o.routing};
+  const tools::ClusterCacheResult local_bound = sim.Run(bound);
+  bound.peers = true;
+  const tools::ClusterCacheResult peers_bound = sim.Run(bound);
+  fmt::print(
+      "trace {}: {} requests, {} input tokens; {} nodes x {} blocks of {} "
+      "tokens ({} shard(s), {}), routing {}\n",
+      cmd.trace, local_bound.requests, local_bound.input_tokens, o.nodes,
+      o.node.host_blocks, tools::kTraceBlockTokens, o.node.shards,
+      o.node.policy, tools::ClusterRoutingName(o.routing));
+  fmt::print(
+      "offline bound (tools/cluster_cache_sim.h): local-only {:.2f}%, with "
+      "peers {:.2f}% (served by peers {:.2f}%)\n",
+      100 * local_bound.TokenHitRate(), 100 * peers_bound.TokenHitRate(),
+      100 * peers_bound.PeerTokenRate());
+
+  std::vector<bool> modes;
+  if (cmd.local_baseline && !cmd.no_peers) modes.push_back(false);
+  modes.push_back(!cmd.no_peers);
+  const bool progress = !cmd.no_progress && ::isatty(STDERR_FILENO);
+  nlohmann::json runs = nlohmann::json::array();
+  std::optional<double> measured_local;
+  for (bool peers : modes) {
+    o.peers = peers;
+    std::optional<ProgressBar> bar;
+    if (progress) {
+      bar.emplace(fmt::format("replay {} nodes, peers {}", o.nodes,
+                              peers ? "on" : "off"));
+      o.progress = [&](size_t done, size_t total) { bar->Update(done, total); };
+    }
+    const auto wall_start = std::chrono::steady_clock::now();
+    auto run = tools::ReplayPrefixTraceOnCluster(*trace, o);
+    const double wall = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - wall_start)
+                            .count();
+    bar.reset();
+    if (!run.ok()) {
+      return Fail(
+          Status(run.status().code(),
+                 fmt::format("cluster replay (peers {}): {}",
+                             peers ? "on" : "off", run.status().message())));
+    }
+    const tools::ClusterCacheResult& sim_run =
+        peers ? peers_bound : local_bound;
+    fmt::print(
+        "\npeers {}:\n{:<8} {:>8} {:>13} {:>8} {:>8} {:>8} {:>9} "
+        "{:>8} {:>7}\n",
+        peers ? "on" : "off", "node", "requests", "input tokens", "local",
+        "peer", "cluster", "offline", "missed", "fetched");
+    for (size_t i = 0; i < run->nodes.size(); ++i) {
+      const auto& n = run->nodes[i];
+      const auto stats = nlohmann::json::parse(n.peer_stats_json, nullptr,
+                                               /*allow_exceptions=*/false);
+      const uint64_t fetched =
+          stats.is_object() ? stats.value("fetch_segments", uint64_t{0}) : 0;
+      const double offline =
+          i < sim_run.node_input_tokens.size() &&
+                  sim_run.node_input_tokens[i] > 0
+              ? static_cast<double>(sim_run.node_hit_tokens[i]) /
+                    static_cast<double>(sim_run.node_input_tokens[i])
+              : 0.0;
+      fmt::print(
+          "{:<8} {:>8} {:>13} {:>7.2f}% {:>7.2f}% {:>7.2f}% {:>8.2f}% {:>8} "
+          "{:>7}\n",
+          n.node_id, n.requests, n.input_tokens, 100 * n.LocalHitRate(),
+          100 * n.PeerHitRate(), 100 * n.ClusterHitRate(), 100 * offline,
+          n.get_missed, fetched);
+    }
+    fmt::print("{:<8} {:>8} {:>13} {:>7.2f}% {:>7.2f}% {:>7.2f}% {:>8.2f}%\n",
+               "cluster", run->requests(), run->input_tokens(),
+               100 * run->LocalHitRate(), 100 * run->PeerHitRate(),
+               100 * run->ClusterHitRate(), 100 * sim_run.TokenHitRate());
+    fmt::print(
+        "replay {:.1f} s (of which waiting for the directory {:.1f} s; {} "
+        "publish timeouts), {:.1f} s with start-up and stop\n",
+        run->seconds, run->publish_wait_seconds, run->publish_timeouts, wall);
+    if (!peers) measured_local = run->ClusterHitRate();
+    nlohmann::json j = ClusterRunJson(*run);
+    j["wall_seconds"] = wall;
+    j["offline"] = sim_run.TokenHitRate();
+    runs.push_back(std::move(j));
+    if (peers) {
+      const double cluster = run->ClusterHitRate();
+      fmt::print(
+          "cluster hit rate {:.2f}%: {:.2f}x the offline local-only bound, "
+          "{:.2f}% of the offline peers bound",
+          100 * cluster,
+          local_bound.TokenHitRate() > 0 ? cluster / local_bound.TokenHitRate()
+                                         : 0.0,
+          peers_bound.TokenHitRate() > 0
+              ? 100 * cluster / peers_bound.TokenHitRate()
+              : 0.0);
+      if (measured_local && *measured_local > 0) {
+        fmt::print(", {:.2f}x the measured local-only cluster",
+                   cluster / *measured_local);
+      }
+      fmt::print("\n");
+    }
+  }
+  if (!cmd.json_path.empty()) {
+    const nlohmann::json report = {
+        {"trace", cmd.trace},
+        {"nodes", o.nodes},
+        {"routing", tools::ClusterRoutingName(o.routing)},
+        {"host_blocks", o.node.host_blocks},
+        {"shards", o.node.shards},
+        {"policy", o.node.policy},
+        {"block_tokens", tools::kTraceBlockTokens},
+        {"requests", local_bound.requests},
+        {"input_tokens", local_bound.input_tokens},
+        {"offline_local", local_bound.TokenHitRate()},
+        {"offline_peers", peers_bound.TokenHitRate()},
+        {"offline_peer_served", peers_bound.PeerTokenRate()},
+        {"runs", runs}};
+    std::ofstream out(cmd.json_path);
+    out << report.dump(2) << "\n";
+    if (!out) return Fail(Status::IOError("cannot write " + cmd.json_path));
+  }
+  return 0;
 }
 
 // `tierkv replay`: the trace through a real tierkvd per (host blocks,
@@ -617,9 +808,34 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   replay->add_flag("--no-progress", replay_cmd.no_progress,
                    "no progress bar (shown only when stderr is a terminal)");
+  auto* nodes_option =
+      replay
+          ->add_option("--nodes", replay_cmd.nodes,
+                       "replay over a cluster of this many tierkvds sharing "
+                       "pages through a redis-server the replay starts (one "
+                       "--host-blocks size per node, default 6000; shards "
+                       "default 1)")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str();
+  replay
+      ->add_option("--routing", replay_cmd.routing,
+                   "with --nodes: round-robin, or kv-aware (the node whose "
+                   "Match reports the longest prefix of its own)")
+      ->check(CLI::IsMember({"round-robin", "kv-aware"}))
+      ->capture_default_str();
+  replay->add_flag("--no-peers", replay_cmd.no_peers,
+                   "with --nodes: no page sharing (every node an island)");
+  replay->add_flag("--local-baseline", replay_cmd.local_baseline,
+                   "with --nodes: also replay the cluster without peers "
+                   "first, and compare");
 
   CLI11_PARSE(app, argc, argv);
 
+  if (replay->parsed() && nodes_option->count() > 0) {
+    if (replay->count("--host-blocks") == 0) replay_cmd.host_blocks = {6000};
+    if (replay->count("--shards") == 0) replay_options.shards = 1;
+    return RunClusterReplay(replay_cmd, replay_options);
+  }
   if (replay->parsed()) return RunReplay(replay_cmd, replay_options);
   if (soak->parsed()) {
     soak_options.flush = !soak_no_flush;

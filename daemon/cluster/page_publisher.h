@@ -12,7 +12,9 @@
 // its entry is stale, which costs a peer one miss and repairs the entry
 // (the holder answers "absent"; PeerTier forgets it): the directory is a
 // hint. A page costs two directory writes in its lifetime here (publish,
-// unpublish), plus re-publishes when the directory lost its contents.
+// unpublish), plus re-publishes when the directory lost its contents; a page
+// stored again before the sweep saw it leave is published again (a new
+// lifetime whose unpublish the sweep skipped).
 //
 // Memory: at most max_pending_pages candidates (more are dropped: a hint)
 // and max_published_pages tracked pages (more are not published).

@@ -10,10 +10,11 @@
 //           kMaxFetchSegments and max_fetch_bytes each, all in flight at
 //           once; the bytes land straight in item.dst (rendezvous), and each
 //           segment is verified against the holder's checksum before its
-//           item succeeds. A segment the holder no longer has is a miss,
-//           and the holder is forgotten for that page in the directory
-//           (a stale hint repaired); one failing its checksum is a miss
-//           (never wrong bytes). A peer that is dead, hung or past the
+//           item succeeds. A segment the holder no longer has is read
+//           at the page's next live holder within the deadline, else a
+//           miss, and the holder is forgotten for that page in the
+//           directory (a stale hint repaired); one failing its checksum is
+//           a miss (never wrong bytes). A peer that is dead, hung or past the
 //           fetch deadline fails its items with IOError, which the
 //           engine reports per segment (engines recompute them), unless
 //           another live peer holds the page: then the items are fetched

@@ -457,5 +457,42 @@ TEST_F(ClusterTest, PagesAHolderEvictedAreMissesNeverWrongBytes) {
   EXPECT_TRUE(MatchReaches(*cb, first, 0));
 }
 
+TEST_F(ClusterTest, AStaleEntryIsReadAtThePagesNextHolder) {
+  auto a = StartNode({"node-a"});
+  auto b = StartNode({"node-b"});
+  auto c = StartNode({"node-c"});
+  ASSERT_TRUE(a && b && c);
+  auto ca = Open(*a);  // A knows the layout: it answers "absent", not refused
+  // Pages whose holder list [node-a, node-b] is tried from node-a first
+  // (PeerTier picks the first by the page's hash).
+  std::vector<PageHash> pages;
+  for (const PageHash& page : Pages(64)) {
+    if (std::hash<PageHash>()(page) % 2 == 0 && pages.size() < 4) {
+      pages.push_back(page);
+    }
+  }
+  ASSERT_EQ(pages.size(), 4u);
+  auto cb = Open(*b);
+  for (const PutResult& r : PutLayoutPages(*cb, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  ASSERT_TRUE(PollUntil([&] { return AllHeldBy(pages, "node-b"); }));
+  // A stale entry: the directory names A, which never held the pages (as
+  // after an eviction its sweep has not unpublished yet).
+  const std::string prefix =
+      fmt::format("tkv:test:default@{:016x}:p:", TestLayout().Fingerprint());
+  for (const PageHash& page : pages) {
+    ASSERT_OK(redis_.Command({"SADD", prefix + page.ToHex(), "node-a"}));
+  }
+  auto cc = Open(*c);
+  ASSERT_TRUE(MatchReaches(*cc, pages, 4));
+  for (const Status& s : GetPages(*cc, pages)) EXPECT_OK(s);
+  const auto stats = PeerStats(*cc);
+  EXPECT_EQ(stats["fetch_segments"], 24) << stats.dump();
+  EXPECT_GE(stats["errors_stale"], 1) << stats.dump();
+  EXPECT_EQ(stats["failovers"], stats["errors_stale"]) << stats.dump();
+  EXPECT_GE(PeerStats(*ca)["served_absent"], 1);
+}
+
 }  // namespace
 }  // namespace tierkv::testing
