@@ -230,7 +230,8 @@ std::vector<uint64_t> PeerTier::Lookup(const storage::TierNamespace& ns,
     if (pages.empty() || pages.back() != key.page) pages.push_back(key.page);
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);
-  const size_t held = HoldersOf(ns, fingerprint, pages).size();
+  const size_t held =
+      HoldersOf(ns, fingerprint, pages, HolderSource::kDirectoryFirst).size();
   lookup_hit_pages_.fetch_add(held, std::memory_order_relaxed);
   // Keys of the pages in the prefix some peer holds.
   size_t page = 0;
@@ -254,31 +255,39 @@ void PeerTier::Remember(uint32_t ns_id, std::span<const PageHash> pages,
   }
 }
 
+std::vector<std::vector<std::string>> PeerTier::CachedHoldersOf(
+    uint32_t ns_id, std::span<const PageHash> pages) const {
+  std::vector<std::vector<std::string>> out;
+  const Clock::time_point now = Clock::now();
+  MutexLock lock(&mu_);
+  for (const PageHash& page : pages) {
+    auto it = holders_.find(CachedPage{ns_id, page});
+    if (it == holders_.end() ||
+        now - it->second.at >= options_.holder_cache_ttl) {
+      break;
+    }
+    out.push_back(it->second.node_ids);
+  }
+  return out;
+}
+
 std::vector<std::vector<std::string>> PeerTier::HoldersOf(
     const storage::TierNamespace& ns, uint64_t fingerprint,
-    std::span<const PageHash> pages) {
+    std::span<const PageHash> pages, HolderSource source) {
   std::vector<std::vector<std::string>> out;
-  {
-    const Clock::time_point now = Clock::now();
-    MutexLock lock(&mu_);
-    for (const PageHash& page : pages) {
-      auto it = holders_.find(CachedPage{ns.id, page});
-      if (it == holders_.end() ||
-          now - it->second.at >= options_.holder_cache_ttl) {
-        break;
-      }
-      out.push_back(it->second.node_ids);
-    }
+  if (source == HolderSource::kCacheFirst) {
+    out = CachedHoldersOf(ns.id, pages);
+    if (out.size() == pages.size()) return out;
   }
-  if (out.size() == pages.size()) return out;
   const std::span<const PageHash> rest = pages.subspan(out.size());
   auto found =
       directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, rest);
   if (!found.ok()) {
-    // Local-only while the directory is down or slow (the cached prefix
-    // stands: those entries are at most holder_cache_ttl old).
     lookup_errors_.fetch_add(1, std::memory_order_relaxed);
-    return out;
+    // Down or slow: what a lookup found a moment ago (at most
+    // holder_cache_ttl old), else local-only.
+    return source == HolderSource::kCacheFirst ? out
+                                               : CachedHoldersOf(ns.id, pages);
   }
   Remember(ns.id, rest.first(found->size()), *found);
   for (auto& holders : *found) out.push_back(std::move(holders.node_ids));
@@ -314,7 +323,7 @@ void PeerTier::Read(const storage::TierNamespace& ns, uint64_t fingerprint,
       pages.push_back(item.key.page);
     }
   }
-  auto holders = HoldersOf(ns, fingerprint, pages);
+  auto holders = HoldersOf(ns, fingerprint, pages, HolderSource::kCacheFirst);
   holders.resize(pages.size());  // no holder known past the prefix
   for (const auto& node : directory_->LiveNodes()) {
     if (node.node_id != directory_->self().node_id) {

@@ -64,11 +64,12 @@ struct PeerTierOptions {
   std::chrono::milliseconds fetch_deadline{2000};
   // Largest bulk data of one FETCH. Default: 64 MiB.
   uint64_t max_fetch_bytes = uint64_t{64} << 20;
-  // Pages whose holders a directory lookup remembers, for the Lookups and
-  // Reads that follow it (Match, then the Get's promotion, then its read)
-  // within holder_cache_ttl: one directory round trip per request rather
-  // than three. Emptied when full. Default: 65536 pages, 1 s (the
-  // directory's own live-set refresh period).
+  // Pages whose holders a directory lookup remembers: a Read takes them
+  // from there (it follows the Lookup that planned it), and a Lookup whose
+  // directory trip fails falls back on them (a Get right after its Match
+  // still reads what the Match saw). At most holder_cache_ttl old; emptied
+  // when full. Default: 65536 pages, 1 s (the directory's own live-set
+  // refresh period).
   size_t holder_cache_pages = 65536;
   std::chrono::milliseconds holder_cache_ttl{1000};
   // How long a holder whose FETCH failed is passed over when another live
@@ -144,13 +145,20 @@ class PeerTier final : public storage::Tier {
   };
 
   bool Shared(uint32_t ns_id) const EXCLUDES(mu_);
+  // Where HoldersOf looks first. Lookup (a Match, the first look of a
+  // request) asks the directory, which is fresher; Read (microseconds
+  // after the Lookup that planned it) takes what that Lookup found.
+  enum class HolderSource { kDirectoryFirst, kCacheFirst };
   // The live holders of pages[0], pages[1], ... up to the first page no
-  // peer is known to hold (the directory's prefix semantics): the fresh
-  // cached prefix, then one directory Lookup of the rest. Empty when the
-  // directory is down or slow.
+  // peer is known to hold (the directory's prefix semantics). When the
+  // directory is down or slow: the holders a lookup found within
+  // holder_cache_ttl, else none (local-only).
   std::vector<std::vector<std::string>> HoldersOf(
       const storage::TierNamespace& ns, uint64_t fingerprint,
-      std::span<const PageHash> pages) EXCLUDES(mu_);
+      std::span<const PageHash> pages, HolderSource source) EXCLUDES(mu_);
+  // The fresh cached holders of the leading pages of `pages`.
+  std::vector<std::vector<std::string>> CachedHoldersOf(
+      uint32_t ns_id, std::span<const PageHash> pages) const EXCLUDES(mu_);
   void Remember(uint32_t ns_id, std::span<const PageHash> pages,
                 std::span<const transport::PageHolders> holders) EXCLUDES(mu_);
   // Sends FETCHes for items `todo` of `state`, each to its current

@@ -85,8 +85,11 @@ struct PeerTransportOptions {
   // Replies with at least this much bulk data use rendezvous
   // (UCP_AM_SEND_FLAG_RNDV: the requester pulls the bytes into its chosen
   // buffers, zero copy); smaller ones go eagerly and are copied once.
-  // Default: 16 KiB.
-  uint64_t rendezvous_threshold_bytes = uint64_t{16} << 10;
+  // Over TCP a rendezvous costs more round trips and progress-thread
+  // wake-ups than the copy it saves below a few hundred KiB: a 64 KiB
+  // fetch took p50 143-277 us by rendezvous and 69-133 us eagerly on the
+  // test VM (bench/RESULTS.md, "peer"). Default: 256 KiB.
+  uint64_t rendezvous_threshold_bytes = uint64_t{256} << 10;
   // A call whose rendezvous receive stalls (the peer stopped mid-transfer)
   // completes at most this long after its deadline or its endpoint's
   // failure. UCX 1.13 cannot cancel an AM rendezvous receive, so the
