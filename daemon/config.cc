@@ -259,8 +259,19 @@ Status ValidateCluster(const ClusterConfig& k) {
   if (k.peer_listen.empty()) {
     return Bad("cluster.peer_listen", "must be ip:port (port 0: any)");
   }
-  if (k.liveness_ttl_ms < 100 || k.liveness_ttl_ms > 3600000) {
-    return Bad("cluster.liveness_ttl_ms", "must be in [100, 3600000]");
+  // The listener's address is what peers are told to dial: "any address"
+  // would send them to themselves.
+  const std::string host = k.peer_listen.substr(0, k.peer_listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+    return Bad("cluster.peer_listen",
+               "must name this node's own address (peers dial what it says), "
+               "not " +
+                   (host.empty() ? std::string("none") : host));
+  }
+  // A heartbeat every TTL/5: below a second, one slow Redis round trip
+  // would make a live node look gone.
+  if (k.liveness_ttl_ms < 1000 || k.liveness_ttl_ms > 3600000) {
+    return Bad("cluster.liveness_ttl_ms", "must be in [1000, 3600000]");
   }
   if (k.lookup_budget_us < 100 || k.lookup_budget_us > 1000000) {
     return Bad("cluster.lookup_budget_us", "must be in [100, 1000000]");

@@ -167,11 +167,12 @@ struct ClusterConfig {
   std::string directory;
   // A file with the directory's password (mode 0600). Default: none.
   std::string directory_password_file;
-  // The peer listener (UCX), "ip:port"; port 0 picks one. Loopback by
+  // The peer listener (UCX), "ip:port"; port 0 picks one. Peers are told
+  // this address, so it must be the node's own (not 0.0.0.0). Loopback by
   // default, so that a node is not reachable until told where to listen.
   // Default: "127.0.0.1:0".
   std::string peer_listen = "127.0.0.1:0";
-  // A node silent this long counts as gone. 100..3600000. Default: 10000.
+  // A node silent this long counts as gone. 1000..3600000. Default: 10000.
   uint32_t liveness_ttl_ms = 10000;
   // The most a Match waits for the directory before answering from local
   // tiers only. 100..1000000. Default: 2000 us.

@@ -135,11 +135,6 @@ void Cluster::Start(storage::CacheEngine* engine) {
 }
 
 void Cluster::Stop() {
-  {
-    // First, so a re-publish in progress ends before its publisher does.
-    MutexLock lock(&republish_->mu);
-    republish_->publisher = nullptr;
-  }
   std::shared_ptr<PeerServer> server;
   std::shared_ptr<PagePublisher> publisher;
   {
@@ -147,8 +142,20 @@ void Cluster::Stop() {
     server = std::move(server_);
     publisher = std::move(publisher_);
   }
+  // Peers are refused from now on, and no request in progress reaches the
+  // engine any more.
   if (server) server->Stop();
+  // Its thread ends, and a re-publish in progress stops at its next batch
+  // (then the target is cleared: the callback returned).
   if (publisher) publisher->Stop();
+  {
+    MutexLock lock(&republish_->mu);
+    republish_->publisher = nullptr;
+  }
+  // Before the engine goes: UCX must not read the arena (reply sends) or
+  // write the engine's buffers (receives) once they are freed. Fetches in
+  // flight end with Shutdown, and later ones at once.
+  if (transport_) transport_->Shutdown();
   engine_.store(nullptr, std::memory_order_release);
 }
 

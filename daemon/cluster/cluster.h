@@ -10,7 +10,8 @@
 //   TakeTier   hands the peer tier to the engine (a tier below DRAM);
 //   Start      once the engine exists: serves peers, publishes pages;
 //   Stop       before the engine goes: no peer request or publisher call
-//              reaches it afterwards.
+//              reaches it afterwards, and the transport is shut (UCX holds
+//              no span of the engine's memory; fetches fail at once).
 // Destruction (after the engine's) closes the directory, deregistering the
 // node, and the transport.
 //

@@ -181,6 +181,7 @@ void PagePublisher::Republish(transport::DirectoryRepublisher& sink) {
       std::vector<PageHash> batch;
       {
         MutexLock lock(&mu_);
+        if (stopping_) return;  // Stop() does not wait for a whole catalog
         const std::vector<PageHash>& pages = published_[ns].pages;
         if (begin >= pages.size()) break;
         batch.assign(pages.begin() + begin,

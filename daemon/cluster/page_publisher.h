@@ -78,7 +78,8 @@ class PagePublisher {
               std::span<const PageHash> pages) EXCLUDES(mu_);
 
   // Writes every tracked page through `sink` (the directory's re-publish
-  // callback, after it lost its contents). Stops at the first failure.
+  // callback, after it lost its contents). Stops at the first failure, and
+  // at the next batch once Stop() was called.
   void Republish(transport::DirectoryRepublisher& sink) EXCLUDES(mu_);
 
   // Ends the thread; no call reaches the engine afterwards. Idempotent.

@@ -57,10 +57,10 @@ void PeerServer::Handle(const PeerRequest& request, PeerResponder responder) {
   auto shared_responder = std::make_shared<PeerResponder>(std::move(responder));
   engine_->Acquire(
       kPeerOwner, *ns, std::move(fetch.keys),
-      [this, ns, keys = std::move(keys),
+      [self = shared_from_this(), ns, keys = std::move(keys),
        shared_responder](storage::EngineRead read) mutable {
-        Reply(*ns, std::move(keys), std::move(read),
-              std::move(*shared_responder));
+        self->Reply(*ns, std::move(keys), std::move(read),
+                    std::move(*shared_responder));
       },
       storage::TierScope::kLocal);
   Leave();
@@ -69,6 +69,12 @@ void PeerServer::Handle(const PeerRequest& request, PeerResponder responder) {
 void PeerServer::Reply(storage::EngineNamespace& ns,
                        std::vector<SegmentKey> keys, storage::EngineRead read,
                        PeerResponder responder) {
+  // Stopped meanwhile (an NVMe promotion finishing at shutdown): the
+  // namespace may be going; the engine ends the lease itself.
+  if (!Enter()) {
+    responder.ReplyError(Status::Unavailable("this node is shutting down"));
+    return;
+  }
   std::vector<FetchedSegment> head(keys.size());
   std::vector<std::span<const std::byte>> data;
   uint64_t bytes = 0;
@@ -87,7 +93,11 @@ void PeerServer::Reply(storage::EngineNamespace& ns,
     }
     const std::span<const std::byte> segment =
         ns.host().HostBytes(*read.items[i]);
-    if (segment.empty()) continue;
+    if (segment.empty()) {  // held, but not addressable here: not "absent"
+      head[i].state = FetchedSegment::State::kUnavailable;
+      unavailable_segments_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     head[i] = {.state = FetchedSegment::State::kServed,
                .bytes = static_cast<uint32_t>(segment.size()),
                .checksum = SegmentChecksum(segment)};
@@ -97,9 +107,12 @@ void PeerServer::Reply(storage::EngineNamespace& ns,
   const uint64_t lease = read.lease_id;
   served_segments_.fetch_add(data.size(), std::memory_order_relaxed);
   served_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  Leave();
+  // The bytes stay leased until sent (or the send failed, or the transport
+  // closed): on_sent runs exactly once.
   responder.ReplyWithData(EncodeFetchReplyHead(head), std::move(data),
-                          [this, lease](Status) {
-                            if (lease != 0) Release(lease);
+                          [self = shared_from_this(), lease](Status) {
+                            if (lease != 0) self->Release(lease);
                           });
 }
 

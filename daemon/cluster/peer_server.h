@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_set>
 
@@ -40,7 +41,9 @@ struct PeerServerCounters {
   uint64_t unavailable_segments = 0;
 };
 
-class PeerServer {
+// Owned by a shared_ptr (make it with std::make_shared): the engine's and
+// the transport's callbacks keep it alive past Stop().
+class PeerServer : public std::enable_shared_from_this<PeerServer> {
  public:
   // The lease owner of every read on a peer's behalf (client connections
   // are numbered from 1, far below it).
@@ -56,7 +59,8 @@ class PeerServer {
               transport::peer::PeerResponder responder) EXCLUDES(mu_);
 
   // From now on every request is refused (Unavailable) and nothing here
-  // touches the engine again; leases still held end with the engine.
+  // touches the engine again (an Acquire finishing later is answered with
+  // an error); leases still held end with the engine.
   void Stop() EXCLUDES(mu_);
 
   PeerServerCounters counters() const;

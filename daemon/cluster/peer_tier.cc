@@ -4,13 +4,34 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "daemon/cluster/fetch_protocol.h"
 
 namespace tierkv::daemon::cluster {
 
 using transport::DirectoryNamespace;
-using transport::PageHolders;
+
+namespace {
+
+// Set while a FETCH's completion runs on the transport's progress thread
+// (and with it whatever the engine does in the read's `done`, such as
+// planning a promotion's next round): PrefixHolders and HoldersOfEach then
+// make no directory round trip there.
+thread_local bool tls_in_fetch_completion = false;
+
+class InFetchCompletion {
+ public:
+  InFetchCompletion() : saved_(tls_in_fetch_completion) {
+    tls_in_fetch_completion = true;
+  }
+  ~InFetchCompletion() { tls_in_fetch_completion = saved_; }
+
+ private:
+  const bool saved_;
+};
+
+}  // namespace
 
 // A Read in flight: its items' results, filled by its FETCH calls, and
 // what to tell the directory and the listener once they all ended.
@@ -46,6 +67,17 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
         holder_(std::move(holder)),
         items_(std::move(items)) {}
 
+  // The transport lets go of a receiver only once UCX can no longer write
+  // into the spans OnReplyHead handed out (peer_transport.h,
+  // stalled_receive_grace). A call that failed after handing them out ends
+  // here, not in OnComplete: until now its items' dst belonged to UCX, so
+  // they could neither be handed back to the engine nor fetched again.
+  ~FetchCall() override {
+    if (!deferred_) return;
+    InFetchCompletion scope;
+    End(std::move(*deferred_), {});
+  }
+
   Result<std::vector<std::span<std::byte>>> OnReplyHead(
       std::span<const std::byte> head, uint64_t data_bytes) override {
     auto decoded = DecodeFetchReplyHead(head, items_.size());
@@ -70,10 +102,12 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
           fmt::format("peer {} announced {} bytes for segments of {}", holder_,
                       data_bytes, total));
     }
+    spans_handed_ = !spans.empty();
     return spans;
   }
 
   void OnComplete(Status status) override {
+    InFetchCompletion scope;
     ReadState& s = *state_;
     std::vector<PageHash> stale;
     std::vector<Result<uint64_t>> out;
@@ -118,15 +152,18 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
                                                   status.ToString())));
       }
     }
+    if (!status.ok() && spans_handed_) {
+      deferred_ = std::move(out);  // ~FetchCall ends the call
+      return;
+    }
     // Failover: an item this holder did not serve (a stale entry, a failed
     // or refusing peer) goes to the next live holder of its page, while the
     // read's deadline allows: the directory is a hint, and a holder's entry
     // outlives its copy until its sweep unpublishes it. (Without it, a
     // cluster replay of the Mooncake trace over 4 nodes missed 11,839 pages
     // another node held: 53.7% hit rate against an offline bound of 54.9%.)
-    // Its dst is reused: the transport force-closed a failed call's
-    // endpoint before completing it, so no byte of that call lands there
-    // any more.
+    // Its dst is free to reuse: no span of it was handed to UCX, or the
+    // call succeeded.
     if (Clock::now() < s.deadline) {
       std::vector<size_t> retry;
       {
@@ -144,11 +181,19 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
         tier_->Issue(state_, retry);  // before this call ends (pending)
       }
     }
+    End(std::move(out), std::move(stale));
+  }
+
+ private:
+  // Records the call's answers (those of items handed to another replica
+  // are that call's to give) and ends it: the last call of a read
+  // finishes the read.
+  void End(std::vector<Result<uint64_t>> out, std::vector<PageHash> stale) {
+    ReadState& s = *state_;
     bool last = false;
     {
       MutexLock lock(&s.mu);
       for (size_t i = 0; i < items_.size(); ++i) {
-        // An item handed to another replica is that call's to answer.
         if (s.candidates[items_[i]].empty() ||
             s.candidates[items_[i]][s.attempt[items_[i]]] == holder_) {
           s.results[items_[i]] = std::move(out[i]);
@@ -163,7 +208,6 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
     if (last) tier_->Finish(state_);
   }
 
- private:
   void CountError(const Status& status) {
     std::atomic<uint64_t>* counter = &tier_->errors_unavailable_;
     switch (status.code()) {
@@ -189,6 +233,9 @@ class PeerTier::FetchCall final : public transport::peer::ReplyReceiver {
   const std::string holder_;
   const std::vector<size_t> items_;  // indexes into state_->items
   std::vector<FetchedSegment> segments_;
+  bool spans_handed_ = false;  // OnReplyHead gave UCX some items' dst
+  // A failed call's answers, given when UCX let go of the spans.
+  std::optional<std::vector<Result<uint64_t>>> deferred_;
 };
 
 PeerTier::PeerTier(PeerTierOptions options,
@@ -230,8 +277,7 @@ std::vector<uint64_t> PeerTier::Lookup(const storage::TierNamespace& ns,
     if (pages.empty() || pages.back() != key.page) pages.push_back(key.page);
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);
-  const size_t held =
-      HoldersOf(ns, fingerprint, pages, HolderSource::kDirectoryFirst).size();
+  const size_t held = PrefixHolders(ns, fingerprint, pages).size();
   lookup_hit_pages_.fetch_add(held, std::memory_order_relaxed);
   // Keys of the pages in the prefix some peer holds.
   size_t page = 0;
@@ -244,7 +290,7 @@ std::vector<uint64_t> PeerTier::Lookup(const storage::TierNamespace& ns,
 }
 
 void PeerTier::Remember(uint32_t ns_id, std::span<const PageHash> pages,
-                        std::span<const PageHolders> holders) {
+                        std::span<const transport::PageHolders> holders) {
   const Clock::time_point now = Clock::now();
   MutexLock lock(&mu_);
   if (holders_.size() + pages.size() > options_.holder_cache_pages) {
@@ -255,7 +301,7 @@ void PeerTier::Remember(uint32_t ns_id, std::span<const PageHash> pages,
   }
 }
 
-std::vector<std::vector<std::string>> PeerTier::CachedHoldersOf(
+std::vector<std::vector<std::string>> PeerTier::CachedPrefix(
     uint32_t ns_id, std::span<const PageHash> pages) const {
   std::vector<std::vector<std::string>> out;
   const Clock::time_point now = Clock::now();
@@ -271,26 +317,53 @@ std::vector<std::vector<std::string>> PeerTier::CachedHoldersOf(
   return out;
 }
 
-std::vector<std::vector<std::string>> PeerTier::HoldersOf(
+std::vector<std::vector<std::string>> PeerTier::PrefixHolders(
     const storage::TierNamespace& ns, uint64_t fingerprint,
-    std::span<const PageHash> pages, HolderSource source) {
-  std::vector<std::vector<std::string>> out;
-  if (source == HolderSource::kCacheFirst) {
-    out = CachedHoldersOf(ns.id, pages);
-    if (out.size() == pages.size()) return out;
-  }
-  const std::span<const PageHash> rest = pages.subspan(out.size());
+    std::span<const PageHash> pages) {
+  if (tls_in_fetch_completion) return CachedPrefix(ns.id, pages);
   auto found =
-      directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, rest);
+      directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, pages);
   if (!found.ok()) {
     lookup_errors_.fetch_add(1, std::memory_order_relaxed);
-    // Down or slow: what a lookup found a moment ago (at most
-    // holder_cache_ttl old), else local-only.
-    return source == HolderSource::kCacheFirst ? out
-                                               : CachedHoldersOf(ns.id, pages);
+    return CachedPrefix(ns.id, pages);
   }
-  Remember(ns.id, rest.first(found->size()), *found);
+  Remember(ns.id, pages.first(found->size()), *found);
+  std::vector<std::vector<std::string>> out;
   for (auto& holders : *found) out.push_back(std::move(holders.node_ids));
+  return out;
+}
+
+std::vector<std::vector<std::string>> PeerTier::HoldersOfEach(
+    const storage::TierNamespace& ns, uint64_t fingerprint,
+    std::span<const PageHash> pages) {
+  std::vector<std::vector<std::string>> out(pages.size());
+  std::vector<PageHash> unknown;
+  std::vector<size_t> unknown_at;
+  {
+    const Clock::time_point now = Clock::now();
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      auto it = holders_.find(CachedPage{ns.id, pages[i]});
+      if (it != holders_.end() &&
+          now - it->second.at < options_.holder_cache_ttl) {
+        out[i] = it->second.node_ids;
+      } else {
+        unknown.push_back(pages[i]);
+        unknown_at.push_back(i);
+      }
+    }
+  }
+  if (unknown.empty() || tls_in_fetch_completion) return out;
+  auto found =
+      directory_->Lookup(DirectoryNamespace{ns.name, fingerprint}, unknown);
+  if (!found.ok()) {
+    lookup_errors_.fetch_add(1, std::memory_order_relaxed);
+    return out;
+  }
+  Remember(ns.id, std::span(unknown).first(found->size()), *found);
+  for (size_t k = 0; k < found->size(); ++k) {
+    out[unknown_at[k]] = std::move((*found)[k].node_ids);
+  }
   return out;
 }
 
@@ -323,8 +396,7 @@ void PeerTier::Read(const storage::TierNamespace& ns, uint64_t fingerprint,
       pages.push_back(item.key.page);
     }
   }
-  auto holders = HoldersOf(ns, fingerprint, pages, HolderSource::kCacheFirst);
-  holders.resize(pages.size());  // no holder known past the prefix
+  const auto holders = HoldersOfEach(ns, fingerprint, pages);
   for (const auto& node : directory_->LiveNodes()) {
     if (node.node_id != directory_->self().node_id) {
       state->address[node.node_id] = node.address;
@@ -447,13 +519,21 @@ void PeerTier::Finish(const std::shared_ptr<ReadState>& state) {
             .count(),
         std::memory_order_relaxed);
   }
-  storage::TierReadDone done = std::move(state->done);
-  done(std::move(results));
+  // Before `done`: once it ran, the engine may end the read it waited for
+  // and, at shutdown, destroy this tier.
   for (const auto& [holder, pages] : stale) {
     // A hint repaired; a full queue drops it (the next stale read retries).
     (void)directory_->ForgetHolder(state->dns, pages, holder);
+    Forget(state->ns.id, pages);
   }
   if (fetched_ && !fetched.empty()) fetched_(state->ns.id, std::move(fetched));
+  storage::TierReadDone done = std::move(state->done);
+  done(std::move(results));  // last: `this` may be gone afterwards
+}
+
+void PeerTier::Forget(uint32_t ns_id, std::span<const PageHash> pages) {
+  MutexLock lock(&mu_);
+  for (const PageHash& page : pages) holders_.erase(CachedPage{ns_id, page});
 }
 
 void PeerTier::HolderFailed(const std::string& node_id) {

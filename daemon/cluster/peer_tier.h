@@ -145,19 +145,24 @@ class PeerTier final : public storage::Tier {
   };
 
   bool Shared(uint32_t ns_id) const EXCLUDES(mu_);
-  // Where HoldersOf looks first. Lookup (a Match, the first look of a
-  // request) asks the directory, which is fresher; Read (microseconds
-  // after the Lookup that planned it) takes what that Lookup found.
-  enum class HolderSource { kDirectoryFirst, kCacheFirst };
   // The live holders of pages[0], pages[1], ... up to the first page no
-  // peer is known to hold (the directory's prefix semantics). When the
-  // directory is down or slow: the holders a lookup found within
-  // holder_cache_ttl, else none (local-only).
-  std::vector<std::vector<std::string>> HoldersOf(
+  // peer is known to hold (the directory's prefix semantics), for Lookup:
+  // from the directory, which is fresher than the cache; when it is down or
+  // slow, the holders a lookup found within holder_cache_ttl, else none
+  // (local-only). On the transport's progress thread (a promotion planning
+  // its next round in a fetch's completion) the cache only: a directory
+  // round trip there would stall every transfer of this node.
+  std::vector<std::vector<std::string>> PrefixHolders(
       const storage::TierNamespace& ns, uint64_t fingerprint,
-      std::span<const PageHash> pages, HolderSource source) EXCLUDES(mu_);
+      std::span<const PageHash> pages) EXCLUDES(mu_);
+  // The holders of each of `pages` (empty: none known), for Read: the
+  // cached ones (the Lookup that planned the read found them), then one
+  // directory lookup of the others (not on the progress thread).
+  std::vector<std::vector<std::string>> HoldersOfEach(
+      const storage::TierNamespace& ns, uint64_t fingerprint,
+      std::span<const PageHash> pages) EXCLUDES(mu_);
   // The fresh cached holders of the leading pages of `pages`.
-  std::vector<std::vector<std::string>> CachedHoldersOf(
+  std::vector<std::vector<std::string>> CachedPrefix(
       uint32_t ns_id, std::span<const PageHash> pages) const EXCLUDES(mu_);
   void Remember(uint32_t ns_id, std::span<const PageHash> pages,
                 std::span<const transport::PageHolders> holders) EXCLUDES(mu_);
@@ -165,7 +170,9 @@ class PeerTier final : public storage::Tier {
   // candidate holder.
   void Issue(const std::shared_ptr<ReadState>& state,
              std::span<const size_t> todo);
-  // Ends a Read: `done`, then the directory repairs and the listener.
+  // Drops the cached holders of `pages` (one answered "absent").
+  void Forget(uint32_t ns_id, std::span<const PageHash> pages) EXCLUDES(mu_);
+  // Ends a Read: the directory repairs and the listener, then `done`.
   void Finish(const std::shared_ptr<ReadState>& state);
   // A holder whose FETCH failed (dead, hung, unreachable) is not chosen
   // again for failed_holder_pause: its directory entries outlive it by up

@@ -632,3 +632,78 @@ TEST(ConfigTest, DaemonRefusesHostBytesTheMachineDoesNotHave) {
 
 }  // namespace
 }  // namespace tierkv::daemon
+
+namespace tierkv::daemon {
+namespace {
+
+TEST(ConfigTest, ClusterSectionParsesWithFilesBesideTheConfig) {
+  testing::TempDir dir;
+  auto c = Load(dir, R"(
+[cluster]
+name = "prod-a"
+node_id = "gpu-07"
+secret_file = "cluster.key"
+directory = "redis://10.0.0.2:6379/0"
+directory_password_file = "/etc/tierkv/redis.pass"
+peer_listen = "10.0.0.7:7400"
+liveness_ttl_ms = 5000
+lookup_budget_us = 500
+fetch_deadline_ms = 750
+[[namespace]]
+name = "glm"
+token = "a-long-enough-token"
+shared = true
+)");
+  ASSERT_OK(c);
+  ASSERT_OK(c->Validate());
+  ASSERT_TRUE(c->cluster.has_value());
+  const ClusterConfig& k = *c->cluster;
+  EXPECT_EQ(k.name, "prod-a");
+  EXPECT_EQ(k.node_id, "gpu-07");
+  EXPECT_EQ(k.secret_file, dir.File("cluster.key"));  // next to the config
+  EXPECT_EQ(k.directory_password_file, "/etc/tierkv/redis.pass");
+  EXPECT_EQ(k.peer_listen, "10.0.0.7:7400");
+  EXPECT_EQ(k.liveness_ttl_ms, 5000u);
+  EXPECT_EQ(k.lookup_budget_us, 500u);
+  EXPECT_EQ(k.fetch_deadline_ms, 750u);
+  EXPECT_TRUE(c->namespaces[0].shared);
+  // Without [cluster], a node is alone and shares nothing.
+  auto alone =
+      Load(dir, "[[namespace]]\nname = \"x\"\ntoken = \"t-123456789\"\n");
+  ASSERT_OK(alone);
+  EXPECT_FALSE(alone->cluster.has_value());
+  EXPECT_FALSE(alone->namespaces[0].shared);
+}
+
+TEST(ConfigTest, ClusterMistakesNameTheirKey) {
+  testing::TempDir dir;
+  const std::string base =
+      "[cluster]\nsecret_file = \"k\"\ndirectory = \"redis://h:1\"\n";
+  struct Case {
+    std::string text;
+    std::string key;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {"[cluster]\ndirectory = \"redis://h:1\"\n", "cluster.secret_file"},
+           {"[cluster]\nsecret_file = \"k\"\n", "cluster.directory"},
+           {base + "peer_listen = \"0.0.0.0:7400\"\n", "cluster.peer_listen"},
+           {base + "name = \"has space\"\n", "cluster.name"},
+           {base + "node_id = \"a/b\"\n", "cluster.node_id"},
+           {base + "liveness_ttl_ms = 100\n", "cluster.liveness_ttl_ms"},
+           {base + "fetch_deadline_ms = 0\n", "cluster.fetch_deadline_ms"},
+           {base + "lookup_budget_us = 1\n", "cluster.lookup_budget_us"},
+           {base + "colour = \"red\"\n", "cluster"},
+           {"[[namespace]]\nname = \"x\"\ntoken = \"t-123456789\"\nshared = "
+            "true\n",
+            "shared"},
+       }) {
+    auto c = Load(dir, bad.text);
+    const Status s = c.ok() ? c->Validate() : c.status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad.text;
+    EXPECT_NE(s.message().find(bad.key), std::string::npos)
+        << bad.text << " -> " << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::daemon

@@ -1789,6 +1789,8 @@ PeerTransport::PeerTransport(std::shared_ptr<Core> core,
 
 PeerTransport::~PeerTransport() { core_->Stop(); }
 
+void PeerTransport::Shutdown() { core_->Stop(); }
+
 const std::string& PeerTransport::node_id() const {
   return core_->options().node_id;
 }

@@ -255,6 +255,12 @@ class PeerTransport {
   // Closes every endpoint, completes every outstanding call with Shutdown
   // and every pending reply send's on_sent with Shutdown, then stops.
   ~PeerTransport();
+  // What the destructor does, now: for an owner whose buffers (the spans
+  // of receives and reply sends) go away before the transport object does.
+  // Afterwards UCX touches no memory of the owner's, every Call completes
+  // at once with Shutdown (on the calling thread), and every reply is
+  // dropped (its on_sent hears Shutdown). Idempotent.
+  void Shutdown();
   PeerTransport(const PeerTransport&) = delete;
   PeerTransport& operator=(const PeerTransport&) = delete;
 
