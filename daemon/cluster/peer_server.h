@@ -14,7 +14,8 @@
 // the node does not hold is answered with length 0 (the requester repairs
 // the directory); one that fails its NVMe checksum likewise.
 //
-// Thread safety: Handle runs on the transport's progress thread and never
+// Thread safety: Handle runs on the transport's progress thread (a request
+// held by the test-only PeerServeStall, on that stall's thread) and never
 // blocks; Stop may be called from any thread, once.
 #pragma once
 
