@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -634,6 +635,38 @@ TEST_F(ClusterTest, AHolderKilledMidLoadFailsTheLayersItHadNotSent) {
   EXPECT_EQ(stats["errors_timeout"], 0) << stats.dump();
   EXPECT_GE(stats["errors_unavailable"], 1) << stats.dump();
   EXPECT_EQ(stats["fetch_segments"], 8 * 3) << stats.dump();  // layers 0, 1
+}
+
+// A holder stopped (SIGTERM) while it holds a peer's FETCH exits at once,
+// cleanly, and the requester's segments fail then, not at its deadline: the
+// held request never blocks the transport or the shutdown.
+TEST_F(ClusterTest, AHolderStoppedWhileHoldingAFetchExitsCleanlyAtOnce) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  PeerServeStallFifo fifo(dir_.File("serve.fifo"));
+  auto a = StartNode({.id = "node-a", .env = {fifo.Env(1)}});
+  auto b = StartNode({.id = "node-b", .fetch_deadline_ms = 30000});
+  ASSERT_TRUE(a && b);
+  const auto pages = Pages(2, 5000);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 2));
+  auto got =
+      std::async(std::launch::async, [&] { return GetPages(*cb, pages); });
+  ASSERT_TRUE(fifo.AwaitHeld()) << a->log();
+
+  ca.reset();
+  const auto t0 = Clock::now();
+  EXPECT_EQ(a->Stop(SIGTERM), 0) << a->log();
+  const std::vector<Status> statuses = got.get();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  for (const Status& s : statuses) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), StatusCode::kCorruption) << s.ToString();
+  }
+  EXPECT_EQ(PeerStats(*cb)["errors_timeout"], 0);
 }
 
 }  // namespace
