@@ -22,7 +22,8 @@
 // are served, in order, on the stall's own thread once the FIFO is
 // released: a byte written to it, or every writer closed after one had
 // opened it (EOF: a test that fails or dies releases the holder). Requests
-// arriving after the release pass straight through.
+// arriving while those are served queue behind them; once they are out,
+// requests pass straight through again.
 //
 // Shutdown never waits for the FIFO: destroying the stall answers the
 // requests still held with Unavailable and joins its thread.

@@ -52,6 +52,10 @@ struct NodeSpec {
   std::string host_bytes = "16MiB";
   // A requester's deadline for every FETCH.
   int fetch_deadline_ms = 1000;
+  // A requester's budget for one directory lookup (Match, and Get or Load
+  // locating pages): tests that must reach the holder raise it, so that a
+  // lookup slowed by a loaded test machine is not a miss.
+  int lookup_budget_us = 2000;
   // Loads on one lane (server.load_workers = 1), so a Load's FETCHes leave
   // in layer order.
   bool one_load_lane = false;
@@ -160,6 +164,7 @@ directory = "{}"
 directory_password_file = "{}"
 peer_listen = "127.0.0.1:0"
 liveness_ttl_ms = 2000
+lookup_budget_us = {}
 fetch_deadline_ms = {}
 [[namespace]]
 name = "default"
@@ -170,8 +175,8 @@ shared = {}
 )",
                        n.one_load_lane ? "[server]\nload_workers = 1\n" : "",
                        n.id, secret_file_, redis_.url(), redis_.password_file(),
-                       n.fetch_deadline_ms, kToken, n.host_bytes,
-                       n.shared ? "true" : "false");
+                       n.lookup_budget_us, n.fetch_deadline_ms, kToken,
+                       n.host_bytes, n.shared ? "true" : "false");
   }
 
   std::unique_ptr<DaemonProcess> StartNode(const NodeSpec& n) {
@@ -543,8 +548,10 @@ TEST_F(ClusterTest, LoadsOfPeerPagesCompleteLayerByLayer) {
   auto a = StartNode(
       {.id = "node-a",
        .env = {fifo.Env(FetchesPerLayer(pages.size()) * kHeldLayer + 1)}});
-  auto b = StartNode(
-      {.id = "node-b", .fetch_deadline_ms = 30000, .one_load_lane = true});
+  auto b = StartNode({.id = "node-b",
+                      .fetch_deadline_ms = 30000,
+                      .lookup_budget_us = 1000000,
+                      .one_load_lane = true});
   ASSERT_TRUE(a && b);
   EXPECT_NE(a->log().find("TEST-ONLY FAULT INJECTION"), std::string::npos)
       << a->log();
@@ -595,8 +602,10 @@ TEST_F(ClusterTest, AHolderKilledMidLoadFailsTheLayersItHadNotSent) {
   auto a = StartNode(
       {.id = "node-a",
        .env = {fifo.Env(FetchesPerLayer(pages.size()) * kHeldLayer + 1)}});
-  auto b = StartNode(
-      {.id = "node-b", .fetch_deadline_ms = 30000, .one_load_lane = true});
+  auto b = StartNode({.id = "node-b",
+                      .fetch_deadline_ms = 30000,
+                      .lookup_budget_us = 1000000,
+                      .one_load_lane = true});
   ASSERT_TRUE(a && b);
   auto ca = Open(*a);
   for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
@@ -644,7 +653,9 @@ TEST_F(ClusterTest, AHolderStoppedWhileHoldingAFetchExitsCleanlyAtOnce) {
   TIERKV_SKIP_WITHOUT_SYNC_POINTS();
   PeerServeStallFifo fifo(dir_.File("serve.fifo"));
   auto a = StartNode({.id = "node-a", .env = {fifo.Env(1)}});
-  auto b = StartNode({.id = "node-b", .fetch_deadline_ms = 30000});
+  auto b = StartNode({.id = "node-b",
+                      .fetch_deadline_ms = 30000,
+                      .lookup_budget_us = 1000000});
   ASSERT_TRUE(a && b);
   const auto pages = Pages(2, 5000);
   auto ca = Open(*a);

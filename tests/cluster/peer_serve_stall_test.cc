@@ -119,8 +119,8 @@ TEST_F(PeerServeStallTest, HoldsFromTheNthFetchUntilReleasedThenServesInOrder) {
 
   fifo_.Release();
   EXPECT_EQ(served_.Await(5), std::vector<int>({1, 2, 3, 4, 5}));
-  Send(*stall, kFetchOpcode, 6);  // released: passes again
-  EXPECT_EQ(served_.Now(), std::vector<int>({1, 2, 3, 4, 5, 6}));
+  Send(*stall, kFetchOpcode, 6);  // after them (at once, once they are out)
+  EXPECT_EQ(served_.Await(6), std::vector<int>({1, 2, 3, 4, 5, 6}));
 }
 
 TEST_F(PeerServeStallTest, EveryWriterClosingReleasesIt) {
