@@ -5,18 +5,27 @@
 // (fetched by B's daemon, layer by layer) and its logits are bit-identical
 // to a run without tierkv. With A killed while it holds B's fetch
 // (TIERKV_TEST_STALL_PEER_SERVE), B's load fails per segment, B recomputes
-// the prefix, and the logits are identical again.
+// the prefix, and the logits are identical again. Both through the
+// TierKvCache API (Generate: the prompt and 70 decoded tokens) and with
+// tierkv-run processes (logits files compared byte for byte).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "executor/generator.h"
@@ -104,6 +113,32 @@ struct NodeSpec {
   bool one_load_lane = false;
   std::vector<std::pair<std::string, std::string>> env;  // beyond UCX_TLS
 };
+
+// A tierkv-run process's exit code and output (stdout + stderr).
+struct ToolRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+ToolRun RunTierkvRun(const std::string& args) {
+  ToolRun r;
+  const std::string cmd = testing::BinDir() + "/tierkv-run " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) {
+    r.output.append(buf.data(), n);
+  }
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 class TierKvCacheClusterTest : public ::testing::Test {
  protected:
@@ -249,7 +284,47 @@ shared = true
     return n;
   }
 
+  // Writes a tiny random checkpoint with tierkv-run and makes it model_,
+  // loaded as tierkv-run --tierkv loads it (what names its pages); and the
+  // namespace's token file tierkv-run reads. False when tierkv-run fails.
+  bool UseWrittenModel(uint32_t seed) {
+    model_dir_ = dir_.File("model");
+    const ToolRun written =
+        RunTierkvRun(fmt::format("--write-random-model {} --preset tiny "
+                                 "--seed {}",
+                                 model_dir_, seed));
+    EXPECT_EQ(written.exit_code, 0) << written.output;
+    auto loaded = Model::Load(model_dir_,
+                              {.attention_mode = AttentionMode::kAbsorbedMqa});
+    EXPECT_OK(loaded);
+    if (written.exit_code != 0 || !loaded.ok()) return false;
+    model_ = std::move(loaded).value();
+    std::ofstream(dir_.File("exec.token")) << kToken << "\n";
+    return true;
+  }
+
+  // tierkv-run on `prompt` (3 new tokens, logits to `npy` in the test's
+  // directory): with `node`'s tierkvd (required), or without tierkv.
+  ToolRun RunOn(const DaemonProcess* node, const std::vector<int32_t>& prompt,
+                const std::string& npy) {
+    std::string ids;
+    for (int32_t id : prompt) {
+      ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    }
+    std::string args = fmt::format(
+        "--model {} --prompt-ids {} --max-new-tokens 3 --attention mqa "
+        "--logits-out {}",
+        model_dir_, ids, dir_.File(npy));
+    if (node != nullptr) {
+      args += fmt::format(
+          " --tierkv {} --namespace exec --token-file {} --tierkv-required",
+          node->socket_path(), dir_.File("exec.token"));
+    }
+    return RunTierkvRun(args);
+  }
+
   std::unique_ptr<Model> model_;
+  std::string model_dir_;  // UseWrittenModel's
   testing::TempDir dir_;
   testing::RedisServer redis_;
   std::string secret_file_;
@@ -351,6 +426,78 @@ TEST_F(TierKvCacheClusterTest, HolderKilledMidLoadIsRecomputedIdentically) {
   EXPECT_GE(stats["errors_unavailable"].get<int64_t>(), 1) << stats.dump();
   EXPECT_EQ(stats["errors_timeout"], 0);
   EXPECT_EQ(stats["errors_checksum"], 0);
+}
+
+// The same with tierkv-run itself, one process per node: the run on B
+// loads the 3 pages the run on A prefilled from A, and both write logits
+// byte-identical to a run without tierkv.
+TEST_F(TierKvCacheClusterTest, TierkvRunOnANodeServesAPromptAnotherPrefilled) {
+  if (!std::filesystem::exists(testing::BinDir() + "/tierkv-run")) {
+    GTEST_SKIP() << "tierkv-run not built";
+  }
+  ASSERT_TRUE(UseWrittenModel(/*seed=*/3));
+  auto a = StartNode({.id = "node-a"});
+  auto b = StartNode({.id = "node-b"});
+  ASSERT_TRUE(a && b);
+
+  const auto prompt = TestTokens(200, 13);
+  const ToolRun alone = RunOn(nullptr, prompt, "alone.npy");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const ToolRun on_a = RunOn(a.get(), prompt, "a.npy");
+  ASSERT_EQ(on_a.exit_code, 0) << on_a.output;
+  EXPECT_NE(on_a.output.find("tierkv: 0 of 200 prompt tokens loaded"),
+            std::string::npos)
+      << on_a.output;
+  ASSERT_TRUE(MatchReaches(*b, prompt, 3, Tier::kPeer)) << a->log();
+  const ToolRun on_b = RunOn(b.get(), prompt, "b.npy");
+  ASSERT_EQ(on_b.exit_code, 0) << on_b.output;
+  EXPECT_NE(on_b.output.find("tierkv: 192 of 200 prompt tokens loaded (pages: "
+                             "hbm 0, host 0, nvme 0, peer 3), 0 recomputed"),
+            std::string::npos)
+      << on_b.output;
+  const std::string reference = ReadAll(dir_.File("alone.npy"));
+  ASSERT_FALSE(reference.empty());
+  EXPECT_EQ(ReadAll(dir_.File("a.npy")), reference);
+  EXPECT_EQ(ReadAll(dir_.File("b.npy")), reference);
+}
+
+// tierkv-run on B while A, holding every FETCH of B's load, is SIGKILLed:
+// no page arrives, B recomputes the 192 tokens it had matched, and the
+// logits are byte-identical to a run without tierkv.
+TEST_F(TierKvCacheClusterTest, TierkvRunRecomputesWhatAKilledHolderHeld) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  if (!std::filesystem::exists(testing::BinDir() + "/tierkv-run")) {
+    GTEST_SKIP() << "tierkv-run not built";
+  }
+  ASSERT_TRUE(UseWrittenModel(/*seed=*/4));
+  // Every FETCH of B's load is held: no page arrives.
+  PeerServeStallFifo fifo(dir_.File("serve.fifo"));
+  auto a = StartNode({.id = "node-a", .env = {fifo.Env(1)}});
+  auto b = StartNode({.id = "node-b"});
+  ASSERT_TRUE(a && b);
+
+  const auto prompt = TestTokens(200, 14);
+  const ToolRun alone = RunOn(nullptr, prompt, "alone.npy");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const ToolRun on_a = RunOn(a.get(), prompt, "a.npy");
+  ASSERT_EQ(on_a.exit_code, 0) << on_a.output;
+  ASSERT_TRUE(MatchReaches(*b, prompt, 3, Tier::kPeer)) << a->log();
+
+  auto on_b = std::async(std::launch::async,
+                         [&] { return RunOn(b.get(), prompt, "b.npy"); });
+  const bool held = fifo.AwaitHeld();
+  if (held) a->Stop(SIGKILL);
+  const ToolRun result = on_b.get();
+  ASSERT_TRUE(held) << a->log();
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("tierkv: 0 of 200 prompt tokens loaded (pages: "
+                               "hbm 0, host 0, nvme 0, peer 3), 192 "
+                               "recomputed after a failed load"),
+            std::string::npos)
+      << result.output;
+  const std::string reference = ReadAll(dir_.File("alone.npy"));
+  ASSERT_FALSE(reference.empty());
+  EXPECT_EQ(ReadAll(dir_.File("b.npy")), reference);
 }
 
 }  // namespace
