@@ -213,13 +213,15 @@ void PrintTierkvLine(const KvCache& cache, const GenerateResult& r) {
   const TierKvCacheStats& s = tier->stats();
   std::printf(
       "tierkv: %lld of %lld prompt tokens loaded (pages: hbm %lld, host %lld, "
-      "nvme %lld), %lld recomputed after a failed load, %lld pages stored, "
+      "nvme %lld, peer %lld), %lld recomputed after a failed load, %lld pages "
+      "stored, "
       "%.2f MB loaded, %.2f MB stored%s%s\n",
       static_cast<long long>(r.prefix_tokens),
       static_cast<long long>(r.prompt_tokens),
       static_cast<long long>(s.pages_from_hbm),
       static_cast<long long>(s.pages_from_host),
       static_cast<long long>(s.pages_from_nvme),
+      static_cast<long long>(s.pages_from_peer),
       static_cast<long long>(r.prefix_tokens_recomputed),
       static_cast<long long>(s.pages_stored), s.bytes_loaded / 1e6,
       s.bytes_stored / 1e6,

@@ -317,18 +317,24 @@ Status TierKvCache::Truncate(int64_t num_tokens) {
   return Status::OK();
 }
 
-std::vector<PageHash> TierKvCache::HashPages(
-    std::span<const int32_t> tokens) const {
+std::vector<PageHash> TierKvCache::PageNames(const KvCacheGeometry& geometry,
+                                             const TierKvCacheOptions& options,
+                                             std::span<const int32_t> tokens) {
   static_assert(sizeof(int32_t) == sizeof(uint32_t));
   const std::span<const uint32_t> ids(
       reinterpret_cast<const uint32_t*>(tokens.data()), tokens.size());
   // The format is part of a page's name: rows of another --kv-dtype are
   // other bytes (and another layout, which the daemon refuses anyway).
   const std::string salted =
-      options_.salt + "/kv:" + std::string(KvDtypeName(geometry().dtype));
+      options.salt + "/kv:" + std::string(KvDtypeName(geometry.dtype));
   const auto salt = std::as_bytes(std::span(salted));
-  return PageHashChain(RootPageHash(options_.namespace_name), ids,
-                       static_cast<uint32_t>(geometry().page_tokens), salt);
+  return PageHashChain(RootPageHash(options.namespace_name), ids,
+                       static_cast<uint32_t>(geometry.page_tokens), salt);
+}
+
+std::vector<PageHash> TierKvCache::HashPages(
+    std::span<const int32_t> tokens) const {
+  return PageNames(geometry(), options_, tokens);
 }
 
 Result<int64_t> TierKvCache::AttachPrefix(std::span<const int32_t> prompt) {
@@ -384,6 +390,9 @@ Result<int64_t> TierKvCache::AttachPrefix(std::span<const int32_t> prompt) {
         break;
       case Tier::kHost:
         stats_.pages_from_host++;
+        break;
+      case Tier::kPeer:
+        stats_.pages_from_peer++;
         break;
       default:
         stats_.pages_from_nvme++;

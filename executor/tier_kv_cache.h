@@ -69,6 +69,7 @@ struct TierKvCacheStats {
   int64_t pages_from_hbm = 0;        // the tier Match reported per loaded page
   int64_t pages_from_host = 0;
   int64_t pages_from_nvme = 0;
+  int64_t pages_from_peer = 0;   // fetched from another node ([cluster])
   int64_t pages_recomputed = 0;  // matched but not arrived: recomputed
   int64_t pages_stored = 0;      // sent with Store (dedup included)
   // Of those, pages the daemon could not store (e.g. Busy: no DRAM even
@@ -120,6 +121,13 @@ class TierKvCache final : public KvCache {
   // The layout this cache registers for `geometry` (its format's row
   // sizes: e.g. 656 B "kv" and 132 B "index_k" per token for GLM-5 fp8).
   static LayoutSpec LayoutFor(const KvCacheGeometry& geometry);
+  // The names this cache gives the full pages of `tokens` (a prefix-hash
+  // chain from the namespace's root, salted with options.salt and the KV
+  // format): what it Matches, Loads and Stores. A partial last page is
+  // not named.
+  static std::vector<PageHash> PageNames(const KvCacheGeometry& geometry,
+                                         const TierKvCacheOptions& options,
+                                         std::span<const int32_t> tokens);
 
  private:
   struct Region;  // one (layer, part) pool within the memfd

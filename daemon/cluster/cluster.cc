@@ -51,6 +51,19 @@ Result<std::unique_ptr<Cluster>> Cluster::Open(
   to.cluster_secret = std::move(secret).value();
   to.default_deadline = std::chrono::milliseconds(config.fetch_deadline_ms);
   Cluster* self = c.get();
+#ifdef TIERKV_SYNC_POINTS
+  auto stall = PeerServeStallFromEnvironment();
+  if (!stall.ok()) return stall.status();
+  if (*stall) {
+    auto armed = PeerServeStall::Start(
+        **stall, [self](const transport::peer::PeerRequest& request,
+                        transport::peer::PeerResponder responder) {
+          self->Serve(request, std::move(responder));
+        });
+    if (!armed.ok()) return armed.status();
+    c->serve_stall_ = std::move(armed).value();
+  }
+#endif
   auto transport = transport::peer::PeerTransport::Open(
       to, [self](const transport::peer::PeerRequest& request,
                  transport::peer::PeerResponder responder) {
@@ -104,6 +117,9 @@ Result<std::unique_ptr<Cluster>> Cluster::Open(
 Cluster::~Cluster() {
   Stop();
   transport_.reset();  // joins the progress thread (HandleRequest's)
+#ifdef TIERKV_SYNC_POINTS
+  serve_stall_.reset();  // answers what it holds, joins its thread
+#endif
   directory_.reset();  // deregisters the node
 }
 
@@ -161,6 +177,17 @@ void Cluster::Stop() {
 
 void Cluster::HandleRequest(const transport::peer::PeerRequest& request,
                             transport::peer::PeerResponder responder) {
+#ifdef TIERKV_SYNC_POINTS
+  if (serve_stall_) {
+    serve_stall_->Handle(request, std::move(responder));
+    return;
+  }
+#endif
+  Serve(request, std::move(responder));
+}
+
+void Cluster::Serve(const transport::peer::PeerRequest& request,
+                    transport::peer::PeerResponder responder) {
   std::shared_ptr<PeerServer> server;
   {
     MutexLock lock(&mu_);

@@ -27,6 +27,7 @@
 
 #include "common/mutex.h"
 #include "daemon/cluster/page_publisher.h"
+#include "daemon/cluster/peer_serve_stall.h"
 #include "daemon/cluster/peer_server.h"
 #include "daemon/cluster/peer_tier.h"
 #include "daemon/config.h"
@@ -81,12 +82,24 @@ class Cluster final : public LayoutSource {
   Cluster() = default;
   // The peer tier's FetchedListener: fetched pages are publish candidates.
   void Fetched(uint32_t ns_id, std::span<const PageHash> pages);
+  // The transport's RequestHandler: Serve, behind the test-only
+  // PeerServeStall when TIERKV_TEST_STALL_PEER_SERVE arms one.
   void HandleRequest(const transport::peer::PeerRequest& request,
                      transport::peer::PeerResponder responder) EXCLUDES(mu_);
+  // Hands a peer's request to the peer server (Unavailable before Start
+  // and after Stop).
+  void Serve(const transport::peer::PeerRequest& request,
+             transport::peer::PeerResponder responder) EXCLUDES(mu_);
 
   std::vector<std::string> shared_;
   std::shared_ptr<RepublishTarget> republish_ =
       std::make_shared<RepublishTarget>();
+#ifdef TIERKV_SYNC_POINTS
+  // TIERKV_TEST_STALL_PEER_SERVE (peer_serve_stall.h); null when unset.
+  // Made before the transport, destroyed after it (its thread calls Serve,
+  // as the transport's does, until then).
+  std::unique_ptr<PeerServeStall> serve_stall_;
+#endif
   // Both are closed by ~Cluster explicitly, the transport first: its
   // progress thread calls HandleRequest, which uses the members below.
   std::shared_ptr<transport::peer::PeerTransport> transport_;

@@ -15,7 +15,8 @@
 // directory), as is one that fails its NVMe checksum; one it holds but
 // cannot lease or promote now is "unavailable" (the hint stands).
 //
-// Thread safety: Handle runs on the transport's progress thread and never
+// Thread safety: Handle runs on the transport's progress thread (a request
+// held by the test-only PeerServeStall, on that stall's thread) and never
 // blocks; Stop may be called from any thread, once.
 #pragma once
 

@@ -7,18 +7,27 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
+#include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "daemon/cluster/fetch_protocol.h"
+#include "storage/engine/engine_options.h"
 #include "tests/client/client_test_util.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/peer_serve_stall_fifo.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/sync_points.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/transport/directory/redis_server.h"
 #include "transport/peer/peer_transport.h"
@@ -42,7 +51,93 @@ struct NodeSpec {
   std::string id;  // node-a, ...
   bool shared = true;
   std::string host_bytes = "16MiB";
+  // A requester's deadline for every FETCH.
+  int fetch_deadline_ms = 1000;
+  // A requester's budget for one directory lookup (Match, and Get or Load
+  // locating pages). Far above the 2 ms default, so that a lookup slowed by
+  // a loaded test machine is not a miss (a Get answering "segment in no
+  // tier below DRAM"); the test of the budget itself sets its own.
+  int lookup_budget_us = 1000000;
+  // Loads on one lane (server.load_workers = 1), so a Load's FETCHes leave
+  // in layer order.
+  bool one_load_lane = false;
+  // On top of UCX_TLS=tcp, e.g. a PeerServeStallFifo's Env().
+  std::vector<std::pair<std::string, std::string>> env;
 };
+
+// A requester engine's registered pools: one memfd per (layer, part) of
+// `layout`, `slots` pages each, filled with 0xee.
+class EnginePools {
+ public:
+  EnginePools(const LayoutSpec& layout, uint32_t slots) : slots_(slots) {
+    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
+      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
+        Region r;
+        r.slot_bytes = layout.SegmentBytes(l, p);
+        r.bytes = r.slot_bytes * slots;
+        r.fd = ::memfd_create("pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        EXPECT_EQ(::ftruncate(r.fd, static_cast<off_t>(r.bytes)), 0);
+        r.base = static_cast<std::byte*>(::mmap(
+            nullptr, r.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0));
+        std::memset(r.base, 0xee, r.bytes);
+        regions_[{l, p}] = r;
+      }
+    }
+  }
+  ~EnginePools() {
+    for (auto& [k, r] : regions_) {
+      ::munmap(r.base, r.bytes);
+      ::close(r.fd);
+    }
+  }
+  EnginePools(const EnginePools&) = delete;
+  EnginePools& operator=(const EnginePools&) = delete;
+
+  Status RegisterAll(Client& c) {
+    for (auto& [k, r] : regions_) {
+      TIERKV_RETURN_IF_ERROR(c.RegisterPool({.fd = r.fd,
+                                             .slot_bytes = r.slot_bytes,
+                                             .slot_count = slots_,
+                                             .layer = k.first,
+                                             .part = k.second}));
+    }
+    return Status::OK();
+  }
+  // Whether slot `slot` holds `page`'s segments of layers [0, layers) as
+  // PutLayoutPages wrote them.
+  ::testing::AssertionResult Holds(const LayoutSpec& layout,
+                                   const PageHash& page, uint32_t slot,
+                                   uint16_t layers) const {
+    for (const SegmentKey& k : LayoutKeys(layout, page)) {
+      if (k.layer >= layers) continue;
+      const Region& r = regions_.at({k.layer, k.part});
+      const std::byte* got = r.base + slot * r.slot_bytes;
+      if (std::vector<std::byte>(got, got + r.slot_bytes) !=
+          SegmentBytes(k, r.slot_bytes)) {
+        return ::testing::AssertionFailure() << k.ToString() << " differs";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  struct Region {
+    int fd = -1;
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    uint64_t slot_bytes = 0;
+  };
+  uint32_t slots_;
+  std::map<std::pair<uint16_t, uint8_t>, Region> regions_;
+};
+
+// The FETCHes a one-lane Load of `pages` pages sends for each layer: the
+// engine cuts a layer into min(transfer_lanes, pages) units, and the peer
+// tier reads a unit's segments with one FETCH (they fit one here).
+uint32_t FetchesPerLayer(size_t pages) {
+  return std::clamp<uint32_t>(storage::CacheEngineOptions{}.transfer_lanes, 1,
+                              static_cast<uint32_t>(pages));
+}
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -66,7 +161,7 @@ class ClusterTest : public ::testing::Test {
   // Redis round trip can take milliseconds, and a lookup past its budget
   // is a miss (correct, but not what these tests look at).
   std::string Config(const NodeSpec& n) const {
-    return fmt::format(R"([cluster]
+    return fmt::format(R"({}[cluster]
 name = "test"
 node_id = "{}"
 secret_file = "{}"
@@ -74,8 +169,8 @@ directory = "{}"
 directory_password_file = "{}"
 peer_listen = "127.0.0.1:0"
 liveness_ttl_ms = 2000
-lookup_budget_us = 100000
-fetch_deadline_ms = 1000
+lookup_budget_us = {}
+fetch_deadline_ms = {}
 [[namespace]]
 name = "default"
 token = "{}"
@@ -83,15 +178,19 @@ host_bytes = "{}"
 shards = 1
 shared = {}
 )",
+                       n.one_load_lane ? "[server]\nload_workers = 1\n" : "",
                        n.id, secret_file_, redis_.url(), redis_.password_file(),
-                       kToken, n.host_bytes, n.shared ? "true" : "false");
+                       n.lookup_budget_us, n.fetch_deadline_ms, kToken,
+                       n.host_bytes, n.shared ? "true" : "false");
   }
 
   std::unique_ptr<DaemonProcess> StartNode(const NodeSpec& n) {
     auto d = std::make_unique<DaemonProcess>();
-    const Status s = d->Start(
-        {.config_toml = Config(n),
-         .env = {{"UCX_TLS", "tcp"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}}});
+    DaemonSpec spec{
+        .config_toml = Config(n),
+        .env = {{"UCX_TLS", "tcp"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}}};
+    spec.env.insert(spec.env.end(), n.env.begin(), n.env.end());
+    const Status s = d->Start(spec);
     EXPECT_OK(s);
     if (!s.ok()) return nullptr;
     return d;
@@ -438,7 +537,9 @@ TEST_F(ClusterTest, AHungHolderFailsItsFetchesByTheDeadline) {
 
 TEST_F(ClusterTest, ADirectoryOutageIsLocalOnlyAndARestartRepublishes) {
   auto a = StartNode({"node-a"});
-  auto b = StartNode({"node-b"});
+  // A budget below the 200 ms the outage's Match is allowed, yet ample for
+  // a live directory on a loaded test machine (the Get at the end).
+  auto b = StartNode({.id = "node-b", .lookup_budget_us = 100000});
   ASSERT_TRUE(a && b);
   const auto pages = Pages(8);
   auto ca = Open(*a);
@@ -539,6 +640,144 @@ TEST_F(ClusterTest, AStaleEntryIsReadAtThePagesNextHolder) {
   EXPECT_GE(stats["errors_stale"], 1) << stats.dump();
   EXPECT_EQ(stats["failovers"], stats["errors_stale"]) << stats.dump();
   EXPECT_GE(PeerStats(*ca)["served_absent"], 1);
+}
+
+// B Loads A's pages into its registered pools: the peer tier fetches them
+// layer by layer, so WaitLayer(l) returns once layer l arrived while A
+// still holds the FETCHes of the layers after it
+// (TIERKV_TEST_STALL_PEER_SERVE), and every byte lands exact.
+TEST_F(ClusterTest, LoadsOfPeerPagesCompleteLayerByLayer) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  constexpr uint16_t kHeldLayer = 2;  // of 4
+  const auto pages = Pages(8, 3000);
+  PeerServeStallFifo fifo(dir_.File("serve.fifo"));
+  auto a = StartNode(
+      {.id = "node-a",
+       .env = {fifo.Env(FetchesPerLayer(pages.size()) * kHeldLayer + 1)}});
+  auto b = StartNode(
+      {.id = "node-b", .fetch_deadline_ms = 30000, .one_load_lane = true});
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(a->log().find("TEST-ONLY FAULT INJECTION"), std::string::npos)
+      << a->log();
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 8));
+  EnginePools pools(TestLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*cb));
+  const std::vector<uint32_t> slots = {7, 6, 5, 4, 3, 2, 1, 0};
+  auto load = cb->Load(pages, slots);
+  ASSERT_OK(load);
+
+  ASSERT_TRUE(fifo.AwaitHeld()) << a->log();
+  auto early = load->WaitLayer(kHeldLayer - 1);
+  ASSERT_OK(early);
+  for (const Status& s : *early) EXPECT_OK(s);
+  EXPECT_EQ(load->LayersDone(), kHeldLayer);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_TRUE(pools.Holds(TestLayout(), pages[i], slots[i], kHeldLayer));
+  }
+
+  fifo.Release();
+  auto all = load->Wait();
+  ASSERT_OK(all);
+  for (const Status& s : *all) EXPECT_OK(s);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_TRUE(pools.Holds(TestLayout(), pages[i], slots[i], 4));
+  }
+  // At least once: the engine then promotes what a Load read from below
+  // DRAM by reading it again, in the background (PromoteLoaded).
+  const auto fetched = PeerStats(*cb);
+  EXPECT_GE(fetched["fetch_segments"], 48) << fetched.dump();
+  EXPECT_EQ(fetched["errors_checksum"], 0);
+  EXPECT_EQ(fetched["errors_timeout"], 0);
+}
+
+// The same Load, with A killed while it holds the FETCHes of layers 2 and
+// 3: the layers that arrived stay exact, the rest fail per page at once
+// (a reset, long before B's fetch deadline), never with wrong bytes.
+TEST_F(ClusterTest, AHolderKilledMidLoadFailsTheLayersItHadNotSent) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  constexpr uint16_t kHeldLayer = 2;  // of 4
+  const auto pages = Pages(8, 4000);
+  PeerServeStallFifo fifo(dir_.File("serve.fifo"));
+  auto a = StartNode(
+      {.id = "node-a",
+       .env = {fifo.Env(FetchesPerLayer(pages.size()) * kHeldLayer + 1)}});
+  auto b = StartNode(
+      {.id = "node-b", .fetch_deadline_ms = 30000, .one_load_lane = true});
+  ASSERT_TRUE(a && b);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 8));
+  EnginePools pools(TestLayout(), 8);
+  ASSERT_OK(pools.RegisterAll(*cb));
+  const std::vector<uint32_t> slots = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto load = cb->Load(pages, slots);
+  ASSERT_OK(load);
+  ASSERT_TRUE(fifo.AwaitHeld()) << a->log();
+  auto early = load->WaitLayer(kHeldLayer - 1);
+  ASSERT_OK(early);
+  for (const Status& s : *early) EXPECT_OK(s);
+
+  ca.reset();
+  a->Stop(SIGKILL);
+  const auto t0 = Clock::now();
+  auto rest = load->WaitLayer(kHeldLayer);
+  const auto took = Clock::now() - t0;
+  ASSERT_OK(rest);
+  for (const Status& s : *rest) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), StatusCode::kCorruption) << s.ToString();
+  }
+  EXPECT_LT(took, std::chrono::seconds(2));
+  auto all = load->Wait();
+  ASSERT_OK(all);
+  for (const Status& s : *all) EXPECT_FALSE(s.ok());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_TRUE(pools.Holds(TestLayout(), pages[i], slots[i], kHeldLayer));
+  }
+  const auto stats = PeerStats(*cb);
+  EXPECT_EQ(stats["errors_timeout"], 0) << stats.dump();
+  EXPECT_GE(stats["errors_unavailable"], 1) << stats.dump();
+  EXPECT_EQ(stats["fetch_segments"], 8 * 3) << stats.dump();  // layers 0, 1
+}
+
+// A holder stopped (SIGTERM) while it holds a peer's FETCH exits at once,
+// cleanly, and the requester's segments fail then, not at its deadline: the
+// held request never blocks the transport or the shutdown.
+TEST_F(ClusterTest, AHolderStoppedWhileHoldingAFetchExitsCleanlyAtOnce) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  PeerServeStallFifo fifo(dir_.File("serve.fifo"));
+  auto a = StartNode({.id = "node-a", .env = {fifo.Env(1)}});
+  auto b = StartNode({.id = "node-b", .fetch_deadline_ms = 30000});
+  ASSERT_TRUE(a && b);
+  const auto pages = Pages(2, 5000);
+  auto ca = Open(*a);
+  for (const PutResult& r : PutLayoutPages(*ca, TestLayout(), pages)) {
+    ASSERT_OK(r);
+  }
+  auto cb = Open(*b);
+  ASSERT_TRUE(MatchReaches(*cb, pages, 2));
+  auto got =
+      std::async(std::launch::async, [&] { return GetPages(*cb, pages); });
+  ASSERT_TRUE(fifo.AwaitHeld()) << a->log();
+
+  ca.reset();
+  const auto t0 = Clock::now();
+  EXPECT_EQ(a->Stop(SIGTERM), 0) << a->log();
+  const std::vector<Status> statuses = got.get();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  for (const Status& s : statuses) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), StatusCode::kCorruption) << s.ToString();
+  }
+  EXPECT_EQ(PeerStats(*cb)["errors_timeout"], 0);
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ TEST_F(TierkvRunTest, TwoProcessesShareASystemPromptThroughTierkvd) {
     RunResult b = run(user_b, true, out + "-b.npy");
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_NE(b.output.find("tierkv: 192 of 222 prompt tokens loaded (pages: "
-                            "hbm 0, host 3, nvme 0)"),
+                            "hbm 0, host 3, nvme 0, peer 0)"),
               std::string::npos)
         << b.output;
     ASSERT_EQ(run(user_a, false, out + "-a0.npy").exit_code, 0);
