@@ -16,30 +16,14 @@
 #include <sstream>
 #include <string_view>
 
+#include "common/free_port.h"
+
 extern char** environ;
 
 namespace tierkv::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A port the kernel had free a moment ago (the server binds it; a race with
-// another process only makes the run fail, and it is reported).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // Whether some socket listens on TCP `port` (any address), from
 // /proc/net/tcp{,6}: "sl local_address rem_address st ...", the port in
@@ -148,7 +132,7 @@ bool UcxPerftestAvailable(const std::string& binary) {
 Result<UcxPerftestResult> RunUcxPerftest(const UcxPerftestSpec& spec) {
   Result<UcxPerftestResult> r = RunUcxPerftestOnce(spec);
   if (r.ok()) return r;
-  // Once more on a new port: FreePort's port may have been taken before the
+  // Once more on a new port: the free port may have been taken before the
   // server bound it, and a pair fails now and then on a loaded machine.
   fmt::print(stderr, "ucx_perftest failed, running it again: {}\n",
              r.status().ToString());
@@ -159,7 +143,7 @@ namespace {
 
 Result<UcxPerftestResult> RunUcxPerftestOnce(const UcxPerftestSpec& spec) {
   const auto deadline = Clock::now() + spec.timeout;
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   if (port == 0) return Status::IOError("ucx_perftest: no free port");
   // The server prints only when it fails; its pipe is read then.
   int server_pipe[2];

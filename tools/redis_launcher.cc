@@ -18,30 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/free_port.h"
 #include "transport/directory/redis_url.h"
 
 namespace tierkv::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A port the kernel just handed out on 127.0.0.1 (it may be taken again
-// before redis binds it: Start() retries on "Address already in use").
-int FreeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 std::string RandomPassword() {
   std::random_device rd;
@@ -120,7 +103,7 @@ Status RedisLauncher::Start(const RedisLaunchOptions& options) {
   constexpr int kPortAttempts = 5;
   Status last = Status::Unavailable("not started");
   for (int attempt = 0; attempt < kPortAttempts; ++attempt) {
-    port_ = FreeLoopbackPort();
+    port_ = tierkv::FreeLoopbackPort();
     if (port_ == 0) return Status::IOError("no free loopback port");
     last = StartOnce(binary, options.ready_timeout);
     if (last.ok() ||

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/free_port.h"
 #include "tests/testing/temp_dir.h"
 #include "tierkv/status.h"
 #include "transport/directory/redis_connection.h"
@@ -72,7 +73,7 @@ class RedisServer {
     if (dir_.path().empty()) return Status::IOError("no temp dir");
     const bool fixed_port = port_ != 0;
     for (int attempt = 0; attempt < 5; ++attempt) {
-      if (!fixed_port) port_ = FreePort();
+      if (!fixed_port) port_ = FreeLoopbackPort();
       if (port_ == 0) return Status::IOError("no free port");
       Status started = StartOnce();
       if (started.ok() || fixed_port) return started;
@@ -139,22 +140,6 @@ class RedisServer {
   }
 
  private:
-  static int FreePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    int port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    ::close(fd);
-    return port;
-  }
-
   Status StartOnce() {
     std::vector<std::string> args = {
         Binary(), "--port", std::to_string(port_), "--bind",    "127.0.0.1",
