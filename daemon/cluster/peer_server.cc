@@ -55,18 +55,19 @@ void PeerServer::Handle(const PeerRequest& request, PeerResponder responder) {
   // The Acquire may finish on this thread (all in DRAM) or on a tier's
   // thread after promoting from NVMe; either way the reply goes out then.
   auto shared_responder = std::make_shared<PeerResponder>(std::move(responder));
+  const uint64_t owner = OwnerOf(request.peer_node_id);
   engine_->Acquire(
-      kPeerOwner, *ns, std::move(fetch.keys),
-      [self = shared_from_this(), ns, keys = std::move(keys),
+      owner, *ns, std::move(fetch.keys),
+      [self = shared_from_this(), ns, owner, keys = std::move(keys),
        shared_responder](storage::EngineRead read) mutable {
-        self->Reply(*ns, std::move(keys), std::move(read),
+        self->Reply(*ns, owner, std::move(keys), std::move(read),
                     std::move(*shared_responder));
       },
       storage::TierScope::kLocal);
   Leave();
 }
 
-void PeerServer::Reply(storage::EngineNamespace& ns,
+void PeerServer::Reply(storage::EngineNamespace& ns, uint64_t owner,
                        std::vector<SegmentKey> keys, storage::EngineRead read,
                        PeerResponder responder) {
   // Stopped meanwhile (an NVMe promotion finishing at shutdown): the
@@ -111,14 +112,14 @@ void PeerServer::Reply(storage::EngineNamespace& ns,
   // The bytes stay leased until sent (or the send failed, or the transport
   // closed): on_sent runs exactly once.
   responder.ReplyWithData(EncodeFetchReplyHead(head), std::move(data),
-                          [self = shared_from_this(), lease](Status) {
-                            if (lease != 0) self->Release(lease);
+                          [self = shared_from_this(), owner, lease](Status) {
+                            if (lease != 0) self->Release(owner, lease);
                           });
 }
 
-void PeerServer::Release(uint64_t lease_id) {
+void PeerServer::Release(uint64_t owner, uint64_t lease_id) {
   if (!Enter()) return;  // the engine ends the lease itself
-  (void)engine_->Release(kPeerOwner, lease_id);
+  (void)engine_->Release(owner, lease_id);
   Leave();
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include "common/mutex.h"
@@ -46,9 +47,15 @@ struct PeerServerCounters {
 // the transport's callbacks keep it alive past Stop().
 class PeerServer : public std::enable_shared_from_this<PeerServer> {
  public:
-  // The lease owner of every read on a peer's behalf (client connections
-  // are numbered from 1, far below it).
-  static constexpr uint64_t kPeerOwner = uint64_t{1} << 63;
+  // The lease owner of reads on behalf of peer `node_id`: one per peer, so
+  // the engine's per-owner lease limits bound what each peer pins (one that
+  // never pulls its replies starves only itself), all with the top bit set
+  // (client connections are numbered from 1, far below).
+  static uint64_t OwnerOf(std::string_view node_id) {
+    return kPeerOwnerBit |
+           (std::hash<std::string_view>()(node_id) & (kPeerOwnerBit - 1));
+  }
+  static constexpr uint64_t kPeerOwnerBit = uint64_t{1} << 63;
 
   // `engine` is borrowed until Stop() returned; `shared` names the
   // namespaces peers may read.
@@ -68,10 +75,10 @@ class PeerServer : public std::enable_shared_from_this<PeerServer> {
 
  private:
   // Sends the reply for an Acquire's result; releases its lease once sent.
-  void Reply(storage::EngineNamespace& ns, std::vector<SegmentKey> keys,
-             storage::EngineRead read, transport::peer::PeerResponder responder)
-      EXCLUDES(mu_);
-  void Release(uint64_t lease_id) EXCLUDES(mu_);
+  void Reply(storage::EngineNamespace& ns, uint64_t owner,
+             std::vector<SegmentKey> keys, storage::EngineRead read,
+             transport::peer::PeerResponder responder) EXCLUDES(mu_);
+  void Release(uint64_t owner, uint64_t lease_id) EXCLUDES(mu_);
 
   storage::CacheEngine* const engine_;
   const std::unordered_set<std::string> shared_;
