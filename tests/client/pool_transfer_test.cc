@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/client/client_test_util.h"
+#include "tests/client/engine_pools.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/sync_points.h"
@@ -30,57 +31,6 @@ namespace {
 // GLM-5-shaped, shrunk: 6 layers of bf16 latent KV, indexer keys on the
 // "full" layers 0 and 3 only (IndexShare).
 LayoutSpec PoolLayout() { return IndexShareLayout(6, 3); }
-
-// An engine's pool memory: one memfd per (layer, part).
-class EnginePools {
- public:
-  EnginePools(const LayoutSpec& layout, uint32_t slots) : slots_(slots) {
-    for (uint16_t l = 0; l < layout.num_layers(); ++l) {
-      for (uint8_t p = 0; p < layout.layers[l].parts.size(); ++p) {
-        const uint64_t seg = layout.SegmentBytes(l, p);
-        Region r;
-        r.bytes = seg * slots;
-        r.slot_bytes = seg;
-        r.fd = ::memfd_create("pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        EXPECT_EQ(::ftruncate(r.fd, static_cast<off_t>(r.bytes)), 0);
-        r.base = static_cast<std::byte*>(::mmap(
-            nullptr, r.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0));
-        std::memset(r.base, 0xee, r.bytes);
-        regions_[{l, p}] = r;
-      }
-    }
-  }
-  ~EnginePools() {
-    for (auto& [k, r] : regions_) {
-      ::munmap(r.base, r.bytes);
-      ::close(r.fd);
-    }
-  }
-  Status RegisterAll(Client& c) {
-    for (auto& [k, r] : regions_) {
-      TIERKV_RETURN_IF_ERROR(c.RegisterPool({.fd = r.fd,
-                                             .slot_bytes = r.slot_bytes,
-                                             .slot_count = slots_,
-                                             .layer = k.first,
-                                             .part = k.second}));
-    }
-    return Status::OK();
-  }
-  std::span<std::byte> Slot(uint16_t l, uint8_t p, uint32_t slot) {
-    Region& r = regions_.at({l, p});
-    return {r.base + slot * r.slot_bytes, r.slot_bytes};
-  }
-
- private:
-  struct Region {
-    int fd = -1;
-    std::byte* base = nullptr;
-    uint64_t bytes = 0;
-    uint64_t slot_bytes = 0;
-  };
-  uint32_t slots_;
-  std::map<std::pair<uint16_t, uint8_t>, Region> regions_;
-};
 
 class PoolTransferTest : public ::testing::Test {
  protected:
