@@ -6,7 +6,8 @@
 //               the holder), one segment per call with --in-flight calls
 //               outstanding, and batches of 64 x 64 KiB segments per call;
 //               rounds alternate with `ucx_perftest -t ucp_am_bw` of the
-//               same message (the batch as a 64-piece IOV);
+//               same message (the batch as a 64-piece IOV); each round
+//               starts after 16 untimed calls, as ucx_perftest -w 16;
 //   latency   - one 64 KiB fetch at a time, p50/p99 from Call to
 //               OnComplete as the calling thread sees it, beside
 //               `ucx_perftest -t ucp_am_lat -s 65536` (whose latency is half
@@ -42,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -81,6 +83,8 @@ struct FetchRequest {
 };
 // The holder's source buffer: every reply's spans lie in it.
 constexpr uint64_t kHolderBufferBytes = uint64_t{64} << 20;
+// Untimed calls before each timed fetch round, and ucx_perftest's -w.
+constexpr uint64_t kFetchWarmupCalls = 16;
 // Bytes left between consecutive segments of one call, on both sides, so
 // that no two spans are adjacent (as pages in an arena seldom are) and no
 // layer may merge them into one contiguous transfer.
@@ -98,6 +102,9 @@ struct PeerBenchOptions {
   // PeerTransportOptions::rendezvous_threshold_bytes on both sides; empty
   // keeps the transport's default.
   std::string rendezvous_threshold;
+  // PeerTransportOptions::transfer_spin on both sides, in us; negative
+  // keeps the transport's default.
+  int transfer_spin_us = -1;
   // Which parts run: any of fetch, latency, directory.
   std::vector<std::string> sections = {"fetch", "latency", "directory"};
   // Fetch rows to run, by name (64KiB .. 64x64KiB); empty runs all.
@@ -126,6 +133,9 @@ Result<PeerTransportOptions> TransportOptions(const std::string& node,
         ParseSizeOption("--rendezvous-threshold", bench.rendezvous_threshold);
     if (!bytes.ok()) return bytes.status();
     o.rendezvous_threshold_bytes = *bytes;
+  }
+  if (bench.transfer_spin_us >= 0) {
+    o.transfer_spin = std::chrono::microseconds(bench.transfer_spin_us);
   }
   return o;
 }
@@ -213,6 +223,10 @@ class HolderProcess {
       args.push_back("--rendezvous-threshold");
       args.push_back(o.rendezvous_threshold);
     }
+    if (o.transfer_spin_us >= 0) {
+      args.push_back("--transfer-spin-us");
+      args.push_back(std::to_string(o.transfer_spin_us));
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -261,17 +275,38 @@ class HolderProcess {
 // --------------------------------------------------------- the requester
 
 // Completions of the calls in flight: which landing slots are free again,
-// and the first error.
+// and the first error. With a refill set, a completed call's slot goes
+// straight to the next call, started by the completion itself on the
+// progress thread: a stream of fetches, as PeerTier issues a Read's calls
+// all at once, without a waiting thread woken per call (a hop the bench
+// would add and the daemon does not have).
 class Completions {
  public:
   void Done(size_t slot, Status s) {
     const Clock::time_point now = Clock::now();
+    bool again = false;
+    std::function<void(size_t)> refill;
+    {
+      MutexLock lock(&mu_);
+      last_done_ = now;
+      ++completed_;
+      if (!s.ok() && first_error_.ok()) first_error_ = std::move(s);
+      again = first_error_.ok() && to_start_ > 0;
+      if (again) {
+        --to_start_;
+        refill = refill_;
+      } else {
+        free_slots_.push_back(slot);
+      }
+      cv_.Signal();
+    }
+    if (again) refill(slot);
+  }
+  // The next `calls` completions each start one more call in their slot.
+  void RefillWith(uint64_t calls, std::function<void(size_t)> refill) {
     MutexLock lock(&mu_);
-    last_done_ = now;
-    free_slots_.push_back(slot);
-    ++completed_;
-    if (!s.ok() && first_error_.ok()) first_error_ = std::move(s);
-    cv_.Signal();
+    to_start_ = calls;
+    refill_ = std::move(refill);
   }
   // Waits until a slot is free; returns it, or the first error.
   Result<size_t> TakeSlot() {
@@ -298,6 +333,8 @@ class Completions {
     free_slots_.clear();
     for (size_t i = 0; i < slots; ++i) free_slots_.push_back(i);
     completed_ = 0;
+    to_start_ = 0;
+    refill_ = nullptr;
   }
 
  private:
@@ -306,6 +343,8 @@ class Completions {
   std::vector<size_t> free_slots_ GUARDED_BY(mu_);
   uint64_t completed_ GUARDED_BY(mu_) = 0;
   Clock::time_point last_done_ GUARDED_BY(mu_);
+  uint64_t to_start_ GUARDED_BY(mu_) = 0;
+  std::function<void(size_t)> refill_ GUARDED_BY(mu_);
   Status first_error_ GUARDED_BY(mu_);
 };
 
@@ -364,12 +403,15 @@ class Requester {
         landing_(slots * slot_bytes, std::byte{0}),
         slot_bytes_(slot_bytes) {}
 
-  // Issues `calls` fetches of `c`, keeping c.in_flight outstanding; returns
-  // the seconds from the first Call to the last completion.
+  // Issues `calls` fetches of `c`, keeping c.in_flight outstanding (each
+  // completion starts the next); returns the seconds from the first Call to
+  // the last completion.
   Result<double> Fetch(const FetchCase& c, uint64_t calls) {
+    const uint64_t first = std::min<uint64_t>(calls, c.in_flight);
     done_.Reset(static_cast<size_t>(c.in_flight));
+    done_.RefillWith(calls - first, [this, c](size_t slot) { Start(c, slot); });
     const auto t0 = Clock::now();
-    for (uint64_t i = 0; i < calls; ++i) {
+    for (uint64_t i = 0; i < first; ++i) {
       Result<size_t> slot = done_.TakeSlot();
       if (!slot.ok()) return slot.status();
       Start(c, *slot);
@@ -683,6 +725,10 @@ int Run(const PeerBenchOptions& o) {
   out["tls"] = o.tls;
   out["iterations"] = o.iterations;
   out["bytes_per_round"] = *round_bytes;
+  out["transfer_spin_us"] =
+      o.transfer_spin_us >= 0
+          ? o.transfer_spin_us
+          : transport::peer::PeerTransportOptions{}.transfer_spin.count();
   if (Wanted(o, "fetch")) {
     fmt::print(
         "peer fetch, UCX_TLS={}, holder in another process; GB/s = 1e9 B/s; "
@@ -712,7 +758,7 @@ int Run(const PeerBenchOptions& o) {
       spec.sizes.assign(c.segments, c.segment_bytes);
       spec.iov = c.segments > 1;
       spec.iterations = calls;
-      spec.warmup = 16;
+      spec.warmup = kFetchWarmupCalls;
       // Per round: tierkv, ucx_perftest polling, ucx_perftest sleeping, in
       // an order that rotates from round to round. The requester's CPU is
       // in seconds per wall second.
@@ -722,8 +768,14 @@ int Run(const PeerBenchOptions& o) {
         for (int turn = 0; turn < 3; ++turn) {
           const int which = (turn + it) % 3;
           if (which == 0) {
+            // Warmed up untimed as ucx_perftest is (-w).
+            Result<double> sec = requester->Fetch(c, kFetchWarmupCalls);
+            if (!sec.ok()) {
+              fmt::print(stderr, "{}: {}\n", c.name, sec.status().ToString());
+              return 1;
+            }
             const ProcessCost before = ProcessCost::Now();
-            Result<double> sec = requester->Fetch(c, calls);
+            sec = requester->Fetch(c, calls);
             if (!sec.ok()) {
               fmt::print(stderr, "{}: {}\n", c.name, sec.status().ToString());
               return 1;
@@ -911,6 +963,8 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   sub->add_option("--rendezvous-threshold", opts->rendezvous_threshold,
                   "the transports' rendezvous_threshold_bytes (default: "
                   "theirs)");
+  sub->add_option("--transfer-spin-us", opts->transfer_spin_us,
+                  "the transports' transfer_spin in us (default: theirs)");
   sub->add_option("--sections", opts->sections,
                   "which parts to run: fetch, latency, directory")
       ->capture_default_str()

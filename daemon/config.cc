@@ -279,6 +279,9 @@ Status ValidateCluster(const ClusterConfig& k) {
   if (k.fetch_deadline_ms < 10 || k.fetch_deadline_ms > 600000) {
     return Bad("cluster.fetch_deadline_ms", "must be in [10, 600000]");
   }
+  if (k.transfer_spin_us > 10000) {
+    return Bad("cluster.transfer_spin_us", "must be in [0, 10000]");
+  }
   return Status::OK();
 }
 
@@ -520,11 +523,11 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
                                    c.hbm.emulated_fault_after_copies));
   }
   if (auto* cluster = root["cluster"].as_table()) {
-    TIERKV_RETURN_IF_ERROR(
-        CheckKeys(*cluster, "cluster",
-                  {"name", "node_id", "secret_file", "directory",
-                   "directory_password_file", "peer_listen", "liveness_ttl_ms",
-                   "lookup_budget_us", "fetch_deadline_ms"}));
+    TIERKV_RETURN_IF_ERROR(CheckKeys(
+        *cluster, "cluster",
+        {"name", "node_id", "secret_file", "directory",
+         "directory_password_file", "peer_listen", "liveness_ttl_ms",
+         "lookup_budget_us", "fetch_deadline_ms", "transfer_spin_us"}));
     ClusterConfig& k = c.cluster.emplace();
     TIERKV_RETURN_IF_ERROR(ReadString(*cluster, "cluster", "name", k.name));
     TIERKV_RETURN_IF_ERROR(
@@ -544,6 +547,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         ReadInt(*cluster, "cluster", "lookup_budget_us", k.lookup_budget_us));
     TIERKV_RETURN_IF_ERROR(
         ReadInt(*cluster, "cluster", "fetch_deadline_ms", k.fetch_deadline_ms));
+    TIERKV_RETURN_IF_ERROR(
+        ReadInt(*cluster, "cluster", "transfer_spin_us", k.transfer_spin_us));
     // Files named relative to the config file, as a service's working
     // directory is rarely the config's.
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();

@@ -24,7 +24,8 @@
 //               (0 disables), streams
 //   [cluster]   name, node_id, secret_file, directory,
 //               directory_password_file, peer_listen, liveness_ttl_ms,
-//               lookup_budget_us, fetch_deadline_ms (absent: one node alone)
+//               lookup_budget_us, fetch_deadline_ms, transfer_spin_us
+//               (absent: one node alone)
 //   [[namespace]] name, token | token_file, host_bytes,
 //               shards, hugepages, prefault, host_alignment, write_policy,
 //               nvme_bytes,
@@ -180,6 +181,10 @@ struct ClusterConfig {
   // A fetch from a peer not finished by then fails its segments (engines
   // recompute them). 10..600000. Default: 2000 ms.
   uint32_t fetch_deadline_ms = 2000;
+  // While a transfer is in flight the peer transport's progress thread
+  // polls this long after its last event before sleeping (0: never polls).
+  // 0..10000. Default: 50 us.
+  uint32_t transfer_spin_us = 50;
 };
 
 struct DaemonConfig {

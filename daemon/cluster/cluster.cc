@@ -50,6 +50,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Open(
   to.node_id = node_id;
   to.cluster_secret = std::move(secret).value();
   to.default_deadline = std::chrono::milliseconds(config.fetch_deadline_ms);
+  to.transfer_spin = std::chrono::microseconds(config.transfer_spin_us);
   Cluster* self = c.get();
 #ifdef TIERKV_SYNC_POINTS
   auto stall = PeerServeStallFromEnvironment();

@@ -649,6 +649,7 @@ peer_listen = "10.0.0.7:7400"
 liveness_ttl_ms = 5000
 lookup_budget_us = 500
 fetch_deadline_ms = 750
+transfer_spin_us = 0
 [[namespace]]
 name = "glm"
 token = "a-long-enough-token"
@@ -666,6 +667,7 @@ shared = true
   EXPECT_EQ(k.liveness_ttl_ms, 5000u);
   EXPECT_EQ(k.lookup_budget_us, 500u);
   EXPECT_EQ(k.fetch_deadline_ms, 750u);
+  EXPECT_EQ(k.transfer_spin_us, 0u);
   EXPECT_TRUE(c->namespaces[0].shared);
   // Without [cluster], a node is alone and shares nothing.
   auto alone =
@@ -692,6 +694,7 @@ TEST(ConfigTest, ClusterMistakesNameTheirKey) {
            {base + "liveness_ttl_ms = 100\n", "cluster.liveness_ttl_ms"},
            {base + "fetch_deadline_ms = 0\n", "cluster.fetch_deadline_ms"},
            {base + "lookup_budget_us = 1\n", "cluster.lookup_budget_us"},
+           {base + "transfer_spin_us = 20000\n", "cluster.transfer_spin_us"},
            {base + "colour = \"red\"\n", "cluster"},
            {"[[namespace]]\nname = \"x\"\ntoken = \"t-123456789\"\nshared = "
             "true\n",

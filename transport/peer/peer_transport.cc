@@ -302,7 +302,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   Status InitUcx(std::string* bound_address);
   void Run(std::promise<Result<std::string>> started);
-  bool RunCommands() EXCLUDES(mu_);
+  bool RunCommands(bool drain_event_fd) EXCLUDES(mu_);
   void Teardown() EXCLUDES(mu_);
   int NextTimeoutMs(Clock::time_point now) const;
   void ExpireTimers(Clock::time_point now);
@@ -364,6 +364,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::deque<std::function<void()>> commands_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   bool accepting_ GUARDED_BY(mu_) = true;
+  // The loop found no commands and may be in (or on its way to) epoll_wait:
+  // the next Post must write the eventfd. While the loop is busy a Post
+  // needs no syscall (a reply posted from the handler, on the loop itself,
+  // never does), and the loop reads the eventfd only when epoll says so.
+  bool loop_may_sleep_ GUARDED_BY(mu_) = false;
   std::thread thread_;
   int event_fd_ = -1;
   int epoll_fd_ = -1;
@@ -532,53 +537,79 @@ void Core::Run(std::promise<Result<std::string>> started) {
     return;
   }
   started.set_value(bound);
+  bool event_fd_readable = false;
+  Clock::time_point last_work = Clock::now();
   for (;;) {
-    const bool stop = RunCommands();
+    const bool stop = RunCommands(event_fd_readable);
     // Bounded, so that a stream of incoming data cannot starve commands and
     // deadlines; what is left makes ucp_worker_arm say BUSY.
-    for (int i = 0;
-         i < kMaxProgressPerTurn && ucp_worker_progress(worker_) != 0; ++i) {
+    int progressed = 0;
+    while (progressed < kMaxProgressPerTurn &&
+           ucp_worker_progress(worker_) != 0) {
+      ++progressed;
     }
+    if (progressed > 0) last_work = Clock::now();
     ProcessCloses();
     ExpireTimers(Clock::now());
     ProcessCloses();
     if (stop) break;
+    event_fd_readable = false;
+    // While bytes are moving, the next event is due within microseconds:
+    // polling a little longer saves the sleep and wake-up per event (most
+    // of a transfer's CPU beyond the kernel's copies; bench/RESULTS.md).
+    if ((!recvs_.empty() || !sends_.empty()) &&
+        Clock::now() - last_work < options_.transfer_spin) {
+      continue;
+    }
     {
       MutexLock lock(&mu_);
       if (!commands_.empty() || stopping_) continue;
+      loop_may_sleep_ = true;
     }
     const ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_ERR_BUSY) continue;  // events arrived meanwhile
     epoll_event events[4];
     const int n =
         ::epoll_wait(epoll_fd_, events, 4, NextTimeoutMs(Clock::now()));
-    (void)n;  // which fd woke us does not matter: the loop polls both
+    // The worker is progressed every turn anyway; the eventfd is drained
+    // only when it was written.
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == event_fd_) event_fd_readable = true;
+    }
   }
   shutting_down_ = true;
   Teardown();
 }
 
 bool Core::Post(std::function<void()> command) {
+  bool wake = false;
   {
     MutexLock lock(&mu_);
     if (!accepting_) return false;
     commands_.push_back(std::move(command));
+    wake = loop_may_sleep_;
+    loop_may_sleep_ = false;  // one write wakes it; it drains what follows
   }
-  const uint64_t one = 1;
-  // A full counter (never, at 2^64 - 1) would still leave the fd readable.
-  [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  if (wake) {
+    const uint64_t one = 1;
+    // A full counter (never, at 2^64 - 1) would still leave the fd readable.
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  }
   return true;
 }
 
-bool Core::RunCommands() {
-  uint64_t drained = 0;
-  [[maybe_unused]] ssize_t n = ::read(event_fd_, &drained, sizeof(drained));
+bool Core::RunCommands(bool drain_event_fd) {
+  if (drain_event_fd) {
+    uint64_t drained = 0;
+    [[maybe_unused]] ssize_t n = ::read(event_fd_, &drained, sizeof(drained));
+  }
   std::deque<std::function<void()>> batch;
   bool stop = false;
   {
     MutexLock lock(&mu_);
     batch.swap(commands_);
     stop = stopping_;
+    loop_may_sleep_ = false;
   }
   for (auto& command : batch) command();
   return stop;

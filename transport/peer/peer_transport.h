@@ -90,6 +90,15 @@ struct PeerTransportOptions {
   // fetch took p50 143-277 us by rendezvous and 69-133 us eagerly on the
   // test VM (bench/RESULTS.md, "peer"). Default: 256 KiB.
   uint64_t rendezvous_threshold_bytes = uint64_t{256} << 10;
+  // While a send or a rendezvous receive is in flight, the progress thread
+  // keeps polling UCX for up to this long after its last event before it
+  // sleeps; idle, it never polls. Over TCP a transfer is a stream of
+  // socket events, and a sleep plus wake-up per event cost more CPU than
+  // the kernel's copies: 1 MiB fetches went from 0.62-0.78x to 0.91-1.33x
+  // an event-driven ucx_perftest with 30-60 us on the test VM, with no
+  // change in one small fetch's latency (bench/RESULTS.md, "peer, spin").
+  // Zero: sleep as soon as UCX has nothing. Default: 50 us.
+  std::chrono::microseconds transfer_spin{50};
   // A call whose rendezvous receive stalls (the peer stopped mid-transfer)
   // completes at most this long after its deadline or its endpoint's
   // failure. UCX 1.13 cannot cancel an AM rendezvous receive, so the
