@@ -15,6 +15,7 @@
 
 #include "tierkv/status.h"
 #include "tierkv/types.h"
+#include "tierkv/weights.h"
 #include "transport/wire.h"
 
 namespace tierkv::transport {
@@ -39,7 +40,14 @@ enum class Opcode : uint16_t {
   kStore = 17,            // slots -> pages, layers, ticket -> status (queued)
   kPrefetch = 18,         // pages -> status (NVMe -> DRAM queued)
   kReportTopk = 19,       // (page, full layer, count)s -> status
-  kLastOpcode = kReportTopk,
+  // Weights (issue 28; a namespace with `weights = true` only; its chunks
+  // are stored with kPutReserve / kPutCommit and read with kGet).
+  kWeightsSeal = 20,      // manifest -> version (every chunk stored)
+  kWeightsManifest = 21,  // (model, layout, version) -> manifest
+  kWeightsList = 22,      // (model filter) -> one WeightsInfo per shard
+  kWeightsDrop = 23,      // (model, layout, version) -> dropped, bytes freed
+  kWeightsPrefetch = 24,  // (model, layout, version, layers) -> queued
+  kLastOpcode = kWeightsPrefetch,
 };
 
 // Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
@@ -225,6 +233,42 @@ struct StatusResponse {  // kRegisterLayout, kRelease, pools, transfers
 struct ListRequest {
   uint32_t limit = 1000;
 };
+
+// kWeightsSeal: an EncodeWeightsManifest() whose chunks the connection's
+// weights namespace holds (each verified against its key when committed).
+// Sealing a version sealed before is OK with already_sealed.
+struct WeightsSealRequest {
+  std::vector<std::byte> manifest;
+};
+struct WeightsSealResponse {
+  Status status;
+  PageHash version;  // WeightsVersionOf the manifest, when OK
+  bool already_sealed = false;
+};
+// Selects sealed shards. kWeightsManifest and kWeightsPrefetch: one shard,
+// the newest sealed version of (model, layout) when version is zero.
+// kWeightsDrop: model required; an empty layout means every layout, a
+// zero version every version. kWeightsList: only `model` is read (empty:
+// every model). kWeightsPrefetch alone reads `layers`.
+struct WeightsSelectRequest {
+  std::string model;
+  std::string layout;
+  PageHash version;
+  LayerRange layers;
+};
+struct WeightsManifestResponse {
+  Status status;
+  std::vector<std::byte> manifest;  // EncodeWeightsManifest, when OK
+};
+struct WeightsListResponse {
+  Status status;
+  std::vector<WeightsInfo> shards;
+};
+struct WeightsDropResponse {
+  Status status;
+  uint32_t dropped = 0;      // shards unsealed
+  uint64_t freed_bytes = 0;  // chunk bytes no sealed shard references now
+};
 struct ListedSegment {
   SegmentKey key;
   uint64_t size = 0;
@@ -256,6 +300,12 @@ std::vector<std::byte> Encode(const ListResponse& m);
 std::vector<std::byte> Encode(const RegisterPoolRequest& m);
 std::vector<std::byte> Encode(const RegisterTicketsRequest& m);
 std::vector<std::byte> Encode(const TransferRequest& m);
+std::vector<std::byte> Encode(const WeightsSealRequest& m);
+std::vector<std::byte> Encode(const WeightsSealResponse& m);
+std::vector<std::byte> Encode(const WeightsSelectRequest& m);
+std::vector<std::byte> Encode(const WeightsManifestResponse& m);
+std::vector<std::byte> Encode(const WeightsListResponse& m);
+std::vector<std::byte> Encode(const WeightsDropResponse& m);
 
 // Decoders: `out` is valid only when OK is returned.
 Status Decode(std::span<const std::byte> in, JsonResponse& out);
@@ -279,6 +329,12 @@ Status Decode(std::span<const std::byte> in, RegisterTicketsRequest& out);
 Status Decode(std::span<const std::byte> in, TransferRequest& out);
 std::vector<std::byte> Encode(const TopkReportRequest& m);
 Status Decode(std::span<const std::byte> in, TopkReportRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsSealRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsSealResponse& out);
+Status Decode(std::span<const std::byte> in, WeightsSelectRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsManifestResponse& out);
+Status Decode(std::span<const std::byte> in, WeightsListResponse& out);
+Status Decode(std::span<const std::byte> in, WeightsDropResponse& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);
