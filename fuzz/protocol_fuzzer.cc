@@ -1,10 +1,14 @@
-// libFuzzer: every message decoder of the protocol (transport/protocol.h).
-// The first byte picks the message type, the rest is its payload; a payload
-// that decodes is encoded again and must decode to the same bytes' worth.
+// libFuzzer: every message decoder of the protocol (transport/protocol.h)
+// and the weights manifest decoder (tierkv/weights.h), which the daemon runs
+// on kWeightsSeal payloads. The first byte picks the message type, the rest
+// is its payload; a payload that decodes is encoded again and must decode
+// to the same bytes' worth.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "tierkv/weights.h"
 #include "transport/protocol.h"
 
 namespace {
@@ -19,6 +23,19 @@ void Try(std::span<const std::byte> in) {
   if (!tierkv::transport::Decode(again, m2).ok()) __builtin_trap();
 }
 
+// A manifest that decodes is valid, and encodes to the bytes it came from
+// (the encoding is canonical: the version hashes it).
+void TryManifest(std::span<const std::byte> in) {
+  auto m = tierkv::DecodeWeightsManifest(in);
+  if (!m.ok()) return;
+  if (!m->Validate().ok()) __builtin_trap();
+  const auto again = tierkv::EncodeWeightsManifest(*m);
+  if (again.size() != in.size() ||
+      !std::equal(again.begin(), again.end(), in.begin())) {
+    __builtin_trap();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -26,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::span<const std::byte> in(
       reinterpret_cast<const std::byte*>(data) + 1, size - 1);
-  switch (data[0] % 20) {
+  switch (data[0] % 27) {
     case 0:
       Try<JsonResponse>(in);
       break;
@@ -84,6 +101,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 18:
       Try<TopkReportRequest>(in);
+      break;
+    case 19:
+      Try<WeightsSealRequest>(in);
+      break;
+    case 20:
+      Try<WeightsSealResponse>(in);
+      break;
+    case 21:
+      Try<WeightsSelectRequest>(in);
+      break;
+    case 22:
+      Try<WeightsManifestResponse>(in);
+      break;
+    case 23:
+      Try<WeightsListResponse>(in);
+      break;
+    case 24:
+      Try<WeightsDropResponse>(in);
+      break;
+    case 25:
+      TryManifest(in);
       break;
     default:
       (void)DecodeError(in);

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "transport/frame.h"
+
 namespace tierkv::transport {
 namespace {
 
@@ -24,6 +26,11 @@ namespace {
 // decoder accepts, in bytes.
 constexpr size_t kMaxJson = size_t{1} << 20;
 constexpr size_t kMaxName = 256;
+// A weights manifest travels whole in one frame; names as weights.h limits
+// them.
+constexpr size_t kMaxWeightsManifest = kDefaultMaxPayloadBytes;
+constexpr size_t kMaxWeightsModel = 128;
+constexpr size_t kMaxWeightsLayout = 256;
 
 bool ValidTier(uint8_t raw) {
   return raw <= static_cast<uint8_t>(Tier::kPeer) ||
@@ -48,6 +55,7 @@ concept WireInt = std::integral<T> && !std::same_as<T, bool>;
 //                       then its items; a struct through its own Fields()
 //   io.String(s, max)   u32 length, then the bytes; decoding refuses longer
 //                       than `max`
+//   io.Blob(v, max)     a std::vector<std::byte> like String
 //   io.Flag(b)          u8 0 or 1; decoding refuses any other value
 //   io.LenientFlag(b)   u8 0 or 1; decoding reads any non-zero value as set
 //   io.Bytes(a)         a std::array<std::byte, N>'s bytes as they are
@@ -85,6 +93,10 @@ class FieldEncoder {
   }
 
   void String(const std::string& s, size_t /*max_len*/) { w_.String(s); }
+  void Blob(const std::vector<std::byte>& v, size_t /*max_len*/) {
+    w_.Int(static_cast<uint32_t>(v.size()));
+    w_.Bytes(v);
+  }
   void Flag(const bool& b) { w_.Int<uint8_t>(b ? 1 : 0); }
   void LenientFlag(const bool& b) { Flag(b); }
   template <size_t N>
@@ -159,6 +171,11 @@ class FieldDecoder {
   }
 
   void String(std::string& s, size_t max_len) { s = r_.String(max_len); }
+  void Blob(std::vector<std::byte>& v, size_t max_len) {
+    // Count() checks the length against the bytes left before the resize.
+    v.resize(r_.Count(/*min_item_bytes=*/1, static_cast<uint32_t>(max_len)));
+    r_.Bytes(v);
+  }
   void Flag(bool& b) {
     const uint8_t raw = r_.Int<uint8_t>();
     Check(raw <= 1);
@@ -335,6 +352,64 @@ void Fields(auto& io, Is<SelectionReport> auto& m) {
 
 void Fields(auto& io, Is<TopkReportRequest> auto& m) { io.Field(m.items); }
 
+void Fields(auto& io, Is<WeightsSealRequest> auto& m) {
+  io.Blob(m.manifest, kMaxWeightsManifest);
+}
+
+void Fields(auto& io, Is<WeightsSealResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.version);
+  io.Flag(m.already_sealed);
+  io.Check(!m.already_sealed || m.status.ok());
+}
+
+void Fields(auto& io, Is<LayerRange> auto& m) {
+  io.Field(m.first);
+  io.Field(m.count);
+}
+
+void Fields(auto& io, Is<WeightsSelectRequest> auto& m) {
+  io.String(m.model, kMaxWeightsModel);
+  io.String(m.layout, kMaxWeightsLayout);
+  io.Field(m.version);
+  io.Field(m.layers);
+}
+
+void Fields(auto& io, Is<WeightsManifestResponse> auto& m) {
+  io.Field(m.status);
+  io.Blob(m.manifest, kMaxWeightsManifest);
+}
+
+void Fields(auto& io, Is<WeightsId> auto& m) {
+  io.String(m.model, kMaxWeightsModel);
+  io.String(m.layout, kMaxWeightsLayout);
+  io.Field(m.version);
+}
+
+void Fields(auto& io, Is<WeightsInfo> auto& m) {
+  io.Field(m.id);
+  io.Field(m.image_bytes);
+  io.Field(m.tensors);
+  io.Field(m.chunks);
+  io.Field(m.num_layers);
+  io.Field(m.sealed_unix_ms);
+  io.Field(m.chunks_in_dram);
+  io.Field(m.chunks_on_nvme);
+  io.Field(m.chunks_missing);
+  io.Field(m.unique_bytes);
+}
+
+void Fields(auto& io, Is<WeightsListResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.shards);
+}
+
+void Fields(auto& io, Is<WeightsDropResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.dropped);
+  io.Field(m.freed_bytes);
+}
+
 template <typename M>
 std::vector<std::byte> EncodeFields(const M& m) {
   FieldEncoder encoder;
@@ -380,6 +455,12 @@ TIERKV_ENCODE_DECODE(RegisterPoolRequest)
 TIERKV_ENCODE_DECODE(RegisterTicketsRequest)
 TIERKV_ENCODE_DECODE(TransferRequest)
 TIERKV_ENCODE_DECODE(TopkReportRequest)
+TIERKV_ENCODE_DECODE(WeightsSealRequest)
+TIERKV_ENCODE_DECODE(WeightsSealResponse)
+TIERKV_ENCODE_DECODE(WeightsSelectRequest)
+TIERKV_ENCODE_DECODE(WeightsManifestResponse)
+TIERKV_ENCODE_DECODE(WeightsListResponse)
+TIERKV_ENCODE_DECODE(WeightsDropResponse)
 
 #undef TIERKV_ENCODE_DECODE
 

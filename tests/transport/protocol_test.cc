@@ -219,6 +219,116 @@ TEST(ProtocolTest, MalformedWaitReportsAreRejected) {
   }
 }
 
+WeightsInfo SampleWeightsInfo() {
+  WeightsInfo info;
+  info.id = {"glm-5", "tierkv-run/bf16/rank0-of-1", PageHash{7, 8}};
+  info.image_bytes = 1 << 30;
+  info.tensors = 1500;
+  info.chunks = 40;
+  info.num_layers = 79;
+  info.sealed_unix_ms = 1796000000000;
+  info.chunks_in_dram = 30;
+  info.chunks_on_nvme = 9;
+  info.chunks_missing = 1;
+  info.unique_bytes = 12345;
+  return info;
+}
+
+TEST(ProtocolTest, WeightsMessagesRoundTrip) {
+  WeightsSealRequest seal{{std::byte{1}, std::byte{2}, std::byte{3}}};
+  WeightsSealRequest seal2;
+  ASSERT_OK(Decode(Encode(seal), seal2));
+  EXPECT_EQ(seal2.manifest, seal.manifest);
+
+  WeightsSealResponse sealed{Status::OK(), PageHash{5, 6},
+                             /*already_sealed=*/true};
+  WeightsSealResponse sealed2;
+  ASSERT_OK(Decode(Encode(sealed), sealed2));
+  EXPECT_EQ(sealed2.version, (PageHash{5, 6}));
+  EXPECT_TRUE(sealed2.already_sealed);
+
+  WeightsSelectRequest select{"glm-5", "a/b", PageHash{9, 10}, {3, 4}};
+  WeightsSelectRequest select2;
+  ASSERT_OK(Decode(Encode(select), select2));
+  EXPECT_EQ(select2.model, "glm-5");
+  EXPECT_EQ(select2.layout, "a/b");
+  EXPECT_EQ(select2.version, (PageHash{9, 10}));
+  EXPECT_EQ(select2.layers.first, 3);
+  EXPECT_EQ(select2.layers.count, 4);
+
+  WeightsManifestResponse manifest{Status::OK(), {std::byte{7}}};
+  WeightsManifestResponse manifest2;
+  ASSERT_OK(Decode(Encode(manifest), manifest2));
+  EXPECT_EQ(manifest2.manifest, manifest.manifest);
+  WeightsManifestResponse missing{Status::NotFound("no such shard"), {}};
+  ASSERT_OK(Decode(Encode(missing), manifest2));
+  EXPECT_EQ(manifest2.status.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(manifest2.manifest.empty());
+
+  WeightsListResponse list{Status::OK(), {SampleWeightsInfo(), {}}};
+  WeightsListResponse list2;
+  ASSERT_OK(Decode(Encode(list), list2));
+  ASSERT_EQ(list2.shards.size(), 2u);
+  const WeightsInfo& info = list2.shards[0];
+  const WeightsInfo want = SampleWeightsInfo();
+  EXPECT_EQ(info.id, want.id);
+  EXPECT_EQ(info.image_bytes, want.image_bytes);
+  EXPECT_EQ(info.tensors, want.tensors);
+  EXPECT_EQ(info.chunks, want.chunks);
+  EXPECT_EQ(info.num_layers, want.num_layers);
+  EXPECT_EQ(info.sealed_unix_ms, want.sealed_unix_ms);
+  EXPECT_EQ(info.chunks_in_dram, want.chunks_in_dram);
+  EXPECT_EQ(info.chunks_on_nvme, want.chunks_on_nvme);
+  EXPECT_EQ(info.chunks_missing, want.chunks_missing);
+  EXPECT_EQ(info.unique_bytes, want.unique_bytes);
+
+  WeightsDropResponse drop{Status::OK(), 2, 1 << 20};
+  WeightsDropResponse drop2;
+  ASSERT_OK(Decode(Encode(drop), drop2));
+  EXPECT_EQ(drop2.dropped, 2u);
+  EXPECT_EQ(drop2.freed_bytes, 1u << 20);
+}
+
+TEST(ProtocolTest, MalformedWeightsMessagesAreRejected) {
+  // already_sealed is strict and never comes with an error.
+  auto sealed = Encode(WeightsSealResponse{Status::OK(), {}, true});
+  WeightsSealResponse sealed_out;
+  sealed.back() = std::byte{2};
+  EXPECT_EQ(Decode(sealed, sealed_out).code(), StatusCode::kProtocolError);
+  EXPECT_EQ(Decode(Encode(WeightsSealResponse{Status::Busy(""), {}, true}),
+                   sealed_out)
+                .code(),
+            StatusCode::kProtocolError);
+  // A manifest length past the bytes sent.
+  auto seal = Encode(WeightsSealRequest{{std::byte{1}, std::byte{2}}});
+  seal[0] = std::byte{0xFF};
+  WeightsSealRequest seal_out;
+  EXPECT_EQ(Decode(seal, seal_out).code(), StatusCode::kProtocolError);
+  // A model name longer than weights.h allows.
+  WeightsSelectRequest select_out;
+  EXPECT_EQ(
+      Decode(Encode(WeightsSelectRequest{std::string(129, 'm'), "l", {}, {}}),
+             select_out)
+          .code(),
+      StatusCode::kProtocolError);
+  // Truncated anywhere, or trailing bytes: refused.
+  const auto list =
+      Encode(WeightsListResponse{Status::OK(), {SampleWeightsInfo()}});
+  WeightsListResponse list_out;
+  for (size_t cut = 0; cut < list.size(); ++cut) {
+    EXPECT_EQ(Decode(std::span(list).first(cut), list_out).code(),
+              StatusCode::kProtocolError)
+        << cut;
+  }
+  auto longer = list;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(Decode(longer, list_out).code(), StatusCode::kProtocolError);
+  // A hostile shard count.
+  auto hostile = Encode(WeightsListResponse{Status::OK(), {}});
+  hostile[hostile.size() - 1] = std::byte{0x7F};
+  EXPECT_EQ(Decode(hostile, list_out).code(), StatusCode::kProtocolError);
+}
+
 // A cheap, always-on fuzz pass: random and mutated inputs to every decoder
 // must fail cleanly (the sanitizer builds turn any overflow into a failure).
 TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
@@ -238,6 +348,9 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
       }()),
       Encode(PutReserveResponse{
           Status::OK(), 1, {{Status::OK(), 0, /*already_stored=*/true}}}),
+      Encode(WeightsSealRequest{{std::byte{1}, std::byte{2}}}),
+      Encode(WeightsSelectRequest{"m", "l", PageHash{1, 2}, {3, 4}}),
+      Encode(WeightsListResponse{Status::OK(), {SampleWeightsInfo()}}),
   };
   for (int i = 0; i < 20000; ++i) {
     std::vector<std::byte> in = seeds[rng() % seeds.size()];
@@ -256,6 +369,20 @@ TEST(ProtocolTest, DecodersSurviveRandomAndMutatedInput) {
     TransferRequest t;
     (void)Decode(in, t);
     PutReserveResponse k;
+    WeightsSealRequest ws;
+    WeightsSealResponse wsr;
+    WeightsSelectRequest wq;
+    WeightsManifestResponse wm;
+    WeightsListResponse wl;
+    WeightsDropResponse wd;
+    (void)Decode(in, ws);
+    (void)Decode(in, wsr);
+    (void)Decode(in, wq);
+    (void)Decode(in, wm);
+    (void)Decode(in, wl);
+    (void)Decode(in, wd);
+    EXPECT_LE(ws.manifest.size(), in.size());
+    EXPECT_LE(wl.shards.size(), in.size());
     (void)Decode(in, a);
     (void)Decode(in, b);
     (void)Decode(in, c);

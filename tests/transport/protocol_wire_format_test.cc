@@ -217,6 +217,38 @@ TEST(ProtocolWireFormatTest, ResponsesKeepTheirBytes) {
       "000000000000000000");
 }
 
+// The weights messages (issue 28), pinned from their first version.
+TEST(ProtocolWireFormatTest, WeightsMessagesKeepTheirBytes) {
+  ExpectWireBytes(WeightsSealRequest{{std::byte{0xab}, std::byte{0xcd}}},
+                  "02000000abcd");
+  ExpectWireBytes(WeightsSealResponse{Status::OK(), PageHash{1, 2},
+                                      /*already_sealed=*/true},
+                  "00000000000100000000000000020000000000000001");
+  ExpectWireBytes(
+      WeightsSelectRequest{"m", "a/b", PageHash{3, 4}, {5, 6}},
+      "010000006d03000000612f620300000000000000040000000000000005000600");
+  ExpectWireBytes(WeightsManifestResponse{Status::OK(), {std::byte{0xee}}},
+                  "000000000001000000ee");
+  WeightsInfo info;
+  info.id = {"m", "l", PageHash{7, 8}};
+  info.image_bytes = 9;
+  info.tensors = 10;
+  info.chunks = 11;
+  info.num_layers = 12;
+  info.sealed_unix_ms = 13;
+  info.chunks_in_dram = 14;
+  info.chunks_on_nvme = 15;
+  info.chunks_missing = 16;
+  info.unique_bytes = 17;
+  ExpectWireBytes(
+      WeightsListResponse{Status::OK(), {info}},
+      "000000000001000000010000006d010000006c07000000000000000800000000"
+      "00000009000000000000000a0000000b0000000c0000000d000000000000000e"
+      "0000000f000000100000001100000000000000");
+  ExpectWireBytes(WeightsDropResponse{Status::OK(), 2, 4096},
+                  "0000000000020000000010000000000000");
+}
+
 TEST(ProtocolWireFormatTest, ErrorPayloadIsAStatus) {
   const std::string_view golden_hex = "050400000066756c6c";
   EXPECT_EQ(ToHex(EncodeError(Status::ResourceExhausted("full"))), golden_hex);
