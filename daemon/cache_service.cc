@@ -113,7 +113,7 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
     case Opcode::kPutReserve:
       return PutReserve(conn, *ns, in, std::move(responder));
     case Opcode::kPutCommit:
-      return responder.Send(PutCommit(conn, *ns, in));
+      return PutCommit(conn, *ns, in, std::move(responder));
     case Opcode::kRelease:
       return responder.Send(Release(conn, in));
     case Opcode::kReleaseOneWay: {
@@ -138,6 +138,16 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
       return responder.Send(Prefetch(*ns, in));
     case Opcode::kReportTopk:
       return responder.Send(ReportTopk(*ns, in));
+    case Opcode::kWeightsSeal:
+      return responder.Send(WeightsSeal(*ns, in));
+    case Opcode::kWeightsManifest:
+      return responder.Send(WeightsManifest(*ns, in));
+    case Opcode::kWeightsList:
+      return responder.Send(WeightsList(*ns, in));
+    case Opcode::kWeightsDrop:
+      return responder.Send(WeightsDrop(*ns, in));
+    case Opcode::kWeightsPrefetch:
+      return responder.Send(WeightsPrefetch(*ns, in));
     default:
       break;
   }
@@ -320,23 +330,31 @@ void CacheService::PutReserve(uint64_t conn, Namespace& ns, In in,
       });
 }
 
-HandlerReply CacheService::PutCommit(uint64_t conn, Namespace& ns, In in) {
-  KeysRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  ItemStatusResponse resp;
-  resp.items = engine_->Commit(conn, *ns.engine, req.lease_id, req.keys);
-  std::vector<PageHash> stored;
-  for (size_t i = 0; i < resp.items.size(); ++i) {
-    const bool ok = resp.items[i].ok();
-    (ok ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
-    if (ok && options_.on_stored && i < req.keys.size() &&
-        (stored.empty() || stored.back() != req.keys[i].page)) {
-      stored.push_back(req.keys[i].page);
-    }
-  }
-  if (!stored.empty()) options_.on_stored(ns.engine, stored);
-  UpdateLeaseGauge();
-  return Ok(resp);
+void CacheService::PutCommit(uint64_t conn, Namespace& ns, In in,
+                             Responder responder) {
+  auto req = std::make_shared<KeysRequest>();
+  if (Status s = Decode(in, *req); !s.ok()) return responder.Send(Error(s));
+  const uint64_t lease_id = req->lease_id;
+  std::vector<SegmentKey> keys = req->keys;
+  engine_->CommitAsync(
+      conn, *ns.engine, lease_id, std::move(keys),
+      [this, &ns, req, r = std::make_shared<Responder>(std::move(responder))](
+          std::vector<Status> items) {
+        ItemStatusResponse resp;
+        resp.items = std::move(items);
+        std::vector<PageHash> stored;
+        for (size_t i = 0; i < resp.items.size(); ++i) {
+          const bool ok = resp.items[i].ok();
+          (ok ? ns.metrics->put_stored : ns.metrics->put_failed)->Increment();
+          if (ok && options_.on_stored && i < req->keys.size() &&
+              (stored.empty() || stored.back() != req->keys[i].page)) {
+            stored.push_back(req->keys[i].page);
+          }
+        }
+        if (!stored.empty()) options_.on_stored(ns.engine, stored);
+        UpdateLeaseGauge();
+        r->Send(Ok(resp));
+      });
 }
 
 void CacheService::Get(uint64_t conn, Namespace& ns, In in,
@@ -634,6 +652,14 @@ HandlerReply CacheService::Stats(Namespace& ns) {
   if (auto layout = ns.engine->layout()) {
     j["layout"] = {{"page_tokens", layout->page_tokens},
                    {"num_layers", layout->num_layers()}};
+  }
+  if (ns.weights != nullptr) {
+    // Sealed shards, the chunk bytes they name (a chunk once per shard)
+    // and the bytes of their distinct chunks (what storing them takes).
+    const storage::WeightsCatalog::Totals w = ns.weights->totals();
+    j["weights"] = {{"shards", w.shards},
+                    {"referenced_bytes", w.referenced_bytes},
+                    {"unique_bytes", w.unique_bytes}};
   }
   AddFlatTierObjects(tiers, j);
   j["tiers"] = std::move(tiers);

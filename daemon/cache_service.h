@@ -77,7 +77,10 @@ class CacheService final : public transport::FrameHandler {
   void LogRefusal(uint64_t conn, const std::string& name);
   Reply RegisterLayout(Namespace& ns, In in);
   Reply Match(uint64_t conn, Namespace& ns, In in);
-  Reply PutCommit(uint64_t conn, Namespace& ns, In in);
+  // Answers at once, or from a worker in a weights namespace (its chunks
+  // are hashed first: CacheEngine::CommitAsync).
+  void PutCommit(uint64_t conn, Namespace& ns, In in,
+                 transport::Responder responder);
   Reply Release(uint64_t conn, In in);
   Reply Pin(uint64_t conn, Namespace& ns, In in);
   Reply Stats(Namespace& ns);
@@ -87,6 +90,13 @@ class CacheService final : public transport::FrameHandler {
   Reply Transfer(uint64_t conn, Namespace& ns, transport::Opcode op, In in);
   Reply Prefetch(Namespace& ns, In in);
   Reply ReportTopk(Namespace& ns, In in);
+  // kWeights* (weights_requests.cc): InvalidArgument unless `ns` is a
+  // weights namespace.
+  Reply WeightsSeal(Namespace& ns, In in);
+  Reply WeightsManifest(Namespace& ns, In in);
+  Reply WeightsList(Namespace& ns, In in);
+  Reply WeightsDrop(Namespace& ns, In in);
+  Reply WeightsPrefetch(Namespace& ns, In in);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

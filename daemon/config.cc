@@ -468,6 +468,17 @@ Status DaemonConfig::Validate() const {
     if (ns.shared && !cluster) {
       return Bad(key("shared"), "needs a [cluster] section");
     }
+    if (ns.weights && ns.shared) {
+      return Bad(key("weights"),
+                 "a weights namespace cannot be shared (peers fetch KV "
+                 "pages only)");
+    }
+    if (ns.weights && ns.host_bytes < kMinWeightsHostBytes) {
+      return Bad(key("host_bytes"),
+                 fmt::format("a weights namespace needs at least {} bytes "
+                             "(256 MiB) to promote 64 MiB chunks",
+                             kMinWeightsHostBytes));
+    }
   }
   if (cluster) TIERKV_RETURN_IF_ERROR(ValidateCluster(*cluster));
   return Status::OK();
@@ -682,7 +693,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           *t, "namespace",
           {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
            "prefault", "host_alignment", "write_policy", "nvme_bytes",
-           "hbm_bytes", "max_connections", "eviction_policy", "shared"},
+           "hbm_bytes", "max_connections", "eviction_policy", "shared",
+           "weights"},
           entry));
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "token", ns.token, entry));
@@ -710,6 +722,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
           ReadBool(*t, "namespace", "prefault", ns.prefault, entry));
       TIERKV_RETURN_IF_ERROR(
           ReadBool(*t, "namespace", "shared", ns.shared, entry));
+      TIERKV_RETURN_IF_ERROR(
+          ReadBool(*t, "namespace", "weights", ns.weights, entry));
       std::string policy;
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "write_policy", policy, entry));

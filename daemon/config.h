@@ -29,7 +29,7 @@
 //   [[namespace]] name, token | token_file, host_bytes,
 //               shards, hugepages, prefault, host_alignment, write_policy,
 //               nvme_bytes,
-//               max_connections, eviction_policy, shared
+//               max_connections, eviction_policy, shared, weights
 // Every *_bytes key takes an integer or a string in ParseByteSize's grammar
 // (common/byte_size.h: "16MiB", "1 GiB", "64k"; all units binary).
 #pragma once
@@ -147,7 +147,17 @@ struct NamespaceConfig {
   // this node theirs (both sides must say so, with equal layouts). Needs
   // [cluster]. Default: false.
   bool shared = false;
+  // A weights namespace (include/tierkv/weights.h, issue 28): it holds
+  // content-addressed chunks of model weights (1 byte..64 MiB each, every
+  // one checked against its key when committed) and the sealed manifests
+  // that name them, and has no KV layout. Not `shared`; host_bytes >= 256
+  // MiB (kMinWeightsHostBytes), so that 64 MiB chunks can be promoted
+  // while others are read. Default: false.
+  bool weights = false;
 };
+
+// The least host_bytes of a weights namespace: four of the largest chunks.
+inline constexpr uint64_t kMinWeightsHostBytes = uint64_t{256} << 20;
 
 // Scale-out (shared/reference/scaleout.md §8(g)): the daemons of a cluster
 // share pages of their `shared` namespaces over UCX, finding each other's

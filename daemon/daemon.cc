@@ -125,8 +125,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   if (config.hbm.enabled()) TIERKV_RETURN_IF_ERROR(d->OpenHbmTier());
   std::vector<storage::NamespaceOptions> spaces;
   for (const auto& nc : config.namespaces) {
+    // Weights chunks go to NVMe as soon as they are stored (write_through),
+    // so a restart finds every sealed shard whole; KV pages only when DRAM
+    // needs the room (write_back).
     const WritePolicy write_policy = nc.write_policy.value_or(
-        d->nvme_ ? WritePolicy::kWriteBack : WritePolicy::kNone);
+        !d->nvme_     ? WritePolicy::kNone
+        : nc.weights ? WritePolicy::kWriteThrough
+                     : WritePolicy::kWriteBack);
     spaces.push_back({.host = {.name = nc.name,
                                .capacity_bytes = nc.host_bytes,
                                .shards = nc.shards,
@@ -135,7 +140,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                                .prefault = nc.prefault,
                                .eviction_policy = nc.eviction_policy},
                       .write_policy = write_policy,
-                      .hbm_quota_bytes = nc.hbm_bytes});
+                      .hbm_quota_bytes = nc.hbm_bytes,
+                      .weights = nc.weights});
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);
@@ -201,6 +207,23 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         nc.max_connections > 0 ? nc.max_connections : config.max_connections;
     ns->engine = d->engine_->namespaces()[i].get();
     ns->metrics = d->metrics_.AddNamespace(nc.name);
+    if (nc.weights) {
+      auto weights = storage::WeightsCatalog::Open(
+          // A manifest must fit the reply that carries it back, within the
+          // frames this daemon and its clients (16 MiB) accept.
+          {.max_manifest_bytes =
+               std::min<uint64_t>(config.max_frame_bytes, uint64_t{16} << 20) -
+               4096},
+          d->engine_.get(), ns->engine,
+          d->nvme_ ? &d->nvme_->catalog() : nullptr);
+      if (!weights.ok()) {
+        return ConfigKeyError(
+            fmt::format("namespace.weights (namespace '{}')", nc.name),
+            weights.status());
+      }
+      ns->weights = weights->get();
+      d->weights_.push_back(std::move(weights).value());
+    }
     spdlog::info(
         "namespace '{}': host tier {} MiB in {} shards ({} pages), write "
         "policy {}",
@@ -315,6 +338,7 @@ Daemon::~Daemon() {
             .count(),
         left);
   }
+  weights_.clear();  // before the engine and the NVMe catalog they use
   engine_.reset();   // runs queued calls, joins the mover, ends leases
   cluster_.reset();  // closes the transport, deregisters the node
   service_.reset();

@@ -60,6 +60,9 @@ class Daemon {
   // engine_: the engine's peer tier uses its transport and directory.
   std::unique_ptr<cluster::Cluster> cluster_;
   std::unique_ptr<storage::CacheEngine> engine_;
+  // One per weights namespace; they use engine_ and nvme_'s catalog, so
+  // they end first (see ~Daemon).
+  std::vector<std::unique_ptr<storage::WeightsCatalog>> weights_;
   std::vector<std::unique_ptr<Namespace>> namespaces_;
   std::unique_ptr<CacheService> service_;
   std::unique_ptr<transport::UdsServer> server_;

@@ -7,6 +7,7 @@
 
 #include "daemon/metrics.h"
 #include "storage/engine/cache_engine.h"
+#include "storage/weights/weights_catalog.h"
 
 namespace tierkv::daemon {
 
@@ -17,6 +18,9 @@ struct Namespace {
   uint32_t max_connections = 1024;
   storage::EngineNamespace* engine = nullptr;  // owned by the CacheEngine
   NamespaceMetrics* metrics = nullptr;         // owned by DaemonMetrics
+  // Its sealed weights shards: set iff it is a weights namespace (owned by
+  // the Daemon).
+  storage::WeightsCatalog* weights = nullptr;
 
   const std::string& name() const { return engine->name(); }
 };

@@ -94,6 +94,7 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
                                   std::string(s.message()));
     }
     auto ns = std::make_unique<EngineNamespace>();
+    ns->weights_ = o.weights;
     ns->host_ = std::move(host).value();
     ns->tiers_ = NamespaceTiers{
         .ns = tns,
@@ -226,6 +227,9 @@ EngineNamespace* CacheEngine::Find(std::string_view name) const {
 
 Status CacheEngine::RegisterLayout(EngineNamespace& ns,
                                    const LayoutSpec& layout) {
+  if (ns.weights_) {
+    return Status::InvalidArgument("a weights namespace has no KV layout");
+  }
   TIERKV_RETURN_IF_ERROR(layout.Validate());
   MutexLock lock(&ns.layout_mu_);
   if (!ns.layout_) {
@@ -254,6 +258,7 @@ Status CacheEngine::RegisterLayout(EngineNamespace& ns,
 
 Status CacheEngine::CheckSize(const EngineNamespace& ns, const SegmentKey& key,
                               uint64_t size) const {
+  if (ns.weights_) return CheckChunk(key, size);
   if (size == 0) return Status::InvalidArgument("segment size is 0");
   const auto layout = ns.layout();
   if (!layout) return Status::OK();

@@ -82,9 +82,12 @@ class EngineNamespace {
   uint64_t fingerprint() const {
     return fingerprint_.load(std::memory_order_acquire);
   }
+  // Whether it holds weights chunks (NamespaceOptions::weights).
+  bool weights() const { return weights_; }
 
  private:
   friend class CacheEngine;
+  bool weights_ = false;  // fixed at Open
   // Its index in the engine: every tier's namespace id.
   uint32_t id() const { return tiers_.ns.id; }
   std::unique_ptr<HostTier> host_;
@@ -226,9 +229,40 @@ class CacheEngine {
   // Commits reserved segments of write lease `lease_id`: one Status per key
   // (NotFound when not reserved by that lease). Committed segments become
   // readable and, by the namespace's write policy, dirty for the mover.
+  // In a weights namespace each chunk's bytes are hashed first: a chunk
+  // whose WeightsChunkKey differs from its key is Corruption and its
+  // reservation is dropped, so no unverified bytes ever become readable
+  // (dedup answers already_stored to every later Put of that key). That
+  // guards against a buggy client, not a hostile one: every client of a
+  // namespace maps its arena writable.
   std::vector<Status> Commit(uint64_t owner, EngineNamespace& ns,
                              uint64_t lease_id,
                              std::span<const SegmentKey> keys);
+  // Commit, then `done` once: inline, except in a weights namespace, whose
+  // hashing (up to 64 MiB per chunk) runs on a worker; every key is Busy
+  // (nothing committed) when the workers are saturated.
+  void CommitAsync(uint64_t owner, EngineNamespace& ns, uint64_t lease_id,
+                   std::vector<SegmentKey> keys,
+                   std::function<void(std::vector<Status>)> done);
+
+  // Where segments are now, not a use of them (the eviction order stays):
+  // the fastest local tier holding each (kHost for DRAM) and its size
+  // there, or kMiss and 0.
+  struct SegmentWhere {
+    tierkv::Tier tier = tierkv::Tier::kMiss;
+    uint64_t bytes = 0;
+  };
+  std::vector<SegmentWhere> Where(EngineNamespace& ns,
+                                  std::span<const SegmentKey> keys) const;
+  // Queues promotion into DRAM of those of `keys` only below it, in the
+  // given order (a loader's layer order), up to half the namespace's DRAM
+  // (more would evict what was just promoted before it is read). Returns
+  // how many were queued; 0 without tiers below DRAM. A hint: a full
+  // prefetch queue drops it, and Acquire promotes on demand.
+  size_t PromoteInOrder(EngineNamespace& ns, std::span<const SegmentKey> keys);
+  // Removes `keys` from DRAM (those not leased, pinned or being written
+  // back; the rest go by eviction) and from every local tier below it.
+  void Erase(EngineNamespace& ns, std::span<const SegmentKey> keys);
 
   // Leases `keys` for reading, promoting NVMe-only ones into DRAM first
   // (one ReadBatch), then calls `done` once. A segment that fails its
@@ -406,6 +440,12 @@ class CacheEngine {
       const std::function<void(size_t item, Status)>& refuse) const;
   Status CheckSize(const EngineNamespace& ns, const SegmentKey& key,
                    uint64_t size) const;
+  // A weights namespace's rules for a chunk's key and size.
+  static Status CheckChunk(const SegmentKey& key, uint64_t size);
+  // Per key: Corruption when its reservation's bytes do not hash to its
+  // key, else OK (also when it is not reserved: Commit then says so).
+  std::vector<Status> VerifyChunks(EngineNamespace& ns,
+                                   std::span<const SegmentKey> keys) const;
   // Runs `job` on a worker (of `workers_`, or of `pool`); false when the
   // queue is full (counted).
   bool Submit(std::function<void()> job);

@@ -83,6 +83,12 @@ struct NamespaceOptions {
   WritePolicy write_policy = WritePolicy::kWriteBack;
   // Most of the HBM tier this namespace may hold; 0: all of it.
   uint64_t hbm_quota_bytes = 0;
+  // A content-addressed namespace of model weight chunks
+  // (include/tierkv/weights.h): no layout; a segment's key is
+  // (WeightsChunkKey of its bytes, layer 0, part 0), its size 1 byte ..
+  // kWeightsMaxChunkBytes, and Commit checks the bytes against the key.
+  // Default: false.
+  bool weights = false;
 };
 
 }  // namespace tierkv::storage

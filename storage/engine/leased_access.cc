@@ -110,8 +110,31 @@ std::vector<Status> CacheEngine::Commit(uint64_t owner, EngineNamespace& ns,
                                         uint64_t lease_id,
                                         std::span<const SegmentKey> keys) {
   const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
-  std::vector<Status> out =
-      leases_->Commit(owner, lease_id, keys, dirty, DeepestFirst(ns));
+  if (!ns.weights_) {
+    std::vector<Status> out =
+        leases_->Commit(owner, lease_id, keys, dirty, DeepestFirst(ns));
+    if (dirty && mover_) mover_->Kick();
+    return out;
+  }
+  // Hashed before anything commits: a chunk that fails never becomes
+  // readable, not even for a moment.
+  std::vector<Status> out = VerifyChunks(ns, keys);
+  std::vector<SegmentKey> good, bad;
+  std::vector<size_t> good_at;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (out[i].ok()) {
+      good.push_back(keys[i]);
+      good_at.push_back(i);
+    } else {
+      bad.push_back(keys[i]);
+    }
+  }
+  if (!bad.empty()) leases_->Abort(owner, lease_id, bad);
+  std::vector<Status> committed =
+      leases_->Commit(owner, lease_id, good, dirty, DeepestFirst(ns));
+  for (size_t j = 0; j < good_at.size(); ++j) {
+    out[good_at[j]] = std::move(committed[j]);
+  }
   if (dirty && mover_) mover_->Kick();
   return out;
 }

@@ -488,6 +488,53 @@ bool HostTier::Contains(const SegmentKey& key) const {
   return it != shard.entries.end() && it->second.committed;
 }
 
+uint64_t HostTier::SizeOf(const SegmentKey& key) const {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  auto it = shard.entries.find(key);
+  if (it == shard.entries.end() || !it->second.committed) return 0;
+  return it->second.size;
+}
+
+Result<SegmentLocation> HostTier::Reserved(const SegmentKey& key) const {
+  Shard& shard = ShardFor(key);
+  MutexLock lock(&shard.mu);
+  auto it = shard.entries.find(key);
+  if (it == shard.entries.end() || it->second.committed ||
+      it->second.extent.length == 0) {
+    return Status::NotFound("segment is not reserved");
+  }
+  const Entry& e = it->second;
+  return SegmentLocation{e.extent.offset, e.size, e.extent.length};
+}
+
+bool HostTier::Drop(const SegmentKey& key) {
+  Shard& shard = ShardFor(key);
+  {
+    MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end()) return false;
+    Entry& e = it->second;
+    if (!e.committed || e.refs > 0 || e.persisting) return false;
+    UnlinkLocked(shard, e);  // off the dirty list or out of the policy
+    if (e.dirty) {
+      shard.dirty_segments--;
+      shard.dirty_bytes -= e.size;
+      dirty_segments_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    {
+      MutexLock space(&space_mu_);
+      allocator_.Free(e.extent);
+    }
+    used_bytes_.fetch_sub(e.extent.length, std::memory_order_relaxed);
+    shard.used_bytes -= e.extent.length;
+    shard.segments--;
+    shard.entries.erase(it);
+  }
+  AdvanceGeneration();
+  return true;
+}
+
 void HostTier::Report(std::span<const std::pair<SegmentKey, double>> reports) {
   for (const auto& [key, weight] : reports) {
     Shard& shard = ShardFor(key);

@@ -156,6 +156,17 @@ class HostTier final : public LeasedTier {
   bool Touch(const SegmentKey& key);
   // True when `key` is committed; not a use (the eviction order stays).
   bool Contains(const SegmentKey& key) const;
+  // The size of committed `key`, 0 when it is not committed; not a use.
+  uint64_t SizeOf(const SegmentKey& key) const;
+  // Where a reservation of `key` not yet committed is to be written (to
+  // check its bytes before Commit); NotFound when `key` is not reserved or
+  // its space is still being made.
+  Result<SegmentLocation> Reserved(const SegmentKey& key) const;
+  // Removes committed `key` now, dirty or not (its bytes are no longer
+  // wanted anywhere: a dropped weights chunk). False, leaving it, when it
+  // is absent, not committed, referenced (leased or pinned) or being
+  // persisted: it then goes as any segment does, by eviction.
+  bool Drop(const SegmentKey& key);
 
   // Engines' indexers selected these segments' tokens `weight` times
   // (EvictionPolicy::Report: the `topk` policy ranks by it); keys not

@@ -206,6 +206,27 @@ std::vector<Status> LeaseTable::Commit(uint64_t owner, uint64_t lease_id,
   return out;
 }
 
+void LeaseTable::Abort(uint64_t owner, uint64_t lease_id,
+                       std::span<const SegmentKey> keys) {
+  MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.owner != owner ||
+      it->second.kind != LeaseKind::kWrite) {
+    return;
+  }
+  Lease& lease = it->second;
+  const std::unordered_set<SegmentKey> to_abort(keys.begin(), keys.end());
+  std::vector<LeasedSegment> remaining, aborted;
+  for (const LeasedSegment& s : lease.segments) {
+    (to_abort.count(s.key) ? aborted : remaining).push_back(s);
+  }
+  for (const LeasedSegment& s : aborted) lease.tier->Abort(s.key);
+  lease.segments = std::move(remaining);
+  const bool ended = lease.segments.empty();
+  Account(lease.owner, lease.tier, -UsageOf(aborted, ended ? 1 : 0));
+  if (ended) leases_.erase(it);
+}
+
 size_t LeaseTable::ReleaseOwner(uint64_t owner) {
   MutexLock lock(&mu_);
   return EndLeasesLocked(

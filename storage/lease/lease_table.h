@@ -92,6 +92,13 @@ class LeaseTable {
                              std::span<const SegmentKey> keys,
                              bool dirty = false, bool last_first = false);
 
+  // Drops `keys` from write lease `lease_id` of `owner`, aborting their
+  // reservations (LeasedTier::Abort), so they are never committed: keys
+  // whose bytes failed a check. Keys not in that lease are skipped. The
+  // lease ends once no key is left.
+  void Abort(uint64_t owner, uint64_t lease_id,
+             std::span<const SegmentKey> keys) EXCLUDES(mu_);
+
   // Ends every lease of `owner`; returns how many.
   size_t ReleaseOwner(uint64_t owner);
 

@@ -26,6 +26,9 @@ constexpr std::string_view kFormatMagic = "tierkv-nvme-catalog";
 constexpr uint8_t kFormatVersion = 1;
 constexpr char kNamespacePrefix = '\x01';
 constexpr char kSegmentPrefix = '\x02';
+constexpr char kWeightsPrefix = '\x03';
+constexpr uint8_t kWeightsRecordVersion = 1;
+constexpr size_t kWeightsValueHeader = 1 + 8;
 constexpr size_t kSegmentKeyBytes = 1 + 4 + 8 + 8 + 2 + 1;
 constexpr uint8_t kEntryVersion = 1;
 constexpr size_t kEntryV1Bytes = 1 + 5 * 8;
@@ -513,6 +516,107 @@ Result<NvmeCatalog::ScanStats> NvmeCatalog::ForEach(const Visitor& visitor,
   }
   // Read-only: the malformed entries stay, skipped again next time.
   if (!read_only()) TIERKV_RETURN_IF_ERROR(Write(garbage));
+  return stats;
+}
+
+namespace {
+
+std::string WeightsNsPrefix(uint32_t ns_id) {
+  std::string k(1, kWeightsPrefix);
+  PutBigEndian(k, ns_id, 4);
+  return k;
+}
+
+std::string WeightsDbKey(uint32_t ns_id, std::string_view model,
+                         std::string_view layout, const PageHash& version) {
+  std::string k = WeightsNsPrefix(ns_id);
+  k.append(model);
+  k.push_back('\0');
+  k.append(layout);
+  k.push_back('\0');
+  PutBigEndian(k, version.hi, 8);
+  PutBigEndian(k, version.lo, 8);
+  return k;
+}
+
+// Fills `r` from a weights key and value; false when either is malformed.
+bool ParseWeightsRecord(std::string_view k, std::string_view v,
+                        NvmeCatalog::WeightsRecord* r) {
+  if (k.size() < 5 + 2 + 16 || k[0] != kWeightsPrefix) return false;
+  r->ns_id = static_cast<uint32_t>(GetBigEndian(k, 1, 4));
+  const std::string_view names = k.substr(5, k.size() - 5 - 16);
+  const size_t model_end = names.find('\0');
+  if (model_end == std::string_view::npos || names.back() != '\0') {
+    return false;
+  }
+  r->model = std::string(names.substr(0, model_end));
+  r->layout =
+      std::string(names.substr(model_end + 1, names.size() - model_end - 2));
+  if (r->layout.find('\0') != std::string::npos) return false;
+  r->version.hi = GetBigEndian(k, k.size() - 16, 8);
+  r->version.lo = GetBigEndian(k, k.size() - 8, 8);
+  if (v.size() < kWeightsValueHeader ||
+      static_cast<uint8_t>(v[0]) != kWeightsRecordVersion) {
+    return false;
+  }
+  r->sealed_unix_ms = GetLittleEndian64(v, 1);
+  r->manifest = std::string(v.substr(kWeightsValueHeader));
+  return true;
+}
+
+}  // namespace
+
+Status NvmeCatalog::PutWeights(const WeightsRecord& r) {
+  if (r.model.find('\0') != std::string::npos ||
+      r.layout.find('\0') != std::string::npos) {
+    return Status::InvalidArgument(
+        "catalog: a weights model or layout holds a 0 byte");
+  }
+  std::string value;
+  value.reserve(kWeightsValueHeader + r.manifest.size());
+  value.push_back(static_cast<char>(kWeightsRecordVersion));
+  PutLittleEndian64(value, r.sealed_unix_ms);
+  value.append(r.manifest);
+  Batch batch;
+  batch.batch_
+      ->Put(WeightsDbKey(r.ns_id, r.model, r.layout, r.version), value)
+      .PermitUncheckedError();
+  batch.count_ = 1;
+  return Write(batch);
+}
+
+Status NvmeCatalog::DeleteWeights(uint32_t ns_id, std::string_view model,
+                                  std::string_view layout,
+                                  const PageHash& version) {
+  Batch batch;
+  batch.batch_->Delete(WeightsDbKey(ns_id, model, layout, version))
+      .PermitUncheckedError();
+  batch.count_ = 1;
+  return Write(batch);
+}
+
+Result<NvmeCatalog::ScanStats> NvmeCatalog::ForEachWeights(
+    uint32_t ns_id, const WeightsVisitor& visitor) const {
+  ScanStats stats;
+  MutexLock lock(&write_mu_);
+  if (!db_) return Status::IOError("catalog: database is closed");
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  const std::string prefix = WeightsNsPrefix(ns_id);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
+    WeightsRecord record;
+    if (!ParseWeightsRecord({it->key().data(), it->key().size()},
+                            {it->value().data(), it->value().size()},
+                            &record)) {
+      ++stats.malformed;
+      continue;
+    }
+    ++stats.entries;
+    visitor(record);
+  }
+  TIERKV_RETURN_IF_ERROR(FromRocks(it->status(), "scan weights"));
   return stats;
 }
 

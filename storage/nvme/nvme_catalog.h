@@ -7,6 +7,11 @@
 //   segment:   0x02 | ns_id u32 BE | page.hi u64 BE | page.lo u64 BE |
 //              layer u16 BE | part u8                        (24 bytes)
 //   namespace: 0x01 | name bytes  -> ns_id u32 LE
+//   weights:   0x03 | ns_id u32 BE | model | 0x00 | layout | 0x00 |
+//              version.hi u64 BE | version.lo u64 BE
+//              -> u8 format (1) | sealed_unix_ms u64 LE | manifest bytes
+//              (a sealed weights shard, storage/weights/; model and
+//              layout never hold a 0 byte)
 //   format:    0x00 "format"      -> "tierkv-nvme-catalog" + u8 version
 // so one namespace's segments form one contiguous key range (a prefix), and
 // namespaces map to compact ids assigned on first use.
@@ -112,6 +117,17 @@ class NvmeCatalog {
     size_t count_ = 0;
   };
 
+  // A sealed weights shard's record (see the key layout above).
+  struct WeightsRecord {
+    uint32_t ns_id = 0;
+    std::string model;
+    std::string layout;
+    PageHash version;
+    uint64_t sealed_unix_ms = 0;
+    std::string manifest;  // EncodeWeightsManifest's bytes, as stored
+  };
+  using WeightsVisitor = std::function<void(const WeightsRecord& record)>;
+
   struct ScanStats {
     uint64_t entries = 0;    // well-formed entries passed to the visitor
     uint64_t malformed = 0;  // keys or values that failed to decode
@@ -171,6 +187,22 @@ class NvmeCatalog {
 
   // Number of segment entries (a full scan; for tests and tools).
   Result<uint64_t> CountEntries();
+
+  // Stores (replacing) one weights record, synced like Write. IOError on
+  // failure (nothing stored); InvalidArgument for a model or layout
+  // holding a 0 byte.
+  Status PutWeights(const WeightsRecord& record) EXCLUDES(write_mu_);
+  // Deletes one weights record (absent: OK), synced like Write.
+  Status DeleteWeights(uint32_t ns_id, std::string_view model,
+                       std::string_view layout, const PageHash& version)
+      EXCLUDES(write_mu_);
+  // Calls `visitor` for every weights record of namespace `ns_id`, in key
+  // order. Malformed records are skipped and counted (never deleted: a
+  // later version may read them). IOError / Corruption when iteration
+  // itself fails.
+  Result<ScanStats> ForEachWeights(uint32_t ns_id,
+                                   const WeightsVisitor& visitor) const
+      EXCLUDES(write_mu_);
 
  private:
   NvmeCatalog(const NvmeCatalogOptions& options,

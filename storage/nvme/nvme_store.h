@@ -289,6 +289,9 @@ class NvmeStore {
   NvmeStoreStats Stats() const;
   // The catalog refuses writes (NvmeStoreStats::read_only).
   bool read_only() const { return catalog_->read_only(); }
+  // The store's catalog, for records that live beside its segments' (the
+  // weights catalog's sealed manifests); never null.
+  NvmeCatalog& catalog() const { return *catalog_; }
   // Every namespace that has segments or a quota, by name.
   std::map<std::string, NvmeNamespaceStats, std::less<>> NamespaceStats() const
       EXCLUDES(mu_);

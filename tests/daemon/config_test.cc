@@ -710,3 +710,53 @@ TEST(ConfigTest, ClusterMistakesNameTheirKey) {
 
 }  // namespace
 }  // namespace tierkv::daemon
+
+namespace tierkv::daemon {
+namespace {
+
+TEST(ConfigTest, WeightsNamespaceParsesAndDefaultsToOff) {
+  testing::TempDir dir;
+  auto c = Load(dir, R"(
+[[namespace]]
+name = "kv"
+token = "a-long-enough-token"
+[[namespace]]
+name = "weights"
+token = "another-long-token"
+host_bytes = "512MiB"
+weights = true
+)");
+  ASSERT_OK(c);
+  ASSERT_OK(c->Validate());
+  EXPECT_FALSE(c->namespaces[0].weights);
+  EXPECT_TRUE(c->namespaces[1].weights);
+}
+
+TEST(ConfigTest, WeightsMistakesNameTheirKey) {
+  testing::TempDir dir;
+  const std::string ns =
+      "[[namespace]]\nname = \"w\"\ntoken = \"t-123456789\"\nweights = true\n";
+  struct Case {
+    std::string text;
+    std::string key;
+  };
+  for (const Case& bad : std::vector<Case>{
+           // The default host_bytes (1 GiB) is enough; 255 MiB is not.
+           {ns + "host_bytes = \"255MiB\"\n", "namespace.host_bytes"},
+           {"[cluster]\nsecret_file = \"k\"\ndirectory = \"redis://h:1\"\n" +
+                ns + "shared = true\n",
+            "namespace.weights"},
+           {"[[namespace]]\nname = \"w\"\ntoken = \"t-123456789\"\n"
+            "weights = 1\n",
+            "namespace.weights"},
+       }) {
+    auto c = Load(dir, bad.text);
+    const Status s = c.ok() ? c->Validate() : c.status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad.text;
+    EXPECT_NE(s.message().find(bad.key), std::string::npos)
+        << bad.text << " -> " << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::daemon

@@ -1,0 +1,110 @@
+// CacheService's kWeights* requests (issue 28): decode, call the
+// namespace's WeightsCatalog (storage/weights/weights_catalog.h), encode.
+// Only a namespace configured with `weights = true` has one; every other
+// namespace answers InvalidArgument. The chunks themselves travel with
+// kPutReserve / kPutCommit and kGet, as any segment does.
+#include <fmt/format.h>
+
+#include "daemon/cache_service.h"
+
+namespace tierkv::daemon {
+
+using namespace transport;  // NOLINT: protocol message types
+
+namespace {
+
+template <typename Message>
+HandlerReply Ok(const Message& m) {
+  return HandlerReply{Encode(m), -1, false};
+}
+
+Status NotWeights(const Namespace& ns) {
+  return Status::InvalidArgument(fmt::format(
+      "namespace '{}' is not a weights namespace (configure it with "
+      "weights = true)",
+      ns.name()));
+}
+
+// Bytes of a List reply's shards, at most: far below the frame limit,
+// whatever the names' lengths (each WeightsInfo encodes to < 500 bytes).
+constexpr size_t kMaxListedShards = 8192;
+
+}  // namespace
+
+HandlerReply CacheService::WeightsSeal(Namespace& ns, In in) {
+  WeightsSealRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  WeightsSealResponse resp;
+  if (ns.weights == nullptr) {
+    resp.status = NotWeights(ns);
+    return Ok(resp);
+  }
+  auto sealed = ns.weights->Seal(req.manifest);
+  if (!sealed.ok()) {
+    resp.status = sealed.status();
+    return Ok(resp);
+  }
+  resp.version = sealed->version;
+  resp.already_sealed = sealed->already_sealed;
+  return Ok(resp);
+}
+
+HandlerReply CacheService::WeightsManifest(Namespace& ns, In in) {
+  WeightsSelectRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  WeightsManifestResponse resp;
+  if (ns.weights == nullptr) {
+    resp.status = NotWeights(ns);
+    return Ok(resp);
+  }
+  auto manifest = ns.weights->Manifest(
+      WeightsId{std::move(req.model), std::move(req.layout), req.version});
+  if (!manifest.ok()) {
+    resp.status = manifest.status();
+    return Ok(resp);
+  }
+  resp.manifest = std::move(manifest).value();
+  return Ok(resp);
+}
+
+HandlerReply CacheService::WeightsList(Namespace& ns, In in) {
+  WeightsSelectRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  WeightsListResponse resp;
+  if (ns.weights == nullptr) {
+    resp.status = NotWeights(ns);
+    return Ok(resp);
+  }
+  resp.shards = ns.weights->List(req.model, kMaxListedShards);
+  return Ok(resp);
+}
+
+HandlerReply CacheService::WeightsDrop(Namespace& ns, In in) {
+  WeightsSelectRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  WeightsDropResponse resp;
+  if (ns.weights == nullptr) {
+    resp.status = NotWeights(ns);
+    return Ok(resp);
+  }
+  auto dropped = ns.weights->Drop(req.model, req.layout, req.version);
+  if (!dropped.ok()) {
+    resp.status = dropped.status();
+    return Ok(resp);
+  }
+  resp.dropped = dropped->shards;
+  resp.freed_bytes = dropped->freed_bytes;
+  return Ok(resp);
+}
+
+HandlerReply CacheService::WeightsPrefetch(Namespace& ns, In in) {
+  WeightsSelectRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (ns.weights == nullptr) return Ok(StatusResponse{NotWeights(ns)});
+  auto queued = ns.weights->Prefetch(
+      WeightsId{std::move(req.model), std::move(req.layout), req.version},
+      req.layers);
+  return Ok(StatusResponse{queued.status()});
+}
+
+}  // namespace tierkv::daemon

@@ -1,0 +1,373 @@
+// WeightsCatalog: sealed weights shards and their chunks' reference counts
+// (see weights_catalog.h).
+#include "storage/weights/weights_catalog.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_set>
+#include <utility>
+
+#include "storage/storage_log.h"
+
+namespace tierkv::storage {
+namespace {
+
+uint64_t SystemUnixMs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+SegmentKey ChunkSegment(const PageHash& key) { return SegmentKey{key, 0, 0}; }
+
+std::string_view AsChars(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace
+
+WeightsCatalog::WeightsCatalog(const WeightsCatalogOptions& options,
+                               CacheEngine* engine, EngineNamespace* ns,
+                               NvmeCatalog* persist, uint32_t ns_id)
+    : options_(options),
+      engine_(engine),
+      ns_(ns),
+      persist_(persist),
+      ns_id_(ns_id) {}
+
+Result<std::unique_ptr<WeightsCatalog>> WeightsCatalog::Open(
+    const WeightsCatalogOptions& options, CacheEngine* engine,
+    EngineNamespace* ns, NvmeCatalog* persist) {
+  if (!ns->weights()) {
+    return Status::InvalidArgument(fmt::format(
+        "namespace '{}' is not a weights namespace (weights = true)",
+        ns->name()));
+  }
+  uint32_t ns_id = 0;
+  if (persist != nullptr) {
+    auto id = persist->GetOrCreateNamespace(ns->name());
+    if (!id.ok()) {
+      // A read-only catalog cannot assign a new id: serve from memory.
+      StorageLog().warn(
+          "weights namespace '{}': sealed shards are kept in memory only "
+          "(the NVMe catalog cannot name the namespace: {})",
+          ns->name(), id.status().ToString());
+      persist = nullptr;
+    } else {
+      ns_id = *id;
+    }
+  }
+  std::unique_ptr<WeightsCatalog> catalog(
+      new WeightsCatalog(options, engine, ns, persist, ns_id));
+  if (persist == nullptr) return catalog;
+  std::vector<Shard> loaded;
+  uint64_t skipped = 0;
+  auto scan = persist->ForEachWeights(
+      ns_id, [&](const NvmeCatalog::WeightsRecord& r) {
+        const auto bytes = std::as_bytes(std::span(r.manifest));
+        auto m = DecodeWeightsManifest(bytes);
+        const PageHash version = WeightsChunkKey(bytes);
+        if (!m.ok() || version != r.version || m->model != r.model ||
+            m->layout != r.layout) {
+          ++skipped;
+          StorageLog().warn(
+              "weights namespace '{}': skipping the stored manifest of '{}' "
+              "'{}' {}: {}",
+              ns->name(), r.model, r.layout, r.version.ToHex(),
+              m.ok() ? "its key does not match its bytes"
+                     : m.status().ToString());
+          return;
+        }
+        Shard shard;
+        shard.manifest = std::move(m).value();
+        shard.encoded.assign(bytes.begin(), bytes.end());
+        shard.version = version;
+        shard.sealed_unix_ms = r.sealed_unix_ms;
+        loaded.push_back(std::move(shard));
+      });
+  if (!scan.ok()) return scan.status();
+  // Sealed order, so a zero version finds the newest again.
+  std::stable_sort(loaded.begin(), loaded.end(),
+                   [](const Shard& a, const Shard& b) {
+                     return a.sealed_unix_ms < b.sealed_unix_ms;
+                   });
+  {
+    MutexLock lock(&catalog->mu_);
+    for (Shard& shard : loaded) catalog->InsertLocked(std::move(shard));
+  }
+  StorageLog().info(
+      "weights namespace '{}': {} sealed shards reloaded ({} skipped, {} "
+      "malformed records)",
+      ns->name(), loaded.size(), skipped, scan->malformed);
+  return catalog;
+}
+
+std::vector<SegmentKey> WeightsCatalog::DistinctChunks(
+    const WeightsManifest& m) {
+  std::vector<SegmentKey> keys;
+  keys.reserve(m.chunks.size());
+  std::unordered_set<PageHash, ChunkKeyHash> seen;
+  for (const WeightsChunk& c : m.chunks) {
+    if (seen.insert(c.key).second) keys.push_back(ChunkSegment(c.key));
+  }
+  return keys;
+}
+
+void WeightsCatalog::InsertLocked(Shard shard) {
+  std::unordered_map<PageHash, uint64_t, ChunkKeyHash> sizes;
+  for (const WeightsChunk& c : shard.manifest.chunks) sizes[c.key] = c.bytes;
+  shard.chunk_bytes = 0;
+  for (const auto& [key, bytes] : sizes) {
+    Chunk& chunk = chunks_[key];
+    if (chunk.shards++ == 0) {
+      chunk.bytes = bytes;
+      unique_bytes_ += bytes;
+    }
+    shard.chunk_bytes += bytes;
+  }
+  referenced_bytes_ += shard.chunk_bytes;
+  shard.sequence = next_sequence_++;
+  ShardKey key{shard.manifest.model, shard.manifest.layout, shard.version};
+  shards_.emplace(std::move(key), std::move(shard));
+}
+
+const WeightsCatalog::Shard* WeightsCatalog::FindLocked(
+    const WeightsId& id) const {
+  if (id.version != PageHash{}) {
+    auto it = shards_.find(ShardKey{id.model, id.layout, id.version});
+    return it == shards_.end() ? nullptr : &it->second;
+  }
+  const Shard* newest = nullptr;
+  for (auto it = shards_.lower_bound(ShardKey{id.model, id.layout, {}});
+       it != shards_.end() && std::get<0>(it->first) == id.model &&
+       std::get<1>(it->first) == id.layout;
+       ++it) {
+    const Shard& s = it->second;
+    if (newest == nullptr ||
+        std::tie(s.sealed_unix_ms, s.sequence) >
+            std::tie(newest->sealed_unix_ms, newest->sequence)) {
+      newest = &s;
+    }
+  }
+  return newest;
+}
+
+Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
+    std::span<const std::byte> encoded) {
+  if (encoded.size() > options_.max_manifest_bytes) {
+    return Status::InvalidArgument(
+        fmt::format("a weights manifest of {} bytes is larger than the {} a "
+                    "reply can carry",
+                    encoded.size(), options_.max_manifest_bytes));
+  }
+  auto m = DecodeWeightsManifest(encoded);
+  if (!m.ok()) return m.status();
+  // The encoding is canonical (a decoded manifest encodes to the same
+  // bytes), so its hash is WeightsVersionOf(*m) without encoding it again.
+  const PageHash version = WeightsChunkKey(encoded);
+  MutexLock lock(&mu_);
+  if (shards_.count(ShardKey{m->model, m->layout, version})) {
+    return Sealed{version, /*already_sealed=*/true};
+  }
+  std::vector<SegmentKey> keys;
+  keys.reserve(m->chunks.size());
+  for (const WeightsChunk& c : m->chunks) keys.push_back(ChunkSegment(c.key));
+  const auto where = engine_->Where(*ns_, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const WeightsChunk& c = m->chunks[i];
+    if (where[i].tier == tierkv::Tier::kMiss) {
+      return Status::NotFound(fmt::format(
+          "chunk {} of {} (key {}, layer {}, {} bytes at image offset {}) is "
+          "not stored in namespace '{}'",
+          i, keys.size(), c.key.ToHex(), c.layer, c.bytes, c.offset,
+          ns_->name()));
+    }
+    if (where[i].bytes != c.bytes) {
+      return Status::NotFound(fmt::format(
+          "chunk {} of {} (key {}, layer {}) is stored with {} bytes, the "
+          "manifest says {}",
+          i, keys.size(), c.key.ToHex(), c.layer, where[i].bytes, c.bytes));
+    }
+  }
+  Shard shard;
+  shard.manifest = std::move(m).value();
+  shard.encoded.assign(encoded.begin(), encoded.end());
+  shard.version = version;
+  shard.sealed_unix_ms =
+      options_.now_unix_ms ? options_.now_unix_ms() : SystemUnixMs();
+  if (persist_ != nullptr) {
+    NvmeCatalog::WeightsRecord record{
+        .ns_id = ns_id_,
+        .model = shard.manifest.model,
+        .layout = shard.manifest.layout,
+        .version = version,
+        .sealed_unix_ms = shard.sealed_unix_ms,
+        .manifest = std::string(AsChars(shard.encoded))};
+    if (Status s = persist_->PutWeights(record); !s.ok()) {
+      return Status(s.code(), fmt::format("weights manifest not sealed: {}",
+                                          s.message()));
+    }
+  }
+  InsertLocked(std::move(shard));
+  return Sealed{version, /*already_sealed=*/false};
+}
+
+Result<std::vector<std::byte>> WeightsCatalog::Manifest(
+    const WeightsId& id) const {
+  MutexLock lock(&mu_);
+  const Shard* shard = FindLocked(id);
+  if (shard == nullptr) {
+    return Status::NotFound(fmt::format(
+        "no sealed weights shard '{}' '{}'{}", id.model, id.layout,
+        id.version == PageHash{} ? std::string()
+                                 : " version " + id.version.ToHex()));
+  }
+  return shard->encoded;
+}
+
+std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,
+                                              size_t limit) const {
+  std::vector<WeightsInfo> out;
+  MutexLock lock(&mu_);
+  auto it = model.empty()
+                ? shards_.begin()
+                : shards_.lower_bound(ShardKey{std::string(model), "", {}});
+  for (; it != shards_.end() && out.size() < limit; ++it) {
+    const Shard& s = it->second;
+    if (!model.empty() && s.manifest.model != model) break;
+    WeightsInfo info;
+    info.id = {s.manifest.model, s.manifest.layout, s.version};
+    info.image_bytes = s.manifest.image_bytes;
+    info.tensors = static_cast<uint32_t>(s.manifest.tensors.size());
+    info.chunks = static_cast<uint32_t>(s.manifest.chunks.size());
+    info.num_layers = s.manifest.num_layers;
+    info.sealed_unix_ms = s.sealed_unix_ms;
+    std::vector<SegmentKey> keys;
+    keys.reserve(s.manifest.chunks.size());
+    for (const WeightsChunk& c : s.manifest.chunks) {
+      keys.push_back(ChunkSegment(c.key));
+    }
+    for (const CacheEngine::SegmentWhere& w : engine_->Where(*ns_, keys)) {
+      if (w.tier == tierkv::Tier::kMiss) {
+        info.chunks_missing++;
+      } else if (w.tier == tierkv::Tier::kHost ||
+                 w.tier == tierkv::Tier::kHbm) {
+        info.chunks_in_dram++;
+      } else {
+        info.chunks_on_nvme++;
+      }
+    }
+    for (const SegmentKey& key : DistinctChunks(s.manifest)) {
+      auto c = chunks_.find(key.page);
+      if (c != chunks_.end() && c->second.shards == 1) {
+        info.unique_bytes += c->second.bytes;
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
+                                                     std::string_view layout,
+                                                     const PageHash& version) {
+  if (model.empty()) {
+    return Status::InvalidArgument("dropping weights needs a model name");
+  }
+  MutexLock lock(&mu_);
+  std::vector<ShardKey> matched;
+  for (auto it = shards_.lower_bound(ShardKey{std::string(model), "", {}});
+       it != shards_.end() && std::get<0>(it->first) == model; ++it) {
+    if (!layout.empty() && std::get<1>(it->first) != layout) continue;
+    if (version != PageHash{} && std::get<2>(it->first) != version) continue;
+    matched.push_back(it->first);
+  }
+  if (matched.empty()) {
+    return Status::NotFound(
+        fmt::format("no sealed weights shard of model '{}'{}{} to drop", model,
+                    layout.empty() ? "" : fmt::format(" layout '{}'", layout),
+                    version == PageHash{} ? ""
+                                          : " version " + version.ToHex()));
+  }
+  Dropped dropped;
+  Status persist_error;
+  std::vector<SegmentKey> freed;
+  for (const ShardKey& key : matched) {
+    if (persist_ != nullptr) {
+      // Deleted on disk first: a crash then leaves unreferenced chunks
+      // (evicted in time), never a sealed shard whose chunks were erased.
+      persist_error = persist_->DeleteWeights(ns_id_, std::get<0>(key),
+                                              std::get<1>(key),
+                                              std::get<2>(key));
+      if (!persist_error.ok()) break;
+    }
+    auto it = shards_.find(key);
+    const Shard& shard = it->second;
+    for (const SegmentKey& chunk_key : DistinctChunks(shard.manifest)) {
+      auto c = chunks_.find(chunk_key.page);
+      if (c == chunks_.end() || --c->second.shards > 0) continue;
+      dropped.freed_bytes += c->second.bytes;
+      unique_bytes_ -= c->second.bytes;
+      freed.push_back(chunk_key);
+      chunks_.erase(c);
+    }
+    referenced_bytes_ -= shard.chunk_bytes;
+    shards_.erase(it);
+    dropped.shards++;
+  }
+  if (!freed.empty()) engine_->Erase(*ns_, freed);
+  if (!persist_error.ok()) {
+    if (dropped.shards == 0) return persist_error;
+    StorageLog().warn(
+        "weights namespace '{}': dropped {} of {} shards of '{}'; the rest "
+        "stay sealed: {}",
+        ns_->name(), dropped.shards, matched.size(), model,
+        persist_error.ToString());
+  }
+  return dropped;
+}
+
+Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
+                                        LayerRange layers) const {
+  std::vector<SegmentKey> keys;
+  {
+    MutexLock lock(&mu_);
+    const Shard* shard = FindLocked(id);
+    if (shard == nullptr) {
+      return Status::NotFound(fmt::format(
+          "no sealed weights shard '{}' '{}' to prefetch", id.model,
+          id.layout));
+    }
+    const WeightsManifest& m = shard->manifest;
+    if (layers.first >= m.num_layers) {
+      return Status::InvalidArgument(
+          fmt::format("layer {} is past the shard's {} layers", layers.first,
+                      m.num_layers));
+    }
+    const uint32_t end =
+        layers.count == 0
+            ? m.num_layers
+            : std::min<uint32_t>(m.num_layers,
+                                 uint32_t{layers.first} + layers.count);
+    const size_t first = m.ChunksOfLayer(layers.first).first;
+    const size_t last = m.ChunksOfLayer(end - 1).second;
+    std::unordered_set<PageHash, ChunkKeyHash> seen;
+    for (size_t i = first; i < last; ++i) {
+      if (seen.insert(m.chunks[i].key).second) {
+        keys.push_back(ChunkSegment(m.chunks[i].key));
+      }
+    }
+  }
+  return engine_->PromoteInOrder(*ns_, keys);
+}
+
+WeightsCatalog::Totals WeightsCatalog::totals() const {
+  MutexLock lock(&mu_);
+  return Totals{shards_.size(), referenced_bytes_, unique_bytes_};
+}
+
+}  // namespace tierkv::storage

@@ -1,0 +1,163 @@
+// WeightsCatalog: the sealed weights shards of one weights namespace
+// (include/tierkv/weights.h, issue 28) and the reference counts of their
+// chunks. The chunks themselves are ordinary segments of the namespace
+// (key: (WeightsChunkKey, 0, 0)), stored by clients with Put and read with
+// Get; this catalog only records which shards name which chunks, so that
+// a shard is sealed only over stored chunks and dropping one evicts the
+// chunks no other sealed shard needs.
+//
+// Persistence: with an NVMe tier, every sealed manifest is written to the
+// NVMe store's RocksDB catalog (NvmeCatalog::PutWeights) before Seal
+// answers, and Open reloads them; a manifest whose chunks were evicted
+// meanwhile is still listed (chunks_missing > 0) and still looked up, so a
+// loader gets a per-chunk NotFound from its Get. Without one, sealed
+// shards live in memory only and are gone after a restart (so are the
+// chunks: DRAM is not persistent).
+//
+// Races it leaves to the caller: a chunk deduplicated by a Put (already
+// stored) may be erased by a concurrent Drop of the last shard naming it
+// before the new shard is sealed; Seal then answers NotFound for it and the
+// client stores it again.
+//
+// Thread safety: thread-safe. Calls into the engine (where chunks are,
+// erasing them) and the NVMe catalog are made under the catalog's lock, so
+// a Seal's presence check and a Drop's erase never interleave.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "storage/engine/cache_engine.h"
+#include "storage/nvme/nvme_catalog.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+#include "tierkv/weights.h"
+
+namespace tierkv::storage {
+
+struct WeightsCatalogOptions {
+  // The largest manifest encoding Seal accepts, in bytes: what the
+  // manifest's reply frame can carry back. Default: 16 MiB - 4 KiB.
+  uint64_t max_manifest_bytes = (uint64_t{16} << 20) - 4096;
+  // Source of sealed_unix_ms. Default: the system clock.
+  uint64_t (*now_unix_ms)() = nullptr;
+};
+
+class WeightsCatalog {
+ public:
+  // The catalog of weights namespace `ns` of `engine` (both borrowed, and
+  // must outlive it), persisted in `persist` (borrowed; null: in memory
+  // only), whose records it reloads. InvalidArgument when `ns` is not a
+  // weights namespace; IOError / Corruption when the NVMe catalog cannot be
+  // read (a malformed record is skipped and logged, never fatal).
+  static Result<std::unique_ptr<WeightsCatalog>> Open(
+      const WeightsCatalogOptions& options, CacheEngine* engine,
+      EngineNamespace* ns, NvmeCatalog* persist);
+  WeightsCatalog(const WeightsCatalog&) = delete;
+  WeightsCatalog& operator=(const WeightsCatalog&) = delete;
+
+  struct Sealed {
+    PageHash version;
+    bool already_sealed = false;
+  };
+  // Seals the manifest encoded as `encoded` (EncodeWeightsManifest):
+  // Corruption when it does not decode, InvalidArgument past
+  // max_manifest_bytes, NotFound naming the first chunk that no tier of
+  // the namespace holds with its size, IOError when it cannot be
+  // persisted. Sealing a version sealed before is OK, already_sealed, and
+  // checks nothing again.
+  Result<Sealed> Seal(std::span<const std::byte> encoded) EXCLUDES(mu_);
+
+  // The encoded manifest of (model, layout, version), the newest sealed
+  // one of (model, layout) for a zero version; NotFound when none is.
+  Result<std::vector<std::byte>> Manifest(const WeightsId& id) const
+      EXCLUDES(mu_);
+
+  // One WeightsInfo per sealed shard of `model` (empty: every model), in
+  // (model, layout, sealed order), at most `limit`, with where its chunks
+  // are now.
+  std::vector<WeightsInfo> List(std::string_view model, size_t limit) const
+      EXCLUDES(mu_);
+
+  struct Dropped {
+    uint32_t shards = 0;
+    uint64_t freed_bytes = 0;  // of chunks no sealed shard names any more
+  };
+  // Unseals the shards of `model` (required), of `layout` (empty: every
+  // layout) and `version` (zero: every version), then erases from every
+  // tier the chunks no remaining shard names. InvalidArgument for an
+  // empty model; NotFound when nothing matches; IOError when the NVMe
+  // catalog refuses the first delete (nothing dropped). A later refusal
+  // ends the drop early: the shards dropped so far are counted and the
+  // rest stay sealed (logged).
+  Result<Dropped> Drop(std::string_view model, std::string_view layout,
+                       const PageHash& version) EXCLUDES(mu_);
+
+  // Queues promotion into DRAM of the chunks of layers `layers` of one
+  // shard (zero version: the newest), in layer order; returns how many
+  // were queued (CacheEngine::PromoteInOrder). NotFound for no such
+  // shard; InvalidArgument when layers.first is past its last layer.
+  Result<size_t> Prefetch(const WeightsId& id, LayerRange layers) const
+      EXCLUDES(mu_);
+
+  struct Totals {
+    uint64_t shards = 0;
+    // Chunk bytes the sealed shards name, a chunk counted once per shard.
+    uint64_t referenced_bytes = 0;
+    // Bytes of the distinct chunks they name: what storing them takes.
+    uint64_t unique_bytes = 0;
+  };
+  Totals totals() const EXCLUDES(mu_);
+
+ private:
+  struct Shard {
+    WeightsManifest manifest;
+    std::vector<std::byte> encoded;
+    PageHash version;
+    uint64_t sealed_unix_ms = 0;
+    uint64_t sequence = 0;  // seal (or load) order: breaks time ties
+    uint64_t chunk_bytes = 0;
+  };
+  struct Chunk {
+    uint32_t shards = 0;  // sealed shards naming it
+    uint64_t bytes = 0;
+  };
+  using ShardKey = std::tuple<std::string, std::string, PageHash>;
+  // Chunk keys are XXH3-128 hashes already: their low word spreads well.
+  struct ChunkKeyHash {
+    size_t operator()(const PageHash& h) const { return h.lo; }
+  };
+
+  WeightsCatalog(const WeightsCatalogOptions& options, CacheEngine* engine,
+                 EngineNamespace* ns, NvmeCatalog* persist, uint32_t ns_id);
+  // Adds a decoded shard and its chunk references.
+  void InsertLocked(Shard shard) REQUIRES(mu_);
+  // The shard `id` names (newest for a zero version), or null.
+  const Shard* FindLocked(const WeightsId& id) const REQUIRES(mu_);
+  // The distinct chunk keys of `m`, in chunk order.
+  static std::vector<SegmentKey> DistinctChunks(const WeightsManifest& m);
+
+  const WeightsCatalogOptions options_;
+  CacheEngine* const engine_;    // borrowed
+  EngineNamespace* const ns_;    // borrowed, owned by the engine
+  NvmeCatalog* const persist_;   // borrowed; null: in memory only
+  const uint32_t ns_id_;         // the namespace's id in persist_
+
+  mutable Mutex mu_;
+  std::map<ShardKey, Shard> shards_ GUARDED_BY(mu_);
+  std::unordered_map<PageHash, Chunk, ChunkKeyHash> chunks_ GUARDED_BY(mu_);
+  uint64_t next_sequence_ GUARDED_BY(mu_) = 0;
+  uint64_t referenced_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t unique_bytes_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tierkv::storage
