@@ -258,6 +258,38 @@ const TensorView* SafetensorsReader::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromViews(
+    std::vector<TensorView> views) {
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader());
+  for (size_t i = 0; i < views.size(); ++i) {
+    TensorView& view = views[i];
+    uint64_t numel = 1;
+    for (int64_t d : view.shape) {
+      if (d < 0) {
+        return Corrupt(view.file,
+                       fmt::format("tensor '{}' has a bad shape", view.name));
+      }
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (const size_t size = SafetensorsDTypeSize(view.dtype);
+        size > 0 && view.data.size() != numel * size) {
+      return Corrupt(view.file,
+                     fmt::format("tensor '{}' ({} {} elements) has {} bytes, "
+                                 "expected {}",
+                                 view.name, view.dtype, numel, view.data.size(),
+                                 numel * size));
+    }
+    view.file_index = 0;
+    view.file_offset = i;  // keeps the given order as "file order"
+    std::string name = view.name;
+    if (!reader->tensors_.emplace(name, std::move(view)).second) {
+      return Corrupt(reader->tensors_.at(name).file,
+                     fmt::format("tensor '{}' appears twice", name));
+    }
+  }
+  return reader;
+}
+
 std::vector<const TensorView*> SafetensorsReader::InFileOrder() const {
   std::vector<const TensorView*> out;
   out.reserve(tensors_.size());

@@ -62,6 +62,13 @@ class SafetensorsReader {
   // is nothing to read, Corruption for malformed or truncated files.
   static Result<std::unique_ptr<SafetensorsReader>> Open(
       const std::filesystem::path& path);
+  // A reader over tensors already in memory (e.g. a weights shard loaded
+  // from tierkvd): `views` borrow bytes that must outlive the reader. The
+  // same checks as Open's: unique names, and data sizes that agree with
+  // shape and dtype for known dtypes (Corruption otherwise, naming the
+  // tensor).
+  static Result<std::unique_ptr<SafetensorsReader>> FromViews(
+      std::vector<TensorView> views);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;

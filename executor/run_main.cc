@@ -34,11 +34,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "executor/checkpoint_writer.h"
 #include "executor/config.h"
+#include "executor/daemon_weights.h"
 #include "executor/generator.h"
 #include "executor/kernels.h"
 #include "executor/model.h"
@@ -372,6 +374,124 @@ int RunModel(const std::string& dir, const std::string& prompt_text,
   return 0;
 }
 
+// Teacher switching through tierkvd (issue 28): every --model is stored in
+// the daemon's weights namespace once, then the models run in --sequence
+// order, each loaded from the daemon (DRAM, or NVMe through DRAM) into
+// this process right before it runs, as a multi-teacher distillation step
+// switches teachers. Each run's logits are compared with the same model
+// loaded from its files.
+struct SwitchOptions {
+  std::vector<std::string> models;
+  std::vector<int> sequence;
+  std::string weights_namespace = "weights";
+  std::string weights_token_file;
+  std::string logits_dir;
+  bool check = true;
+};
+
+int SwitchModels(const SwitchOptions& o, const std::string& prompt_text,
+                 const GenerateOptions& gen, int threads,
+                 const TierkvFlags& tierkv) {
+  auto prompt = ParseIds(prompt_text);
+  if (!prompt.ok()) return Fail(prompt.status());
+  DaemonWeightsOptions dwo;
+  if (!tierkv.socket.empty()) dwo.client.socket_path = tierkv.socket;
+  dwo.namespace_name = o.weights_namespace;
+  const std::string token_file =
+      !o.weights_token_file.empty()
+          ? o.weights_token_file
+          : (std::filesystem::path(dwo.client.socket_path).parent_path() /
+             (o.weights_namespace + ".token"))
+                .string();
+  auto token = ReadToken(token_file);
+  if (!token.ok()) return Fail(token.status());
+  dwo.token = *token;
+  auto daemon = DaemonWeights::Connect(dwo);
+  if (!daemon.ok()) return Fail(daemon.status());
+
+  ModelOptions mo;
+  mo.num_threads = threads;
+  std::vector<ModelConfig> configs;
+  std::vector<WeightsManifest> manifests;
+  for (size_t i = 0; i < o.models.size(); ++i) {
+    auto config = LoadModelConfig(o.models[i]);
+    if (!config.ok()) return Fail(config.status());
+    configs.push_back(*config);
+    const std::string name =
+        fmt::format("tierkv-run.{}",
+                    std::filesystem::path(o.models[i]).filename().string());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = (*daemon)->Import(name, o.models[i]);
+    if (!m.ok()) return Fail(m.status());
+    std::printf(
+        "stored model %zu (%s) as %s version %s: %.2f MB in %.3f s\n", i,
+        o.models[i].c_str(), name.c_str(), WeightsVersionOf(*m).ToHex().c_str(),
+        m->image_bytes / 1e6,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+    manifests.push_back(std::move(m).value());
+  }
+  std::vector<std::optional<std::vector<float>>> from_files(o.models.size());
+  int identical = 0, checked = 0;
+  for (size_t step = 0; step < o.sequence.size(); ++step) {
+    const size_t i = static_cast<size_t>(o.sequence[step]);
+    WeightsLoadReport report;
+    auto model = (*daemon)->LoadModel(manifests[i], configs[i], mo, &report);
+    if (!model.ok()) return Fail(model.status());
+    auto cache = (*model)->NewCache(static_cast<int64_t>(prompt->size()) +
+                                    gen.max_new_tokens);
+    if (!cache.ok()) return Fail(cache.status());
+    GenerateOptions g = gen;
+    g.keep_logits = true;
+    auto r = Generate(**model, cache->get(), *prompt, g);
+    if (!r.ok()) return Fail(r.status());
+    std::string verdict = "-";
+    if (o.check) {
+      if (!from_files[i]) {
+        auto ref_model = Model::Load(o.models[i], mo);
+        if (!ref_model.ok()) return Fail(ref_model.status());
+        auto ref_cache = (*ref_model)
+                             ->NewCache(static_cast<int64_t>(prompt->size()) +
+                                        gen.max_new_tokens);
+        if (!ref_cache.ok()) return Fail(ref_cache.status());
+        auto ref = Generate(**ref_model, ref_cache->get(), *prompt, g);
+        if (!ref.ok()) return Fail(ref.status());
+        from_files[i] = std::move(ref->logits);
+      }
+      ++checked;
+      const bool same = from_files[i]->size() == r->logits.size() &&
+                        std::memcmp(from_files[i]->data(), r->logits.data(),
+                                    r->logits.size() * sizeof(float)) == 0;
+      identical += same;
+      verdict = same ? "logits identical to the files'" : "MISMATCH";
+    }
+    std::printf(
+        "step %zu: model %zu from tierkvd (%u chunks in DRAM, %u on NVMe "
+        "only): %.2f MB in %.3f s (%.2f GB/s), converted in %.3f s; "
+        "generated %s; %s\n",
+        step, i, report.chunks_in_dram, report.chunks_on_nvme,
+        report.bytes / 1e6, report.load_seconds,
+        report.load_seconds > 0 ? report.bytes / report.load_seconds / 1e9 : 0,
+        report.convert_seconds,
+        fmt::format("{}", fmt::join(r->tokens, ",")).c_str(), verdict.c_str());
+    if (!o.logits_dir.empty()) {
+      const int64_t vocab = configs[i].vocab_size;
+      const std::string path = fmt::format("{}/step{}.npy", o.logits_dir, step);
+      if (Status s = WriteNpy(path, r->logits,
+                              {static_cast<int64_t>(r->tokens.size()), vocab});
+          !s.ok()) {
+        return Fail(s);
+      }
+    }
+  }
+  if (checked > 0) {
+    std::printf("logits identical to loading from files: %d of %d steps%s\n",
+                identical, checked,
+                identical == checked ? "" : "  <-- MISMATCH");
+  }
+  return identical == checked ? 0 : 1;
+}
+
 int ServeSessions(const std::string& dir, const SessionsOptions& options,
                   int threads, const TierkvFlags& tierkv) {
   ModelOptions mo;
@@ -541,6 +661,44 @@ int main(int argc, char** argv) {
   serve->add_option("--threads", serve_threads, "kernel threads (0 = all)")
       ->capture_default_str();
   AddTierkvFlags(serve, &serve_tierkv, &serve_tierkv_opt);
+
+  auto* switcher = app.add_subcommand(
+      "switch-models",
+      "store checkpoints in tierkvd's weights namespace and run them in "
+      "turn, each loaded from the daemon (teacher switching), checking "
+      "logits against the files");
+  SwitchOptions switching;
+  std::string switch_prompt = "1";
+  int64_t switch_max_new = 8;
+  int switch_threads = 0;
+  TierkvFlags switch_tierkv;
+  CLI::Option* switch_tierkv_opt = nullptr;
+  switcher
+      ->add_option("--model", switching.models,
+                   "checkpoint directory; repeat for each model")
+      ->required();
+  switcher
+      ->add_option("--sequence", switching.sequence,
+                   "models to run in turn, by position in --model (default: "
+                   "0, 1, ..., 0)")
+      ->delimiter(',');
+  switcher
+      ->add_option("--weights-namespace", switching.weights_namespace,
+                   "tierkvd namespace with weights = true")
+      ->capture_default_str();
+  switcher->add_option("--weights-token-file", switching.weights_token_file,
+                       "its token (default: <socket dir>/<namespace>.token)");
+  switcher->add_option("--logits-dir", switching.logits_dir,
+                       "write each step's logits as DIR/step<N>.npy");
+  switcher->add_option("--prompt-ids", switch_prompt)->capture_default_str();
+  switcher->add_option("--max-new-tokens", switch_max_new)
+      ->capture_default_str();
+  switcher->add_option("--threads", switch_threads, "kernel threads (0 = all)")
+      ->capture_default_str();
+  bool switch_no_check = false;
+  switcher->add_flag("--no-check", switch_no_check,
+                     "skip loading each model from its files to compare");
+  AddTierkvFlags(switcher, &switch_tierkv, &switch_tierkv_opt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -553,6 +711,27 @@ int main(int argc, char** argv) {
     sessions.kv_dtype = serve_tierkv.kv_dtype;
     serve_tierkv.enabled = true;
     return ServeSessions(serve_model, sessions, serve_threads, serve_tierkv);
+  }
+  if (switcher->parsed()) {
+    switching.check = !switch_no_check;
+    if (switching.sequence.empty()) {
+      for (size_t i = 0; i < switching.models.size(); ++i) {
+        switching.sequence.push_back(static_cast<int>(i));
+      }
+      switching.sequence.push_back(0);
+    }
+    for (int i : switching.sequence) {
+      if (i < 0 || static_cast<size_t>(i) >= switching.models.size()) {
+        std::fprintf(stderr,
+                     "tierkv-run: error: --sequence names model %d of %zu\n", i,
+                     switching.models.size());
+        return 2;
+      }
+    }
+    GenerateOptions g;
+    g.max_new_tokens = switch_max_new;
+    return SwitchModels(switching, switch_prompt, g, switch_threads,
+                        switch_tierkv);
   }
   if (!write_dir.empty()) {
     return WriteModel(write_dir, preset, dtype, seed, config_only);

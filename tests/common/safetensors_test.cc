@@ -84,5 +84,52 @@ TEST(SafetensorsDTypeSize, KnowsTheFormatsDtypesOnly) {
   EXPECT_EQ(SafetensorsDTypeSize("Q4_K"), 0u);
 }
 
+// A reader over bytes already in memory checks what Open checks and keeps
+// the given order as file order.
+TEST(SafetensorsReader, FromViewsChecksSizesAndNames) {
+  std::vector<std::byte> bytes(64, std::byte{7});
+  const std::span<const std::byte> all(bytes);
+  auto reader =
+      SafetensorsReader::FromViews({TensorView{.name = "b",
+                                               .dtype = "BF16",
+                                               .shape = {4, 2},
+                                               .data = all.first(16),
+                                               .file = "mem"},
+                                    TensorView{.name = "a",
+                                               .dtype = "F32",
+                                               .shape = {2},
+                                               .data = all.subspan(16, 8),
+                                               .file = "mem"},
+                                    TensorView{.name = "odd",
+                                               .dtype = "X9",
+                                               .shape = {3},
+                                               .data = all.subspan(24, 5),
+                                               .file = "mem"}});
+  ASSERT_OK(reader);
+  ASSERT_NE((*reader)->Find("a"), nullptr);
+  EXPECT_EQ((*reader)->Find("a")->data.data(), bytes.data() + 16);
+  const auto order = (*reader)->InFileOrder();
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(order[0]->name, "b");
+  EXPECT_EQ(order[1]->name, "a");
+  EXPECT_EQ(order[2]->name, "odd");  // unknown dtype: size not checked
+
+  auto wrong_size = SafetensorsReader::FromViews({TensorView{
+      .name = "w", .dtype = "F32", .shape = {3}, .data = all.first(8)}});
+  ASSERT_FALSE(wrong_size.ok());
+  EXPECT_TRUE(wrong_size.status().code() == StatusCode::kCorruption);
+  EXPECT_NE(wrong_size.status().ToString().find("'w'"), std::string::npos);
+
+  auto twice = SafetensorsReader::FromViews(
+      {TensorView{
+           .name = "t", .dtype = "I8", .shape = {1}, .data = all.first(1)},
+       TensorView{.name = "t",
+                  .dtype = "I8",
+                  .shape = {1},
+                  .data = all.subspan(1, 1)}});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_TRUE(twice.status().code() == StatusCode::kCorruption);
+}
+
 }  // namespace
 }  // namespace tierkv
