@@ -3,6 +3,7 @@
 // readiness, dedup, list and drop, a chunk the daemon lacks, and
 // ImportSafetensors of a file the project's own writer wrote.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -424,6 +425,54 @@ TEST_F(WeightsTest, ImportSafetensorsGroupsByLayerNumberInFileOrder) {
   ASSERT_OK(m2);
   EXPECT_EQ(WeightsVersionOf(*m2), WeightsVersionOf(*m));
   EXPECT_EQ(again.chunks_stored, 0u);
+}
+
+// With an NVMe tier (write_through), a shard outlives the daemon: after a
+// restart its manifest is still sealed and its chunks, now only on NVMe,
+// are promoted back into DRAM by the loader's Gets.
+TEST(WeightsRestartTest, ShardLoadsFromNvmeAfterADaemonRestart) {
+  testing::TempDir data("/var/tmp");  // O_DIRECT: not tmpfs
+  const std::string config = "[nvme]\npath = \"" + data.File("nvme.data") +
+                             "\"\ncapacity_bytes = \"128MiB\"\n" +
+                             std::string(kConfig) +
+                             "write_policy = \"write_through\"\n";
+  std::vector<Owned> owned;
+  for (uint32_t l = 0; l < 3; ++l) {
+    owned.push_back({"layers." + std::to_string(l) + ".w", l,
+                     Bytes(kWeightsSmallTensorBytes + 100 * l, 40 + l)});
+    owned.push_back(
+        {"layers." + std::to_string(l) + ".norm", l, Bytes(300, 50 + l)});
+  }
+  auto connect = [](const DaemonProcess& d) {
+    auto c = Client::Connect({.socket_path = d.socket_path()});
+    EXPECT_OK(c.status());
+    EXPECT_OK((*c)->OpenNamespace("weights", kToken));
+    return std::move(c).value();
+  };
+  WeightsManifest stored;
+  {
+    DaemonProcess first;
+    ASSERT_OK(first.Start({.config_toml = config}));
+    auto m = connect(first)->PutWeights("durable", "l", Describe(owned));
+    ASSERT_OK(m);
+    stored = *m;
+    first.Stop(SIGTERM);
+  }
+  DaemonProcess second;
+  ASSERT_OK(second.Start({.config_toml = config}));
+  auto c = connect(second);
+  auto listed = c->ListWeights("durable");
+  ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].chunks_missing, 0u);
+  auto m = c->GetWeightsManifest({.model = "durable", .layout = "l"});
+  ASSERT_OK(m);
+  EXPECT_EQ(*m, stored);
+  std::vector<std::byte> image(m->image_bytes);
+  auto load = c->LoadWeights(*m, image);
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  ExpectTensorsIn(*m, owned, image);
 }
 
 TEST_F(WeightsTest, ImportOfAMissingPathIsNotFound) {
