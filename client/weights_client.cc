@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -42,6 +43,37 @@ bool BreaksTheConnection(const Status& s) {
       return true;
     default:
       return false;
+  }
+}
+
+// Client::Put, with the items that come back Busy put again until they
+// are stored or `patience` has passed. Busy means another client is storing
+// the same chunk right now (ranks backing up the same replicated tensors at
+// once); once it commits, a retry finds the chunk stored and copies nothing.
+std::vector<PutResult> PutRetryingBusy(Client& client,
+                                       std::span<const SegmentWrite> writes,
+                                       std::chrono::milliseconds patience) {
+  std::vector<PutResult> results = client.Put(writes);
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  // Backoff from 1 ms, doubling to 64 ms: a commit takes about one copy.
+  constexpr std::chrono::milliseconds kFirstBackoff{1};
+  constexpr std::chrono::milliseconds kLongestBackoff{64};
+  std::chrono::milliseconds backoff = kFirstBackoff;
+  while (true) {
+    std::vector<size_t> busy;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].status.code() == StatusCode::kBusy) busy.push_back(i);
+    }
+    if (busy.empty() || std::chrono::steady_clock::now() >= deadline) {
+      return results;
+    }
+    TIERKV_SYNC_POINT("WeightsPut::RetryingBusy");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, kLongestBackoff);
+    std::vector<SegmentWrite> again;
+    for (size_t i : busy) again.push_back(writes[i]);
+    const std::vector<PutResult> retried = client.Put(again);
+    for (size_t j = 0; j < busy.size(); ++j) results[busy[j]] = retried[j];
   }
 }
 
@@ -118,7 +150,8 @@ Result<WeightsManifest> Client::PutWeights(
       writes.push_back({ChunkSegment(chunk.key), bytes_of_chunk});
       written.push_back(c);
     }
-    const std::vector<PutResult> results = Put(writes);
+    const std::vector<PutResult> results =
+        PutRetryingBusy(*this, writes, impl_->timeout_);
     for (size_t i = 0; i < results.size(); ++i) {
       const size_t c = written[i];
       if (!results[i].ok()) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -229,6 +230,59 @@ TEST_F(WeightsTest, SecondModelCopiesOnlyTheChunksItDoesNotShare) {
   ASSERT_OK(c->PutWeights("teacher-a", "l", Describe(a), &again).status());
   EXPECT_EQ(again.chunks_stored, 0u);
   EXPECT_EQ(again.chunks_deduplicated, 4u);
+}
+
+// Two ranks store the same tensor at once: the second finds its chunk
+// reserved by the first (Busy), puts it again once the first committed,
+// and finds it stored. Both seal.
+TEST_F(WeightsTest, PutOfAChunkAnotherClientIsStoringWaitsForIt) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  auto a = Open();
+  auto b = Open();
+  std::vector<Owned> shared;
+  shared.push_back(
+      {"layers.0.replicated", 0, Bytes(kWeightsSmallTensorBytes, 77)});
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool a_reserved = false, b_saw_busy = false;
+  std::thread::id a_thread;
+  testing::ScopedSyncPoints sync;
+  sync.SetCallback("Client::Put:Reserved", [&](void*) {
+    std::unique_lock lock(mu);
+    if (std::this_thread::get_id() != a_thread) return;
+    a_reserved = true;
+    cv.notify_all();
+    // A bounded wait only so that a daemon that never answers Busy fails
+    // the test below instead of hanging it.
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return b_saw_busy; });
+  });
+  sync.SetCallback("WeightsPut::RetryingBusy", [&](void*) {
+    std::lock_guard lock(mu);
+    b_saw_busy = true;
+    cv.notify_all();
+  });
+
+  Result<WeightsManifest> from_a = Status::Internal("not run");
+  std::thread rank_a([&] {
+    {
+      std::lock_guard lock(mu);
+      a_thread = std::this_thread::get_id();
+    }
+    from_a = a->PutWeights("replica", "rank0", Describe(shared));
+  });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return a_reserved; });
+  }
+  WeightsPutStats stats;
+  auto from_b = b->PutWeights("replica", "rank1", Describe(shared), &stats);
+  rank_a.join();
+  ASSERT_OK(from_a);
+  ASSERT_OK(from_b);
+  EXPECT_TRUE(b_saw_busy);
+  EXPECT_EQ(stats.chunks_stored, 0u);
+  EXPECT_EQ(stats.chunks_deduplicated, 1u);
 }
 
 TEST_F(WeightsTest, ListShowsSealedShardsAndDropRemovesThem) {
