@@ -6,14 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <unordered_set>
 
 #include "client/client_impl.h"
 #include "client/weights_chunks.h"
+#include "common/mutex.h"
 #include "common/sync_point.h"
+#include "common/thread_annotations.h"
 #include "tierkv/client.h"
 
 namespace tierkv {
@@ -268,19 +268,19 @@ class WeightsLoad::Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  Status WaitLayer(uint32_t layer) {
+  Status WaitLayer(uint32_t layer) EXCLUDES(mu_) {
     if (layer < first_ || layer - first_ >= count_) {
       return Status::InvalidArgument(
           fmt::format("layer {} is outside this load (layers [{}, {}))", layer,
                       first_, first_ + count_));
     }
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return statuses_.size() > layer - first_; });
+    MutexLock lock(&mu_);
+    while (statuses_.size() <= layer - first_) done_cv_.Wait(&mu_);
     return statuses_[layer - first_];
   }
-  Status Wait() {
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return statuses_.size() == count_; });
+  Status Wait() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (statuses_.size() < count_) done_cv_.Wait(&mu_);
     for (const Status& s : statuses_) {
       if (!s.ok()) return s;
     }
@@ -293,14 +293,14 @@ class WeightsLoad::Loader {
  private:
   void Run();
   Status LoadLayer(uint32_t layer);
-  void Publish(Status s) {
+  void Publish(Status s) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       statuses_.push_back(std::move(s));
       done_.store(static_cast<uint32_t>(statuses_.size()),
                   std::memory_order_release);
     }
-    done_cv_.notify_all();
+    done_cv_.SignalAll();
   }
 
   Client* const client_;  // borrowed; outlives the handle (REQUIRES)
@@ -311,10 +311,10 @@ class WeightsLoad::Loader {
   const uint32_t count_;
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> done_{0};
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::vector<Status> statuses_;  // guarded by mu_
-  std::thread thread_;            // last: starts once the rest is set
+  Mutex mu_;
+  CondVar done_cv_;
+  std::vector<Status> statuses_ GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is set
 };
 
 void WeightsLoad::Loader::Run() {
