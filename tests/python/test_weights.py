@@ -219,3 +219,32 @@ def test_load_refuses_a_small_or_readonly_image(weights_daemon):
         image.flags.writeable = False
         with pytest.raises(tierkv.InvalidArgumentError):
             w.load(c, "m", "l", image)
+
+
+def test_tensor_backuper_with_torch_parameters(weights_daemon):
+    # Skipped where torch is absent (Debian's python3 has none; the engine
+    # virtualenvs do): bf16 has no numpy dtype, so this is the torch path.
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    live = {
+        "embedding.weight": torch.nn.Parameter(
+            torch.randn(64, 16, generator=gen).to(torch.bfloat16)),
+        "decoder.layers.0.linear.weight": torch.nn.Parameter(
+            torch.randn(1024, 600, generator=gen).to(torch.bfloat16)),
+        "decoder.layers.1.linear.weight": torch.nn.Parameter(
+            torch.randn(8, 8, generator=gen)),
+    }
+    actor = {k: v.detach().clone() for k, v in live.items()}
+    with connect(weights_daemon) as c:
+        backuper = w.TensorBackuper.create(lambda: iter(live.items()), None,
+                                           client=c, layout="torch/rank0")
+        backuper.backup("actor")
+        with torch.no_grad():
+            for v in live.values():
+                v.add_(1)
+        backuper.restore("actor")
+        for k, v in live.items():
+            assert torch.equal(v.detach(), actor[k]), k
+        got = backuper.get("actor")
+        assert got["embedding.weight"].dtype == torch.bfloat16
+        assert torch.equal(got["embedding.weight"], actor["embedding.weight"])
