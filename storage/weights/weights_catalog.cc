@@ -66,8 +66,8 @@ Result<std::unique_ptr<WeightsCatalog>> WeightsCatalog::Open(
   if (persist == nullptr) return catalog;
   std::vector<Shard> loaded;
   uint64_t skipped = 0;
-  auto scan = persist->ForEachWeights(
-      ns_id, [&](const NvmeCatalog::WeightsRecord& r) {
+  auto scan =
+      persist->ForEachWeights(ns_id, [&](const NvmeCatalog::WeightsRecord& r) {
         const auto bytes = std::as_bytes(std::span(r.manifest));
         auto m = DecodeWeightsManifest(bytes);
         const PageHash version = WeightsChunkKey(bytes);
@@ -287,11 +287,10 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     matched.push_back(it->first);
   }
   if (matched.empty()) {
-    return Status::NotFound(
-        fmt::format("no sealed weights shard of model '{}'{}{} to drop", model,
-                    layout.empty() ? "" : fmt::format(" layout '{}'", layout),
-                    version == PageHash{} ? ""
-                                          : " version " + version.ToHex()));
+    return Status::NotFound(fmt::format(
+        "no sealed weights shard of model '{}'{}{} to drop", model,
+        layout.empty() ? "" : fmt::format(" layout '{}'", layout),
+        version == PageHash{} ? "" : " version " + version.ToHex()));
   }
   Dropped dropped;
   Status persist_error;
@@ -300,9 +299,8 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     if (persist_ != nullptr) {
       // Deleted on disk first: a crash then leaves unreferenced chunks
       // (evicted in time), never a sealed shard whose chunks were erased.
-      persist_error = persist_->DeleteWeights(ns_id_, std::get<0>(key),
-                                              std::get<1>(key),
-                                              std::get<2>(key));
+      persist_error = persist_->DeleteWeights(
+          ns_id_, std::get<0>(key), std::get<1>(key), std::get<2>(key));
       if (!persist_error.ok()) break;
     }
     auto it = shards_.find(key);
@@ -338,9 +336,9 @@ Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
     MutexLock lock(&mu_);
     const Shard* shard = FindLocked(id);
     if (shard == nullptr) {
-      return Status::NotFound(fmt::format(
-          "no sealed weights shard '{}' '{}' to prefetch", id.model,
-          id.layout));
+      return Status::NotFound(
+          fmt::format("no sealed weights shard '{}' '{}' to prefetch", id.model,
+                      id.layout));
     }
     const WeightsManifest& m = shard->manifest;
     if (layers.first >= m.num_layers) {

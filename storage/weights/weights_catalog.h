@@ -147,10 +147,10 @@ class WeightsCatalog {
   static std::vector<SegmentKey> DistinctChunks(const WeightsManifest& m);
 
   const WeightsCatalogOptions options_;
-  CacheEngine* const engine_;    // borrowed
-  EngineNamespace* const ns_;    // borrowed, owned by the engine
-  NvmeCatalog* const persist_;   // borrowed; null: in memory only
-  const uint32_t ns_id_;         // the namespace's id in persist_
+  CacheEngine* const engine_;   // borrowed
+  EngineNamespace* const ns_;   // borrowed, owned by the engine
+  NvmeCatalog* const persist_;  // borrowed; null: in memory only
+  const uint32_t ns_id_;        // the namespace's id in persist_
 
   mutable Mutex mu_;
   std::map<ShardKey, Shard> shards_ GUARDED_BY(mu_);
