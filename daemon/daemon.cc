@@ -245,6 +245,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
   d->metrics_.AddEngine(d->engine_.get());
+  if (!d->weights_.empty()) {
+    std::vector<std::pair<std::string, const storage::WeightsCatalog*>> w;
+    for (const auto& ns : d->namespaces_) {
+      if (ns->weights != nullptr) w.emplace_back(ns->name(), ns->weights);
+    }
+    d->metrics_.AddWeights(std::move(w));
+  }
   if (d->cluster_) {
     d->metrics_.AddCluster(&d->cluster_->directory(),
                            &d->cluster_->transport());

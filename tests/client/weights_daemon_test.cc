@@ -293,7 +293,18 @@ TEST_F(WeightsDaemonTest, SealNeedsEveryChunkAndIsIdempotent) {
   ASSERT_OK(sealed->status);
   EXPECT_EQ(sealed->version, a.version);
   EXPECT_TRUE(sealed->already_sealed);
-  EXPECT_EQ(Stats(*c)["weights"]["shards"], 1);
+  const nlohmann::json stats = Stats(*c);
+  EXPECT_EQ(stats["weights"]["shards"], 1);
+  EXPECT_EQ(stats["weights"]["unique_bytes"], DistinctChunkBytes({&a}));
+  auto metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_EQ(MetricValue(*metrics, "tierkv_weights_shards{namespace=\"w\"}"), 1);
+  EXPECT_EQ(
+      MetricValue(*metrics, "tierkv_weights_unique_bytes{namespace=\"w\"}"),
+      static_cast<double>(DistinctChunkBytes({&a})));
+  EXPECT_EQ(MetricValue(*metrics,
+                        "tierkv_request_seconds_count{op=\"weights_seal\"}"),
+            3);
 }
 
 TEST_F(WeightsDaemonTest, ChunkBytesThatDoNotMatchTheirKeyAreNeverStored) {
