@@ -364,6 +364,33 @@ TEST_F(WeightsCatalogTest, PrefetchPromotesTheAskedLayersInOrder) {
       StatusCode::kNotFound);
 }
 
+TEST_F(WeightsCatalogTest, ChunksEvictedFromDramAreReadBackFromNvme) {
+  Open(WritePolicy::kWriteThrough);
+  // Twelve 1 MiB chunks through an 8 MiB DRAM tier: the first ones are
+  // evicted once written through to NVMe.
+  std::vector<std::vector<std::byte>> chunks;
+  for (uint64_t i = 0; i < 12; ++i) {
+    chunks.push_back(Bytes(100 + i, 1 << 20));
+    const SegmentKey key{WeightsChunkKey(chunks.back()), 0, 0};
+    for (const Status& s : Put({{key, chunks.back()}})) ASSERT_OK(s);
+    engine_->TEST_DrainBackground();  // written through before the next
+  }
+  const SegmentKey first{WeightsChunkKey(chunks[0]), 0, 0};
+  const auto where = engine_->Where(*ns_, std::vector{first});
+  ASSERT_EQ(where[0].tier, tierkv::Tier::kNvme);
+  EXPECT_EQ(where[0].bytes, uint64_t{1} << 20);
+  std::promise<EngineRead> read;
+  engine_->Acquire(kOwner, *ns_, {first},
+                   [&](EngineRead r) { read.set_value(std::move(r)); });
+  EngineRead r = read.get_future().get();
+  ASSERT_OK(r.items[0]);
+  EXPECT_EQ(r.source[0], tierkv::Tier::kNvme);
+  const auto got = ns_->host().HostBytes(*r.items[0]);
+  EXPECT_TRUE(
+      std::equal(got.begin(), got.end(), chunks[0].begin(), chunks[0].end()));
+  ASSERT_OK(engine_->Release(kOwner, r.lease_id));
+}
+
 TEST_F(WeightsCatalogTest, ZeroVersionNamesTheNewestSealed) {
   uint64_t now = 1000;
   catalog_.reset();
