@@ -130,6 +130,7 @@ void WeightsCatalog::InsertLocked(Shard shard) {
     shard.chunk_bytes += bytes;
   }
   referenced_bytes_ += shard.chunk_bytes;
+  manifest_bytes_ += shard.encoded.size();
   shard.sequence = next_sequence_++;
   ShardKey key{shard.manifest.model, shard.manifest.layout, shard.version};
   shards_.emplace(std::move(key), std::move(shard));
@@ -172,6 +173,13 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
   MutexLock lock(&mu_);
   if (shards_.count(ShardKey{m->model, m->layout, version})) {
     return Sealed{version, /*already_sealed=*/true};
+  }
+  if (manifest_bytes_ + encoded.size() > options_.max_total_manifest_bytes) {
+    return Status::ResourceExhausted(fmt::format(
+        "namespace '{}' holds {} bytes of sealed manifests; sealing {} more "
+        "passes its limit of {}: drop shards first",
+        ns_->name(), manifest_bytes_, encoded.size(),
+        options_.max_total_manifest_bytes));
   }
   std::vector<SegmentKey> keys;
   keys.reserve(m->chunks.size());
@@ -314,6 +322,7 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
       chunks_.erase(c);
     }
     referenced_bytes_ -= shard.chunk_bytes;
+    manifest_bytes_ -= shard.encoded.size();
     shards_.erase(it);
     dropped.shards++;
   }

@@ -48,6 +48,12 @@ struct WeightsCatalogOptions {
   // The largest manifest encoding Seal accepts, in bytes: what the
   // manifest's reply frame can carry back. Default: 16 MiB - 4 KiB.
   uint64_t max_manifest_bytes = (uint64_t{16} << 20) - 4096;
+  // The most manifest bytes (encoded) all sealed shards together may hold:
+  // they live in memory (decoded too, a few times that), so a client
+  // sealing version after version cannot grow the daemon without bound.
+  // Past it, Seal is ResourceExhausted until shards are dropped.
+  // Default: 256 MiB.
+  uint64_t max_total_manifest_bytes = uint64_t{256} << 20;
   // Source of sealed_unix_ms. Default: the system clock.
   uint64_t (*now_unix_ms)() = nullptr;
 };
@@ -71,7 +77,8 @@ class WeightsCatalog {
   };
   // Seals the manifest encoded as `encoded` (EncodeWeightsManifest):
   // Corruption when it does not decode, InvalidArgument past
-  // max_manifest_bytes, NotFound naming the first chunk that no tier of
+  // max_manifest_bytes, ResourceExhausted past max_total_manifest_bytes,
+  // NotFound naming the first chunk that no tier of
   // the namespace holds with its size, IOError when it cannot be
   // persisted. Sealing a version sealed before is OK, already_sealed, and
   // checks nothing again.
@@ -158,6 +165,7 @@ class WeightsCatalog {
   uint64_t next_sequence_ GUARDED_BY(mu_) = 0;
   uint64_t referenced_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t unique_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t manifest_bytes_ GUARDED_BY(mu_) = 0;  // encoded, all shards
 };
 
 }  // namespace tierkv::storage

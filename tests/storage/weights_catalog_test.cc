@@ -263,6 +263,19 @@ TEST_F(WeightsCatalogTest, SealsOnlyOverEveryChunkStoredWithItsSize) {
   ASSERT_OK(tiny);
   EXPECT_EQ((*tiny)->Seal(a.encoded).status().code(),
             StatusCode::kInvalidArgument);
+  // All sealed manifests together are bounded too.
+  WeightsCatalogOptions bounded;
+  bounded.max_total_manifest_bytes = a.encoded.size() + 10;
+  auto one = WeightsCatalog::Open(bounded, engine_.get(), ns_, nullptr);
+  ASSERT_OK(one);
+  ASSERT_OK((*one)->Seal(a.encoded));
+  WeightsManifest renamed = a.manifest;
+  renamed.model = "model-a2";
+  EXPECT_EQ((*one)->Seal(EncodeWeightsManifest(renamed)).status().code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_OK((*one)->Drop("model-a", "", {}));  // erases its chunks too
+  PutShard(a);
+  ASSERT_OK((*one)->Seal(EncodeWeightsManifest(renamed)));
 }
 
 TEST_F(WeightsCatalogTest, DropErasesOnlyChunksNoOtherShardNames) {
