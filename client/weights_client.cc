@@ -112,6 +112,7 @@ Result<WeightsManifest> Client::PutWeights(
   // in flight would be refused as Busy.
   std::unordered_set<PageHash> stored;
   std::vector<std::byte> pack_buffer;
+  bool flush_batches = true;  // until the daemon says it has no NVMe tier
   for (size_t begin = 0; begin < manifest.chunks.size();) {
     // One batch: chunks [begin, end), about batch_bytes.
     size_t end = begin;
@@ -165,6 +166,34 @@ Result<WeightsManifest> Client::PutWeights(
       } else {
         ++counted.chunks_stored;
         counted.bytes_stored += manifest.chunks[c].bytes;
+      }
+    }
+    // Durable batch by batch: Seal makes every chunk durable on NVMe before
+    // it answers, and a whole shard's write-back at that point would take
+    // longer than one reply may (ClientOptions::timeout) for shards of tens
+    // of GiB; it also keeps the dirty (unevictable) bytes in DRAM to about
+    // one batch. Stored and deduplicated chunks alike: a chunk another
+    // shard stored may still wait for write-back.
+    if (flush_batches && !writes.empty()) {
+      std::vector<SegmentKey> keys;
+      keys.reserve(writes.size());
+      for (const SegmentWrite& w : writes) keys.push_back(w.key);
+      const std::vector<Status> flushed = Flush(keys);
+      const bool no_nvme_tier =
+          std::all_of(flushed.begin(), flushed.end(), [](const Status& f) {
+            return f.code() == StatusCode::kInvalidArgument;
+          });
+      if (no_nvme_tier) {
+        flush_batches = false;  // nothing to make durable, now or at Seal
+      } else {
+        for (size_t i = 0; i < flushed.size(); ++i) {
+          if (!flushed[i].ok()) {
+            return Status(
+                flushed[i].code(),
+                fmt::format("writing {} to NVMe: {}",
+                            source.Describe(written[i]), flushed[i].message()));
+          }
+        }
       }
     }
     begin = end;

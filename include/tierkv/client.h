@@ -499,9 +499,10 @@ class Client {
   // (PlanWeightsImage), hashes every chunk, Puts the chunks in batches of
   // about ClientOptions::weights_batch_bytes (a large tensor's chunks
   // straight from the caller's memory; packs of small tensors assembled,
-  // zero-padded, in a buffer of at most that size), then seals the
-  // manifest. Returns the sealed manifest (chunk keys set; its version is
-  // WeightsVersionOf(manifest)). Sealing the same bytes again is OK.
+  // zero-padded, in a buffer of at most that size; with an NVMe tier each
+  // batch is made durable there (Flush) before the next, as Seal needs),
+  // then seals the manifest. Returns the sealed manifest (chunk keys set; its
+  // version is WeightsVersionOf(manifest)). Sealing the same bytes again is OK.
   // `stats` (may be null) gets what was copied and what was deduplicated.
   // A chunk another client is storing at the same moment (Busy: ranks
   // backing up the same replicated tensors at once) is put again, with a
