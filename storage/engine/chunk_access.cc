@@ -61,6 +61,30 @@ void CacheEngine::CommitAsync(uint64_t owner, EngineNamespace& ns,
   }
 }
 
+std::vector<bool> CacheEngine::ChunksHeldBelow(
+    EngineNamespace& ns, std::span<const SegmentSize> items) const {
+  std::vector<bool> out(items.size(), false);
+  if (chain_->empty()) return out;
+  std::vector<SegmentKey> below;
+  std::vector<size_t> below_at;
+  for (size_t i = 0; i < items.size(); ++i) {
+    // In DRAM: the host tier's own dedup answers (and counts a use).
+    if (ns.host_->SizeOf(items[i].key) > 0) continue;
+    below.push_back(items[i].key);
+    below_at.push_back(i);
+  }
+  if (below.empty()) return out;
+  const auto where =
+      chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below, TierScope::kLocal);
+  for (size_t b = 0; b < below.size(); ++b) {
+    const size_t i = below_at[b];
+    // A size that differs is not this chunk (CheckChunk refuses it anyway).
+    out[i] =
+        where[b].tier != TierChain::kNowhere && where[b].bytes == items[i].size;
+  }
+  return out;
+}
+
 std::vector<CacheEngine::SegmentWhere> CacheEngine::Where(
     EngineNamespace& ns, std::span<const SegmentKey> keys) const {
   std::vector<SegmentWhere> out(keys.size());

@@ -493,6 +493,52 @@ TEST_F(WeightsDaemonTest, SealedShardsComeBackAfterARestartFromNvme) {
   EXPECT_EQ(past->status.code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 28 round 2: re-importing a checkpoint after a restart found every
+// chunk on NVMe and still copied each into DRAM ("stored 4 chunks, 0
+// deduplicated"). A chunk held below DRAM is already stored.
+TEST_F(WeightsDaemonTest, ChunksOnNvmeAreDeduplicatedWithoutPromotion) {
+  const TestShard a = ShardA();
+  {
+    auto c = Connect();
+    RawConnection raw = Raw();
+    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
+    auto sealed = raw.Seal(a.encoded);
+    ASSERT_OK(sealed);
+    ASSERT_OK(sealed->status);
+  }
+  ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
+  ASSERT_OK(Start());
+  auto c = Connect();
+  RawConnection raw = Raw();
+  for (const PutResult& r : PutChunks(*c, a)) {
+    ASSERT_OK(r);
+    EXPECT_TRUE(r.already_stored);
+  }
+  // B shares A's embedding chunk (on NVMe only) and brings two of its own.
+  const TestShard b = ShardB();
+  const std::vector<PutResult> put_b = PutChunks(*c, b);
+  ASSERT_EQ(put_b.size(), b.manifest.chunks.size());
+  size_t deduplicated = 0;
+  for (const PutResult& r : put_b) {
+    ASSERT_OK(r);
+    deduplicated += r.already_stored ? 1 : 0;
+  }
+  EXPECT_EQ(deduplicated, 1u);
+  // Nothing of A was copied or promoted into DRAM.
+  auto list = raw.List(a.manifest.model);
+  ASSERT_OK(list);
+  ASSERT_EQ(list->shards.size(), 1u);
+  EXPECT_EQ(list->shards[0].chunks_in_dram, 0u);
+  EXPECT_EQ(list->shards[0].chunks_on_nvme, 3u);
+  // B seals over the deduplicated chunk, and every chunk reads back.
+  auto sealed = raw.Seal(b.encoded);
+  ASSERT_OK(sealed);
+  ASSERT_OK(sealed->status);
+  for (size_t i = 0; i < b.manifest.chunks.size(); ++i) {
+    EXPECT_TRUE(ReadsBack(*c, b, i)) << i;
+  }
+}
+
 TEST_F(WeightsDaemonTest, KvNamespacesRefuseWeightsRequestsAndKeepWorking) {
   RawConnection raw = Raw("kv");
   const TestShard a = ShardA();
