@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -527,6 +528,52 @@ TEST(WeightsRestartTest, ShardLoadsFromNvmeAfterADaemonRestart) {
   ASSERT_OK(load);
   ASSERT_OK(load->Wait());
   ExpectTensorsIn(*m, owned, image);
+}
+
+// A sharded checkpoint (model.safetensors.index.json): file order runs
+// through the shards in name order, and layers split across shards are
+// regrouped.
+TEST_F(WeightsTest, ImportSafetensorsReadsAShardedCheckpointDirectory) {
+  testing::TempDir dir;
+  const std::vector<RawTensor> first = {
+      {"model.embed_tokens.weight", "U8", {64}, Bytes(64, 1)},
+      {"model.layers.0.w", "U8", {100}, Bytes(100, 2)},
+      {"model.layers.1.a", "U8", {100}, Bytes(100, 3)}};
+  const std::vector<RawTensor> second = {
+      {"model.layers.1.b", "U8", {100}, Bytes(100, 4)},
+      {"model.norm.weight", "U8", {8}, Bytes(8, 5)}};
+  ASSERT_OK(
+      WriteSafetensors(dir.File("model-00001-of-00002.safetensors"), first));
+  ASSERT_OK(
+      WriteSafetensors(dir.File("model-00002-of-00002.safetensors"), second));
+  {
+    std::ofstream index(dir.File("model.safetensors.index.json"));
+    index
+        << R"({"metadata": {}, "weight_map": {)"
+        << R"("model.embed_tokens.weight": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.0.w": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.1.a": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.1.b": "model-00002-of-00002.safetensors",)"
+        << R"("model.norm.weight": "model-00002-of-00002.safetensors"}})";
+  }
+  auto c = Open();
+  auto m = ImportSafetensors(*c, "sharded", "hf/u8/rank0-of-1", dir.path());
+  ASSERT_OK(m);
+  std::vector<std::pair<std::string, uint32_t>> order;
+  for (const WeightsTensor& t : m->tensors) order.emplace_back(t.name, t.layer);
+  const std::vector<std::pair<std::string, uint32_t>> want = {
+      {"model.embed_tokens.weight", 0}, {"model.layers.0.w", 0},
+      {"model.layers.1.a", 1},          {"model.layers.1.b", 1},
+      {"model.norm.weight", 1},
+  };
+  EXPECT_EQ(order, want);
+  std::vector<std::byte> image(m->image_bytes);
+  auto load = c->LoadWeights(*m, image);
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  EXPECT_EQ(std::memcmp(image.data() + m->tensors[3].offset,
+                        second[0].bytes.data(), 100),
+            0);
 }
 
 TEST_F(WeightsTest, ImportOfAMissingPathIsNotFound) {
