@@ -126,6 +126,35 @@ constexpr char kNullArrays[] = "an item array is NULL";
 
 }  // namespace
 
+namespace {
+
+tierkv::WeightsId WeightsIdOf(const char* model, const char* layout,
+                              const tierkv_page_hash* version) {
+  return {.model = model ? model : "",
+          .layout = layout ? layout : "",
+          .version = version ? PageHash{version->lo, version->hi} : PageHash{}};
+}
+
+void FillStored(const tierkv::WeightsManifest& m,
+                const tierkv::WeightsPutStats& stats,
+                tierkv_weights_stored* out) {
+  if (out == nullptr) return;
+  const PageHash version = tierkv::WeightsVersionOf(m);
+  *out = {.version = {version.lo, version.hi},
+          .image_bytes = m.image_bytes,
+          .num_layers = m.num_layers,
+          .tensors = static_cast<uint32_t>(m.tensors.size()),
+          .chunks = static_cast<uint32_t>(m.chunks.size()),
+          .chunks_stored = stats.chunks_stored,
+          .chunks_deduplicated = stats.chunks_deduplicated,
+          .bytes_stored = stats.bytes_stored,
+          .bytes_deduplicated = stats.bytes_deduplicated};
+}
+
+constexpr char kNullModel[] = "model and layout must not be NULL";
+
+}  // namespace
+
 extern "C" {
 
 uint32_t tierkv_abi_version(void) { return TIERKV_C_ABI_VERSION; }
@@ -519,35 +548,6 @@ tierkv_status tierkv_report_topk(tierkv_client* client,
     return Report(client->client->ReportTopk(reports));
   });
 }
-
-namespace {
-
-tierkv::WeightsId WeightsIdOf(const char* model, const char* layout,
-                              const tierkv_page_hash* version) {
-  return {.model = model ? model : "",
-          .layout = layout ? layout : "",
-          .version = version ? PageHash{version->lo, version->hi} : PageHash{}};
-}
-
-void FillStored(const tierkv::WeightsManifest& m,
-                const tierkv::WeightsPutStats& stats,
-                tierkv_weights_stored* out) {
-  if (out == nullptr) return;
-  const PageHash version = tierkv::WeightsVersionOf(m);
-  *out = {.version = {version.lo, version.hi},
-          .image_bytes = m.image_bytes,
-          .num_layers = m.num_layers,
-          .tensors = static_cast<uint32_t>(m.tensors.size()),
-          .chunks = static_cast<uint32_t>(m.chunks.size()),
-          .chunks_stored = stats.chunks_stored,
-          .chunks_deduplicated = stats.chunks_deduplicated,
-          .bytes_stored = stats.bytes_stored,
-          .bytes_deduplicated = stats.bytes_deduplicated};
-}
-
-constexpr char kNullModel[] = "model and layout must not be NULL";
-
-}  // namespace
 
 tierkv_status tierkv_weights_put(tierkv_client* client, const char* model,
                                  const char* layout,

@@ -18,6 +18,7 @@
 #include "common/mutex.h"
 #include "common/shared_mapping.h"
 #include "common/stream_copy.h"
+#include "common/sync_point.h"
 #include "common/thread_annotations.h"
 #include "storage/device/device_backend.h"
 #include "transport/protocol.h"
@@ -316,6 +317,8 @@ std::vector<PutResult> Client::Put(std::span<const SegmentWrite> writes) {
     if (k + 1 < chunks.size()) send_reserve(k + 1);
     const auto [begin, end] = chunks[k];
     const PutReserveResponse& r = reserved[k];
+    // Tests hold a Put here, its segments reserved and not yet committed.
+    TIERKV_SYNC_POINT("Client::Put:Reserved");
     if (r.items.empty()) continue;  // the whole chunk failed
     KeysRequest commit;
     commit.lease_id = r.lease_id;

@@ -5,14 +5,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
+#include <chrono>
 #include <thread>
 #include <unordered_set>
 
 #include "client/client_impl.h"
 #include "client/weights_chunks.h"
+#include "common/mutex.h"
 #include "common/sync_point.h"
+#include "common/thread_annotations.h"
 #include "tierkv/client.h"
 
 namespace tierkv {
@@ -42,6 +43,37 @@ bool BreaksTheConnection(const Status& s) {
       return true;
     default:
       return false;
+  }
+}
+
+// Client::Put, with the items that come back Busy put again until they
+// are stored or `patience` has passed. Busy means another client is storing
+// the same chunk right now (ranks backing up the same replicated tensors at
+// once); once it commits, a retry finds the chunk stored and copies nothing.
+std::vector<PutResult> PutRetryingBusy(Client& client,
+                                       std::span<const SegmentWrite> writes,
+                                       std::chrono::milliseconds patience) {
+  std::vector<PutResult> results = client.Put(writes);
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  // Backoff from 1 ms, doubling to 64 ms: a commit takes about one copy.
+  constexpr std::chrono::milliseconds kFirstBackoff{1};
+  constexpr std::chrono::milliseconds kLongestBackoff{64};
+  std::chrono::milliseconds backoff = kFirstBackoff;
+  while (true) {
+    std::vector<size_t> busy;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].status.code() == StatusCode::kBusy) busy.push_back(i);
+    }
+    if (busy.empty() || std::chrono::steady_clock::now() >= deadline) {
+      return results;
+    }
+    TIERKV_SYNC_POINT("WeightsPut::RetryingBusy");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, kLongestBackoff);
+    std::vector<SegmentWrite> again;
+    for (size_t i : busy) again.push_back(writes[i]);
+    const std::vector<PutResult> retried = client.Put(again);
+    for (size_t j = 0; j < busy.size(); ++j) results[busy[j]] = retried[j];
   }
 }
 
@@ -80,6 +112,7 @@ Result<WeightsManifest> Client::PutWeights(
   // in flight would be refused as Busy.
   std::unordered_set<PageHash> stored;
   std::vector<std::byte> pack_buffer;
+  bool flush_batches = true;  // until the daemon says it has no NVMe tier
   for (size_t begin = 0; begin < manifest.chunks.size();) {
     // One batch: chunks [begin, end), about batch_bytes.
     size_t end = begin;
@@ -118,7 +151,8 @@ Result<WeightsManifest> Client::PutWeights(
       writes.push_back({ChunkSegment(chunk.key), bytes_of_chunk});
       written.push_back(c);
     }
-    const std::vector<PutResult> results = Put(writes);
+    const std::vector<PutResult> results =
+        PutRetryingBusy(*this, writes, impl_->timeout_);
     for (size_t i = 0; i < results.size(); ++i) {
       const size_t c = written[i];
       if (!results[i].ok()) {
@@ -132,6 +166,34 @@ Result<WeightsManifest> Client::PutWeights(
       } else {
         ++counted.chunks_stored;
         counted.bytes_stored += manifest.chunks[c].bytes;
+      }
+    }
+    // Durable batch by batch: Seal makes every chunk durable on NVMe before
+    // it answers, and a whole shard's write-back at that point would take
+    // longer than one reply may (ClientOptions::timeout) for shards of tens
+    // of GiB; it also keeps the dirty (unevictable) bytes in DRAM to about
+    // one batch. Stored and deduplicated chunks alike: a chunk another
+    // shard stored may still wait for write-back.
+    if (flush_batches && !writes.empty()) {
+      std::vector<SegmentKey> keys;
+      keys.reserve(writes.size());
+      for (const SegmentWrite& w : writes) keys.push_back(w.key);
+      const std::vector<Status> flushed = Flush(keys);
+      const bool no_nvme_tier =
+          std::all_of(flushed.begin(), flushed.end(), [](const Status& f) {
+            return f.code() == StatusCode::kInvalidArgument;
+          });
+      if (no_nvme_tier) {
+        flush_batches = false;  // nothing to make durable, now or at Seal
+      } else {
+        for (size_t i = 0; i < flushed.size(); ++i) {
+          if (!flushed[i].ok()) {
+            return Status(
+                flushed[i].code(),
+                fmt::format("writing {} to NVMe: {}",
+                            source.Describe(written[i]), flushed[i].message()));
+          }
+        }
       }
     }
     begin = end;
@@ -235,19 +297,19 @@ class WeightsLoad::Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  Status WaitLayer(uint32_t layer) {
+  Status WaitLayer(uint32_t layer) EXCLUDES(mu_) {
     if (layer < first_ || layer - first_ >= count_) {
       return Status::InvalidArgument(
           fmt::format("layer {} is outside this load (layers [{}, {}))", layer,
                       first_, first_ + count_));
     }
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return statuses_.size() > layer - first_; });
+    MutexLock lock(&mu_);
+    while (statuses_.size() <= layer - first_) done_cv_.Wait(&mu_);
     return statuses_[layer - first_];
   }
-  Status Wait() {
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return statuses_.size() == count_; });
+  Status Wait() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (statuses_.size() < count_) done_cv_.Wait(&mu_);
     for (const Status& s : statuses_) {
       if (!s.ok()) return s;
     }
@@ -260,14 +322,14 @@ class WeightsLoad::Loader {
  private:
   void Run();
   Status LoadLayer(uint32_t layer);
-  void Publish(Status s) {
+  void Publish(Status s) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       statuses_.push_back(std::move(s));
       done_.store(static_cast<uint32_t>(statuses_.size()),
                   std::memory_order_release);
     }
-    done_cv_.notify_all();
+    done_cv_.SignalAll();
   }
 
   Client* const client_;  // borrowed; outlives the handle (REQUIRES)
@@ -278,10 +340,10 @@ class WeightsLoad::Loader {
   const uint32_t count_;
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> done_{0};
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::vector<Status> statuses_;  // guarded by mu_
-  std::thread thread_;            // last: starts once the rest is set
+  Mutex mu_;
+  CondVar done_cv_;
+  std::vector<Status> statuses_ GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is set
 };
 
 void WeightsLoad::Loader::Run() {

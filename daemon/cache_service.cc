@@ -139,7 +139,7 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
     case Opcode::kReportTopk:
       return responder.Send(ReportTopk(*ns, in));
     case Opcode::kWeightsSeal:
-      return responder.Send(WeightsSeal(*ns, in));
+      return WeightsSeal(*ns, in, std::move(responder));
     case Opcode::kWeightsManifest:
       return responder.Send(WeightsManifest(*ns, in));
     case Opcode::kWeightsList:

@@ -91,8 +91,9 @@ class CacheService final : public transport::FrameHandler {
   Reply Prefetch(Namespace& ns, In in);
   Reply ReportTopk(Namespace& ns, In in);
   // kWeights* (weights_requests.cc): InvalidArgument unless `ns` is a
-  // weights namespace.
-  Reply WeightsSeal(Namespace& ns, In in);
+  // weights namespace. A Seal answers once its chunks are durable (from
+  // the mover's thread), the others at once.
+  void WeightsSeal(Namespace& ns, In in, transport::Responder responder);
   Reply WeightsManifest(Namespace& ns, In in);
   Reply WeightsList(Namespace& ns, In in);
   Reply WeightsDrop(Namespace& ns, In in);

@@ -689,13 +689,13 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       NamespaceConfig ns;
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       const std::string entry = ns.name;  // names the entry in errors
-      TIERKV_RETURN_IF_ERROR(CheckKeys(
-          *t, "namespace",
-          {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
-           "prefault", "host_alignment", "write_policy", "nvme_bytes",
-           "hbm_bytes", "max_connections", "eviction_policy", "shared",
-           "weights"},
-          entry));
+      TIERKV_RETURN_IF_ERROR(
+          CheckKeys(*t, "namespace",
+                    {"name", "token", "token_file", "host_bytes", "shards",
+                     "hugepages", "prefault", "host_alignment", "write_policy",
+                     "nvme_bytes", "hbm_bytes", "max_connections",
+                     "eviction_policy", "shared", "weights"},
+                    entry));
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "token", ns.token, entry));
       TIERKV_RETURN_IF_ERROR(

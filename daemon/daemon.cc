@@ -128,10 +128,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     // Weights chunks go to NVMe as soon as they are stored (write_through),
     // so a restart finds every sealed shard whole; KV pages only when DRAM
     // needs the room (write_back).
-    const WritePolicy write_policy = nc.write_policy.value_or(
-        !d->nvme_     ? WritePolicy::kNone
-        : nc.weights ? WritePolicy::kWriteThrough
-                     : WritePolicy::kWriteBack);
+    const WritePolicy write_policy =
+        nc.write_policy.value_or(!d->nvme_    ? WritePolicy::kNone
+                                 : nc.weights ? WritePolicy::kWriteThrough
+                                              : WritePolicy::kWriteBack);
     spaces.push_back({.host = {.name = nc.name,
                                .capacity_bytes = nc.host_bytes,
                                .shards = nc.shards,
@@ -245,6 +245,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     d->metrics_.AddNvmeTier(d->nvme_.get(), d->engine_->mover());
   }
   d->metrics_.AddEngine(d->engine_.get());
+  if (!d->weights_.empty()) {
+    std::vector<std::pair<std::string, const storage::WeightsCatalog*>> w;
+    for (const auto& ns : d->namespaces_) {
+      if (ns->weights != nullptr) w.emplace_back(ns->name(), ns->weights);
+    }
+    d->metrics_.AddWeights(std::move(w));
+  }
   if (d->cluster_) {
     d->metrics_.AddCluster(&d->cluster_->directory(),
                            &d->cluster_->transport());

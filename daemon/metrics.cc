@@ -23,6 +23,7 @@
 #include "daemon/status_page.h"
 #include "daemon/tier_metrics.h"
 #include "daemon/transfer_metrics.h"
+#include "daemon/weights_metrics.h"
 #include "transport/protocol.h"
 
 namespace tierkv::daemon {
@@ -75,6 +76,16 @@ const char* OpName(uint16_t opcode) {
       return "prefetch";
     case Opcode::kReportTopk:
       return "report_topk";
+    case Opcode::kWeightsSeal:
+      return "weights_seal";
+    case Opcode::kWeightsManifest:
+      return "weights_manifest";
+    case Opcode::kWeightsList:
+      return "weights_list";
+    case Opcode::kWeightsDrop:
+      return "weights_drop";
+    case Opcode::kWeightsPrefetch:
+      return "weights_prefetch";
   }
   return nullptr;
 }
@@ -162,7 +173,15 @@ Status DaemonMetrics::Serve(const std::string& listen) {
   if (nvme_) exposer_->RegisterCollectable(nvme_);
   if (engine_) exposer_->RegisterCollectable(engine_);
   if (cluster_) exposer_->RegisterCollectable(cluster_);
+  if (weights_) exposer_->RegisterCollectable(weights_);
   return Status::OK();
+}
+
+void DaemonMetrics::AddWeights(
+    std::vector<std::pair<std::string, const storage::WeightsCatalog*>>
+        catalogs) {
+  weights_ = std::make_shared<WeightsMetrics>(std::move(catalogs));
+  if (exposer_) exposer_->RegisterCollectable(weights_);
 }
 
 void DaemonMetrics::AddEngine(const storage::CacheEngine* engine) {

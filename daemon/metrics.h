@@ -18,12 +18,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/engine/cache_engine.h"
 #include "storage/host/host_tier.h"
 #include "storage/nvme/nvme_store.h"
 #include "storage/tier/tier_mover.h"
+#include "storage/weights/weights_catalog.h"
 #include "tierkv/status.h"
 #include "transport/uds_server.h"
 
@@ -109,6 +111,12 @@ class DaemonMetrics {
   // StopServing() before destroying them.
   void AddCluster(const transport::Directory* directory,
                   const transport::peer::PeerTransport* peers);
+  // Exports the sealed weights shards of each weights namespace (name,
+  // catalog; see weights_metrics.h). Borrowed; call StopServing() before
+  // destroying them.
+  void AddWeights(
+      std::vector<std::pair<std::string, const storage::WeightsCatalog*>>
+          catalogs);
   // Closes the HTTP listener (no scrape runs afterwards).
   void StopServing();
   // Merges a client's report of its WaitLayer / Wait calls into
@@ -134,6 +142,7 @@ class DaemonMetrics {
   std::shared_ptr<prometheus::Collectable> nvme_;
   std::shared_ptr<prometheus::Collectable> engine_;
   std::shared_ptr<prometheus::Collectable> cluster_;
+  std::shared_ptr<prometheus::Collectable> weights_;
   std::unique_ptr<RequestMetrics> requests_;
   std::vector<std::unique_ptr<NamespaceMetrics>> namespaces_;
   prometheus::Counter* auth_failures_;

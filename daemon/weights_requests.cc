@@ -31,22 +31,24 @@ constexpr size_t kMaxListedShards = 8192;
 
 }  // namespace
 
-HandlerReply CacheService::WeightsSeal(Namespace& ns, In in) {
+void CacheService::WeightsSeal(Namespace& ns, In in, Responder responder) {
   WeightsSealRequest req;
-  if (Status s = Decode(in, req); !s.ok()) return Error(s);
-  WeightsSealResponse resp;
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
   if (ns.weights == nullptr) {
-    resp.status = NotWeights(ns);
-    return Ok(resp);
+    return responder.Send(Ok(WeightsSealResponse{NotWeights(ns), {}, false}));
   }
-  auto sealed = ns.weights->Seal(req.manifest);
-  if (!sealed.ok()) {
-    resp.status = sealed.status();
-    return Ok(resp);
-  }
-  resp.version = sealed->version;
-  resp.already_sealed = sealed->already_sealed;
-  return Ok(resp);
+  ns.weights->Seal(req.manifest,
+                   [r = std::make_shared<Responder>(std::move(responder))](
+                       Result<storage::WeightsCatalog::Sealed> sealed) {
+                     WeightsSealResponse resp;
+                     if (sealed.ok()) {
+                       resp.version = sealed->version;
+                       resp.already_sealed = sealed->already_sealed;
+                     } else {
+                       resp.status = sealed.status();
+                     }
+                     r->Send(Ok(resp));
+                   });
 }
 
 HandlerReply CacheService::WeightsManifest(Namespace& ns, In in) {

@@ -499,16 +499,20 @@ class Client {
   // (PlanWeightsImage), hashes every chunk, Puts the chunks in batches of
   // about ClientOptions::weights_batch_bytes (a large tensor's chunks
   // straight from the caller's memory; packs of small tensors assembled,
-  // zero-padded, in a buffer of at most that size), then seals the
-  // manifest. Returns the sealed manifest (chunk keys set; its version is
-  // WeightsVersionOf(manifest)). Sealing the same bytes again is OK.
+  // zero-padded, in a buffer of at most that size; with an NVMe tier each
+  // batch is made durable there (Flush) before the next, as Seal needs),
+  // then seals the manifest. Returns the sealed manifest (chunk keys set; its
+  // version is WeightsVersionOf(manifest)). Sealing the same bytes again is OK.
   // `stats` (may be null) gets what was copied and what was deduplicated.
-  // Errors: InvalidArgument (a tensor's bytes differ from data.size(), or
-  // what PlanWeightsImage refuses), and any chunk's Put failure, naming
-  // the chunk and the tensors in it (Busy: another client is storing the
-  // same chunk: retry the call, the chunks stored so far copy nothing;
-  // ResourceExhausted: the namespace's DRAM has no room). Nothing is
-  // sealed unless every chunk is stored.
+  // A chunk another client is storing at the same moment (Busy: ranks
+  // backing up the same replicated tensors at once) is put again, with a
+  // short backoff, for up to ClientOptions::timeout; then it is found
+  // stored and copies nothing. Errors: InvalidArgument (a tensor's bytes
+  // differ from data.size(), or what PlanWeightsImage refuses), and any
+  // chunk's Put failure, naming the chunk and the tensors in it (Busy past
+  // the timeout; ResourceExhausted: the namespace's DRAM has no room).
+  // Nothing is sealed unless every chunk is stored; calling again after a
+  // failure copies only the chunks not stored yet.
   Result<WeightsManifest> PutWeights(std::string model, std::string layout,
                                      std::span<const WeightsTensorData> tensors,
                                      WeightsPutStats* stats = nullptr);

@@ -441,6 +441,8 @@ EngineStats CacheEngine::SharedStats() const {
   s.worker_queue_depth = workers_->queue_depth() + load_workers_->queue_depth();
   s.worker_rejections = worker_rejections_.load(std::memory_order_relaxed);
   s.backpressure_waits = backpressure_waits_.load(std::memory_order_relaxed);
+  s.lower_tier_dedup_hits =
+      lower_tier_dedup_hits_.load(std::memory_order_relaxed);
   s.backpressure_busy = backpressure_busy_.load(std::memory_order_relaxed);
   auto get = [](const std::atomic<uint64_t>& a) {
     return a.load(std::memory_order_relaxed);

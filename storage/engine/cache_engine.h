@@ -260,6 +260,12 @@ class CacheEngine {
   // how many were queued; 0 without tiers below DRAM. A hint: a full
   // prefetch queue drops it, and Acquire promotes on demand.
   size_t PromoteInOrder(EngineNamespace& ns, std::span<const SegmentKey> keys);
+  // Per item: whether a local tier below DRAM holds that chunk with that
+  // size while DRAM does not (not a use of it). Reserve in a weights
+  // namespace answers already_stored for those: chunk keys are content
+  // hashes, so equal keys hold equal bytes (all false without such tiers).
+  std::vector<bool> ChunksHeldBelow(EngineNamespace& ns,
+                                    std::span<const SegmentSize> items) const;
   // Removes `keys` from DRAM (those not leased, pinned or being written
   // back; the rest go by eviction) and from every local tier below it.
   void Erase(EngineNamespace& ns, std::span<const SegmentKey> keys);
@@ -684,6 +690,9 @@ class CacheEngine {
   mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::atomic<uint64_t> backpressure_busy_{0};
+  // Reserves of weights chunks answered already_stored from a tier below
+  // DRAM (ChunksHeldBelow).
+  std::atomic<uint64_t> lower_tier_dedup_hits_{0};
   std::atomic<uint64_t> stream_gate_waiting_{0}, stream_gate_waits_{0},
       stream_gate_timeouts_{0};
   // Device streams not in use by a transfer unit. A unit holds one stream

@@ -33,9 +33,8 @@ std::vector<Status> CacheEngine::VerifyChunks(
     // expire meanwhile, these are still arena bytes and the commit fails.
     const std::span<const std::byte> bytes = ns.host_->HostBytes(*at);
     if (bytes.size() != at->size || WeightsChunkKey(bytes) != keys[i].page) {
-      out[i] = Status::Corruption(
-          fmt::format("chunk bytes do not match their key {}",
-                      keys[i].page.ToHex()));
+      out[i] = Status::Corruption(fmt::format(
+          "chunk bytes do not match their key {}", keys[i].page.ToHex()));
     }
   }
   return out;
@@ -48,10 +47,10 @@ void CacheEngine::CommitAsync(uint64_t owner, EngineNamespace& ns,
     done(Commit(owner, ns, lease_id, keys));
     return;
   }
-  auto state = std::make_shared<
-      std::pair<std::vector<SegmentKey>,
-                std::function<void(std::vector<Status>)>>>(std::move(keys),
-                                                           std::move(done));
+  auto state =
+      std::make_shared<std::pair<std::vector<SegmentKey>,
+                                 std::function<void(std::vector<Status>)>>>(
+          std::move(keys), std::move(done));
   const bool queued = Submit([this, owner, &ns, lease_id, state] {
     state->second(Commit(owner, ns, lease_id, state->first));
   });
@@ -60,6 +59,30 @@ void CacheEngine::CommitAsync(uint64_t owner, EngineNamespace& ns,
         state->first.size(),
         Status::Busy("daemon workers are saturated; commit again")));
   }
+}
+
+std::vector<bool> CacheEngine::ChunksHeldBelow(
+    EngineNamespace& ns, std::span<const SegmentSize> items) const {
+  std::vector<bool> out(items.size(), false);
+  if (chain_->empty()) return out;
+  std::vector<SegmentKey> below;
+  std::vector<size_t> below_at;
+  for (size_t i = 0; i < items.size(); ++i) {
+    // In DRAM: the host tier's own dedup answers (and counts a use).
+    if (ns.host_->SizeOf(items[i].key) > 0) continue;
+    below.push_back(items[i].key);
+    below_at.push_back(i);
+  }
+  if (below.empty()) return out;
+  const auto where =
+      chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below, TierScope::kLocal);
+  for (size_t b = 0; b < below.size(); ++b) {
+    const size_t i = below_at[b];
+    // A size that differs is not this chunk (CheckChunk refuses it anyway).
+    out[i] =
+        where[b].tier != TierChain::kNowhere && where[b].bytes == items[i].size;
+  }
+  return out;
 }
 
 std::vector<CacheEngine::SegmentWhere> CacheEngine::Where(
@@ -76,8 +99,8 @@ std::vector<CacheEngine::SegmentWhere> CacheEngine::Where(
     }
   }
   if (below.empty()) return out;
-  const auto where = chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below,
-                                    TierScope::kLocal);
+  const auto where =
+      chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below, TierScope::kLocal);
   for (size_t b = 0; b < below.size(); ++b) {
     if (where[b].tier == TierChain::kNowhere) continue;
     out[below_at[b]] = {chain_->at(where[b].tier).kind(), where[b].bytes};
@@ -93,8 +116,8 @@ size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
     if (!ns.host_->Contains(key)) below.push_back(key);
   }
   if (below.empty()) return 0;
-  const auto where = chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below,
-                                    TierScope::kLocal);
+  const auto where =
+      chain_->Locate(ns.tiers_.ns, ns.fingerprint(), below, TierScope::kLocal);
   const uint64_t budget = ns.host_->capacity_bytes() / 2;
   uint64_t bytes = 0;
   std::vector<SegmentKey> promote;

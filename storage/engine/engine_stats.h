@@ -45,6 +45,8 @@ struct EngineStats {
   uint64_t worker_rejections = 0;   // calls answered Busy: queue full
   uint64_t backpressure_waits = 0;  // Reserve calls that waited for space
   uint64_t backpressure_busy = 0;   // items still Busy after waiting
+  // Weights chunks a Reserve found on a tier below DRAM (not copied).
+  uint64_t lower_tier_dedup_hits = 0;
   // Registered-pool transfers: segments and bytes by source tier.
   uint64_t load_segments_hbm = 0, load_bytes_hbm = 0;  // device pools only
   uint64_t load_segments_host = 0, load_bytes_host = 0;

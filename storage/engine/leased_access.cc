@@ -16,6 +16,8 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
   r.items.reserve(items.size());
   std::vector<size_t> busy;
   LeaseRoomCheck room = CheckLeaseRoom(owner, ns, items.size());
+  const std::vector<bool> held_below =
+      ns.weights_ ? ChunksHeldBelow(ns, items) : std::vector<bool>{};
   for (size_t i = 0; i < items.size(); ++i) {
     if (i >= room.room) {
       r.items.push_back(room.error);
@@ -23,6 +25,14 @@ void CacheEngine::Reserve(uint64_t owner, EngineNamespace& ns,
     }
     if (Status s = CheckSize(ns, items[i].key, items[i].size); !s.ok()) {
       r.items.push_back(std::move(s));
+      continue;
+    }
+    if (!held_below.empty() && held_below[i]) {
+      // Content-addressed: the copy below has these very bytes. Neither
+      // copied nor promoted (a re-import after a restart must not refill
+      // DRAM); a Get or a prefetch promotes it when it is read.
+      lower_tier_dedup_hits_.fetch_add(1, std::memory_order_relaxed);
+      r.items.push_back(Reservation{.already_stored = true});
       continue;
     }
     r.items.push_back(ns.host_->Reserve(items[i].key, items[i].size));

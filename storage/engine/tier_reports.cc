@@ -39,6 +39,8 @@ std::vector<TierReport> CacheEngine::TierReports(
   host.per_namespace = true;
   host.shared.Counter("backpressure_waits",
                       backpressure_waits_.load(std::memory_order_relaxed));
+  host.shared.Counter("lower_tier_dedup_hits",
+                      lower_tier_dedup_hits_.load(std::memory_order_relaxed));
   host.shared.Counter("backpressure_busy",
                       backpressure_busy_.load(std::memory_order_relaxed));
   for (const EngineNamespace* space : spaces) {

@@ -578,8 +578,7 @@ Status NvmeCatalog::PutWeights(const WeightsRecord& r) {
   PutLittleEndian64(value, r.sealed_unix_ms);
   value.append(r.manifest);
   Batch batch;
-  batch.batch_
-      ->Put(WeightsDbKey(r.ns_id, r.model, r.layout, r.version), value)
+  batch.batch_->Put(WeightsDbKey(r.ns_id, r.model, r.layout, r.version), value)
       .PermitUncheckedError();
   batch.count_ = 1;
   return Write(batch);

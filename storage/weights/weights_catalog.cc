@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <unordered_set>
 #include <utility>
 
@@ -66,8 +67,8 @@ Result<std::unique_ptr<WeightsCatalog>> WeightsCatalog::Open(
   if (persist == nullptr) return catalog;
   std::vector<Shard> loaded;
   uint64_t skipped = 0;
-  auto scan = persist->ForEachWeights(
-      ns_id, [&](const NvmeCatalog::WeightsRecord& r) {
+  auto scan =
+      persist->ForEachWeights(ns_id, [&](const NvmeCatalog::WeightsRecord& r) {
         const auto bytes = std::as_bytes(std::span(r.manifest));
         auto m = DecodeWeightsManifest(bytes);
         const PageHash version = WeightsChunkKey(bytes);
@@ -130,6 +131,7 @@ void WeightsCatalog::InsertLocked(Shard shard) {
     shard.chunk_bytes += bytes;
   }
   referenced_bytes_ += shard.chunk_bytes;
+  manifest_bytes_ += shard.encoded.size();
   shard.sequence = next_sequence_++;
   ShardKey key{shard.manifest.model, shard.manifest.layout, shard.version};
   shards_.emplace(std::move(key), std::move(shard));
@@ -156,29 +158,36 @@ const WeightsCatalog::Shard* WeightsCatalog::FindLocked(
   return newest;
 }
 
-Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
-    std::span<const std::byte> encoded) {
-  if (encoded.size() > options_.max_manifest_bytes) {
-    return Status::InvalidArgument(
-        fmt::format("a weights manifest of {} bytes is larger than the {} a "
-                    "reply can carry",
-                    encoded.size(), options_.max_manifest_bytes));
-  }
-  auto m = DecodeWeightsManifest(encoded);
-  if (!m.ok()) return m.status();
-  // The encoding is canonical (a decoded manifest encodes to the same
-  // bytes), so its hash is WeightsVersionOf(*m) without encoding it again.
-  const PageHash version = WeightsChunkKey(encoded);
+WeightsCatalog::~WeightsCatalog() {
   MutexLock lock(&mu_);
-  if (shards_.count(ShardKey{m->model, m->layout, version})) {
-    return Sealed{version, /*already_sealed=*/true};
+  while (pending_seals_ > 0) pending_seals_done_.Wait(&mu_);
+}
+
+void WeightsCatalog::EndPendingSeal() {
+  MutexLock lock(&mu_);
+  if (--pending_seals_ == 0) pending_seals_done_.SignalAll();
+}
+
+Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
+    const Shard& shard) const {
+  const WeightsManifest& m = shard.manifest;
+  if (shards_.count(ShardKey{m.model, m.layout, shard.version})) {
+    return std::optional<Sealed>(Sealed{shard.version, true});
+  }
+  if (manifest_bytes_ + shard.encoded.size() >
+      options_.max_total_manifest_bytes) {
+    return Status::ResourceExhausted(fmt::format(
+        "namespace '{}' holds {} bytes of sealed manifests; sealing {} more "
+        "passes its limit of {}: drop shards first",
+        ns_->name(), manifest_bytes_, shard.encoded.size(),
+        options_.max_total_manifest_bytes));
   }
   std::vector<SegmentKey> keys;
-  keys.reserve(m->chunks.size());
-  for (const WeightsChunk& c : m->chunks) keys.push_back(ChunkSegment(c.key));
+  keys.reserve(m.chunks.size());
+  for (const WeightsChunk& c : m.chunks) keys.push_back(ChunkSegment(c.key));
   const auto where = engine_->Where(*ns_, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
-    const WeightsChunk& c = m->chunks[i];
+    const WeightsChunk& c = m.chunks[i];
     if (where[i].tier == tierkv::Tier::kMiss) {
       return Status::NotFound(fmt::format(
           "chunk {} of {} (key {}, layer {}, {} bytes at image offset {}) is "
@@ -193,10 +202,10 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
           i, keys.size(), c.key.ToHex(), c.layer, where[i].bytes, c.bytes));
     }
   }
-  Shard shard;
-  shard.manifest = std::move(m).value();
-  shard.encoded.assign(encoded.begin(), encoded.end());
-  shard.version = version;
+  return std::optional<Sealed>();
+}
+
+Result<WeightsCatalog::Sealed> WeightsCatalog::FinishSealLocked(Shard shard) {
   shard.sealed_unix_ms =
       options_.now_unix_ms ? options_.now_unix_ms() : SystemUnixMs();
   if (persist_ != nullptr) {
@@ -204,7 +213,7 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
         .ns_id = ns_id_,
         .model = shard.manifest.model,
         .layout = shard.manifest.layout,
-        .version = version,
+        .version = shard.version,
         .sealed_unix_ms = shard.sealed_unix_ms,
         .manifest = std::string(AsChars(shard.encoded))};
     if (Status s = persist_->PutWeights(record); !s.ok()) {
@@ -212,8 +221,87 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
                                           s.message()));
     }
   }
+  const PageHash version = shard.version;
   InsertLocked(std::move(shard));
   return Sealed{version, /*already_sealed=*/false};
+}
+
+void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
+  if (encoded.size() > options_.max_manifest_bytes) {
+    done(Status::InvalidArgument(
+        fmt::format("a weights manifest of {} bytes is larger than the {} a "
+                    "reply can carry",
+                    encoded.size(), options_.max_manifest_bytes)));
+    return;
+  }
+  auto m = DecodeWeightsManifest(encoded);
+  if (!m.ok()) {
+    done(m.status());
+    return;
+  }
+  auto shard = std::make_shared<Shard>();
+  shard->manifest = std::move(m).value();
+  shard->encoded.assign(encoded.begin(), encoded.end());
+  // The encoding is canonical (a decoded manifest encodes to the same
+  // bytes), so its hash is WeightsVersionOf without encoding it again.
+  shard->version = WeightsChunkKey(encoded);
+  {
+    MutexLock lock(&mu_);
+    auto checked = CheckSealLocked(*shard);
+    if (checked.ok() && !checked->has_value() &&
+        (persist_ == nullptr || !engine_->can_persist())) {
+      // In memory only: nothing to make durable first.
+      Result<Sealed> sealed = FinishSealLocked(std::move(*shard));
+      lock.Unlock();
+      done(std::move(sealed));
+      return;
+    }
+    if (!checked.ok() || checked->has_value()) {
+      lock.Unlock();
+      done(checked.ok() ? Result<Sealed>(**checked)
+                        : Result<Sealed>(checked.status()));
+      return;
+    }
+    ++pending_seals_;
+  }
+  // Chunks durable first, then the manifest: a crash in between leaves
+  // stored chunks and no shard, never a shard without its chunks.
+  engine_->Flush(
+      *ns_, DistinctChunks(shard->manifest),
+      [this, shard, done = std::move(done)](std::vector<Status> flushed) {
+        Result<Sealed> result = Status::Internal("unset");
+        const std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
+        size_t failed = 0;
+        while (failed < flushed.size() && flushed[failed].ok()) ++failed;
+        if (failed < flushed.size()) {
+          result = Status(flushed[failed].code(),
+                          fmt::format("chunk {} is not durable on NVMe: {}",
+                                      keys[failed].page.ToHex(),
+                                      flushed[failed].message()));
+        } else {
+          MutexLock lock(&mu_);
+          // Checked again: a Drop may have erased a chunk meanwhile, or
+          // another Seal sealed the same version.
+          auto checked = CheckSealLocked(*shard);
+          if (!checked.ok()) {
+            result = checked.status();
+          } else if (checked->has_value()) {
+            result = **checked;
+          } else {
+            result = FinishSealLocked(std::move(*shard));
+          }
+        }
+        done(std::move(result));
+        EndPendingSeal();  // the last use of `this`
+      });
+}
+
+Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
+    std::span<const std::byte> encoded) {
+  std::promise<Result<Sealed>> answer;
+  Seal(encoded,
+       [&answer](Result<Sealed> r) { answer.set_value(std::move(r)); });
+  return answer.get_future().get();
 }
 
 Result<std::vector<std::byte>> WeightsCatalog::Manifest(
@@ -287,11 +375,10 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     matched.push_back(it->first);
   }
   if (matched.empty()) {
-    return Status::NotFound(
-        fmt::format("no sealed weights shard of model '{}'{}{} to drop", model,
-                    layout.empty() ? "" : fmt::format(" layout '{}'", layout),
-                    version == PageHash{} ? ""
-                                          : " version " + version.ToHex()));
+    return Status::NotFound(fmt::format(
+        "no sealed weights shard of model '{}'{}{} to drop", model,
+        layout.empty() ? "" : fmt::format(" layout '{}'", layout),
+        version == PageHash{} ? "" : " version " + version.ToHex()));
   }
   Dropped dropped;
   Status persist_error;
@@ -300,9 +387,8 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     if (persist_ != nullptr) {
       // Deleted on disk first: a crash then leaves unreferenced chunks
       // (evicted in time), never a sealed shard whose chunks were erased.
-      persist_error = persist_->DeleteWeights(ns_id_, std::get<0>(key),
-                                              std::get<1>(key),
-                                              std::get<2>(key));
+      persist_error = persist_->DeleteWeights(
+          ns_id_, std::get<0>(key), std::get<1>(key), std::get<2>(key));
       if (!persist_error.ok()) break;
     }
     auto it = shards_.find(key);
@@ -316,6 +402,7 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
       chunks_.erase(c);
     }
     referenced_bytes_ -= shard.chunk_bytes;
+    manifest_bytes_ -= shard.encoded.size();
     shards_.erase(it);
     dropped.shards++;
   }
@@ -338,9 +425,9 @@ Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
     MutexLock lock(&mu_);
     const Shard* shard = FindLocked(id);
     if (shard == nullptr) {
-      return Status::NotFound(fmt::format(
-          "no sealed weights shard '{}' '{}' to prefetch", id.model,
-          id.layout));
+      return Status::NotFound(
+          fmt::format("no sealed weights shard '{}' '{}' to prefetch", id.model,
+                      id.layout));
     }
     const WeightsManifest& m = shard->manifest;
     if (layers.first >= m.num_layers) {

@@ -6,11 +6,13 @@
 // a shard is sealed only over stored chunks and dropping one evicts the
 // chunks no other sealed shard needs.
 //
-// Persistence: with an NVMe tier, every sealed manifest is written to the
-// NVMe store's RocksDB catalog (NvmeCatalog::PutWeights) before Seal
-// answers, and Open reloads them; a manifest whose chunks were evicted
-// meanwhile is still listed (chunks_missing > 0) and still looked up, so a
-// loader gets a per-chunk NotFound from its Get. Without one, sealed
+// Persistence: with an NVMe tier, Seal first makes the shard's chunks
+// durable there (CacheEngine::Flush: the ones written through already
+// cost nothing), then writes the manifest to the NVMe store's RocksDB
+// catalog (NvmeCatalog::PutWeights) before it answers, so a sealed shard
+// survives a crash whole; Open reloads them. a manifest whose chunks were
+// evicted meanwhile is still listed (chunks_missing > 0) and still looked up,
+// so a loader gets a per-chunk NotFound from its Get. Without one, sealed
 // shards live in memory only and are gone after a restart (so are the
 // chunks: DRAM is not persistent).
 //
@@ -25,8 +27,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,6 +52,12 @@ struct WeightsCatalogOptions {
   // The largest manifest encoding Seal accepts, in bytes: what the
   // manifest's reply frame can carry back. Default: 16 MiB - 4 KiB.
   uint64_t max_manifest_bytes = (uint64_t{16} << 20) - 4096;
+  // The most manifest bytes (encoded) all sealed shards together may hold:
+  // they live in memory (decoded too, a few times that), so a client
+  // sealing version after version cannot grow the daemon without bound.
+  // Past it, Seal is ResourceExhausted until shards are dropped.
+  // Default: 256 MiB.
+  uint64_t max_total_manifest_bytes = uint64_t{256} << 20;
   // Source of sealed_unix_ms. Default: the system clock.
   uint64_t (*now_unix_ms)() = nullptr;
 };
@@ -62,6 +72,9 @@ class WeightsCatalog {
   static Result<std::unique_ptr<WeightsCatalog>> Open(
       const WeightsCatalogOptions& options, CacheEngine* engine,
       EngineNamespace* ns, NvmeCatalog* persist);
+  // Waits for the Seals whose chunks are being flushed (their callbacks
+  // run first). REQUIRES: the engine still runs.
+  ~WeightsCatalog();
   WeightsCatalog(const WeightsCatalog&) = delete;
   WeightsCatalog& operator=(const WeightsCatalog&) = delete;
 
@@ -71,10 +84,16 @@ class WeightsCatalog {
   };
   // Seals the manifest encoded as `encoded` (EncodeWeightsManifest):
   // Corruption when it does not decode, InvalidArgument past
-  // max_manifest_bytes, NotFound naming the first chunk that no tier of
-  // the namespace holds with its size, IOError when it cannot be
-  // persisted. Sealing a version sealed before is OK, already_sealed, and
-  // checks nothing again.
+  // max_manifest_bytes, ResourceExhausted past max_total_manifest_bytes,
+  // NotFound naming the first chunk that no tier of
+  // the namespace holds with its size (or that is gone before it is
+  // durable), IOError when a chunk or the manifest cannot be persisted.
+  // Sealing a version sealed before is OK, already_sealed, and checks
+  // nothing again. `done` runs once: inline, or on the mover's thread
+  // that made the chunks durable.
+  using SealDone = std::function<void(Result<Sealed>)>;
+  void Seal(std::span<const std::byte> encoded, SealDone done) EXCLUDES(mu_);
+  // Seal, waiting for its answer. REQUIRES: not on a mover thread.
   Result<Sealed> Seal(std::span<const std::byte> encoded) EXCLUDES(mu_);
 
   // The encoded manifest of (model, layout, version), the newest sealed
@@ -141,16 +160,24 @@ class WeightsCatalog {
                  EngineNamespace* ns, NvmeCatalog* persist, uint32_t ns_id);
   // Adds a decoded shard and its chunk references.
   void InsertLocked(Shard shard) REQUIRES(mu_);
+  // Seal's checks on `shard`: already sealed (an answer), past the
+  // manifest limit or a chunk not stored (an error), or nullopt: go on.
+  Result<std::optional<Sealed>> CheckSealLocked(const Shard& shard) const
+      REQUIRES(mu_);
+  // Persists `shard`'s manifest (with NVMe) and inserts it.
+  Result<Sealed> FinishSealLocked(Shard shard) REQUIRES(mu_);
+  // Ends a Seal that waited for a flush (the destructor waits for them).
+  void EndPendingSeal() EXCLUDES(mu_);
   // The shard `id` names (newest for a zero version), or null.
   const Shard* FindLocked(const WeightsId& id) const REQUIRES(mu_);
   // The distinct chunk keys of `m`, in chunk order.
   static std::vector<SegmentKey> DistinctChunks(const WeightsManifest& m);
 
   const WeightsCatalogOptions options_;
-  CacheEngine* const engine_;    // borrowed
-  EngineNamespace* const ns_;    // borrowed, owned by the engine
-  NvmeCatalog* const persist_;   // borrowed; null: in memory only
-  const uint32_t ns_id_;         // the namespace's id in persist_
+  CacheEngine* const engine_;   // borrowed
+  EngineNamespace* const ns_;   // borrowed, owned by the engine
+  NvmeCatalog* const persist_;  // borrowed; null: in memory only
+  const uint32_t ns_id_;        // the namespace's id in persist_
 
   mutable Mutex mu_;
   std::map<ShardKey, Shard> shards_ GUARDED_BY(mu_);
@@ -158,6 +185,9 @@ class WeightsCatalog {
   uint64_t next_sequence_ GUARDED_BY(mu_) = 0;
   uint64_t referenced_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t unique_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t manifest_bytes_ GUARDED_BY(mu_) = 0;  // encoded, all shards
+  uint32_t pending_seals_ GUARDED_BY(mu_) = 0;   // waiting for a flush
+  CondVar pending_seals_done_;
 };
 
 }  // namespace tierkv::storage

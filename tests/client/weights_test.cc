@@ -3,12 +3,15 @@
 // readiness, dedup, list and drop, a chunk the daemon lacks, and
 // ImportSafetensors of a file the project's own writer wrote.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -230,6 +233,59 @@ TEST_F(WeightsTest, SecondModelCopiesOnlyTheChunksItDoesNotShare) {
   EXPECT_EQ(again.chunks_deduplicated, 4u);
 }
 
+// Two ranks store the same tensor at once: the second finds its chunk
+// reserved by the first (Busy), puts it again once the first committed,
+// and finds it stored. Both seal.
+TEST_F(WeightsTest, PutOfAChunkAnotherClientIsStoringWaitsForIt) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  auto a = Open();
+  auto b = Open();
+  std::vector<Owned> shared;
+  shared.push_back(
+      {"layers.0.replicated", 0, Bytes(kWeightsSmallTensorBytes, 77)});
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool a_reserved = false, b_saw_busy = false;
+  std::thread::id a_thread;
+  testing::ScopedSyncPoints sync;
+  sync.SetCallback("Client::Put:Reserved", [&](void*) {
+    std::unique_lock lock(mu);
+    if (std::this_thread::get_id() != a_thread) return;
+    a_reserved = true;
+    cv.notify_all();
+    // A bounded wait only so that a daemon that never answers Busy fails
+    // the test below instead of hanging it.
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return b_saw_busy; });
+  });
+  sync.SetCallback("WeightsPut::RetryingBusy", [&](void*) {
+    std::lock_guard lock(mu);
+    b_saw_busy = true;
+    cv.notify_all();
+  });
+
+  Result<WeightsManifest> from_a = Status::Internal("not run");
+  std::thread rank_a([&] {
+    {
+      std::lock_guard lock(mu);
+      a_thread = std::this_thread::get_id();
+    }
+    from_a = a->PutWeights("replica", "rank0", Describe(shared));
+  });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return a_reserved; });
+  }
+  WeightsPutStats stats;
+  auto from_b = b->PutWeights("replica", "rank1", Describe(shared), &stats);
+  rank_a.join();
+  ASSERT_OK(from_a);
+  ASSERT_OK(from_b);
+  EXPECT_TRUE(b_saw_busy);
+  EXPECT_EQ(stats.chunks_stored, 0u);
+  EXPECT_EQ(stats.chunks_deduplicated, 1u);
+}
+
 TEST_F(WeightsTest, ListShowsSealedShardsAndDropRemovesThem) {
   auto c = Open();
   const auto owned = SmallModel(3);
@@ -424,6 +480,100 @@ TEST_F(WeightsTest, ImportSafetensorsGroupsByLayerNumberInFileOrder) {
   ASSERT_OK(m2);
   EXPECT_EQ(WeightsVersionOf(*m2), WeightsVersionOf(*m));
   EXPECT_EQ(again.chunks_stored, 0u);
+}
+
+// With an NVMe tier (write_through), a shard outlives the daemon: after a
+// restart its manifest is still sealed and its chunks, now only on NVMe,
+// are promoted back into DRAM by the loader's Gets.
+TEST(WeightsRestartTest, ShardLoadsFromNvmeAfterADaemonRestart) {
+  testing::TempDir data("/var/tmp");  // O_DIRECT: not tmpfs
+  const std::string config = "[nvme]\npath = \"" + data.File("nvme.data") +
+                             "\"\ncapacity_bytes = \"128MiB\"\n" +
+                             std::string(kConfig) +
+                             "write_policy = \"write_through\"\n";
+  std::vector<Owned> owned;
+  for (uint32_t l = 0; l < 3; ++l) {
+    owned.push_back({"layers." + std::to_string(l) + ".w", l,
+                     Bytes(kWeightsSmallTensorBytes + 100 * l, 40 + l)});
+    owned.push_back(
+        {"layers." + std::to_string(l) + ".norm", l, Bytes(300, 50 + l)});
+  }
+  auto connect = [](const DaemonProcess& d) {
+    auto c = Client::Connect({.socket_path = d.socket_path()});
+    EXPECT_OK(c.status());
+    EXPECT_OK((*c)->OpenNamespace("weights", kToken));
+    return std::move(c).value();
+  };
+  WeightsManifest stored;
+  {
+    DaemonProcess first;
+    ASSERT_OK(first.Start({.config_toml = config}));
+    auto m = connect(first)->PutWeights("durable", "l", Describe(owned));
+    ASSERT_OK(m);
+    stored = *m;
+    first.Stop(SIGTERM);
+  }
+  DaemonProcess second;
+  ASSERT_OK(second.Start({.config_toml = config}));
+  auto c = connect(second);
+  auto listed = c->ListWeights("durable");
+  ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].chunks_missing, 0u);
+  auto m = c->GetWeightsManifest({.model = "durable", .layout = "l"});
+  ASSERT_OK(m);
+  EXPECT_EQ(*m, stored);
+  std::vector<std::byte> image(m->image_bytes);
+  auto load = c->LoadWeights(*m, image);
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  ExpectTensorsIn(*m, owned, image);
+}
+
+// A sharded checkpoint (model.safetensors.index.json): file order runs
+// through the shards in name order, and layers split across shards are
+// regrouped.
+TEST_F(WeightsTest, ImportSafetensorsReadsAShardedCheckpointDirectory) {
+  testing::TempDir dir;
+  const std::vector<RawTensor> first = {
+      {"model.embed_tokens.weight", "U8", {64}, Bytes(64, 1)},
+      {"model.layers.0.w", "U8", {100}, Bytes(100, 2)},
+      {"model.layers.1.a", "U8", {100}, Bytes(100, 3)}};
+  const std::vector<RawTensor> second = {
+      {"model.layers.1.b", "U8", {100}, Bytes(100, 4)},
+      {"model.norm.weight", "U8", {8}, Bytes(8, 5)}};
+  ASSERT_OK(
+      WriteSafetensors(dir.File("model-00001-of-00002.safetensors"), first));
+  ASSERT_OK(
+      WriteSafetensors(dir.File("model-00002-of-00002.safetensors"), second));
+  {
+    std::ofstream index(dir.File("model.safetensors.index.json"));
+    index
+        << R"({"metadata": {}, "weight_map": {)"
+        << R"("model.embed_tokens.weight": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.0.w": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.1.a": "model-00001-of-00002.safetensors",)"
+        << R"("model.layers.1.b": "model-00002-of-00002.safetensors",)"
+        << R"("model.norm.weight": "model-00002-of-00002.safetensors"}})";
+  }
+  auto c = Open();
+  auto m = ImportSafetensors(*c, "sharded", "hf/u8/rank0-of-1", dir.path());
+  ASSERT_OK(m);
+  std::vector<std::pair<std::string, uint32_t>> order;
+  for (const WeightsTensor& t : m->tensors) order.emplace_back(t.name, t.layer);
+  const std::vector<std::pair<std::string, uint32_t>> want = {
+      {"model.embed_tokens.weight", 0}, {"model.layers.0.w", 0},
+      {"model.layers.1.a", 1},          {"model.layers.1.b", 1},
+      {"model.norm.weight", 1},
+  };
+  EXPECT_EQ(order, want);
+  std::vector<std::byte> image(m->image_bytes);
+  auto load = c->LoadWeights(*m, image);
+  ASSERT_OK(load);
+  ASSERT_OK(load->Wait());
+  EXPECT_EQ(std::memcmp(image.data() + m->tensors[3].offset,
+                        second[0].bytes.data(), 100),
+            0);
 }
 
 TEST_F(WeightsTest, ImportOfAMissingPathIsNotFound) {

@@ -58,6 +58,46 @@ TEST(HostTierTest, ReservedSegmentIsInvisibleUntilCommitted) {
   ASSERT_OK(tier->Reserve(Key(1), 4096));
 }
 
+TEST(HostTierTest, ReservedSaysWhereAnUncommittedSegmentGoes) {
+  auto tier = MakeTier(8 << 20, 1);
+  auto r = tier->Reserve(Key(1), 4096);
+  ASSERT_OK(r);
+  auto at = tier->Reserved(Key(1));
+  ASSERT_OK(at);
+  EXPECT_EQ(at->offset, r->location.offset);
+  EXPECT_EQ(at->size, 4096u);
+  EXPECT_EQ(tier->SizeOf(Key(1)), 0u);  // not committed
+  ASSERT_OK(tier->Commit(Key(1)));
+  EXPECT_EQ(tier->Reserved(Key(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->SizeOf(Key(1)), 4096u);
+  EXPECT_EQ(tier->Reserved(Key(2)).status().code(), StatusCode::kNotFound);
+}
+
+TEST(HostTierTest, DropRemovesUnreferencedSegmentsCleanOrDirty) {
+  auto tier = MakeTier(8 << 20, 1);
+  PutSegment(*tier, Key(1), 8192, 'a');
+  PutSegment(*tier, Key(2), 8192, 'b', /*dirty=*/true);
+  PutSegment(*tier, Key(3), 8192, 'c');
+  ASSERT_OK(tier->Acquire(Key(3)));
+  EXPECT_TRUE(tier->Drop(Key(1)));
+  EXPECT_TRUE(tier->Drop(Key(2)));
+  EXPECT_FALSE(tier->Drop(Key(3)));  // leased: left to eviction
+  EXPECT_FALSE(tier->Drop(Key(4)));  // absent
+  ASSERT_OK(tier->Reserve(Key(5), 4096));
+  EXPECT_FALSE(tier->Drop(Key(5)));  // reserved, not committed
+  const HostTierStats stats = tier->Stats();
+  EXPECT_EQ(stats.segments, 1u);
+  EXPECT_EQ(stats.dirty_segments, 0u);
+  EXPECT_EQ(stats.dirty_bytes, 0u);
+  EXPECT_FALSE(tier->Contains(Key(1)));
+  EXPECT_FALSE(tier->Contains(Key(2)));
+  tier->Release(Key(3));
+  EXPECT_TRUE(tier->Drop(Key(3)));
+  EXPECT_EQ(tier->Stats().used_bytes, 0u);
+  // The space is free again: the key can be stored anew.
+  PutSegment(*tier, Key(1), 8192, 'z');
+}
+
 TEST(HostTierTest, DuplicatePutIsDedupedWithoutUsingSpace) {
   auto tier = MakeTier(8 << 20, 2);
   PutSegment(*tier, Key(1), 10000, 'x');

@@ -63,6 +63,25 @@ TEST_F(LeaseTableTest, ExpiredWriteLeaseReclaimsReservedSpace) {
   EXPECT_FALSE(tier_->Touch(Key(2)));
 }
 
+TEST_F(LeaseTableTest, AbortDropsChosenReservationsOfAWriteLease) {
+  LeaseTable leases(&clock_);
+  for (uint64_t n : {1, 2, 3}) ASSERT_OK(tier_->Reserve(Key(n), 65536));
+  const uint64_t id = leases.Add(1, LeaseKind::kWrite, tier_.get(),
+                                 {Seg(1), Seg(2), Seg(3)}, milliseconds(100));
+  leases.Abort(/*owner=*/2, id, std::vector{Key(1)});  // not its lease
+  EXPECT_EQ(tier_->Stats().reserved_bytes, 3u * 65536);
+  leases.Abort(1, id, std::vector{Key(1), Key(9)});
+  EXPECT_EQ(tier_->Stats().reserved_bytes, 2u * 65536);
+  EXPECT_EQ(leases.segments_of(1), 2u);
+  const auto committed = leases.Commit(1, id, std::vector{Key(1), Key(2)});
+  EXPECT_EQ(committed[0].code(), StatusCode::kNotFound);
+  ASSERT_OK(committed[1]);
+  leases.Abort(1, id, std::vector{Key(3)});  // the last one ends the lease
+  EXPECT_EQ(leases.size(), 0u);
+  EXPECT_EQ(leases.leases_of(1), 0u);
+  EXPECT_EQ(tier_->Stats().reserved_bytes, 0u);
+}
+
 TEST_F(LeaseTableTest, OwnersCannotTouchEachOthersLeases) {
   LeaseTable leases(&clock_);
   ASSERT_OK(tier_->Reserve(Key(1), 4096));

@@ -88,6 +88,60 @@ TEST_F(NvmeCatalogTest, BatchedEntriesSurviveReopen) {
   EXPECT_EQ(*e7, Entry(7));
 }
 
+TEST_F(NvmeCatalogTest, WeightsRecordsSurviveReopenPerNamespace) {
+  const NvmeCatalog::WeightsRecord a{.ns_id = 1,
+                                     .model = "glm-5",
+                                     .layout = "run/bf16/rank0-of-1",
+                                     .version = PageHash{3, 4},
+                                     .sealed_unix_ms = 1234,
+                                     .manifest = std::string("m\0a", 3)};
+  NvmeCatalog::WeightsRecord b = a;
+  b.version = PageHash{5, 6};
+  b.manifest = "second";
+  NvmeCatalog::WeightsRecord other_ns = a;
+  other_ns.ns_id = 2;
+  {
+    auto cat = OpenOrDie();
+    ASSERT_NE(cat, nullptr);
+    for (const NvmeCatalog::WeightsRecord* r :
+         {&a, static_cast<const NvmeCatalog::WeightsRecord*>(&b),
+          static_cast<const NvmeCatalog::WeightsRecord*>(&other_ns)}) {
+      ASSERT_OK(cat->PutWeights(*r));
+    }
+    NvmeCatalog::WeightsRecord bad = a;
+    bad.model = std::string("x\0y", 3);
+    EXPECT_EQ(cat->PutWeights(bad).code(), StatusCode::kInvalidArgument);
+    NvmeCatalog::Batch batch;  // a segment beside them is unaffected
+    batch.Put(1, Key(1), Entry(1));
+    ASSERT_OK(cat->Write(batch));
+  }
+  auto cat = OpenOrDie();
+  ASSERT_NE(cat, nullptr);
+  std::vector<NvmeCatalog::WeightsRecord> seen;
+  auto stats = cat->ForEachWeights(
+      1, [&](const NvmeCatalog::WeightsRecord& r) { seen.push_back(r); });
+  ASSERT_OK(stats);
+  EXPECT_EQ(stats->entries, 2u);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].model, a.model);
+  EXPECT_EQ(seen[0].layout, a.layout);
+  EXPECT_EQ(seen[0].version, a.version);
+  EXPECT_EQ(seen[0].sealed_unix_ms, 1234u);
+  EXPECT_EQ(seen[0].manifest, a.manifest);
+  EXPECT_EQ(seen[1].manifest, "second");
+  EXPECT_EQ(*cat->CountEntries(), 1u);  // segments only
+  ASSERT_OK(cat->DeleteWeights(1, a.model, a.layout, a.version));
+  seen.clear();
+  ASSERT_OK(cat->ForEachWeights(
+      1, [&](const NvmeCatalog::WeightsRecord& r) { seen.push_back(r); }));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].version, b.version);
+  seen.clear();
+  ASSERT_OK(cat->ForEachWeights(
+      2, [&](const NvmeCatalog::WeightsRecord& r) { seen.push_back(r); }));
+  EXPECT_EQ(seen.size(), 1u);
+}
+
 TEST_F(NvmeCatalogTest, NamespacesKeepEqualKeysApart) {
   auto cat = OpenOrDie();
   ASSERT_NE(cat, nullptr);
