@@ -1,0 +1,519 @@
+// `tierkv-bench weights`: model weights through a real tierkvd (issue 28,
+// item 6), every figure a ratio to a peer measured in the same run:
+//   import - ImportSafetensors of checkpoint A (chunking, hashing, the Put
+//            into DRAM and the write-through to NVMe) against fio writing
+//            the same bytes (O_DIRECT, 1 MiB, QD 32);
+//   cold   - LoadWeights of A right after a daemon restart (every chunk on
+//            NVMe only) into the emulated pool (a prefaulted host buffer)
+//            against fio reading the same bytes (O_DIRECT, 1 MiB, QD 32);
+//   warm   - LoadWeights of A from DRAM against one memcpy of the same image
+//            (the physical peer) and against the naive loader:
+//            safetensors.numpy.load_file of A's files from a cold page cache
+//            (--python; skipped when it cannot import safetensors) or, as a
+//            stand-in, pread() of the files plus a copy into the pool;
+//   switch - a teacher-switching loop A, B, A, ... with a paced per-layer
+//            "forward" that reads each layer once it is in place: the stall a
+//            switch adds with no hints (load, then run), with hints
+//            (PrefetchWeights of the next model while the current one runs)
+//            and with hints in layer order (the forward starts each layer
+//            when its WaitLayer returns), against the warm load time; and
+//            when layer 0 of the next model was usable.
+// Checkpoints are synthetic (seeded bytes stored as F16, which numpy can
+// load, unlike BF16; GLM-like names, `--layers` layers); B shares every even
+// layer's tensors with A byte for byte. The weights namespace's DRAM
+// (--dram-bytes) is smaller than A and B together, so switching really goes to
+// NVMe when not prefetched. CPU seconds per GB count this process and the
+// daemon.
+#include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/fio_runner.h"
+#include "bench/registry.h"
+#include "bench/sample_stats.h"
+#include "bench/size_option.h"
+#include "common/safetensors.h"
+#include "tests/testing/daemon_process.h"
+#include "tierkv/client.h"
+#include "tierkv/weights.h"
+
+namespace tierkv::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string GiB(uint64_t bytes) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
+}
+
+struct WeightsBenchOptions {
+  std::string model_bytes = "1GiB";  // per checkpoint
+  int layers = 32;
+  std::string dram_bytes;  // the weights namespace's DRAM; default 1.25x model
+  int iterations = 3;
+  int switches = 6;
+  double forward_s = 0;  // paced forward per model; default 1.5x warm load
+  std::string fio = "/usr/bin/fio";
+  std::string python = "/usr/bin/python3";
+  std::string dir;  // default: a temp dir
+  std::string json;
+};
+
+// One synthetic checkpoint's tensors: per layer two large matrices and
+// three small vectors, named as GLM's; layer 0 also holds the embedding
+// and the last layer the head.
+std::vector<TensorSpec> CheckpointTensors(uint64_t model_bytes, int layers) {
+  const uint64_t per_layer = model_bytes / static_cast<uint64_t>(layers);
+  const uint64_t small = 16 << 10;  // norms: 16 KiB each
+  const uint64_t large = (per_layer - 3 * small) / 2 / 4096 * 4096;
+  std::vector<TensorSpec> t;
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    for (const char* n :
+         {"input_layernorm.weight", "post_attention_layernorm.weight",
+          "self_attn.kv_a_layernorm.weight"}) {
+      t.push_back({p + n, "F16", {static_cast<int64_t>(small / 2)}, small});
+    }
+    for (const char* n :
+         {"self_attn.q_b_proj.weight", "mlp.down_proj.weight"}) {
+      t.push_back({p + n,
+                   "F16",
+                   {static_cast<int64_t>(large / 2 / 4096), 4096},
+                   large});
+    }
+  }
+  return t;
+}
+
+// Seeded bytes of tensor `index` of model `which` (0: A, 1: B); B's even
+// layers equal A's (5 tensors per layer).
+void FillTensor(int which, size_t index, std::span<std::byte> out) {
+  const int layer = static_cast<int>(index / 5);
+  const int source = (which == 1 && layer % 2 == 0) ? 0 : which;
+  std::mt19937_64 rng(0x7e5f0000ull + 1000003ull * index + 7ull * source);
+  size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(rng());
+}
+
+// CPU seconds (user + system) of this process and of `pid` so far.
+double CpuSeconds(pid_t pid) {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto tv = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  double s = tv(u.ru_utime) + tv(u.ru_stime);
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(stat, line);
+  const size_t close = line.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    uint64_t utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    s += static_cast<double>(utime + stime) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+  return s;
+}
+
+// Drops `path`'s pages from the page cache (so a "cold" read is one).
+void DropCache(const fs::path& path) {
+  for (const auto& e : fs::is_directory(path)
+                           ? std::vector<fs::path>{fs::directory_iterator(path),
+                                                   fs::directory_iterator()}
+                           : std::vector<fs::path>{path}) {
+    const int fd = ::open(e.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// The naive loader's time for `file`: safetensors.numpy.load_file with a
+// cold page cache, or -1 when `python` cannot import it.
+double SafetensorsPythonSeconds(const std::string& python,
+                                const fs::path& file) {
+  DropCache(file);
+  const std::string cmd = fmt::format(
+      "{} -c 'import time, safetensors.numpy as s; t = time.perf_counter(); "
+      "d = s.load_file(\"{}\"); print(time.perf_counter() - t)' 2>/dev/null",
+      python, file.string());
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[128] = {};
+  const bool got = std::fgets(buf, sizeof(buf), p) != nullptr;
+  const int rc = ::pclose(p);
+  if (!got || rc != 0) return -1;
+  return std::atof(buf);
+}
+
+// The stand-in naive loader: read() the whole file (cold), then copy every
+// tensor into the pool.
+Result<double> PreadLoadSeconds(const fs::path& file,
+                                std::span<std::byte> pool) {
+  DropCache(file);
+  const auto t0 = Clock::now();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("open " + file.string());
+  std::vector<std::byte> buf(fs::file_size(file));
+  size_t done = 0;
+  while (done < buf.size()) {
+    const ssize_t n = ::read(fd, buf.data() + done, buf.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  std::memcpy(pool.data(), buf.data(), std::min(pool.size(), buf.size()));
+  return Seconds(t0, Clock::now());
+}
+
+// One memcpy of `src` into `dst`, timed after an untimed one (so neither
+// buffer's first touch or a cold TLB is in the figure).
+double MemcpySeconds(std::span<std::byte> dst, std::span<const std::byte> src) {
+  const size_t n = std::min(dst.size(), src.size());
+  std::memcpy(dst.data(), src.data(), n);
+  const auto t0 = Clock::now();
+  std::memcpy(dst.data(), src.data(), n);
+  return Seconds(t0, Clock::now());
+}
+
+// Reads every byte of layer `layer` of the image once (the paced forward's
+// use of a layer), returning a value so the reads are not optimized away.
+uint64_t TouchLayer(const WeightsManifest& m, std::span<const std::byte> image,
+                    uint32_t layer) {
+  uint64_t sum = 0;
+  const auto [first, last] = m.ChunksOfLayer(layer);
+  for (size_t c = first; c < last; ++c) {
+    const auto& chunk = m.chunks[c];
+    for (uint64_t i = 0; i < chunk.bytes; i += 64) {
+      uint64_t v;
+      std::memcpy(&v, image.data() + chunk.offset + i, sizeof(v));
+      sum += v;
+    }
+  }
+  return sum;
+}
+
+// Runs `seconds` of the paced forward over every layer, calling
+// `before_layer(l)` first (the layer-ordered mode waits there); returns
+// the seconds spent inside before_layer.
+template <typename BeforeLayer>
+double PacedForward(const WeightsManifest& m, std::span<const std::byte> image,
+                    double seconds, BeforeLayer before_layer, uint64_t* sink) {
+  double waited = 0;
+  const double per_layer = seconds / m.num_layers;
+  for (uint32_t l = 0; l < m.num_layers; ++l) {
+    const auto w0 = Clock::now();
+    before_layer(l);
+    const auto w1 = Clock::now();
+    waited += Seconds(w0, w1);
+    *sink += TouchLayer(m, image, l);
+    while (Seconds(w1, Clock::now()) < per_layer) {
+    }
+  }
+  return waited;
+}
+
+int Run(const WeightsBenchOptions& o) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "tierkv-bench weights: {}\n", s.ToString());
+    return 1;
+  };
+  auto model_bytes = ParseSizeOption("--model-bytes", o.model_bytes);
+  if (!model_bytes.ok()) return fail(model_bytes.status());
+  if (o.layers < 2 || o.layers > 1024) {
+    return fail(Status::InvalidArgument("--layers must be in [2, 1024]"));
+  }
+  uint64_t dram = *model_bytes + *model_bytes / 4;
+  if (!o.dram_bytes.empty()) {
+    auto d = ParseSizeOption("--dram-bytes", o.dram_bytes);
+    if (!d.ok()) return fail(d.status());
+    dram = *d;
+  }
+  testing::DaemonProcess daemon;
+  const fs::path dir = o.dir.empty() ? daemon.dir().path() : fs::path(o.dir);
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b");
+
+  // Fixtures.
+  const auto tensors = CheckpointTensors(*model_bytes, o.layers);
+  for (int which = 0; which < 2; ++which) {
+    const fs::path file = dir / (which == 0 ? "a" : "b") / "model.safetensors";
+    Status s = WriteSafetensors(file, tensors,
+                                [which](size_t i, std::span<std::byte> out) {
+                                  FillTensor(which, i, out);
+                                  return Status::OK();
+                                });
+    if (!s.ok()) return fail(s);
+  }
+  uint64_t image_estimate = 0;
+  for (const auto& t : tensors) image_estimate += t.nbytes;
+
+  const std::string config = fmt::format(
+      "[[namespace]]\nname = \"weights\"\ntoken = \"bench-token\"\n"
+      "weights = true\nhost_bytes = {}\nshards = 8\n"
+      "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = {}\n",
+      dram, dir.string(), 4 * *model_bytes);
+  auto start = [&]() -> Result<std::unique_ptr<Client>> {
+    TIERKV_RETURN_IF_ERROR(
+        daemon.Start({.config_toml = config,
+                      .extra_args = {"--io-threads", "2"},
+                      .ready_timeout = std::chrono::milliseconds(120000)}));
+    return daemon.Connect("weights", "bench-token");
+  };
+  auto client = start();
+  if (!client.ok()) return fail(client.status());
+
+  nlohmann::json out;
+  out["date"] = fmt::format("{:%F %T}", fmt::gmtime(std::time(nullptr)));
+  out["model_bytes"] = *model_bytes;
+  out["layers"] = o.layers;
+  out["dram_bytes"] = dram;
+  fmt::print(
+      "tierkv-bench weights: 2 checkpoints of {} ({} layers; B shares the "
+      "even layers with A), weights DRAM {}, NVMe file in {}\n",
+      GiB(*model_bytes), o.layers, GiB(dram), dir.string());
+
+  // 1. Import, against fio writing the same bytes.
+  const double cpu0 = CpuSeconds(daemon.pid());
+  const auto i0 = Clock::now();
+  auto a = ImportSafetensors(**client, "bench-a", "bench/bf16/rank0-of-1",
+                             dir / "a" / "model.safetensors");
+  const double import_s = Seconds(i0, Clock::now());
+  const double import_cpu = CpuSeconds(daemon.pid()) - cpu0;
+  if (!a.ok()) return fail(a.status());
+  auto b = ImportSafetensors(**client, "bench-b", "bench/bf16/rank0-of-1",
+                             dir / "b" / "model.safetensors");
+  if (!b.ok()) return fail(b.status());
+  const uint64_t image = a->image_bytes;
+  auto fio_write = RunFio(o.fio, dir.string(),
+                          FioArgs((dir / "fio.data").string(), image, 1 << 20,
+                                  32, image, 600, "write"),
+                          "write");
+  if (!fio_write.ok()) return fail(fio_write.status());
+  const double import_gbps = image / import_s / 1e9;
+  fmt::print(
+      "import A: {:.2f} GB/s ({:.2f} CPU-s/GB); fio write {:.2f} GB/s; "
+      "ratio {:.2f}\n",
+      import_gbps, import_cpu / (image / 1e9), fio_write->gbps,
+      import_gbps / fio_write->gbps);
+  out["import"] = {{"gbps", import_gbps},
+                   {"cpu_s_per_gb", import_cpu / (image / 1e9)},
+                   {"fio_write_gbps", fio_write->gbps},
+                   {"ratio", import_gbps / fio_write->gbps}};
+
+  // Dedup: stored bytes = unique chunk bytes of A and B.
+  {
+    auto list = (*client)->ListWeights();
+    if (!list.ok()) return fail(list.status());
+    std::map<PageHash, uint64_t> unique;
+    for (const auto* m : {&*a, &*b}) {
+      for (const auto& c : m->chunks) unique[c.key] = c.bytes;
+    }
+    uint64_t unique_bytes = 0;
+    for (const auto& [k, v] : unique) unique_bytes += v;
+    fmt::print("dedup: A {} + B {} image bytes; {} unique chunk bytes\n",
+               GiB(a->image_bytes), GiB(b->image_bytes), GiB(unique_bytes));
+    out["dedup_unique_bytes"] = unique_bytes;
+  }
+
+  std::vector<std::byte> pool(image);
+  std::vector<std::byte> pool2(image);
+  std::fill(pool.begin(), pool.end(), std::byte{1});  // prefault
+  std::fill(pool2.begin(), pool2.end(), std::byte{2});
+
+  auto timed_load = [&](const WeightsManifest& m,
+                        double* cpu) -> Result<double> {
+    const double c0 = CpuSeconds(daemon.pid());
+    const auto t0 = Clock::now();
+    auto load = (*client)->LoadWeights(m, pool);
+    if (!load.ok()) return load.status();
+    TIERKV_RETURN_IF_ERROR(load->Wait());
+    const double s = Seconds(t0, Clock::now());
+    if (cpu) *cpu = CpuSeconds(daemon.pid()) - c0;
+    return s;
+  };
+
+  // 2. Cold: after a restart every chunk is on NVMe only.
+  std::vector<double> cold_gbps, cold_ratio, cold_cpu;
+  for (int it = 0; it < o.iterations; ++it) {
+    daemon.Stop();
+    client = start();
+    if (!client.ok()) return fail(client.status());
+    double cpu = 0;
+    auto s = timed_load(*a, &cpu);
+    if (!s.ok()) return fail(s.status());
+    auto fio_read = RunFio(o.fio, dir.string(),
+                           FioArgs((dir / "fio.data").string(), image, 1 << 20,
+                                   32, image, 600, "read"),
+                           "read");
+    if (!fio_read.ok()) return fail(fio_read.status());
+    cold_gbps.push_back(image / *s / 1e9);
+    cold_ratio.push_back(cold_gbps.back() / fio_read->gbps);
+    cold_cpu.push_back(cpu / (image / 1e9));
+  }
+  fmt::print(
+      "cold load NVMe -> pool: {:.2f} GB/s, {:.2f}x fio read "
+      "(per round {}), {:.2f} CPU-s/GB\n",
+      Median(cold_gbps), Median(cold_ratio), fmt::join(cold_ratio, " "),
+      Median(cold_cpu));
+  out["cold"] = {{"gbps", Median(cold_gbps)},
+                 {"ratio_fio", Median(cold_ratio)},
+                 {"cpu_s_per_gb", Median(cold_cpu)}};
+
+  // 3. Warm: A is in DRAM now.
+  std::vector<double> warm_s, warm_ratio, naive_ratio, warm_cpu;
+  std::string naive = "safetensors.numpy.load_file";
+  for (int it = 0; it < o.iterations; ++it) {
+    double cpu = 0;
+    auto s = timed_load(*a, &cpu);
+    if (!s.ok()) return fail(s.status());
+    const double m = MemcpySeconds(pool2, pool);
+    double n =
+        SafetensorsPythonSeconds(o.python, dir / "a" / "model.safetensors");
+    if (n < 0) {
+      naive = "read() + copy";
+      auto p = PreadLoadSeconds(dir / "a" / "model.safetensors", pool2);
+      if (!p.ok()) return fail(p.status());
+      n = *p;
+    }
+    warm_s.push_back(*s);
+    warm_ratio.push_back(m / *s);
+    naive_ratio.push_back(n / *s);
+    warm_cpu.push_back(cpu / (image / 1e9));
+  }
+  const double warm = Median(warm_s);
+  fmt::print(
+      "warm load DRAM -> pool: {:.2f} GB/s, {:.2f}x memcpy (per round {}), "
+      "{:.1f}x {} (cold page cache), {:.2f} CPU-s/GB\n",
+      image / warm / 1e9, Median(warm_ratio), fmt::join(warm_ratio, " "),
+      Median(naive_ratio), naive, Median(warm_cpu));
+  out["warm"] = {{"gbps", image / warm / 1e9},
+                 {"ratio_memcpy", Median(warm_ratio)},
+                 {"ratio_naive", Median(naive_ratio)},
+                 {"naive", naive},
+                 {"cpu_s_per_gb", Median(warm_cpu)}};
+
+  // 4. Teacher switching.
+  // Long enough for a hint given when a forward starts to bring the next
+  // model's bytes from NVMe before it ends (a teacher's forward in
+  // distillation takes seconds; a shard's cold load here, a fraction).
+  const double forward =
+      o.forward_s > 0 ? o.forward_s : 2.0 * image / (Median(cold_gbps) * 1e9);
+  uint64_t sink = 0;
+  const WeightsManifest* models[2] = {&*a, &*b};
+  out["switch"] = nlohmann::json::array();
+  fmt::print("switch loop A, B, ... ({} switches, forward {:.2f} s):\n",
+             o.switches, forward);
+  for (const char* mode : {"no hints", "hints", "hints + layer order"}) {
+    const bool hints = std::string(mode) != "no hints";
+    const bool ordered = std::string(mode) == "hints + layer order";
+    std::vector<double> stalls, layer0;
+    for (int sw = 0; sw < o.switches; ++sw) {
+      const WeightsManifest& next = *models[(sw + 1) % 2];
+      const WeightsManifest& after = *models[sw % 2];
+      const auto t0 = Clock::now();
+      auto load = (*client)->LoadWeights(next, pool);
+      if (!load.ok()) return fail(load.status());
+      double stall = 0;
+      if (ordered) {
+        stall = PacedForward(
+            next, pool, forward,
+            [&](uint32_t l) {
+              (void)load->WaitLayer(l);
+              if (l == 0) layer0.push_back(Seconds(t0, Clock::now()));
+            },
+            &sink);
+      } else {
+        if (Status s = load->Wait(); !s.ok()) return fail(s);
+        stall = Seconds(t0, Clock::now());
+        layer0.push_back(stall);
+        if (hints) {
+          (void)(*client)->PrefetchWeights(
+              {after.model, after.layout, WeightsVersionOf(after)});
+        }
+        PacedForward(
+            next, pool, forward, [](uint32_t) {}, &sink);
+      }
+      if (ordered) {
+        if (Status s = load->Wait(); !s.ok()) return fail(s);
+        (void)(*client)->PrefetchWeights(
+            {after.model, after.layout, WeightsVersionOf(after)});
+      }
+      if (sw > 0) stalls.push_back(stall);  // the first switch warms up
+    }
+    fmt::print(
+        "  {:>20}: stall per switch p50 {:.3f} s, p90 {:.3f} s = {:.2f}x the "
+        "warm load; layer 0 usable after p50 {:.3f} s\n",
+        mode, Median(stalls), Percentile(stalls, 0.9), Median(stalls) / warm,
+        Median(layer0));
+    out["switch"].push_back({{"mode", mode},
+                             {"stall_p50_s", Median(stalls)},
+                             {"stall_p90_s", Percentile(stalls, 0.9)},
+                             {"stall_over_warm_load", Median(stalls) / warm},
+                             {"layer0_p50_s", Median(layer0)}});
+  }
+  out["sink"] = sink;
+  if (!o.json.empty()) {
+    std::ofstream(o.json) << out.dump(2) << "\n";
+    fmt::print("wrote {}\n", o.json);
+  }
+  (void)image_estimate;
+  return 0;
+}
+
+const bool kRegistered = RegisterBench([](CLI::App& app) {
+  auto* opts = new WeightsBenchOptions;
+  auto* sub = app.add_subcommand(
+      "weights",
+      "Weights import/cold/warm load and teacher switching vs fio, memcpy, "
+      "safetensors");
+  sub->add_option("--model-bytes", opts->model_bytes, "bytes per checkpoint")
+      ->capture_default_str();
+  sub->add_option("--layers", opts->layers)->capture_default_str();
+  sub->add_option("--dram-bytes", opts->dram_bytes,
+                  "the weights namespace's DRAM (default 1.25x a checkpoint)");
+  sub->add_option("--iterations", opts->iterations, "rounds per figure")
+      ->capture_default_str();
+  sub->add_option("--switches", opts->switches, "per switching mode")
+      ->capture_default_str();
+  sub->add_option("--forward-seconds", opts->forward_s,
+                  "paced forward per model (default 2x the cold load)");
+  sub->add_option("--fio", opts->fio, "fio binary")->capture_default_str();
+  sub->add_option("--python", opts->python,
+                  "python with safetensors + numpy (the naive baseline)")
+      ->capture_default_str();
+  sub->add_option("--dir", opts->dir, "where checkpoints and the NVMe file go");
+  sub->add_option("--json", opts->json, "also write the figures here");
+  sub->callback([opts] { SetExitCode(Run(*opts)); });
+});
+
+}  // namespace
+}  // namespace tierkv::bench
