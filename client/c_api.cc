@@ -40,6 +40,7 @@ struct tierkv_transfer {
 struct tierkv_weights_load {
   std::shared_ptr<Client> owner;  // destroyed after `load` (declared first)
   tierkv::WeightsLoad load;
+  tierkv::PageHash version;  // of the manifest being loaded
 };
 
 namespace {
@@ -639,7 +640,19 @@ tierkv_status tierkv_weights_load_start(
         *m, {static_cast<std::byte*>(image), static_cast<size_t>(image_bytes)},
         {first_layer, layer_count});
     if (!load.ok()) return Report(load.status());
-    *out = new tierkv_weights_load{client->client, std::move(*load)};
+    *out = new tierkv_weights_load{client->client, std::move(*load),
+                                   tierkv::WeightsVersionOf(*m)};
+    return TIERKV_OK;
+  });
+}
+
+tierkv_status tierkv_weights_load_version(const tierkv_weights_load* load,
+                                          tierkv_page_hash* out) {
+  return Guarded([&] {
+    if (load == nullptr || out == nullptr) {
+      return InvalidArgument("load and out must not be NULL");
+    }
+    *out = tierkv_page_hash{load->version.lo, load->version.hi};
     return TIERKV_OK;
   });
 }

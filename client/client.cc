@@ -147,6 +147,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   impl->prefault_ = options.prefault_arena;
   impl->timeout_ = options.timeout;
   impl->weights_batch_bytes_ = options.weights_batch_bytes;
+  impl->weights_verify_loads_ = options.weights_verify_loads;
   impl->ticket_count_ = std::max<uint32_t>(1, options.max_transfers_in_flight);
   auto kind = storage::ParseDeviceBackendKind(options.stream_backend);
   if (!kind.ok()) {

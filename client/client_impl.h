@@ -134,7 +134,8 @@ class Client::Impl {
   Mutex layout_mu_;
   std::optional<LayoutSpec> layout_ GUARDED_BY(layout_mu_);
   bool prefault_ = true;
-  uint64_t weights_batch_bytes_ = 0;  // ClientOptions::weights_batch_bytes
+  uint64_t weights_batch_bytes_ = 0;   // ClientOptions::weights_batch_bytes
+  bool weights_verify_loads_ = false;  // ClientOptions::weights_verify_loads
   std::chrono::milliseconds timeout_{10000};
 
   Mutex tickets_mu_;

@@ -22,12 +22,6 @@ using transport::Opcode;
 
 namespace {
 
-// Chunks are stored as the segment (key, layer 0, part 0) of the weights
-// namespace (reference/weights.md §5): equal keys mean equal bytes.
-SegmentKey ChunkSegment(const PageHash& key) {
-  return SegmentKey{.page = key, .layer = 0, .part = 0};
-}
-
 uint64_t BatchBytes(uint64_t configured) {
   return std::max<uint64_t>(configured, 1);
 }
@@ -103,6 +97,15 @@ Result<WeightsManifest> Client::PutWeights(
   if (manifest.tensors.size() != data.size()) {
     return Status::Internal("PlanWeightsImage changed the tensor count");
   }
+  // Its encoding does not depend on the chunk keys: refuse a manifest the
+  // daemon could never seal before storing any chunk of it.
+  if (const size_t encoded = EncodeWeightsManifest(manifest).size();
+      encoded > kWeightsMaxManifestBytes) {
+    return Status::InvalidArgument(fmt::format(
+        "the shard's manifest would take {} bytes, more than the {} one "
+        "request can carry: split it into shards with fewer tensors",
+        encoded, kWeightsMaxManifestBytes));
+  }
 
   client_internal::WeightsChunkSource source(manifest, data);
   WeightsPutStats counted;
@@ -148,7 +151,7 @@ Result<WeightsManifest> Client::PutWeights(
         counted.bytes_deduplicated += chunk.bytes;
         continue;
       }
-      writes.push_back({ChunkSegment(chunk.key), bytes_of_chunk});
+      writes.push_back({WeightsChunkSegment(chunk.key), bytes_of_chunk});
       written.push_back(c);
     }
     const std::vector<PutResult> results =
@@ -286,14 +289,16 @@ class WeightsLoad::Loader {
   // must hold the window beside what is being read.
   static constexpr uint64_t kReadAheadBytes = uint64_t{256} << 20;
 
-  Loader(Client* client, uint64_t batch_bytes, WeightsManifest manifest,
-         std::span<std::byte> image, uint32_t first, uint32_t count)
+  Loader(Client* client, uint64_t batch_bytes, bool verify,
+         WeightsManifest manifest, std::span<std::byte> image, uint32_t first,
+         uint32_t count)
       : client_(client),
         batch_bytes_(batch_bytes),
         manifest_(std::move(manifest)),
         image_(image),
         first_(first),
-        count_(count) {
+        count_(count),
+        verify_(verify) {
     thread_ = std::thread([this] { Run(); });
   }
   ~Loader() {
@@ -353,6 +358,7 @@ class WeightsLoad::Loader {
   const uint32_t first_;
   const uint32_t count_;
   const PageHash version_ = WeightsVersionOf(manifest_);
+  const bool verify_;              // ClientOptions::weights_verify_loads
   uint32_t asked_until_ = first_;  // layers [first_, asked_until_) asked for
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> done_{0};
@@ -404,6 +410,11 @@ uint64_t WeightsLoad::Loader::LayerBytes(uint32_t layer) const {
 Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
   const auto [first, last] = manifest_.ChunksOfLayer(layer);
   for (size_t begin = first; begin < last;) {
+    // Abandoned: stop after the Get in flight, as the handle promises (a
+    // layer of several GiB, an embedding, takes many Gets).
+    if (stop_.load(std::memory_order_relaxed)) {
+      return Status::Shutdown("the load was abandoned");
+    }
     // A few Get calls per layer, each about batch_bytes_: the daemon leases
     // (pins) what one call reads until it is copied.
     size_t end = begin;
@@ -412,8 +423,8 @@ Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
     while (end < last && (end == begin || bytes + manifest_.chunks[end].bytes <=
                                               batch_bytes_)) {
       const WeightsChunk& chunk = manifest_.chunks[end];
-      reads.push_back(
-          {ChunkSegment(chunk.key), image_.subspan(chunk.offset, chunk.bytes)});
+      reads.push_back({WeightsChunkSegment(chunk.key),
+                       image_.subspan(chunk.offset, chunk.bytes)});
       bytes += chunk.bytes;
       ++end;
     }
@@ -429,6 +440,16 @@ Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
       }
       return Status(got[i].code(), fmt::format("chunk {} of layer {}: {}", key,
                                                layer, got[i].message()));
+    }
+    if (verify_) {
+      for (size_t i = 0; i < reads.size(); ++i) {
+        const WeightsChunk& chunk = manifest_.chunks[begin + i];
+        if (WeightsChunkKey(reads[i].dst) != chunk.key) {
+          return Status::Corruption(fmt::format(
+              "chunk {} of layer {}: the bytes read do not hash to its key",
+              chunk.key.ToHex(), layer));
+        }
+      }
     }
     begin = end;
   }
@@ -480,8 +501,8 @@ Result<WeightsLoad> Client::LoadWeights(const WeightsManifest& manifest,
       layers.count ? layers.count : manifest.num_layers - layers.first;
   WeightsLoad load;
   load.loader_ = std::make_unique<WeightsLoad::Loader>(
-      this, BatchBytes(impl_->weights_batch_bytes_), manifest, image,
-      layers.first, count);
+      this, BatchBytes(impl_->weights_batch_bytes_),
+      impl_->weights_verify_loads_, manifest, image, layers.first, count);
   return load;
 }
 

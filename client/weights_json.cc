@@ -4,6 +4,15 @@
 #include <nlohmann/json.hpp>
 
 namespace tierkv::client_internal {
+namespace {
+
+// Tensor names are bytes, not necessarily UTF-8: an invalid sequence is
+// replaced (U+FFFD) rather than making the whole document fail.
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
 
 std::string WeightsListJson(std::span<const WeightsInfo> shards) {
   nlohmann::json out = nlohmann::json::array();
@@ -21,7 +30,7 @@ std::string WeightsListJson(std::span<const WeightsInfo> shards) {
                    {"chunks_missing", s.chunks_missing},
                    {"unique_bytes", s.unique_bytes}});
   }
-  return out.dump();
+  return Dump(out);
 }
 
 std::string WeightsManifestJson(const WeightsManifest& manifest) {
@@ -48,7 +57,8 @@ std::string WeightsManifestJson(const WeightsManifest& manifest) {
                         {"image_bytes", manifest.image_bytes},
                         {"tensors", std::move(tensors)},
                         {"chunks", std::move(chunks)}}
-      .dump();
+      .dump(-1, ' ', false,
+            nlohmann::json::error_handler_t::replace);  // see Dump
 }
 
 }  // namespace tierkv::client_internal

@@ -265,11 +265,11 @@ Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromViews(
     TensorView& view = views[i];
     uint64_t numel = 1;
     for (int64_t d : view.shape) {
-      if (d < 0) {
+      if (d < 0 ||
+          __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
         return Corrupt(view.file,
                        fmt::format("tensor '{}' has a bad shape", view.name));
       }
-      numel *= static_cast<uint64_t>(d);
     }
     if (const size_t size = SafetensorsDTypeSize(view.dtype);
         size > 0 && view.data.size() != numel * size) {

@@ -211,9 +211,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       auto weights = storage::WeightsCatalog::Open(
           // A manifest must fit the reply that carries it back, within the
           // frames this daemon and its clients (16 MiB) accept.
-          {.max_manifest_bytes =
-               std::min<uint64_t>(config.max_frame_bytes, uint64_t{16} << 20) -
-               4096},
+          {.max_manifest_bytes = std::min<uint64_t>(
+               config.max_frame_bytes - 4096, kWeightsMaxManifestBytes)},
           d->engine_.get(), ns->engine,
           d->nvme_ ? &d->nvme_->catalog() : nullptr);
       if (!weights.ok()) {

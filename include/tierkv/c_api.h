@@ -267,7 +267,9 @@ TIERKV_C_EXPORT tierkv_status tierkv_weights_manifest_json(
  * [first_layer, first_layer + layer_count) (count 0: through the last) into
  * image[0 .. image_bytes), which must hold the manifest's image_bytes. The
  * handle keeps the client alive; the image must stay valid until the handle
- * is freed. */
+ * is freed. With a NULL version the newest sealed version is loaded: read
+ * tensors at the offsets of the version tierkv_weights_load_version
+ * reports, since another version may be sealed between two calls. */
 TIERKV_C_EXPORT tierkv_status tierkv_weights_load_start(
     tierkv_client* client, const char* model, const char* layout,
     const tierkv_page_hash* version, void* image, uint64_t image_bytes,
@@ -278,6 +280,9 @@ TIERKV_C_EXPORT tierkv_status
 tierkv_weights_load_wait_layer(tierkv_weights_load* load, uint32_t layer);
 TIERKV_C_EXPORT tierkv_status
 tierkv_weights_load_wait(tierkv_weights_load* load);
+/* The version being loaded (the one a NULL version resolved to). */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_load_version(
+    const tierkv_weights_load* load, tierkv_page_hash* out);
 /* Layers of the load finished now (never blocks). */
 TIERKV_C_EXPORT uint32_t
 tierkv_weights_load_layers_done(const tierkv_weights_load* load);

@@ -67,6 +67,15 @@ struct ClientOptions {
   // one chunk per batch: values below kWeightsMaxChunkBytes (64 MiB) act
   // as "one chunk at a time". Default: 128 MiB.
   uint64_t weights_batch_bytes = uint64_t{128} << 20;
+  // LoadWeights hashes every chunk it copied and fails the layer with
+  // Corruption when the bytes do not match the chunk's key. The daemon
+  // already checks each chunk when it is stored and the NVMe tier checks
+  // every read, so what this adds is a check of the DRAM copy against a
+  // writer that scribbled on the arena (every client of the namespace maps
+  // it writable; a stale writer whose lease expired could). It costs one
+  // XXH3 pass over the bytes: about half of a warm load's speed on the
+  // test VM. Default: false.
+  bool weights_verify_loads = false;
 };
 
 // Result of Match: which of the asked pages are fully stored.

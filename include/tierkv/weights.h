@@ -49,6 +49,10 @@ inline constexpr uint64_t kWeightsPackedAlignment = 256;
 // 59,870 tensors in all, and a rank loads a share of them.
 inline constexpr uint32_t kWeightsMaxTensors = 1u << 17;
 inline constexpr uint32_t kWeightsMaxLayers = 1u << 16;
+// The largest manifest encoding a daemon seals: what one frame of the
+// default 16 MiB can carry, less room for the message around it.
+inline constexpr uint64_t kWeightsMaxManifestBytes =
+    (uint64_t{16} << 20) - 4096;
 inline constexpr uint64_t kWeightsMaxImageBytes = uint64_t{1} << 42;  // 4 TiB
 
 struct WeightsTensor {
@@ -115,6 +119,12 @@ Result<WeightsManifest> PlanWeightsImage(std::string model, std::string layout,
 
 // The content key of a chunk: XXH3-128 of its bytes.
 PageHash WeightsChunkKey(std::span<const std::byte> bytes);
+
+// The segment a chunk is stored as in a weights namespace: its key as the
+// page, layer 0, part 0 (equal keys are equal bytes, so dedup is exact).
+constexpr SegmentKey WeightsChunkSegment(const PageHash& key) {
+  return SegmentKey{.page = key, .layer = 0, .part = 0};
+}
 
 // A versioned binary encoding (little-endian; see weights_manifest.cc).
 std::vector<std::byte> EncodeWeightsManifest(const WeightsManifest& manifest);

@@ -214,9 +214,13 @@ class Load:
     stops the loader and waits for it: nothing writes `image` afterwards."""
 
     def __init__(self, handle: int, image: np.ndarray, client: Client,
-                 first_layer: int, layer_count: int):
+                 first_layer: int, layer_count: int, manifest: dict):
         self._h = handle
         self.image = image
+        # The manifest of the version being loaded: its tensors' offsets
+        # are where their bytes land in `image`.
+        self.manifest = manifest
+        self.version = manifest["version"]
         self._client = client  # the C handle keeps the C client alive too
         self.first_layer = first_layer
         self.layer_count = layer_count
@@ -256,21 +260,23 @@ def load(client: Client, model: str, layout: str,
     """Starts loading a sealed shard into `image` (a writable, contiguous
     uint8 array of at least the manifest's image_bytes; allocated when
     None). Returns at once; see Load."""
+    # Resolved once: the load and the caller then use one version even if
+    # another is sealed meanwhile (its offsets would differ).
+    m = manifest(client, model, layout, version)
     if image is None:
-        image = np.empty(manifest(client, model, layout, version)
-                         ["image_bytes"], dtype=np.uint8)
+        image = np.empty(m["image_bytes"], dtype=np.uint8)
     if (not isinstance(image, np.ndarray) or image.dtype != np.uint8 or
             not image.flags.c_contiguous or not image.flags.writeable):
         raise InvalidArgumentError("invalid_argument: image must be a "
                                    "writable, contiguous uint8 numpy array")
-    v = _version_arg(version)
+    v = _version_arg(m["version"])
     handle = c_void_p()
     with client._use() as h:
         check(lib.tierkv_weights_load_start(
             h, model.encode(), layout.encode(), _ptr_of(v),
             image.__array_interface__["data"][0], image.nbytes,
             int(first_layer), int(layer_count), byref(handle)))
-    return Load(handle.value, image, client, first_layer, layer_count)
+    return Load(handle.value, image, client, first_layer, layer_count, m)
 
 
 def prefetch(client: Client, model: str, layout: str, *,

@@ -231,16 +231,18 @@ class CacheEngine {
   // readable and, by the namespace's write policy, dirty for the mover.
   // In a weights namespace each chunk's bytes are hashed first: a chunk
   // whose WeightsChunkKey differs from its key is Corruption and its
-  // reservation is dropped, so no unverified bytes ever become readable
-  // (dedup answers already_stored to every later Put of that key). That
-  // guards against a buggy client, not a hostile one: every client of a
-  // namespace maps its arena writable.
+  // reservation is dropped, so no chunk becomes readable unverified (dedup
+  // answers already_stored to every later Put of that key). That guards
+  // against a buggy client, not a hostile one: every client of a namespace
+  // maps its arena writable and can change bytes after the check (a
+  // reader that must know sets ClientOptions::weights_verify_loads).
   std::vector<Status> Commit(uint64_t owner, EngineNamespace& ns,
                              uint64_t lease_id,
                              std::span<const SegmentKey> keys);
   // Commit, then `done` once: inline, except in a weights namespace, whose
-  // hashing (up to 64 MiB per chunk) runs on a worker; every key is Busy
-  // (nothing committed) when the workers are saturated.
+  // hashing (up to 64 MiB per chunk) runs on a worker; when the workers are
+  // saturated every key is Busy and its reservation dropped (nothing
+  // committed; a Put of it again starts over).
   void CommitAsync(uint64_t owner, EngineNamespace& ns, uint64_t lease_id,
                    std::vector<SegmentKey> keys,
                    std::function<void(std::vector<Status>)> done);

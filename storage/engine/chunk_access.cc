@@ -55,9 +55,13 @@ void CacheEngine::CommitAsync(uint64_t owner, EngineNamespace& ns,
     state->second(Commit(owner, ns, lease_id, state->first));
   });
   if (!queued) {
+    // Dropped, not left reserved: a Put of the same chunks again (the
+    // client's answer to Busy) would otherwise find them "being written"
+    // by this lease until it expired.
+    leases_->Abort(owner, lease_id, state->first);
     state->second(std::vector<Status>(
         state->first.size(),
-        Status::Busy("daemon workers are saturated; commit again")));
+        Status::Busy("daemon workers are saturated; put the chunks again")));
   }
 }
 

@@ -23,8 +23,6 @@ uint64_t SystemUnixMs() {
           .count());
 }
 
-SegmentKey ChunkSegment(const PageHash& key) { return SegmentKey{key, 0, 0}; }
-
 std::string_view AsChars(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
@@ -113,7 +111,7 @@ std::vector<SegmentKey> WeightsCatalog::DistinctChunks(
   keys.reserve(m.chunks.size());
   std::unordered_set<PageHash, ChunkKeyHash> seen;
   for (const WeightsChunk& c : m.chunks) {
-    if (seen.insert(c.key).second) keys.push_back(ChunkSegment(c.key));
+    if (seen.insert(c.key).second) keys.push_back(WeightsChunkSegment(c.key));
   }
   return keys;
 }
@@ -184,7 +182,8 @@ Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
   }
   std::vector<SegmentKey> keys;
   keys.reserve(m.chunks.size());
-  for (const WeightsChunk& c : m.chunks) keys.push_back(ChunkSegment(c.key));
+  for (const WeightsChunk& c : m.chunks)
+    keys.push_back(WeightsChunkSegment(c.key));
   const auto where = engine_->Where(*ns_, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
     const WeightsChunk& c = m.chunks[i];
@@ -337,7 +336,7 @@ std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,
     std::vector<SegmentKey> keys;
     keys.reserve(s.manifest.chunks.size());
     for (const WeightsChunk& c : s.manifest.chunks) {
-      keys.push_back(ChunkSegment(c.key));
+      keys.push_back(WeightsChunkSegment(c.key));
     }
     for (const CacheEngine::SegmentWhere& w : engine_->Where(*ns_, keys)) {
       if (w.tier == tierkv::Tier::kMiss) {
@@ -445,7 +444,7 @@ Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
     std::unordered_set<PageHash, ChunkKeyHash> seen;
     for (size_t i = first; i < last; ++i) {
       if (seen.insert(m.chunks[i].key).second) {
-        keys.push_back(ChunkSegment(m.chunks[i].key));
+        keys.push_back(WeightsChunkSegment(m.chunks[i].key));
       }
     }
   }

@@ -50,8 +50,9 @@ namespace tierkv::storage {
 
 struct WeightsCatalogOptions {
   // The largest manifest encoding Seal accepts, in bytes: what the
-  // manifest's reply frame can carry back. Default: 16 MiB - 4 KiB.
-  uint64_t max_manifest_bytes = (uint64_t{16} << 20) - 4096;
+  // manifest's reply frame can carry back. Default:
+  // kWeightsMaxManifestBytes (16 MiB - 4 KiB).
+  uint64_t max_manifest_bytes = kWeightsMaxManifestBytes;
   // The most manifest bytes (encoded) all sealed shards together may hold:
   // they live in memory (decoded too, a few times that), so a client
   // sealing version after version cannot grow the daemon without bound.

@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
   }
   CHECK(tierkv_weights_load_wait(load));
   EXPECT(tierkv_weights_load_wait_layer(load, 3) == TIERKV_INVALID_ARGUMENT);
+  /* NULL asked for the newest: the load says which version that was. */
+  tierkv_page_hash loaded = {0, 0};
+  CHECK(tierkv_weights_load_version(load, &loaded));
+  EXPECT(loaded.lo == stored.version.lo && loaded.hi == stored.version.hi);
   tierkv_weights_load_free(load);
   /* Packed tensors are 256-byte aligned, large ones 4 KiB aligned: the
    * first tensor is at 0, and the 1 MiB one at 4096. */

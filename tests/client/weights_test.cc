@@ -113,6 +113,46 @@ class WeightsTest : public ::testing::Test {
   DaemonProcess daemon_;
 };
 
+// A chunk whose DRAM copy was scribbled on after its check at commit (any
+// client of the namespace maps the arena writable) is caught by a loader
+// that verifies, and only by one.
+TEST_F(WeightsTest, AVerifyingLoadCatchesBytesChangedInTheArena) {
+  auto writer = Open();
+  const auto owned = SmallModel(7);
+  auto m =
+      writer->PutWeights("scribbled", "test/u8/rank0-of-1", Describe(owned));
+  ASSERT_OK(m);
+  // The chunk holding layer 2's large tensor, changed in place through a
+  // read lease's view of the shared arena.
+  const auto [first, last] = m->ChunksOfLayer(2);
+  ASSERT_LT(first, last);
+  const WeightsChunk& victim = m->chunks[first];
+  {
+    const SegmentKey key = WeightsChunkSegment(victim.key);
+    auto lease = writer->Acquire({&key, 1});
+    ASSERT_OK(lease);
+    ASSERT_OK(lease->statuses()[0]);
+    auto* byte = const_cast<std::byte*>(lease->data(0).data()) + 5;
+    *byte = static_cast<std::byte>(~static_cast<uint8_t>(*byte));
+  }
+  std::vector<std::byte> image(m->image_bytes);
+  {  // Not verifying: the load "succeeds" with the changed byte.
+    auto load = writer->LoadWeights(*m, image);
+    ASSERT_OK(load);
+    EXPECT_OK(load->Wait());
+  }
+  auto checker = Open({.weights_verify_loads = true});
+  auto load = checker->LoadWeights(*m, image);
+  ASSERT_OK(load);
+  EXPECT_OK(load->WaitLayer(0));
+  EXPECT_OK(load->WaitLayer(1));
+  const Status bad = load->WaitLayer(2);
+  EXPECT_EQ(bad.code(), StatusCode::kCorruption) << bad.ToString();
+  EXPECT_NE(bad.ToString().find(victim.key.ToHex()), std::string::npos)
+      << bad.ToString();
+  EXPECT_OK(load->WaitLayer(3));  // one layer's failure is that layer's
+}
+
 TEST_F(WeightsTest, PutThenLoadIsBitExactAcrossLayersAndPacks) {
   auto c = Open();
   const auto owned = SmallModel(1);

@@ -76,11 +76,15 @@ def test_put_then_load_is_bit_exact_layer_by_layer(weights_daemon):
         assert layer["embedding.word_embeddings.weight"] == 0
         assert layer["output_layer.weight"] == 2
         with w.load(c, "actor", "test/rank0-of-1") as ld:
+            # The version the load resolved "newest" to, and its manifest:
+            # the offsets to read tensors at.
+            assert ld.version == stored.version
+            assert ld.manifest == m
             for l in range(3):
                 ld.wait_layer(l)
                 assert ld.layers_done() >= l + 1
             ld.wait()
-            got = views(m, ld.image)
+            got = views(ld.manifest, ld.image)
         for name, value in params.items():
             np.testing.assert_array_equal(got[name], value, err_msg=name)
 
