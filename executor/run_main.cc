@@ -167,6 +167,19 @@ void AddTierkvFlags(CLI::App* app, TierkvFlags* tierkv, CLI::Option** socket) {
       ->type_name("fp32|bf16|fp8");
 }
 
+// The token of namespace `ns` at the daemon listening on `socket_path`:
+// from `token_file`, or else from <socket dir>/<ns>.token, where tierkvd
+// writes the tokens it makes.
+Result<std::string> NamespaceToken(const std::string& socket_path,
+                                   const std::string& ns,
+                                   const std::string& token_file) {
+  return ReadToken(
+      !token_file.empty()
+          ? token_file
+          : (std::filesystem::path(socket_path).parent_path() / (ns + ".token"))
+                .string());
+}
+
 // How the run's TierKvCaches reach the daemon; an unreachable daemon is
 // reported once per run.
 Result<TierKvCacheOptions> CacheOptions(const Model& model,
@@ -174,13 +187,8 @@ Result<TierKvCacheOptions> CacheOptions(const Model& model,
   TierKvCacheOptions o;
   if (!tierkv.socket.empty()) o.client.socket_path = tierkv.socket;
   o.namespace_name = tierkv.namespace_name;
-  const std::string token_file =
-      !tierkv.token_file.empty()
-          ? tierkv.token_file
-          : (std::filesystem::path(o.client.socket_path).parent_path() /
-             (o.namespace_name + ".token"))
-                .string();
-  auto token = ReadToken(token_file);
+  auto token =
+      NamespaceToken(o.client.socket_path, o.namespace_name, tierkv.token_file);
   if (!token.ok()) return token.status();
   o.token = *token;
   o.salt = ModelIdentity(model);
@@ -397,13 +405,8 @@ int SwitchModels(const SwitchOptions& o, const std::string& prompt_text,
   DaemonWeightsOptions dwo;
   if (!tierkv.socket.empty()) dwo.client.socket_path = tierkv.socket;
   dwo.namespace_name = o.weights_namespace;
-  const std::string token_file =
-      !o.weights_token_file.empty()
-          ? o.weights_token_file
-          : (std::filesystem::path(dwo.client.socket_path).parent_path() /
-             (o.weights_namespace + ".token"))
-                .string();
-  auto token = ReadToken(token_file);
+  auto token = NamespaceToken(dwo.client.socket_path, dwo.namespace_name,
+                              o.weights_token_file);
   if (!token.ok()) return Fail(token.status());
   dwo.token = *token;
   auto daemon = DaemonWeights::Connect(dwo);
