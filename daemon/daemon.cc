@@ -213,7 +213,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           // frames this daemon and its clients (16 MiB) accept.
           {.max_manifest_bytes =
                std::min<uint64_t>(config.max_frame_bytes, uint64_t{16} << 20) -
-               4096},
+               4096,
+           .prefetch_horizon =
+               std::chrono::milliseconds(nc.prefetch_horizon_ms)},
           d->engine_.get(), ns->engine,
           d->nvme_ ? &d->nvme_->catalog() : nullptr);
       if (!weights.ok()) {
@@ -379,6 +381,8 @@ void Daemon::SweepLoop() {
     if (size_t n = engine_->ExpireLeases()) {
       spdlog::info("expired {} leases of unresponsive clients", n);
     }
+    // Pins past their ttl end; hinted shards near their use prefetch.
+    for (const auto& weights : weights_) weights->Tick();
     metrics_.active_leases().Set(static_cast<double>(engine_->active_leases()));
     lock.Lock();
   }

@@ -266,6 +266,11 @@ class CacheEngine {
   // hashes, so equal keys hold equal bytes (all false without such tiers).
   std::vector<bool> ChunksHeldBelow(EngineNamespace& ns,
                                     std::span<const SegmentSize> items) const;
+  // Hands a weights catalog's chunk standings to the namespace's DRAM
+  // eviction policy (HostTier::SetSchedule).
+  void SetSchedule(EngineNamespace& ns, ScheduleTable table);
+  // The namespace's DRAM bytes.
+  uint64_t HostCapacity(const EngineNamespace& ns) const;
   // Removes `keys` from DRAM (those not leased, pinned or being written
   // back; the rest go by eviction) and from every local tier below it.
   void Erase(EngineNamespace& ns, std::span<const SegmentKey> keys);

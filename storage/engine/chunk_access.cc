@@ -132,6 +132,14 @@ size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
   return queued;
 }
 
+void CacheEngine::SetSchedule(EngineNamespace& ns, ScheduleTable table) {
+  ns.host_->SetSchedule(std::move(table));
+}
+
+uint64_t CacheEngine::HostCapacity(const EngineNamespace& ns) const {
+  return ns.host_->capacity_bytes();
+}
+
 void CacheEngine::Erase(EngineNamespace& ns, std::span<const SegmentKey> keys) {
   for (const SegmentKey& key : keys) (void)ns.host_->Drop(key);
   for (size_t t = 0; t < chain_->size(); ++t) {

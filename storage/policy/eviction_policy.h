@@ -20,7 +20,10 @@
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "storage/policy/eviction_policy_kind.h"
 #include "tierkv/status.h"
@@ -64,6 +67,18 @@ using PolicySet = boost::intrusive::multiset<
                                   &PolicyState::set_hook>,
     boost::intrusive::key_of_value<RankOf>>;
 
+// Where a content-addressed segment (a weights chunk) stands in its
+// catalog's schedule (storage/weights/weights_catalog.h): fed to the
+// `weights` policy by SetSchedule; the others ignore it.
+struct ScheduleStanding {
+  // A pinned shard names it: never a victim while the pin lasts.
+  bool pinned = false;
+  // The nearest next use (ms on the catalog's clock, any epoch) over the
+  // hinted shards naming it; none: no such shard.
+  std::optional<int64_t> next_use_ms;
+};
+using ScheduleTable = std::unordered_map<SegmentKey, ScheduleStanding>;
+
 // Where Link places a segment in the order.
 enum class LinkAt : uint8_t {
   kNow,      // as used at `now` (a commit, a release: the segment was used)
@@ -97,6 +112,17 @@ class EvictionPolicy {
     (void)weight;
     (void)now;
   }
+  // Replaces the schedule standings of keys (keys absent: no hint, no pin)
+  // and returns every key whose standing may have changed (the old and
+  // the new table's); the tier then calls Rerank on those it holds.
+  // Default: ignored, returns nothing.
+  virtual std::vector<SegmentKey> SetSchedule(ScheduleTable table) {
+    (void)table;
+    return {};
+  }
+  // `s`'s standing may have changed: re-place it if it is linked (or
+  // held back as pinned). Default: nothing.
+  virtual void Rerank(PolicyState& s) { (void)s; }
   // Bytes of the linked segments.
   virtual uint64_t linked_bytes() const = 0;
 };
@@ -129,7 +155,7 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
 void InsertByRank(PolicyList& list, PolicyState& s);
 
 // The implementations, one file each (lru_policy.cc, two_queue_policy.cc,
-// s3fifo_policy.cc, topk_policy.cc).
+// s3fifo_policy.cc, topk_policy.cc, weights_policy.cc).
 std::unique_ptr<EvictionPolicy> NewLruPolicy();
 std::unique_ptr<EvictionPolicy> NewTwoQueuePolicy(
     const EvictionPolicyOptions& options);
@@ -137,5 +163,6 @@ std::unique_ptr<EvictionPolicy> NewS3FifoPolicy(
     const EvictionPolicyOptions& options);
 std::unique_ptr<EvictionPolicy> NewTopkPolicy(
     const EvictionPolicyOptions& options);
+std::unique_ptr<EvictionPolicy> NewWeightsPolicy();
 
 }  // namespace tierkv::storage
