@@ -569,6 +569,10 @@ HandlerReply CacheService::Stats(Namespace& ns) {
     moved.Counter("promotions_failed", mv.promotions_failed);
     moved.Counter("prefetch_batches", mv.prefetch_batches);
     moved.Counter("prefetch_dropped", mv.prefetch_dropped);
+    // Background (weights) prefetches: batches, slices promoted, dropped.
+    moved.Counter("background_prefetch_batches", mv.background_batches);
+    moved.Counter("background_prefetch_slices", mv.background_slices);
+    moved.Counter("background_prefetch_dropped", mv.background_dropped);
     moved.Gauge("prefetch_queue_depth",
                 static_cast<double>(mv.prefetch_queue_depth));
     if (const storage::Tier* target = engine_->chain().demotion_target()) {

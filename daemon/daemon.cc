@@ -132,16 +132,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         nc.write_policy.value_or(!d->nvme_    ? WritePolicy::kNone
                                  : nc.weights ? WritePolicy::kWriteThrough
                                               : WritePolicy::kWriteBack);
-    spaces.push_back({.host = {.name = nc.name,
-                               .capacity_bytes = nc.host_bytes,
-                               .shards = nc.shards,
-                               .alignment = nc.host_alignment,
-                               .try_hugepages = nc.hugepages,
-                               .prefault = nc.prefault,
-                               .eviction_policy = nc.eviction_policy},
-                      .write_policy = write_policy,
-                      .hbm_quota_bytes = nc.hbm_bytes,
-                      .weights = nc.weights});
+    spaces.push_back(
+        {.host = {.name = nc.name,
+                  .capacity_bytes = nc.host_bytes,
+                  .shards = nc.shards,
+                  .alignment = nc.host_alignment,
+                  .try_hugepages = nc.hugepages,
+                  .prefault = nc.prefault,
+                  .eviction_policy = nc.eviction_policy},
+         .write_policy = write_policy,
+         .hbm_quota_bytes = nc.hbm_bytes,
+         .weights = nc.weights,
+         .prefetch_bytes_per_second = nc.prefetch_bytes_per_second});
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);

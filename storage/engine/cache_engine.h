@@ -258,7 +258,9 @@ class CacheEngine {
   // given order (a loader's layer order), up to half the namespace's DRAM
   // (more would evict what was just promoted before it is read). Returns
   // how many were queued; 0 without tiers below DRAM. A hint: a full
-  // prefetch queue drops it, and Acquire promotes on demand.
+  // prefetch queue drops it, and Acquire promotes on demand. Queued at the
+  // mover's background IO class (after KV prefetches, flushes and
+  // demotion), within NamespaceOptions::prefetch_bytes_per_second.
   size_t PromoteInOrder(EngineNamespace& ns, std::span<const SegmentKey> keys);
   // Per item: whether a local tier below DRAM holds that chunk with that
   // size while DRAM does not (not a use of it). Reserve in a weights

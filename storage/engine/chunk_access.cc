@@ -121,14 +121,20 @@ size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
   const uint64_t budget = ns.host_->capacity_bytes() / 2;
   uint64_t bytes = 0;
   std::vector<SegmentKey> promote;
+  std::vector<uint64_t> sizes;
   for (size_t i = 0; i < below.size(); ++i) {
     if (where[i].tier == TierChain::kNowhere) continue;
     if (bytes + where[i].bytes > budget) break;  // keep the given order
     bytes += where[i].bytes;
     promote.push_back(below[i]);
+    sizes.push_back(where[i].bytes);
   }
   const size_t queued = promote.size();
-  if (queued > 0) mover_->Prefetch(&ns.tiers_, std::move(promote));
+  // Background class: KV promotions go first, within the namespace's cap.
+  if (queued > 0) {
+    mover_->Prefetch(&ns.tiers_, std::move(promote), IoClass::kBackground,
+                     std::move(sizes));
+  }
   return queued;
 }
 
