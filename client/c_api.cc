@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "client/weights_json.h"
 #include "tierkv/client.h"
 #include "tierkv/page_hash.h"
 
@@ -35,6 +36,10 @@ struct tierkv_transfer {
   std::shared_ptr<Client> owner;
   tierkv::TransferHandle handle;
   size_t pages = 0;
+};
+struct tierkv_weights_load {
+  std::shared_ptr<Client> owner;  // destroyed after `load` (declared first)
+  tierkv::WeightsLoad load;
 };
 
 namespace {
@@ -118,6 +123,35 @@ bool MissingArrays(size_t n, std::initializer_list<const void*> arrays) {
 
 constexpr char kNullClient[] = "client is NULL (closed?)";
 constexpr char kNullArrays[] = "an item array is NULL";
+
+}  // namespace
+
+namespace {
+
+tierkv::WeightsId WeightsIdOf(const char* model, const char* layout,
+                              const tierkv_page_hash* version) {
+  return {.model = model ? model : "",
+          .layout = layout ? layout : "",
+          .version = version ? PageHash{version->lo, version->hi} : PageHash{}};
+}
+
+void FillStored(const tierkv::WeightsManifest& m,
+                const tierkv::WeightsPutStats& stats,
+                tierkv_weights_stored* out) {
+  if (out == nullptr) return;
+  const PageHash version = tierkv::WeightsVersionOf(m);
+  *out = {.version = {version.lo, version.hi},
+          .image_bytes = m.image_bytes,
+          .num_layers = m.num_layers,
+          .tensors = static_cast<uint32_t>(m.tensors.size()),
+          .chunks = static_cast<uint32_t>(m.chunks.size()),
+          .chunks_stored = stats.chunks_stored,
+          .chunks_deduplicated = stats.chunks_deduplicated,
+          .bytes_stored = stats.bytes_stored,
+          .bytes_deduplicated = stats.bytes_deduplicated};
+}
+
+constexpr char kNullModel[] = "model and layout must not be NULL";
 
 }  // namespace
 
@@ -512,6 +546,164 @@ tierkv_status tierkv_report_topk(tierkv_client* client,
       reports[i] = {PageHash{pages[i].lo, pages[i].hi}, layers[i], counts[i]};
     }
     return Report(client->client->ReportTopk(reports));
+  });
+}
+
+tierkv_status tierkv_weights_put(tierkv_client* client, const char* model,
+                                 const char* layout,
+                                 const tierkv_weights_tensor* tensors, size_t n,
+                                 tierkv_weights_stored* out) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr) {
+      return InvalidArgument(kNullModel);
+    }
+    if (MissingArrays(n, {tensors})) return InvalidArgument(kNullArrays);
+    std::vector<tierkv::WeightsTensorData> data(n);
+    for (size_t i = 0; i < n; ++i) {
+      const tierkv_weights_tensor& t = tensors[i];
+      if (t.name == nullptr || t.dtype == nullptr ||
+          (t.ndim > 0 && t.shape == nullptr) ||
+          (t.bytes > 0 && t.data == nullptr)) {
+        return InvalidArgument(
+            "a tensor's name, dtype, shape or data pointer is NULL");
+      }
+      data[i].tensor.name = t.name;
+      data[i].tensor.dtype = t.dtype;
+      data[i].tensor.shape.assign(t.shape, t.shape + t.ndim);
+      data[i].tensor.layer = t.layer;
+      data[i].tensor.bytes = t.bytes;
+      data[i].data = {static_cast<const std::byte*>(t.data),
+                      static_cast<size_t>(t.bytes)};
+    }
+    tierkv::WeightsPutStats stats;
+    auto m = client->client->PutWeights(model, layout, data, &stats);
+    if (!m.ok()) return Report(m.status());
+    FillStored(*m, stats, out);
+    return TIERKV_OK;
+  });
+}
+
+tierkv_status tierkv_weights_import_safetensors(tierkv_client* client,
+                                                const char* model,
+                                                const char* layout,
+                                                const char* path,
+                                                tierkv_weights_stored* out) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr || path == nullptr) {
+      return InvalidArgument("model, layout and path must not be NULL");
+    }
+    tierkv::WeightsPutStats stats;
+    auto m =
+        tierkv::ImportSafetensors(*client->client, model, layout, path, &stats);
+    if (!m.ok()) return Report(m.status());
+    FillStored(*m, stats, out);
+    return TIERKV_OK;
+  });
+}
+
+tierkv_status tierkv_weights_manifest_json(tierkv_client* client,
+                                           const char* model,
+                                           const char* layout,
+                                           const tierkv_page_hash* version,
+                                           char* buf, size_t cap, size_t* len) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr) {
+      return InvalidArgument(kNullModel);
+    }
+    auto m =
+        client->client->GetWeightsManifest(WeightsIdOf(model, layout, version));
+    if (!m.ok()) return Report(m.status());
+    return CopyString(tierkv::client_internal::WeightsManifestJson(*m), buf,
+                      cap, len);
+  });
+}
+
+tierkv_status tierkv_weights_load_start(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, void* image, uint64_t image_bytes,
+    uint16_t first_layer, uint16_t layer_count, tierkv_weights_load** out) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr || out == nullptr ||
+        (image == nullptr && image_bytes > 0)) {
+      return InvalidArgument("model, layout, image and out must not be NULL");
+    }
+    *out = nullptr;
+    auto m =
+        client->client->GetWeightsManifest(WeightsIdOf(model, layout, version));
+    if (!m.ok()) return Report(m.status());
+    auto load = client->client->LoadWeights(
+        *m, {static_cast<std::byte*>(image), static_cast<size_t>(image_bytes)},
+        {first_layer, layer_count});
+    if (!load.ok()) return Report(load.status());
+    *out = new tierkv_weights_load{client->client, std::move(*load)};
+    return TIERKV_OK;
+  });
+}
+
+tierkv_status tierkv_weights_load_wait_layer(tierkv_weights_load* load,
+                                             uint32_t layer) {
+  return Guarded([&] {
+    if (load == nullptr) return InvalidArgument("load is NULL");
+    return Report(load->load.WaitLayer(layer));
+  });
+}
+
+tierkv_status tierkv_weights_load_wait(tierkv_weights_load* load) {
+  return Guarded([&] {
+    if (load == nullptr) return InvalidArgument("load is NULL");
+    return Report(load->load.Wait());
+  });
+}
+
+uint32_t tierkv_weights_load_layers_done(const tierkv_weights_load* load) {
+  return load == nullptr ? 0 : load->load.LayersDone();
+}
+
+void tierkv_weights_load_free(tierkv_weights_load* load) { delete load; }
+
+tierkv_status tierkv_weights_prefetch(tierkv_client* client, const char* model,
+                                      const char* layout,
+                                      const tierkv_page_hash* version,
+                                      uint16_t first_layer,
+                                      uint16_t layer_count) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr) {
+      return InvalidArgument(kNullModel);
+    }
+    return Report(client->client->PrefetchWeights(
+        WeightsIdOf(model, layout, version), {first_layer, layer_count}));
+  });
+}
+
+tierkv_status tierkv_weights_list_json(tierkv_client* client, const char* model,
+                                       char* buf, size_t cap, size_t* len) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    auto shards = client->client->ListWeights(model ? model : "");
+    if (!shards.ok()) return Report(shards.status());
+    return CopyString(tierkv::client_internal::WeightsListJson(*shards), buf,
+                      cap, len);
+  });
+}
+
+tierkv_status tierkv_weights_drop(tierkv_client* client, const char* model,
+                                  const char* layout,
+                                  const tierkv_page_hash* version,
+                                  uint32_t* shards, uint64_t* freed_bytes) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr) return InvalidArgument("model must not be NULL");
+    auto dropped =
+        client->client->DropWeights(WeightsIdOf(model, layout, version));
+    if (!dropped.ok()) return Report(dropped.status());
+    if (shards != nullptr) *shards = dropped->shards;
+    if (freed_bytes != nullptr) *freed_bytes = dropped->freed_bytes;
+    return TIERKV_OK;
   });
 }
 

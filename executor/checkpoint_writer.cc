@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "executor/safetensors.h"
+#include "common/safetensors.h"
 #include "executor/weights.h"
 
 namespace tierkv::executor {

@@ -7,11 +7,11 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/safetensors.h"
 #include "executor/attention.h"
 #include "executor/indexer.h"
 #include "executor/kernels.h"
 #include "executor/moe.h"
-#include "executor/safetensors.h"
 
 namespace tierkv::executor {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "common/safetensors.h"
 #include "executor/config.h"
-#include "executor/safetensors.h"
 #include "executor/tensor.h"
 #include "tierkv/status.h"
 

@@ -1,6 +1,6 @@
 // tierkv: command-line client for tierkvd (status, stats, put/get/ls for
-// debugging a namespace, a synthetic demo workload, the soak test and trace
-// replay). See README "CLI".
+// debugging a namespace, a synthetic demo workload, the soak test, trace
+// replay, and model weights: tools/weights_command.h). See README "CLI".
 #include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -30,6 +30,7 @@
 #include "tools/replay_workload.h"
 #include "tools/soak_workload.h"
 #include "tools/stats_watch.h"
+#include "tools/weights_command.h"
 
 namespace {
 
@@ -829,6 +830,9 @@ int main(int argc, char** argv) {
                    "with --nodes: also replay the cluster without peers "
                    "first, and compare");
 
+  tierkv::tools::WeightsCommand weights_cmd;
+  auto* weights = tierkv::tools::AddWeightsCommand(app, weights_cmd);
+
   CLI11_PARSE(app, argc, argv);
 
   if (replay->parsed() && nodes_option->count() > 0) {
@@ -890,6 +894,10 @@ int main(int argc, char** argv) {
   }
   if (demo->parsed()) {
     Status s = tierkv::tools::RunDemo(c, demo_options);
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (weights->parsed()) {
+    Status s = tierkv::tools::RunWeightsCommand(c, weights_cmd);
     return s.ok() ? 0 : Fail(s);
   }
   auto hash = ParsePage(page, tokens, conn.ns);

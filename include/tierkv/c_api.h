@@ -76,6 +76,7 @@ typedef struct tierkv_page_hash {
 typedef struct tierkv_client tierkv_client;
 typedef struct tierkv_read_lease tierkv_read_lease;
 typedef struct tierkv_transfer tierkv_transfer;
+typedef struct tierkv_weights_load tierkv_weights_load;
 
 /* Version of this header's ABI; bumped on any incompatible change. */
 #define TIERKV_C_ABI_VERSION 1
@@ -216,6 +217,91 @@ TIERKV_C_EXPORT tierkv_status tierkv_report_topk(tierkv_client* client,
                                                  const uint16_t* layers,
                                                  const uint32_t* counts,
                                                  size_t n);
+
+/* ---- Model weights (include/tierkv/weights.h; Client::PutWeights ...) --- */
+/* On a client opened on a namespace marked `weights = true`. A shard is
+ * named by (model, layout, version); `version` arguments may be NULL or all
+ * zero where the C++ call accepts a zero version ("the newest"). */
+
+/* One tensor of tierkv_weights_put, in load order (WeightsTensorData). */
+typedef struct tierkv_weights_tensor {
+  const char* name;
+  const char* dtype; /* safetensors dtype string, e.g. "BF16" */
+  const int64_t* shape;
+  uint32_t ndim;
+  uint32_t layer; /* layer group, nondecreasing */
+  const void* data;
+  uint64_t bytes;
+} tierkv_weights_tensor;
+
+/* What a put or an import sealed (the manifest's figures and
+ * WeightsPutStats). */
+typedef struct tierkv_weights_stored {
+  tierkv_page_hash version;
+  uint64_t image_bytes;
+  uint32_t num_layers;
+  uint32_t tensors;
+  uint32_t chunks;
+  uint32_t chunks_stored;
+  uint32_t chunks_deduplicated;
+  uint64_t bytes_stored;
+  uint64_t bytes_deduplicated;
+} tierkv_weights_stored;
+
+/* Client::PutWeights of n tensors; `out` may be NULL. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_put(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_weights_tensor* tensors, size_t n, tierkv_weights_stored* out);
+/* tierkv::ImportSafetensors of a .safetensors file or directory; `out` may
+ * be NULL. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_import_safetensors(
+    tierkv_client* client, const char* model, const char* layout,
+    const char* path, tierkv_weights_stored* out);
+/* The sealed manifest as JSON: {"model","layout","version" (32 hex),
+ * "num_layers","image_bytes","tensors":[{"name","dtype","shape","layer",
+ * "offset","bytes"}],"chunks":[{"key","offset","bytes","layer"}]}. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_manifest_json(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, char* buf, size_t cap, size_t* len);
+/* Fetches the manifest and starts Client::LoadWeights of layers
+ * [first_layer, first_layer + layer_count) (count 0: through the last) into
+ * image[0 .. image_bytes), which must hold the manifest's image_bytes. The
+ * handle keeps the client alive; the image must stay valid until the handle
+ * is freed. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_load_start(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, void* image, uint64_t image_bytes,
+    uint16_t first_layer, uint16_t layer_count, tierkv_weights_load** out);
+/* WeightsLoad::WaitLayer / Wait: TIERKV_OK once the layer (every layer) is
+ * in place, else its first failure. */
+TIERKV_C_EXPORT tierkv_status
+tierkv_weights_load_wait_layer(tierkv_weights_load* load, uint32_t layer);
+TIERKV_C_EXPORT tierkv_status
+tierkv_weights_load_wait(tierkv_weights_load* load);
+/* Layers of the load finished now (never blocks). */
+TIERKV_C_EXPORT uint32_t
+tierkv_weights_load_layers_done(const tierkv_weights_load* load);
+/* Stops the loader after its Get in flight, waits for it (nothing writes
+ * the image afterwards) and frees the handle; NULL is a no-op. */
+TIERKV_C_EXPORT void tierkv_weights_load_free(tierkv_weights_load* load);
+/* Client::PrefetchWeights of layers [first_layer, +layer_count). */
+TIERKV_C_EXPORT tierkv_status
+tierkv_weights_prefetch(tierkv_client* client, const char* model,
+                        const char* layout, const tierkv_page_hash* version,
+                        uint16_t first_layer, uint16_t layer_count);
+/* Client::ListWeights as JSON: [{"model","layout","version","image_bytes",
+ * "tensors","chunks","num_layers","sealed_unix_ms","chunks_in_dram",
+ * "chunks_on_nvme","chunks_missing","unique_bytes"}]; model NULL or "":
+ * every model. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_list_json(tierkv_client* client,
+                                                       const char* model,
+                                                       char* buf, size_t cap,
+                                                       size_t* len);
+/* Client::DropWeights: layout NULL or "" = every layout, version NULL or
+ * zero = every version. shards, freed_bytes may be NULL. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_drop(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, uint32_t* shards, uint64_t* freed_bytes);
 
 /* ---- Introspection ------------------------------------------------------ */
 

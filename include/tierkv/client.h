@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +37,7 @@
 #include "tierkv/engine_stream.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
+#include "tierkv/weights.h"
 
 namespace tierkv {
 
@@ -56,6 +58,15 @@ struct ClientOptions {
   // "auto": CUDA when built in and a GPU is present, else emulated.
   // Opened on first use on the calling thread's current device.
   std::string stream_backend = "auto";
+  // Model weights (PutWeights, LoadWeights): how many chunk bytes one
+  // batch moves: PutWeights hashes and Puts its chunks in batches of about
+  // this size (small tensors' packs are assembled in a buffer of at most
+  // this size, the only memory it allocates per byte of weights), and
+  // LoadWeights reads a layer's chunks in Get calls of about this size
+  // (each leases that much of the daemon's DRAM arena at most). At least
+  // one chunk per batch: values below kWeightsMaxChunkBytes (64 MiB) act
+  // as "one chunk at a time". Default: 128 MiB.
+  uint64_t weights_batch_bytes = uint64_t{128} << 20;
 };
 
 // Result of Match: which of the asked pages are fully stored.
@@ -285,6 +296,73 @@ class TransferHandle {
   uint32_t device_base_ = 0;  // LoadTicket::device_layers at submission
 };
 
+// One tensor of a shard to store (Client::PutWeights): its description, in
+// load order, and its bytes, borrowed for the call. tensor.offset is
+// ignored (PutWeights plans the image); tensor.bytes may be 0, meaning
+// data.size(), and otherwise must equal it.
+struct WeightsTensorData {
+  WeightsTensor tensor;
+  std::span<const std::byte> data;
+};
+
+// What PutWeights moved: chunks copied into the daemon, and chunks it held
+// already (from an earlier version, another model, or earlier in this
+// shard), which cost no copy: the dedup.
+struct WeightsPutStats {
+  uint32_t chunks_stored = 0;
+  uint64_t bytes_stored = 0;
+  uint32_t chunks_deduplicated = 0;
+  uint64_t bytes_deduplicated = 0;
+};
+
+// What DropWeights did.
+struct WeightsDropped {
+  uint32_t shards = 0;       // sealed shards (versions) removed
+  uint64_t freed_bytes = 0;  // chunk bytes no sealed shard references now
+};
+
+// A shard loading into a caller's image buffer (Client::LoadWeights), layer
+// by layer in order, on a loader thread of its own, so the engine computes
+// layer l while l + 1 loads.
+//
+// Move-only. The destructor stops the loader after the Get call in flight
+// and waits for it, since it writes into the caller's buffer: once the
+// handle is gone (or Wait returned) nothing writes the image any more.
+// Thread-safe: WaitLayer, Wait and LayersDone may be called from any
+// threads at once (not while the handle is moved or destroyed).
+// REQUIRES: the Client and the image buffer outlive the handle.
+class WeightsLoad {
+ public:
+  WeightsLoad();
+  WeightsLoad(WeightsLoad&&) noexcept;
+  WeightsLoad& operator=(WeightsLoad&&) noexcept;
+  ~WeightsLoad();
+
+  // Blocks until the loader has finished layer `layer`. OK means every
+  // byte of every chunk of that layer is in place in the image (and so
+  // every tensor of the layer). Otherwise the layer's first failure, its
+  // bytes partly unwritten: NotFound "chunk <hex> of layer 3 is in no
+  // tier" when the daemon no longer holds a chunk (the shard must be
+  // stored again), or the error of the Get that failed (IOError,
+  // Unavailable, ...; every later layer then fails with it too).
+  // InvalidArgument for a layer outside the load, or an empty handle.
+  Status WaitLayer(uint32_t layer);
+  // Waits for every layer; the first layer's failure, if any.
+  Status Wait();
+  // How many layers of the load are finished right now: layers [first,
+  // first + LayersDone()) are done (WaitLayer returns at once for them,
+  // OK or not). Never blocks; only grows. 0 for an empty handle.
+  uint32_t LayersDone() const;
+  // The layers this load covers: [first, first + count).
+  uint32_t first_layer() const;
+  uint32_t layer_count() const;
+
+ private:
+  friend class Client;
+  class Loader;
+  std::unique_ptr<Loader> loader_;
+};
+
 class Client {
  public:
   // Unavailable when no daemon listens at options.socket_path.
@@ -410,6 +488,69 @@ class Client {
   // Up to `limit` stored segments of this namespace (for debugging).
   Result<std::vector<ListedSegment>> List(uint32_t limit);
 
+  // ---- Model weights (include/tierkv/weights.h; issue 28) -----------------
+  // On a Client opened on a namespace marked `weights = true` (any other
+  // namespace answers InvalidArgument). The client plans and hashes; the
+  // daemon stores chunks with the ordinary Put path (keyed
+  // SegmentKey{chunk key, 0, 0} and verified against the key at commit),
+  // so a chunk stored before copies nothing.
+
+  // Stores one shard: plans `tensors` (in load order) into an image
+  // (PlanWeightsImage), hashes every chunk, Puts the chunks in batches of
+  // about ClientOptions::weights_batch_bytes (a large tensor's chunks
+  // straight from the caller's memory; packs of small tensors assembled,
+  // zero-padded, in a buffer of at most that size; with an NVMe tier each
+  // batch is made durable there (Flush) before the next, as Seal needs),
+  // then seals the manifest. Returns the sealed manifest (chunk keys set; its
+  // version is WeightsVersionOf(manifest)). Sealing the same bytes again is OK.
+  // `stats` (may be null) gets what was copied and what was deduplicated.
+  // A chunk another client is storing at the same moment (Busy: ranks
+  // backing up the same replicated tensors at once) is put again, with a
+  // short backoff, for up to ClientOptions::timeout; then it is found
+  // stored and copies nothing. Errors: InvalidArgument (a tensor's bytes
+  // differ from data.size(), or what PlanWeightsImage refuses), and any
+  // chunk's Put failure, naming the chunk and the tensors in it (Busy past
+  // the timeout; ResourceExhausted: the namespace's DRAM has no room).
+  // Nothing is sealed unless every chunk is stored; calling again after a
+  // failure copies only the chunks not stored yet.
+  Result<WeightsManifest> PutWeights(std::string model, std::string layout,
+                                     std::span<const WeightsTensorData> tensors,
+                                     WeightsPutStats* stats = nullptr);
+
+  // The sealed manifest of `id` (a zero version: the newest sealed version
+  // of (model, layout)). NotFound when no such shard is sealed; Corruption
+  // when what the daemon sent is not that shard's manifest (its version,
+  // model or layout differ from the ones asked).
+  Result<WeightsManifest> GetWeightsManifest(const WeightsId& id);
+
+  // Starts loading layers `layers` of shard `manifest` into `image` (tensor
+  // i lands at image[manifest.tensors[i].offset]); returns at once. A
+  // loader thread Gets each layer's chunks (promoted from NVMe into the
+  // daemon's DRAM where needed) in layer order and copies them to their
+  // offsets; bytes between tensors outside packs are left untouched. See
+  // WeightsLoad for the per-layer waits. Errors (nothing started):
+  // InvalidArgument when image.size() < manifest.image_bytes, `layers`
+  // lies outside [0, num_layers), or the manifest fails Validate().
+  // REQUIRES: `image` and this Client outlive the returned handle.
+  Result<WeightsLoad> LoadWeights(const WeightsManifest& manifest,
+                                  std::span<std::byte> image,
+                                  LayerRange layers = {});
+
+  // Asks the daemon to promote the chunks of layers `layers` of shard `id`
+  // (zero version: the newest) from NVMe into DRAM, in layer order, ahead
+  // of a LoadWeights; returns once queued. NotFound for an unknown shard.
+  Status PrefetchWeights(const WeightsId& id, LayerRange layers = {});
+
+  // Every sealed shard of `model` (empty: of every model), with where its
+  // chunks are now (WeightsInfo).
+  Result<std::vector<WeightsInfo>> ListWeights(const std::string& model = "");
+
+  // Unseals shards of id.model: of id.layout only (empty: every layout),
+  // of id.version only (zero: every version). A chunk no sealed shard
+  // references any more is freed. NotFound when nothing matched;
+  // InvalidArgument without a model.
+  Result<WeightsDropped> DropWeights(const WeightsId& id);
+
  private:
   friend class ReadLease;
   friend class PinLease;
@@ -423,5 +564,24 @@ class Client {
 
   std::unique_ptr<Impl> impl_;
 };
+
+// Stores a safetensors checkpoint (a .safetensors file, or a directory as
+// SafetensorsReader opens it: model.safetensors.index.json's shards, else
+// every *.safetensors in it) as shard (model, layout) through
+// client.PutWeights, straight from the file mapping. Layer groups come
+// from the names: a tensor whose name has a component `layers.N` (HF
+// `model.layers.3.mlp...`, Megatron `decoder.layers.3...`) is in group N;
+// tensors before the first such tensor in file order (embeddings) go with
+// the lowest N, and the others (final norm, lm_head, and anything else
+// without a layer) with the highest. Groups are renumbered densely from 0
+// in ascending N (so layers 3, 5 become groups 0, 1); a checkpoint with no
+// layers is one group 0. Tensors are stored ordered by (group, file
+// order). Errors: those of SafetensorsReader::Open (NotFound, Corruption)
+// and of PutWeights; InvalidArgument for an empty checkpoint or a tensor
+// of 0 bytes (the image has no room for empty tensors).
+Result<WeightsManifest> ImportSafetensors(Client& client, std::string model,
+                                          std::string layout,
+                                          const std::filesystem::path& path,
+                                          WeightsPutStats* stats = nullptr);
 
 }  // namespace tierkv

@@ -11,7 +11,9 @@
         c.get(pages, layer, "kv", out)    # straight into `out`
 
 Engine adapters: tierkv.sglang (HiCacheStorage) and tierkv.vllm (a vLLM
-KV connector); they import their engine only when used.
+KV connector); they import their engine only when used. tierkv.weights
+stores model weights in a weights namespace (TensorBackuper: slime's
+weight switching backed by the daemon's tiers).
 """
 
 from .client import (Client, Layout, MatchResult, Pool, ReadLease, Transfer,

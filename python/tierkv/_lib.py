@@ -32,6 +32,20 @@ class ClientOptions(Structure):
                 ("max_transfers_in_flight", c_uint32)]
 
 
+class WeightsTensorStruct(Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_char_p),
+                ("shape", c_void_p), ("ndim", c_uint32), ("layer", c_uint32),
+                ("data", c_void_p), ("bytes", c_uint64)]
+
+
+class WeightsStoredStruct(Structure):
+    _fields_ = [("version", PageHashStruct), ("image_bytes", c_uint64),
+                ("num_layers", c_uint32), ("tensors", c_uint32),
+                ("chunks", c_uint32), ("chunks_stored", c_uint32),
+                ("chunks_deduplicated", c_uint32),
+                ("bytes_stored", c_uint64), ("bytes_deduplicated", c_uint64)]
+
+
 ABI_VERSION = 1
 _status = c_int
 _u8p = POINTER(c_uint8)
@@ -105,6 +119,30 @@ def _load() -> ctypes.CDLL:
         "tierkv_prefetch": (_status, [c_void_p, _hashp, c_size_t]),
         "tierkv_report_topk": (_status, [
             c_void_p, _hashp, c_void_p, c_void_p, c_size_t]),
+        "tierkv_weights_put": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_size_t,
+            POINTER(WeightsStoredStruct)]),
+        "tierkv_weights_import_safetensors": (_status, [
+            c_void_p, c_char_p, c_char_p, c_char_p,
+            POINTER(WeightsStoredStruct)]),
+        "tierkv_weights_manifest_json": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, POINTER(c_char),
+            c_size_t, POINTER(c_size_t)]),
+        "tierkv_weights_load_start": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_void_p, c_uint64,
+            c_uint16, c_uint16, POINTER(c_void_p)]),
+        "tierkv_weights_load_wait_layer": (_status, [c_void_p, c_uint32]),
+        "tierkv_weights_load_wait": (_status, [c_void_p]),
+        "tierkv_weights_load_layers_done": (c_uint32, [c_void_p]),
+        "tierkv_weights_load_free": (None, [c_void_p]),
+        "tierkv_weights_prefetch": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_uint16, c_uint16]),
+        "tierkv_weights_list_json": (_status, [
+            c_void_p, c_char_p, POINTER(c_char), c_size_t,
+            POINTER(c_size_t)]),
+        "tierkv_weights_drop": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, POINTER(c_uint32),
+            POINTER(c_uint64)]),
         "tierkv_ping": (_status, [
             c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
         "tierkv_stats_json": (_status, [

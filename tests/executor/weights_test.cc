@@ -1,5 +1,6 @@
-// Tests for executor/safetensors, executor/weights, executor/dtype and
-// executor/checkpoint_writer: formats, dequantization, bad input.
+// Tests for executor/weights, executor/dtype and executor/checkpoint_writer
+// (the safetensors reader's own: tests/common/safetensors_test.cc):
+// formats, dequantization, bad input.
 #include "executor/weights.h"
 
 #include <gtest/gtest.h>
@@ -9,11 +10,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/safetensors.h"
 #include "executor/checkpoint_writer.h"
 #include "executor/dtype.h"
 #include "executor/model.h"
 #include "executor/presets.h"
-#include "executor/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -109,43 +110,6 @@ TEST(ReadTensorF32, UnknownDtypeIsReportedWithTensorName) {
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("Q4_K"), std::string::npos);
   EXPECT_NE(t.status().message().find("x.weight"), std::string::npos);
-}
-
-TEST(SafetensorsReader, TruncatedFileIsCorruption) {
-  testing::TempDir dir;
-  ASSERT_OK(WriteSafetensors(dir.File("m.safetensors"),
-                             {{"a", "F32", {4}, F32Bytes({1, 2, 3, 4})}}));
-  const auto path = dir.path() / "m.safetensors";
-  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 3);
-  auto reader = SafetensorsReader::Open(path);
-  ASSERT_FALSE(reader.ok());
-  EXPECT_EQ(reader.status().code(), StatusCode::kCorruption);
-  EXPECT_NE(reader.status().message().find("truncated"), std::string::npos);
-  // Truncated inside the header too.
-  std::filesystem::resize_file(path, 20);
-  reader = SafetensorsReader::Open(path);
-  ASSERT_FALSE(reader.ok());
-  EXPECT_NE(reader.status().message().find("truncated"), std::string::npos);
-  std::filesystem::resize_file(path, 3);
-  reader = SafetensorsReader::Open(path);
-  ASSERT_FALSE(reader.ok());
-  EXPECT_NE(reader.status().message().find("truncated"), std::string::npos);
-}
-
-TEST(SafetensorsReader, SizeDisagreeingWithShapeIsCorruption) {
-  testing::TempDir dir;
-  ASSERT_OK(WriteSafetensors(dir.File("m.safetensors"),
-                             {{"a", "F32", {3}, F32Bytes({1, 2, 3, 4})}}));
-  auto reader = SafetensorsReader::Open(dir.path());
-  ASSERT_FALSE(reader.ok());
-  EXPECT_NE(reader.status().message().find("'a'"), std::string::npos);
-}
-
-TEST(SafetensorsReader, EmptyDirectoryIsNotFound) {
-  testing::TempDir dir;
-  auto reader = SafetensorsReader::Open(dir.path());
-  ASSERT_FALSE(reader.ok());
-  EXPECT_EQ(reader.status().code(), StatusCode::kNotFound);
 }
 
 TEST(LoadWeights, Fp32CheckpointLoadsExactlyTheRandomWeights) {

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from conftest import TOKEN
+from conftest import TOKEN, WEIGHTS_TOKEN
 from tierkv.testing import bin_dir
 
 
@@ -11,3 +11,11 @@ def test_a_c_program_stores_and_reads_through_the_c_api(daemon):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok ok"
+
+
+def test_a_c_program_stores_loads_lists_and_drops_weights(weights_daemon):
+    run = subprocess.run([str(bin_dir() / "c_api_weights"),
+                          weights_daemon.socket, WEIGHTS_TOKEN],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

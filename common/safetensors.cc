@@ -1,5 +1,5 @@
 // Safetensors reader (mmap) and writer (see safetensors.h).
-#include "executor/safetensors.h"
+#include "common/safetensors.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
-#include "executor/dtype.h"
-
-namespace tierkv::executor {
+namespace tierkv {
 
 // A read-only mapping of a whole file; unmapped on destruction.
 class MappedFile {
@@ -76,6 +76,20 @@ Status Corrupt(const std::string& file, std::string_view what) {
 }
 
 }  // namespace
+
+size_t SafetensorsDTypeSize(std::string_view dtype) {
+  // The dtypes of huggingface/safetensors' Dtype enum that have a whole
+  // number of bytes per element (F4/F6 pack several per byte: unchecked).
+  static constexpr std::pair<std::string_view, size_t> kSizes[] = {
+      {"BOOL", 1},    {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},     {"BF16", 2},
+      {"I32", 4},     {"U32", 4}, {"F32", 4}, {"F64", 8},     {"I64", 8},
+      {"U64", 8},     {"C64", 8}};
+  for (const auto& [name, size] : kSizes) {
+    if (name == dtype) return size;
+  }
+  return 0;
+}
 
 SafetensorsReader::~SafetensorsReader() = default;
 
@@ -149,15 +163,17 @@ Status SafetensorsReader::AddFile(const std::filesystem::path& path) {
                                        "has {} bytes",
                                        view.name, begin, end, data.size()));
     }
-    if (auto dt = ParseDType(view.dtype); dt.ok()) {
-      if (end - begin != numel * DTypeSize(*dt)) {
+    if (const size_t size = SafetensorsDTypeSize(view.dtype); size > 0) {
+      if (end - begin != numel * size) {
         return Corrupt(name, fmt::format("tensor '{}' ({} {} elements) has {} "
                                          "bytes, expected {}",
                                          view.name, view.dtype, numel,
-                                         end - begin, numel * DTypeSize(*dt)));
+                                         end - begin, numel * size));
       }
     }
     view.data = data.subspan(begin, end - begin);
+    view.file_index = static_cast<uint32_t>(files_.size());
+    view.file_offset = begin;
     if (tensors_.count(view.name)) {
       return Corrupt(name, fmt::format("tensor '{}' appears in more than one "
                                        "file",
@@ -242,6 +258,18 @@ const TensorView* SafetensorsReader::Find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+std::vector<const TensorView*> SafetensorsReader::InFileOrder() const {
+  std::vector<const TensorView*> out;
+  out.reserve(tensors_.size());
+  for (const auto& [n, v] : tensors_) out.push_back(&v);
+  std::sort(out.begin(), out.end(),
+            [](const TensorView* a, const TensorView* b) {
+              return std::tie(a->file_index, a->file_offset, a->name) <
+                     std::tie(b->file_index, b->file_offset, b->name);
+            });
+  return out;
+}
+
 std::vector<std::string> SafetensorsReader::Names() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());
@@ -298,4 +326,4 @@ Status WriteSafetensors(const std::filesystem::path& file,
   });
 }
 
-}  // namespace tierkv::executor
+}  // namespace tierkv

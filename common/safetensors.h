@@ -1,6 +1,9 @@
 // Safetensors files: a memory-mapped reader (single file, directory, or a
 // sharded checkpoint described by model.safetensors.index.json) and a
-// streaming writer.
+// streaming writer. In common/ because two layers read checkpoints: the
+// reference executor (executor/weights.cc) and the client library's
+// ImportSafetensors (client/weights_import.cc), which must not depend on
+// the executor.
 //
 // Format (huggingface/safetensors): u64 little-endian header length N, N
 // bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)}, optional
@@ -8,8 +11,9 @@
 //
 // The reader validates every header entry at Open(): offsets inside the data
 // section (else Corruption "... is truncated ..."), shape/dtype sizes that
-// agree for known dtypes. An unknown dtype string is kept and reported when
-// that tensor is read, so unrelated extra tensors do not block loading.
+// agree for the dtypes SafetensorsDTypeSize knows. An unknown dtype string is
+// kept and reported when that tensor is read, so unrelated extra tensors do not
+// block loading.
 //
 // Thread safety: a SafetensorsReader is immutable after Open() and may be
 // read from many threads. Tensor data spans stay valid for its lifetime.
@@ -23,11 +27,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tierkv/status.h"
 
-namespace tierkv::executor {
+namespace tierkv {
 
 struct TensorView {
   std::string name;
@@ -35,7 +40,17 @@ struct TensorView {
   std::vector<int64_t> shape;
   std::span<const std::byte> data;  // borrowed from the reader's mapping
   std::string file;                 // file that holds it (for messages)
+  // Where it is stored: the file's position in the order Open() read the
+  // files (sorted names, or the index's sorted shard names), and its data
+  // offset inside that file's data section. Together: "file order".
+  uint32_t file_index = 0;
+  uint64_t file_offset = 0;
 };
+
+// The element size in bytes of a safetensors dtype string ("F32" 4, "BF16"
+// 2, "F8_E4M3" 1, "BOOL" 1, ...), or 0 for a dtype the format does not
+// define (kept, never interpreted, by the reader).
+size_t SafetensorsDTypeSize(std::string_view dtype);
 
 class MappedFile;
 
@@ -54,7 +69,10 @@ class SafetensorsReader {
   // Null when absent.
   const TensorView* Find(const std::string& name) const;
   size_t size() const { return tensors_.size(); }
-  std::vector<std::string> Names() const;
+  std::vector<std::string> Names() const;  // sorted by name
+  // Every tensor in file order (file_index, then file_offset): the order
+  // the checkpoint's writer laid them out in. Views owned by the reader.
+  std::vector<const TensorView*> InFileOrder() const;
 
  private:
   SafetensorsReader() = default;
@@ -93,4 +111,4 @@ struct RawTensor {
 Status WriteSafetensors(const std::filesystem::path& file,
                         const std::vector<RawTensor>& tensors);
 
-}  // namespace tierkv::executor
+}  // namespace tierkv

@@ -1,0 +1,446 @@
+// Client's model-weights calls (client.h, "Model weights"): PutWeights
+// plans, hashes and stores a shard's chunks with the ordinary Put path and
+// seals its manifest; LoadWeights reads them back with Get on a loader
+// thread, layer by layer (WeightsLoad); the rest are one request each.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <unordered_set>
+
+#include "client/client_impl.h"
+#include "client/weights_chunks.h"
+#include "common/mutex.h"
+#include "common/sync_point.h"
+#include "common/thread_annotations.h"
+#include "tierkv/client.h"
+
+namespace tierkv {
+
+using transport::Opcode;
+
+namespace {
+
+// Chunks are stored as the segment (key, layer 0, part 0) of the weights
+// namespace (reference/weights.md §5): equal keys mean equal bytes.
+SegmentKey ChunkSegment(const PageHash& key) {
+  return SegmentKey{.page = key, .layer = 0, .part = 0};
+}
+
+uint64_t BatchBytes(uint64_t configured) {
+  return std::max<uint64_t>(configured, 1);
+}
+
+// Transport-level failures: the connection, not one chunk, is broken, so
+// every later layer of a load fails the same way.
+bool BreaksTheConnection(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kIOError:
+    case StatusCode::kUnavailable:
+    case StatusCode::kProtocolError:
+    case StatusCode::kShutdown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Client::Put, with the items that come back Busy put again until they
+// are stored or `patience` has passed. Busy means another client is storing
+// the same chunk right now (ranks backing up the same replicated tensors at
+// once); once it commits, a retry finds the chunk stored and copies nothing.
+std::vector<PutResult> PutRetryingBusy(Client& client,
+                                       std::span<const SegmentWrite> writes,
+                                       std::chrono::milliseconds patience) {
+  std::vector<PutResult> results = client.Put(writes);
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  // Backoff from 1 ms, doubling to 64 ms: a commit takes about one copy.
+  constexpr std::chrono::milliseconds kFirstBackoff{1};
+  constexpr std::chrono::milliseconds kLongestBackoff{64};
+  std::chrono::milliseconds backoff = kFirstBackoff;
+  while (true) {
+    std::vector<size_t> busy;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].status.code() == StatusCode::kBusy) busy.push_back(i);
+    }
+    if (busy.empty() || std::chrono::steady_clock::now() >= deadline) {
+      return results;
+    }
+    TIERKV_SYNC_POINT("WeightsPut::RetryingBusy");
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, kLongestBackoff);
+    std::vector<SegmentWrite> again;
+    for (size_t i : busy) again.push_back(writes[i]);
+    const std::vector<PutResult> retried = client.Put(again);
+    for (size_t j = 0; j < busy.size(); ++j) results[busy[j]] = retried[j];
+  }
+}
+
+}  // namespace
+
+Result<WeightsManifest> Client::PutWeights(
+    std::string model, std::string layout,
+    std::span<const WeightsTensorData> tensors, WeightsPutStats* stats) {
+  std::vector<WeightsTensor> described;
+  std::vector<std::span<const std::byte>> data;
+  described.reserve(tensors.size());
+  data.reserve(tensors.size());
+  for (const WeightsTensorData& t : tensors) {
+    if (t.tensor.bytes != 0 && t.tensor.bytes != t.data.size()) {
+      return Status::InvalidArgument(
+          fmt::format("tensor '{}' says {} bytes but its data has {}",
+                      t.tensor.name, t.tensor.bytes, t.data.size()));
+    }
+    described.push_back(t.tensor);
+    described.back().bytes = t.data.size();
+    data.push_back(t.data);
+  }
+  auto planned = PlanWeightsImage(std::move(model), std::move(layout),
+                                  std::move(described));
+  if (!planned.ok()) return planned.status();
+  WeightsManifest manifest = std::move(planned).value();
+  if (manifest.tensors.size() != data.size()) {
+    return Status::Internal("PlanWeightsImage changed the tensor count");
+  }
+
+  client_internal::WeightsChunkSource source(manifest, data);
+  WeightsPutStats counted;
+  const uint64_t batch_bytes = BatchBytes(impl_->weights_batch_bytes_);
+  // Keys stored (or found stored) by this call: a chunk that repeats in the
+  // shard (two equal tensors) is put once; a second reservation of a key
+  // in flight would be refused as Busy.
+  std::unordered_set<PageHash> stored;
+  std::vector<std::byte> pack_buffer;
+  bool flush_batches = true;  // until the daemon says it has no NVMe tier
+  for (size_t begin = 0; begin < manifest.chunks.size();) {
+    // One batch: chunks [begin, end), about batch_bytes.
+    size_t end = begin;
+    uint64_t bytes = 0;
+    uint64_t pack_bytes = 0;
+    std::vector<std::optional<std::span<const std::byte>>> direct;
+    while (
+        end < manifest.chunks.size() &&
+        (end == begin || bytes + manifest.chunks[end].bytes <= batch_bytes)) {
+      direct.push_back(source.Direct(end));
+      if (!direct.back()) pack_bytes += manifest.chunks[end].bytes;
+      bytes += manifest.chunks[end].bytes;
+      ++end;
+    }
+    pack_buffer.resize(pack_bytes);
+    std::vector<SegmentWrite> writes;
+    std::vector<size_t> written;  // chunk index per write
+    uint64_t pack_used = 0;
+    for (size_t c = begin; c < end; ++c) {
+      WeightsChunk& chunk = manifest.chunks[c];
+      std::span<const std::byte> bytes_of_chunk;
+      if (direct[c - begin]) {
+        bytes_of_chunk = *direct[c - begin];
+      } else {
+        std::span<std::byte> out(pack_buffer.data() + pack_used, chunk.bytes);
+        source.Assemble(c, out);
+        pack_used += chunk.bytes;
+        bytes_of_chunk = out;
+      }
+      chunk.key = WeightsChunkKey(bytes_of_chunk);
+      if (!stored.insert(chunk.key).second) {
+        ++counted.chunks_deduplicated;
+        counted.bytes_deduplicated += chunk.bytes;
+        continue;
+      }
+      writes.push_back({ChunkSegment(chunk.key), bytes_of_chunk});
+      written.push_back(c);
+    }
+    const std::vector<PutResult> results =
+        PutRetryingBusy(*this, writes, impl_->timeout_);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const size_t c = written[i];
+      if (!results[i].ok()) {
+        return Status(results[i].status.code(),
+                      fmt::format("storing {}: {}", source.Describe(c),
+                                  results[i].status.message()));
+      }
+      if (results[i].already_stored) {
+        ++counted.chunks_deduplicated;
+        counted.bytes_deduplicated += manifest.chunks[c].bytes;
+      } else {
+        ++counted.chunks_stored;
+        counted.bytes_stored += manifest.chunks[c].bytes;
+      }
+    }
+    // Durable batch by batch: Seal makes every chunk durable on NVMe before
+    // it answers, and a whole shard's write-back at that point would take
+    // longer than one reply may (ClientOptions::timeout) for shards of tens
+    // of GiB; it also keeps the dirty (unevictable) bytes in DRAM to about
+    // one batch. Stored and deduplicated chunks alike: a chunk another
+    // shard stored may still wait for write-back.
+    if (flush_batches && !writes.empty()) {
+      std::vector<SegmentKey> keys;
+      keys.reserve(writes.size());
+      for (const SegmentWrite& w : writes) keys.push_back(w.key);
+      const std::vector<Status> flushed = Flush(keys);
+      const bool no_nvme_tier =
+          std::all_of(flushed.begin(), flushed.end(), [](const Status& f) {
+            return f.code() == StatusCode::kInvalidArgument;
+          });
+      if (no_nvme_tier) {
+        flush_batches = false;  // nothing to make durable, now or at Seal
+      } else {
+        for (size_t i = 0; i < flushed.size(); ++i) {
+          if (!flushed[i].ok()) {
+            return Status(
+                flushed[i].code(),
+                fmt::format("writing {} to NVMe: {}",
+                            source.Describe(written[i]), flushed[i].message()));
+          }
+        }
+      }
+    }
+    begin = end;
+  }
+  pack_buffer = {};
+
+  transport::WeightsSealResponse sealed;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(
+      Opcode::kWeightsSeal,
+      transport::Encode(
+          transport::WeightsSealRequest{EncodeWeightsManifest(manifest)}),
+      sealed));
+  if (sealed.version != WeightsVersionOf(manifest)) {
+    return Status::ProtocolError(fmt::format(
+        "the daemon sealed version {} of a manifest whose "
+        "version is {}",
+        sealed.version.ToHex(), WeightsVersionOf(manifest).ToHex()));
+  }
+  if (stats) *stats = counted;
+  return manifest;
+}
+
+Result<WeightsManifest> Client::GetWeightsManifest(const WeightsId& id) {
+  transport::WeightsManifestResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(
+      Opcode::kWeightsManifest,
+      transport::Encode(transport::WeightsSelectRequest{
+          .model = id.model, .layout = id.layout, .version = id.version}),
+      resp));
+  auto manifest = DecodeWeightsManifest(resp.manifest);
+  if (!manifest.ok()) return manifest.status();
+  // Never trust that the daemon answered the question asked: an engine
+  // that loads other weights than it asked for computes garbage silently.
+  if (manifest->model != id.model || manifest->layout != id.layout ||
+      (id.version != PageHash{} && WeightsVersionOf(*manifest) != id.version)) {
+    return Status::Corruption(fmt::format(
+        "asked for the manifest of {} / {} version {}, the daemon sent {} / "
+        "{} version {}",
+        id.model, id.layout, id.version.ToHex(), manifest->model,
+        manifest->layout, WeightsVersionOf(*manifest).ToHex()));
+  }
+  return manifest;
+}
+
+Status Client::PrefetchWeights(const WeightsId& id, LayerRange layers) {
+  transport::StatusResponse resp;
+  return impl_->Call(
+      Opcode::kWeightsPrefetch,
+      transport::Encode(transport::WeightsSelectRequest{.model = id.model,
+                                                        .layout = id.layout,
+                                                        .version = id.version,
+                                                        .layers = layers}),
+      resp);
+}
+
+Result<std::vector<WeightsInfo>> Client::ListWeights(const std::string& model) {
+  transport::WeightsListResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(
+      Opcode::kWeightsList,
+      transport::Encode(transport::WeightsSelectRequest{.model = model}),
+      resp));
+  return std::move(resp.shards);
+}
+
+Result<WeightsDropped> Client::DropWeights(const WeightsId& id) {
+  if (id.model.empty()) {
+    return Status::InvalidArgument("DropWeights needs a model");
+  }
+  transport::WeightsDropResponse resp;
+  TIERKV_RETURN_IF_ERROR(impl_->Call(
+      Opcode::kWeightsDrop,
+      transport::Encode(transport::WeightsSelectRequest{
+          .model = id.model, .layout = id.layout, .version = id.version}),
+      resp));
+  return WeightsDropped{.shards = resp.dropped,
+                        .freed_bytes = resp.freed_bytes};
+}
+
+// ---- LoadWeights ----------------------------------------------------------
+
+// The loader thread and what it publishes: one Status per finished layer,
+// in layer order. `statuses_` grows under mu_ (waiters block on done_cv_);
+// `done_` mirrors its size for the lock-free LayersDone (release: the
+// layer's bytes in the image and its Status are written before it).
+class WeightsLoad::Loader {
+ public:
+  Loader(Client* client, uint64_t batch_bytes, WeightsManifest manifest,
+         std::span<std::byte> image, uint32_t first, uint32_t count)
+      : client_(client),
+        batch_bytes_(batch_bytes),
+        manifest_(std::move(manifest)),
+        image_(image),
+        first_(first),
+        count_(count) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Loader() {
+    stop_.store(true, std::memory_order_relaxed);
+    thread_.join();
+  }
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  Status WaitLayer(uint32_t layer) EXCLUDES(mu_) {
+    if (layer < first_ || layer - first_ >= count_) {
+      return Status::InvalidArgument(
+          fmt::format("layer {} is outside this load (layers [{}, {}))", layer,
+                      first_, first_ + count_));
+    }
+    MutexLock lock(&mu_);
+    while (statuses_.size() <= layer - first_) done_cv_.Wait(&mu_);
+    return statuses_[layer - first_];
+  }
+  Status Wait() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (statuses_.size() < count_) done_cv_.Wait(&mu_);
+    for (const Status& s : statuses_) {
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
+  uint32_t LayersDone() const { return done_.load(std::memory_order_acquire); }
+  uint32_t first() const { return first_; }
+  uint32_t count() const { return count_; }
+
+ private:
+  void Run();
+  Status LoadLayer(uint32_t layer);
+  void Publish(Status s) EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      statuses_.push_back(std::move(s));
+      done_.store(static_cast<uint32_t>(statuses_.size()),
+                  std::memory_order_release);
+    }
+    done_cv_.SignalAll();
+  }
+
+  Client* const client_;  // borrowed; outlives the handle (REQUIRES)
+  const uint64_t batch_bytes_;
+  const WeightsManifest manifest_;
+  const std::span<std::byte> image_;  // the caller's
+  const uint32_t first_;
+  const uint32_t count_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> done_{0};
+  Mutex mu_;
+  CondVar done_cv_;
+  std::vector<Status> statuses_ GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+void WeightsLoad::Loader::Run() {
+  Status broken;  // a connection failure: every later layer fails with it
+  for (uint32_t layer = first_; layer < first_ + count_; ++layer) {
+    TIERKV_SYNC_POINT_CALLBACK("WeightsLoad::BeforeLayer", &layer);
+    if (stop_.load(std::memory_order_relaxed)) {
+      broken = Status::Shutdown("the load was abandoned");
+    }
+    Status s = broken.ok() ? LoadLayer(layer) : broken;
+    if (BreaksTheConnection(s)) broken = s;
+    Publish(std::move(s));
+  }
+}
+
+Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
+  const auto [first, last] = manifest_.ChunksOfLayer(layer);
+  for (size_t begin = first; begin < last;) {
+    // A few Get calls per layer, each about batch_bytes_: the daemon leases
+    // (pins) what one call reads until it is copied.
+    size_t end = begin;
+    uint64_t bytes = 0;
+    std::vector<SegmentRead> reads;
+    while (end < last && (end == begin || bytes + manifest_.chunks[end].bytes <=
+                                              batch_bytes_)) {
+      const WeightsChunk& chunk = manifest_.chunks[end];
+      reads.push_back(
+          {ChunkSegment(chunk.key), image_.subspan(chunk.offset, chunk.bytes)});
+      bytes += chunk.bytes;
+      ++end;
+    }
+    const std::vector<Status> got = client_->Get(reads);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i].ok()) continue;
+      const std::string key = manifest_.chunks[begin + i].key.ToHex();
+      if (got[i].IsNotFound()) {
+        return Status::NotFound(fmt::format(
+            "chunk {} of layer {} is in no tier (the shard must be stored "
+            "again)",
+            key, layer));
+      }
+      return Status(got[i].code(), fmt::format("chunk {} of layer {}: {}", key,
+                                               layer, got[i].message()));
+    }
+    begin = end;
+  }
+  return Status::OK();
+}
+
+WeightsLoad::WeightsLoad() = default;
+WeightsLoad::WeightsLoad(WeightsLoad&&) noexcept = default;
+WeightsLoad& WeightsLoad::operator=(WeightsLoad&&) noexcept = default;
+WeightsLoad::~WeightsLoad() = default;
+
+Status WeightsLoad::WaitLayer(uint32_t layer) {
+  if (!loader_) return Status::InvalidArgument("empty weights load handle");
+  return loader_->WaitLayer(layer);
+}
+
+Status WeightsLoad::Wait() {
+  if (!loader_) return Status::InvalidArgument("empty weights load handle");
+  return loader_->Wait();
+}
+
+uint32_t WeightsLoad::LayersDone() const {
+  return loader_ ? loader_->LayersDone() : 0;
+}
+uint32_t WeightsLoad::first_layer() const {
+  return loader_ ? loader_->first() : 0;
+}
+uint32_t WeightsLoad::layer_count() const {
+  return loader_ ? loader_->count() : 0;
+}
+
+Result<WeightsLoad> Client::LoadWeights(const WeightsManifest& manifest,
+                                        std::span<std::byte> image,
+                                        LayerRange layers) {
+  TIERKV_RETURN_IF_ERROR(manifest.Validate());
+  if (image.size() < manifest.image_bytes) {
+    return Status::InvalidArgument(
+        fmt::format("the image buffer has {} bytes, the shard needs {}",
+                    image.size(), manifest.image_bytes));
+  }
+  if (layers.first >= manifest.num_layers ||
+      (layers.count != 0 &&
+       uint32_t{layers.first} + layers.count > manifest.num_layers)) {
+    return Status::InvalidArgument(
+        fmt::format("layers [{}, +{}) are outside the shard's {} layers",
+                    layers.first, layers.count, manifest.num_layers));
+  }
+  const uint32_t count =
+      layers.count ? layers.count : manifest.num_layers - layers.first;
+  WeightsLoad load;
+  load.loader_ = std::make_unique<WeightsLoad::Loader>(
+      this, BatchBytes(impl_->weights_batch_bytes_), manifest, image,
+      layers.first, count);
+  return load;
+}
+
+}  // namespace tierkv

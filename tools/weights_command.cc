@@ -1,0 +1,107 @@
+// `tierkv weights` (weights_command.h).
+#include "tools/weights_command.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+
+#include "client/weights_json.h"
+#include "tools/human_bytes.h"
+
+namespace tierkv::tools {
+
+CLI::App* AddWeightsCommand(CLI::App& app, WeightsCommand& cmd) {
+  auto* weights = app.add_subcommand(
+      "weights", "Model weights in a weights namespace (-n): import, ls, drop");
+  weights->require_subcommand(1);
+  cmd.import = weights->add_subcommand(
+      "import",
+      "Store a safetensors checkpoint (a file, or a directory) as one shard; "
+      "chunks stored before are not copied again");
+  cmd.import->add_option("path", cmd.path, ".safetensors file or directory")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd.import->add_option("--model", cmd.model, "model name")->required();
+  cmd.import
+      ->add_option("--layout", cmd.layout,
+                   "shard layout: engine, quantization, rank, e.g. "
+                   "vllm-0.25/bf16/rank0-of-1")
+      ->required();
+  cmd.ls = weights->add_subcommand("ls", "List the sealed shards");
+  cmd.ls->add_option("--model", cmd.model, "only this model");
+  cmd.ls->add_flag("--json", cmd.json, "print JSON");
+  cmd.drop = weights->add_subcommand(
+      "drop", "Unseal shards; chunks no other shard uses are freed");
+  cmd.drop->add_option("--model", cmd.model, "model name")->required();
+  cmd.drop->add_option("--layout", cmd.layout,
+                       "only this layout (default: every layout)");
+  cmd.drop->add_option("--version", cmd.version,
+                       "only this version, 32 hex digits (default: every "
+                       "version)");
+  return weights;
+}
+
+namespace {
+
+Status Import(Client& client, const WeightsCommand& cmd) {
+  WeightsPutStats stats;
+  auto m = ImportSafetensors(client, cmd.model, cmd.layout, cmd.path, &stats);
+  if (!m.ok()) return m.status();
+  fmt::print(
+      "imported {} / {} version {}: {} tensors in {} layers, {} chunks, {}\n",
+      m->model, m->layout, WeightsVersionOf(*m).ToHex(), m->tensors.size(),
+      m->num_layers, m->chunks.size(), HumanBytes(m->image_bytes));
+  fmt::print("  stored {} chunks ({}), {} deduplicated ({}, not copied)\n",
+             stats.chunks_stored, HumanBytes(stats.bytes_stored),
+             stats.chunks_deduplicated, HumanBytes(stats.bytes_deduplicated));
+  return Status::OK();
+}
+
+Status List(Client& client, const WeightsCommand& cmd) {
+  auto shards = client.ListWeights(cmd.model);
+  if (!shards.ok()) return shards.status();
+  if (cmd.json) {
+    fmt::print("{}\n", client_internal::WeightsListJson(*shards));
+    return Status::OK();
+  }
+  fmt::print(
+      "{:<24} {:<28} {:<32} {:>6} {:>7} {:>10} {:>6} {:>6} {:>7} {:>10}\n",
+      "model", "layout", "version", "layers", "tensors", "size", "dram", "nvme",
+      "missing", "unique");
+  for (const WeightsInfo& s : *shards) {
+    fmt::print(
+        "{:<24} {:<28} {:<32} {:>6} {:>7} {:>10} {:>6} {:>6} {:>7} {:>10}\n",
+        s.id.model, s.id.layout, s.id.version.ToHex(), s.num_layers, s.tensors,
+        HumanBytes(s.image_bytes), s.chunks_in_dram, s.chunks_on_nvme,
+        s.chunks_missing, HumanBytes(s.unique_bytes));
+  }
+  return Status::OK();
+}
+
+Status Drop(Client& client, const WeightsCommand& cmd) {
+  WeightsId id{.model = cmd.model, .layout = cmd.layout};
+  if (!cmd.version.empty()) {
+    auto version = PageHash::FromHex(cmd.version);
+    if (!version.ok()) {
+      return Status::InvalidArgument("--version must be 32 hex digits");
+    }
+    id.version = *version;
+  }
+  auto dropped = client.DropWeights(id);
+  if (!dropped.ok()) return dropped.status();
+  fmt::print("dropped {} shard{}, freed {}\n", dropped->shards,
+             dropped->shards == 1 ? "" : "s", HumanBytes(dropped->freed_bytes));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RunWeightsCommand(Client& client, const WeightsCommand& cmd) {
+  if (cmd.import->parsed()) return Import(client, cmd);
+  if (cmd.ls->parsed()) return List(client, cmd);
+  if (cmd.drop->parsed()) return Drop(client, cmd);
+  return Status::InvalidArgument("weights: import, ls or drop");
+}
+
+}  // namespace tierkv::tools
