@@ -604,6 +604,34 @@ TEST_F(WeightsDaemonTest, HintsPrefetchSoonNeededShardsAndPinsAreCounted) {
   EXPECT_EQ(kv_pin->status.code(), StatusCode::kInvalidArgument);
 }
 
+// The client calls for the same requests (client/weights_policy.cc).
+TEST_F(WeightsDaemonTest, ClientHintsAndPinsShards) {
+  const TestShard a = ShardA();
+  auto c = Connect();
+  RawConnection raw = Raw();
+  for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
+  ASSERT_OK(raw.Seal(a.encoded));
+  const WeightsId id{a.manifest.model, a.manifest.layout, {}};
+  const WeightsHint hints[] = {{id, std::chrono::seconds(30)}};
+  ASSERT_OK(c->HintWeights(hints));
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 1);
+  const WeightsHint unknown[] = {{id, std::chrono::seconds(1)},
+                                 {{"nope", "x", {}}, std::chrono::seconds(1)}};
+  const Status partly = c->HintWeights(unknown);
+  EXPECT_EQ(partly.code(), StatusCode::kNotFound);
+  EXPECT_NE(partly.message().find("hint 1 ('nope' 'x')"), std::string::npos)
+      << partly.ToString();
+  const WeightsHint clear[] = {{id, std::chrono::milliseconds(-1)}};
+  ASSERT_OK(c->HintWeights(clear));
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 0);
+  ASSERT_OK(c->PinWeights(id, std::chrono::minutes(1)));
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 1);
+  ASSERT_OK(c->PinWeights(id, std::chrono::milliseconds(0)));
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 0);
+  EXPECT_EQ(c->PinWeights({"nope", "", {}}, std::chrono::seconds(1)).code(),
+            StatusCode::kNotFound);
+}
+
 TEST_F(WeightsDaemonTest, KvNamespacesRefuseWeightsRequestsAndKeepWorking) {
   RawConnection raw = Raw("kv");
   const TestShard a = ShardA();
