@@ -189,7 +189,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 #endif
   for (const NamespaceConfig& nc : config.namespaces) {
     if (nc.nvme_bytes == 0 || !d->nvme_) continue;
-    Status s = d->nvme_->SetNamespaceQuota(nc.name, nc.nvme_bytes);
+    // A weights namespace's share evicts by its schedule, as its DRAM does.
+    Status s = d->nvme_->SetNamespaceQuota(
+        nc.name, nc.nvme_bytes,
+        nc.weights ? storage::EvictionPolicyKind::kWeights
+                   : storage::NvmeStore::kPolicy);
     if (s.code() == StatusCode::kInvalidArgument) return s;
     if (!s.ok()) {
       // A read-only catalog cannot register a new namespace; it shares the

@@ -139,6 +139,10 @@ size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
 }
 
 void CacheEngine::SetSchedule(EngineNamespace& ns, ScheduleTable table) {
+  for (size_t t = 0; t < chain_->size(); ++t) {
+    Tier& tier = chain_->at(t);
+    if (!tier.remote()) tier.SetSchedule(ns.tiers_.ns, table);
+  }
   ns.host_->SetSchedule(std::move(table));
 }
 

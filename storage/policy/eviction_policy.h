@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "storage/policy/eviction_policy_kind.h"
+#include "storage/policy/schedule_standing.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -66,18 +67,6 @@ using PolicySet = boost::intrusive::multiset<
     boost::intrusive::member_hook<PolicyState, PolicyState::SetHook,
                                   &PolicyState::set_hook>,
     boost::intrusive::key_of_value<RankOf>>;
-
-// Where a content-addressed segment (a weights chunk) stands in its
-// catalog's schedule (storage/weights/weights_catalog.h): fed to the
-// `weights` policy by SetSchedule; the others ignore it.
-struct ScheduleStanding {
-  // A pinned shard names it: never a victim while the pin lasts.
-  bool pinned = false;
-  // The nearest next use (ms on the catalog's clock, any epoch) over the
-  // hinted shards naming it; none: no such shard.
-  std::optional<int64_t> next_use_ms;
-};
-using ScheduleTable = std::unordered_map<SegmentKey, ScheduleStanding>;
 
 // Where Link places a segment in the order.
 enum class LinkAt : uint8_t {
