@@ -148,6 +148,10 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
       return responder.Send(WeightsDrop(*ns, in));
     case Opcode::kWeightsPrefetch:
       return responder.Send(WeightsPrefetch(*ns, in));
+    case Opcode::kWeightsHint:
+      return responder.Send(WeightsHint(*ns, in));
+    case Opcode::kWeightsPin:
+      return responder.Send(WeightsPin(*ns, in));
     default:
       break;
   }
@@ -565,6 +569,10 @@ HandlerReply CacheService::Stats(Namespace& ns) {
     moved.Counter("promotions_failed", mv.promotions_failed);
     moved.Counter("prefetch_batches", mv.prefetch_batches);
     moved.Counter("prefetch_dropped", mv.prefetch_dropped);
+    // Background (weights) prefetches: batches, slices promoted, dropped.
+    moved.Counter("background_prefetch_batches", mv.background_batches);
+    moved.Counter("background_prefetch_slices", mv.background_slices);
+    moved.Counter("background_prefetch_dropped", mv.background_dropped);
     moved.Gauge("prefetch_queue_depth",
                 static_cast<double>(mv.prefetch_queue_depth));
     if (const storage::Tier* target = engine_->chain().demotion_target()) {
@@ -657,9 +665,16 @@ HandlerReply CacheService::Stats(Namespace& ns) {
     // Sealed shards, the chunk bytes they name (a chunk once per shard)
     // and the bytes of their distinct chunks (what storing them takes).
     const storage::WeightsCatalog::Totals w = ns.weights->totals();
+    // Shards with a schedule hint or a pin, and the distinct chunk bytes
+    // pinned in DRAM.
+    const storage::WeightsCatalog::ScheduleTotals sched =
+        ns.weights->schedule_totals();
     j["weights"] = {{"shards", w.shards},
                     {"referenced_bytes", w.referenced_bytes},
-                    {"unique_bytes", w.unique_bytes}};
+                    {"unique_bytes", w.unique_bytes},
+                    {"hinted_shards", sched.hinted_shards},
+                    {"pinned_shards", sched.pinned_shards},
+                    {"pinned_bytes", sched.pinned_bytes}};
   }
   AddFlatTierObjects(tiers, j);
   j["tiers"] = std::move(tiers);

@@ -98,6 +98,8 @@ class CacheService final : public transport::FrameHandler {
   Reply WeightsList(Namespace& ns, In in);
   Reply WeightsDrop(Namespace& ns, In in);
   Reply WeightsPrefetch(Namespace& ns, In in);
+  Reply WeightsHint(Namespace& ns, In in);
+  Reply WeightsPin(Namespace& ns, In in);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

@@ -689,13 +689,13 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       NamespaceConfig ns;
       TIERKV_RETURN_IF_ERROR(ReadString(*t, "namespace", "name", ns.name));
       const std::string entry = ns.name;  // names the entry in errors
-      TIERKV_RETURN_IF_ERROR(
-          CheckKeys(*t, "namespace",
-                    {"name", "token", "token_file", "host_bytes", "shards",
-                     "hugepages", "prefault", "host_alignment", "write_policy",
-                     "nvme_bytes", "hbm_bytes", "max_connections",
-                     "eviction_policy", "shared", "weights"},
-                    entry));
+      TIERKV_RETURN_IF_ERROR(CheckKeys(
+          *t, "namespace",
+          {"name", "token", "token_file", "host_bytes", "shards", "hugepages",
+           "prefault", "host_alignment", "write_policy", "nvme_bytes",
+           "hbm_bytes", "max_connections", "eviction_policy", "shared",
+           "weights", "prefetch_horizon_ms", "prefetch_bytes_per_second"},
+          entry));
       TIERKV_RETURN_IF_ERROR(
           ReadString(*t, "namespace", "token", ns.token, entry));
       TIERKV_RETURN_IF_ERROR(
@@ -746,6 +746,29 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
         }
         ns.eviction_policy = *parsed;
       }
+      if (ns.weights && eviction.empty()) {
+        ns.eviction_policy = storage::EvictionPolicyKind::kWeights;
+      }
+      if (!ns.weights &&
+          ns.eviction_policy == storage::EvictionPolicyKind::kWeights) {
+        return Bad(KeyName("namespace", "eviction_policy", entry),
+                   "'weights' orders a weights namespace (weights = true)");
+      }
+      const bool has_horizon = t->contains("prefetch_horizon_ms");
+      const bool has_cap = t->contains("prefetch_bytes_per_second");
+      if (!ns.weights && (has_horizon || has_cap)) {
+        return Bad(KeyName("namespace",
+                           has_horizon ? "prefetch_horizon_ms"
+                                       : "prefetch_bytes_per_second",
+                           entry),
+                   "only a weights namespace (weights = true) prefetches "
+                   "weights");
+      }
+      TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "prefetch_horizon_ms",
+                                     ns.prefetch_horizon_ms, entry));
+      TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace",
+                                       "prefetch_bytes_per_second",
+                                       ns.prefetch_bytes_per_second, entry));
       c.namespaces.push_back(std::move(ns));
     }
   }

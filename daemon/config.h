@@ -131,8 +131,10 @@ struct NamespaceConfig {
   // ResourceExhausted. 0: server.max_connections. Default: 0.
   uint32_t max_connections = 0;
   // Which DRAM segment goes first when the namespace's arena is full
-  // (storage/policy/eviction_policy.h): "lru", or "2q" (segments used once go
-  // before segments used again). Default: lru.
+  // (storage/policy/eviction_policy.h): "lru", "2q" (segments used once go
+  // before segments used again), "s3fifo", "topk", or "weights" (weights
+  // namespaces only: by schedule hints and pins). Default: lru; weights
+  // for a weights namespace.
   storage::EvictionPolicyKind eviction_policy =
       storage::EvictionPolicyKind::kLru;
   // NVMe bytes reserved for this namespace (a multiple of 4 KiB): only its
@@ -154,6 +156,15 @@ struct NamespaceConfig {
   // MiB (kMinWeightsHostBytes), so that 64 MiB chunks can be promoted
   // while others are read. Default: false.
   bool weights = false;
+  // Weights namespaces only. A schedule hint (kWeightsHint) whose next use
+  // is at most this far ahead queues the shard's chunks that are below
+  // DRAM for promotion, in layer order, so the next model is in DRAM when
+  // it is loaded (ms; 0: hints never prefetch). Default: 60000.
+  uint64_t prefetch_horizon_ms = 60000;
+  // Weights namespaces only. Most bytes per second its weights promotions
+  // (kWeightsPrefetch and hints) may read from NVMe; accepts sizes
+  // ("2GiB"). 0: uncapped. Default: 0.
+  uint64_t prefetch_bytes_per_second = 0;
 };
 
 // The least host_bytes of a weights namespace: four of the largest chunks.

@@ -132,16 +132,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         nc.write_policy.value_or(!d->nvme_    ? WritePolicy::kNone
                                  : nc.weights ? WritePolicy::kWriteThrough
                                               : WritePolicy::kWriteBack);
-    spaces.push_back({.host = {.name = nc.name,
-                               .capacity_bytes = nc.host_bytes,
-                               .shards = nc.shards,
-                               .alignment = nc.host_alignment,
-                               .try_hugepages = nc.hugepages,
-                               .prefault = nc.prefault,
-                               .eviction_policy = nc.eviction_policy},
-                      .write_policy = write_policy,
-                      .hbm_quota_bytes = nc.hbm_bytes,
-                      .weights = nc.weights});
+    spaces.push_back(
+        {.host = {.name = nc.name,
+                  .capacity_bytes = nc.host_bytes,
+                  .shards = nc.shards,
+                  .alignment = nc.host_alignment,
+                  .try_hugepages = nc.hugepages,
+                  .prefault = nc.prefault,
+                  .eviction_policy = nc.eviction_policy},
+         .write_policy = write_policy,
+         .hbm_quota_bytes = nc.hbm_bytes,
+         .weights = nc.weights,
+         .prefetch_bytes_per_second = nc.prefetch_bytes_per_second});
   }
   storage::CacheEngineOptions eo;
   eo.lease_ttl = std::chrono::milliseconds(config.lease_ttl_ms);
@@ -187,7 +189,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 #endif
   for (const NamespaceConfig& nc : config.namespaces) {
     if (nc.nvme_bytes == 0 || !d->nvme_) continue;
-    Status s = d->nvme_->SetNamespaceQuota(nc.name, nc.nvme_bytes);
+    // A weights namespace's share evicts by its schedule, as its DRAM does.
+    Status s = d->nvme_->SetNamespaceQuota(
+        nc.name, nc.nvme_bytes,
+        nc.weights ? storage::EvictionPolicyKind::kWeights
+                   : storage::NvmeStore::kPolicy);
     if (s.code() == StatusCode::kInvalidArgument) return s;
     if (!s.ok()) {
       // A read-only catalog cannot register a new namespace; it shares the
@@ -212,7 +218,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           // A manifest must fit the reply that carries it back, within the
           // frames this daemon and its clients (16 MiB) accept.
           {.max_manifest_bytes = std::min<uint64_t>(
-               config.max_frame_bytes - 4096, kWeightsMaxManifestBytes)},
+               config.max_frame_bytes - 4096, kWeightsMaxManifestBytes),
+           .prefetch_horizon =
+               std::chrono::milliseconds(nc.prefetch_horizon_ms)},
           d->engine_.get(), ns->engine,
           d->nvme_ ? &d->nvme_->catalog() : nullptr);
       if (!weights.ok()) {
@@ -378,6 +386,8 @@ void Daemon::SweepLoop() {
     if (size_t n = engine_->ExpireLeases()) {
       spdlog::info("expired {} leases of unresponsive clients", n);
     }
+    // Pins past their ttl end; hinted shards near their use prefetch.
+    for (const auto& weights : weights_) weights->Tick();
     metrics_.active_leases().Set(static_cast<double>(engine_->active_leases()));
     lock.Lock();
   }

@@ -86,6 +86,10 @@ const char* OpName(uint16_t opcode) {
       return "weights_drop";
     case Opcode::kWeightsPrefetch:
       return "weights_prefetch";
+    case Opcode::kWeightsHint:
+      return "weights_hint";
+    case Opcode::kWeightsPin:
+      return "weights_pin";
   }
   return nullptr;
 }

@@ -109,6 +109,12 @@ std::vector<MetricFamily> NvmeMetrics::Collect() const {
            static_cast<double>(mv.prefetch_batches));
   AddValue(batches, {{"kind", "prefetch_dropped"}},
            static_cast<double>(mv.prefetch_dropped));
+  AddValue(batches, {{"kind", "background_prefetch"}},
+           static_cast<double>(mv.background_batches));
+  AddValue(batches, {{"kind", "background_prefetch_slice"}},
+           static_cast<double>(mv.background_slices));
+  AddValue(batches, {{"kind", "background_prefetch_dropped"}},
+           static_cast<double>(mv.background_dropped));
   out.push_back(std::move(batches));
   return out;
 }

@@ -109,4 +109,32 @@ HandlerReply CacheService::WeightsPrefetch(Namespace& ns, In in) {
   return Ok(StatusResponse{queued.status()});
 }
 
+HandlerReply CacheService::WeightsHint(Namespace& ns, In in) {
+  WeightsHintRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  ItemStatusResponse resp;
+  if (ns.weights == nullptr) {
+    resp.status = NotWeights(ns);
+    return Ok(resp);
+  }
+  std::vector<storage::WeightsCatalog::ShardHint> hints;
+  hints.reserve(req.items.size());
+  for (WeightsHintItem& item : req.items) {
+    hints.push_back(
+        {std::move(item.id), std::chrono::milliseconds(item.next_use_ms)});
+  }
+  resp.items = ns.weights->Hint(hints);
+  return Ok(resp);
+}
+
+HandlerReply CacheService::WeightsPin(Namespace& ns, In in) {
+  WeightsPinRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  if (ns.weights == nullptr) return Ok(StatusResponse{NotWeights(ns)});
+  // A ttl past int64 ms is forever in practice: clamp, never wrap.
+  const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(
+      std::min<uint64_t>(req.ttl_ms, uint64_t{INT64_MAX} / 2)));
+  return Ok(StatusResponse{ns.weights->Pin(req.id, ttl)});
+}
+
 }  // namespace tierkv::daemon

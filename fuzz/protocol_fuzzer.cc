@@ -43,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::span<const std::byte> in(
       reinterpret_cast<const std::byte*>(data) + 1, size - 1);
-  switch (data[0] % 27) {
+  switch (data[0] % 29) {
     case 0:
       Try<JsonResponse>(in);
       break;
@@ -122,6 +122,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 25:
       TryManifest(in);
+      break;
+    case 26:
+      Try<WeightsHintRequest>(in);
+      break;
+    case 27:
+      Try<WeightsPinRequest>(in);
       break;
     default:
       (void)DecodeError(in);

@@ -410,6 +410,18 @@ void Fields(auto& io, Is<WeightsDropResponse> auto& m) {
   io.Field(m.freed_bytes);
 }
 
+void Fields(auto& io, Is<WeightsHintItem> auto& m) {
+  io.Field(m.id);
+  io.Field(m.next_use_ms);
+}
+
+void Fields(auto& io, Is<WeightsHintRequest> auto& m) { io.Field(m.items); }
+
+void Fields(auto& io, Is<WeightsPinRequest> auto& m) {
+  io.Field(m.id);
+  io.Field(m.ttl_ms);
+}
+
 template <typename M>
 std::vector<std::byte> EncodeFields(const M& m) {
   FieldEncoder encoder;
@@ -461,6 +473,8 @@ TIERKV_ENCODE_DECODE(WeightsSelectRequest)
 TIERKV_ENCODE_DECODE(WeightsManifestResponse)
 TIERKV_ENCODE_DECODE(WeightsListResponse)
 TIERKV_ENCODE_DECODE(WeightsDropResponse)
+TIERKV_ENCODE_DECODE(WeightsHintRequest)
+TIERKV_ENCODE_DECODE(WeightsPinRequest)
 
 #undef TIERKV_ENCODE_DECODE
 

@@ -47,7 +47,9 @@ enum class Opcode : uint16_t {
   kWeightsList = 22,      // (model filter) -> one WeightsInfo per shard
   kWeightsDrop = 23,      // (model, layout, version) -> dropped, bytes freed
   kWeightsPrefetch = 24,  // (model, layout, version, layers) -> queued
-  kLastOpcode = kWeightsPrefetch,
+  kWeightsHint = 25,      // (shard, next use in ms)s -> per-item status
+  kWeightsPin = 26,       // (shard, ttl in ms; 0 unpins) -> status
+  kLastOpcode = kWeightsPin,
 };
 
 // Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
@@ -269,6 +271,23 @@ struct WeightsDropResponse {
   uint32_t dropped = 0;      // shards unsealed
   uint64_t freed_bytes = 0;  // chunk bytes no sealed shard references now
 };
+// kWeightsHint: when a sealed shard (newest version of (model, layout) for
+// a zero version) is next used, in ms from the daemon's receipt; a negative
+// value clears its hint. Replied with ItemStatusResponse: one Status per
+// item (NotFound: no such shard; the other items still apply).
+struct WeightsHintItem {
+  WeightsId id;
+  int64_t next_use_ms = -1;
+};
+struct WeightsHintRequest {
+  std::vector<WeightsHintItem> items;
+};
+// kWeightsPin: keeps one sealed shard's chunks in DRAM for ttl_ms (0:
+// unpin). Replied with StatusResponse.
+struct WeightsPinRequest {
+  WeightsId id;
+  uint64_t ttl_ms = 0;
+};
 struct ListedSegment {
   SegmentKey key;
   uint64_t size = 0;
@@ -306,6 +325,8 @@ std::vector<std::byte> Encode(const WeightsSelectRequest& m);
 std::vector<std::byte> Encode(const WeightsManifestResponse& m);
 std::vector<std::byte> Encode(const WeightsListResponse& m);
 std::vector<std::byte> Encode(const WeightsDropResponse& m);
+std::vector<std::byte> Encode(const WeightsHintRequest& m);
+std::vector<std::byte> Encode(const WeightsPinRequest& m);
 
 // Decoders: `out` is valid only when OK is returned.
 Status Decode(std::span<const std::byte> in, JsonResponse& out);
@@ -335,6 +356,8 @@ Status Decode(std::span<const std::byte> in, WeightsSelectRequest& out);
 Status Decode(std::span<const std::byte> in, WeightsManifestResponse& out);
 Status Decode(std::span<const std::byte> in, WeightsListResponse& out);
 Status Decode(std::span<const std::byte> in, WeightsDropResponse& out);
+Status Decode(std::span<const std::byte> in, WeightsHintRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsPinRequest& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);

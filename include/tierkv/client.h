@@ -330,6 +330,14 @@ struct WeightsDropped {
   uint64_t freed_bytes = 0;  // chunk bytes no sealed shard references now
 };
 
+// When a sealed shard is next used (Client::HintWeights): `id` as for
+// PrefetchWeights (zero version: the newest sealed now), `next_use` from
+// now; negative: no known next use (clears the shard's hint).
+struct WeightsHint {
+  WeightsId id;
+  std::chrono::milliseconds next_use{-1};
+};
+
 // A shard loading into a caller's image buffer (Client::LoadWeights), layer
 // by layer in order, on a loader thread of its own, so the engine computes
 // layer l while l + 1 loads.
@@ -559,6 +567,21 @@ class Client {
   // references any more is freed. NotFound when nothing matched;
   // InvalidArgument without a model.
   Result<WeightsDropped> DropWeights(const WeightsId& id);
+
+  // Tells the daemon when shards are next used (a schedule: MOPD teachers
+  // in turn). Its DRAM then evicts the chunks of unhinted shards first,
+  // then those whose next use is farthest, so a version leaves whole; a
+  // shard needed within the namespace's prefetch_horizon_ms is promoted
+  // from NVMe ahead of its load. Every hint applies alone: OK when all
+  // did, else the first failure, naming its item (NotFound: no such
+  // shard). Hints live in the daemon's memory (a restart clears them).
+  Status HintWeights(std::span<const WeightsHint> hints);
+  // Keeps shard `id` (zero version: the newest) in DRAM for `ttl`: its
+  // chunks are promoted and not evicted until the ttl passes or a
+  // PinWeights with ttl 0 unpins it. NotFound for an unknown shard;
+  // ResourceExhausted when the pinned shards' chunks would pass half the
+  // namespace's DRAM. A later pin of a pinned shard sets its new ttl.
+  Status PinWeights(const WeightsId& id, std::chrono::milliseconds ttl);
 
  private:
   friend class ReadLease;

@@ -101,6 +101,7 @@ Result<std::unique_ptr<CacheEngine>> CacheEngine::Open(
         .top = ns->host_.get(),
         .policy = tiers_below->empty() ? WritePolicy::kNone : o.write_policy,
         .fingerprint = &ns->fingerprint_,
+        .prefetch_bytes_per_second = o.prefetch_bytes_per_second,
     };
     pairs.push_back(&ns->tiers_);
     engine->spaces_.push_back(std::move(ns));

@@ -260,7 +260,9 @@ class CacheEngine {
   // given order (a loader's layer order), up to half the namespace's DRAM
   // (more would evict what was just promoted before it is read). Returns
   // how many were queued; 0 without tiers below DRAM. A hint: a full
-  // prefetch queue drops it, and Acquire promotes on demand.
+  // prefetch queue drops it, and Acquire promotes on demand. Queued at the
+  // mover's background IO class (after KV prefetches, flushes and
+  // demotion), within NamespaceOptions::prefetch_bytes_per_second.
   size_t PromoteInOrder(EngineNamespace& ns, std::span<const SegmentKey> keys);
   // Per item: whether a local tier below DRAM holds that chunk with that
   // size while DRAM does not (not a use of it). Reserve in a weights
@@ -268,6 +270,11 @@ class CacheEngine {
   // hashes, so equal keys hold equal bytes (all false without such tiers).
   std::vector<bool> ChunksHeldBelow(EngineNamespace& ns,
                                     std::span<const SegmentSize> items) const;
+  // Hands a weights catalog's chunk standings to the namespace's DRAM
+  // eviction policy (HostTier::SetSchedule).
+  void SetSchedule(EngineNamespace& ns, ScheduleTable table);
+  // The namespace's DRAM bytes.
+  uint64_t HostCapacity(const EngineNamespace& ns) const;
   // Removes `keys` from DRAM (those not leased, pinned or being written
   // back; the rest go by eviction) and from every local tier below it.
   void Erase(EngineNamespace& ns, std::span<const SegmentKey> keys);

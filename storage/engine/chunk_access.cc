@@ -125,15 +125,33 @@ size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
   const uint64_t budget = ns.host_->capacity_bytes() / 2;
   uint64_t bytes = 0;
   std::vector<SegmentKey> promote;
+  std::vector<uint64_t> sizes;
   for (size_t i = 0; i < below.size(); ++i) {
     if (where[i].tier == TierChain::kNowhere) continue;
     if (bytes + where[i].bytes > budget) break;  // keep the given order
     bytes += where[i].bytes;
     promote.push_back(below[i]);
+    sizes.push_back(where[i].bytes);
   }
   const size_t queued = promote.size();
-  if (queued > 0) mover_->Prefetch(&ns.tiers_, std::move(promote));
+  // Background class: KV promotions go first, within the namespace's cap.
+  if (queued > 0) {
+    mover_->Prefetch(&ns.tiers_, std::move(promote), IoClass::kBackground,
+                     std::move(sizes));
+  }
   return queued;
+}
+
+void CacheEngine::SetSchedule(EngineNamespace& ns, ScheduleTable table) {
+  for (size_t t = 0; t < chain_->size(); ++t) {
+    Tier& tier = chain_->at(t);
+    if (!tier.remote()) tier.SetSchedule(ns.tiers_.ns, table);
+  }
+  ns.host_->SetSchedule(std::move(table));
+}
+
+uint64_t CacheEngine::HostCapacity(const EngineNamespace& ns) const {
+  return ns.host_->capacity_bytes();
 }
 
 void CacheEngine::Erase(EngineNamespace& ns, std::span<const SegmentKey> keys) {

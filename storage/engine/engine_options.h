@@ -89,6 +89,10 @@ struct NamespaceOptions {
   // kWeightsMaxChunkBytes, and Commit checks the bytes against the key.
   // Default: false.
   bool weights = false;
+  // Weights namespaces: most bytes per second their prefetches
+  // (PromoteInOrder: kWeightsPrefetch, hints, pins) promote; they go at
+  // the mover's background IO class. 0: uncapped. Default: 0.
+  uint64_t prefetch_bytes_per_second = 0;
 };
 
 }  // namespace tierkv::storage

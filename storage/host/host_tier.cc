@@ -546,6 +546,25 @@ void HostTier::Report(std::span<const std::pair<SegmentKey, double>> reports) {
   }
 }
 
+void HostTier::SetSchedule(ScheduleTable table) {
+  std::vector<SegmentKey> changed;
+  {
+    MutexLock policy(&policy_mu_);
+    changed = policy_->SetSchedule(std::move(table));
+  }
+  // Lock order: shard, then policy. A segment committed between the swap
+  // and its Rerank here was placed by the new table already.
+  for (const SegmentKey& key : changed) {
+    Shard& shard = ShardFor(key);
+    MutexLock lock(&shard.mu);
+    auto it = shard.entries.find(key);
+    if (it == shard.entries.end() || !it->second.committed) continue;
+    MutexLock policy(&policy_mu_);
+    policy_->Rerank(it->second.policy);
+  }
+  AdvanceGeneration();  // a segment let go by its pin is evictable now
+}
+
 uint64_t HostTier::ReadyBytes() const {
   const uint64_t taken = used_bytes_.load(std::memory_order_relaxed) +
                          reserved_bytes_.load(std::memory_order_relaxed);

@@ -173,6 +173,12 @@ class HostTier final : public LeasedTier {
   // committed here are skipped.
   void Report(std::span<const std::pair<SegmentKey, double>> reports);
 
+  // The weights catalog's standing of each hinted or pinned chunk (every
+  // other key: none), replacing the previous table; the `weights` policy
+  // re-ranks the committed ones at once (EvictionPolicy::SetSchedule; the
+  // other policies ignore it). O(old + new keys).
+  void SetSchedule(ScheduleTable table);
+
   // A counter that advances whenever a segment of the tier is committed,
   // aborted or finishes a write-back: read it before a Reserve that
   // answered Busy, then WaitChange() for a reason to retry.

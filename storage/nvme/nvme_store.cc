@@ -825,7 +825,22 @@ Status NvmeStore::Remove(std::string_view ns, const SegmentKey& key) {
   return FlushPendingDeletes(needs_seq);
 }
 
-Status NvmeStore::SetNamespaceQuota(std::string_view ns, uint64_t bytes) {
+void NvmeStore::SetNamespaceSchedule(std::string_view ns, ScheduleTable table) {
+  auto ns_id = catalog_->FindNamespace(ns);
+  if (!ns_id.ok()) return;  // nothing stored, no quota
+  MutexLock lock(&mu_);
+  auto it = quota_shares_.find(*ns_id);
+  if (it == quota_shares_.end()) return;
+  Share& share = *it->second;
+  for (const SegmentKey& key : share.policy->SetSchedule(std::move(table))) {
+    auto s = index_.find(FullKey{*ns_id, key});
+    if (s == index_.end() || s->second->share != &share) continue;
+    share.policy->Rerank(s->second->policy);
+  }
+}
+
+Status NvmeStore::SetNamespaceQuota(std::string_view ns, uint64_t bytes,
+                                    EvictionPolicyKind policy) {
   if (bytes == 0 || bytes % options_.block_size != 0) {
     return Status::InvalidArgument(fmt::format(
         "nvme store: quota of {} must be a positive multiple of {} bytes", ns,
@@ -852,6 +867,7 @@ Status NvmeStore::SetNamespaceQuota(std::string_view ns, uint64_t bytes) {
       // so their order); those being read join when released.
       // Linked oldest first, each goes in at the newest end: O(1) apiece.
       share = std::make_unique<Share>();
+      share->policy = NewEvictionPolicy(policy);
       std::vector<Segment*> evictable;
       for (const auto& [key, segment] : index_) {
         if (key.ns_id != *ns_id) continue;

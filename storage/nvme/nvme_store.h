@@ -283,8 +283,17 @@ class NvmeStore {
   // quota can be changed but not removed while the store is open.
   // InvalidArgument when the quotas would exceed capacity_bytes or `bytes`
   // is not a positive multiple of block_size; IOError when a new namespace
-  // cannot be registered in the catalog (a read-only catalog).
-  Status SetNamespaceQuota(std::string_view ns, uint64_t bytes) EXCLUDES(mu_);
+  // cannot be registered in the catalog (a read-only catalog). `policy`
+  // orders the share's evictions (fixed by the first call; kWeights for a
+  // weights namespace, fed by SetNamespaceSchedule).
+  Status SetNamespaceQuota(std::string_view ns, uint64_t bytes,
+                           EvictionPolicyKind policy = kPolicy) EXCLUDES(mu_);
+  // Hands a weights catalog's chunk standings to namespace `ns`'s share
+  // (EvictionPolicy::SetSchedule) and re-ranks its stored segments at
+  // once. No effect without a quota for `ns` (the shared rest keeps one
+  // order for every namespace) or when its share's policy is not kWeights.
+  void SetNamespaceSchedule(std::string_view ns, ScheduleTable table)
+      EXCLUDES(mu_);
 
   NvmeStoreStats Stats() const;
   // The catalog refuses writes (NvmeStoreStats::read_only).

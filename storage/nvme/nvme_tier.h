@@ -46,6 +46,10 @@ class NvmeTier final : public Tier {
  public:
   // `store` is borrowed and must outlive the tier.
   explicit NvmeTier(NvmeStore* store, NvmeTierOptions options = {});
+  void SetSchedule(const TierNamespace& ns,
+                   const ScheduleTable& table) override {
+    store_->SetNamespaceSchedule(ns.name, table);
+  }
   // Runs the reads already queued (their `done` included), then joins the
   // readers.
   ~NvmeTier() override;

@@ -34,6 +34,8 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
       return NewS3FifoPolicy(options);
     case EvictionPolicyKind::kTopk:
       return NewTopkPolicy(options);
+    case EvictionPolicyKind::kWeights:
+      return NewWeightsPolicy();
   }
   return NewLruPolicy();
 }

@@ -20,9 +20,13 @@
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "storage/policy/eviction_policy_kind.h"
+#include "storage/policy/schedule_standing.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -97,6 +101,17 @@ class EvictionPolicy {
     (void)weight;
     (void)now;
   }
+  // Replaces the schedule standings of keys (keys absent: no hint, no pin)
+  // and returns every key whose standing may have changed (the old and
+  // the new table's); the tier then calls Rerank on those it holds.
+  // Default: ignored, returns nothing.
+  virtual std::vector<SegmentKey> SetSchedule(ScheduleTable table) {
+    (void)table;
+    return {};
+  }
+  // `s`'s standing may have changed: re-place it if it is linked (or
+  // held back as pinned). Default: nothing.
+  virtual void Rerank(PolicyState& s) { (void)s; }
   // Bytes of the linked segments.
   virtual uint64_t linked_bytes() const = 0;
 };
@@ -129,7 +144,7 @@ std::unique_ptr<EvictionPolicy> NewEvictionPolicy(
 void InsertByRank(PolicyList& list, PolicyState& s);
 
 // The implementations, one file each (lru_policy.cc, two_queue_policy.cc,
-// s3fifo_policy.cc, topk_policy.cc).
+// s3fifo_policy.cc, topk_policy.cc, weights_policy.cc).
 std::unique_ptr<EvictionPolicy> NewLruPolicy();
 std::unique_ptr<EvictionPolicy> NewTwoQueuePolicy(
     const EvictionPolicyOptions& options);
@@ -137,5 +152,6 @@ std::unique_ptr<EvictionPolicy> NewS3FifoPolicy(
     const EvictionPolicyOptions& options);
 std::unique_ptr<EvictionPolicy> NewTopkPolicy(
     const EvictionPolicyOptions& options);
+std::unique_ptr<EvictionPolicy> NewWeightsPolicy();
 
 }  // namespace tierkv::storage

@@ -10,8 +10,10 @@ Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
   if (name == "2q") return EvictionPolicyKind::kTwoQueue;
   if (name == "s3fifo") return EvictionPolicyKind::kS3Fifo;
   if (name == "topk") return EvictionPolicyKind::kTopk;
+  if (name == "weights") return EvictionPolicyKind::kWeights;
   return Status::InvalidArgument(fmt::format(
-      "unknown eviction policy '{}' (known: lru, 2q, s3fifo, topk)", name));
+      "unknown eviction policy '{}' (known: lru, 2q, s3fifo, topk, weights)",
+      name));
 }
 
 std::string_view EvictionPolicyName(EvictionPolicyKind kind) {
@@ -24,6 +26,8 @@ std::string_view EvictionPolicyName(EvictionPolicyKind kind) {
       return "s3fifo";
     case EvictionPolicyKind::kTopk:
       return "topk";
+    case EvictionPolicyKind::kWeights:
+      return "weights";
   }
   return "unknown";
 }

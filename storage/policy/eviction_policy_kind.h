@@ -15,10 +15,11 @@ enum class EvictionPolicyKind : uint8_t {
   kTwoQueue = 1,
   kS3Fifo = 2,
   kTopk = 3,
+  kWeights = 4,  // weights namespaces: by schedule hints and pins
 };
 
-// "lru" | "2q" | "s3fifo" | "topk"; InvalidArgument naming the known ones
-// otherwise.
+// "lru" | "2q" | "s3fifo" | "topk" | "weights"; InvalidArgument naming the
+// known ones otherwise.
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 std::string_view EvictionPolicyName(EvictionPolicyKind kind);
 

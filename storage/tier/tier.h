@@ -43,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "storage/policy/schedule_standing.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -172,6 +173,15 @@ class Tier {
                                       TierCounterVisitor& visitor) const {
     (void)ns;
     (void)visitor;
+  }
+
+  // A weights catalog's chunk standings for namespace `ns`
+  // (EvictionPolicy::SetSchedule), for a tier whose eviction can follow
+  // them. Default: ignored.
+  virtual void SetSchedule(const TierNamespace& ns,
+                           const ScheduleTable& table) {
+    (void)ns;
+    (void)table;
   }
 
   // Called once on each long-lived thread that will call Read or Write

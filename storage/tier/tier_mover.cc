@@ -72,8 +72,23 @@ void TierMover::Kick() {
 }
 
 void TierMover::Prefetch(const NamespaceTiers* tiers,
-                         std::vector<SegmentKey> keys) {
+                         std::vector<SegmentKey> keys, IoClass io,
+                         std::vector<uint64_t> bytes) {
   if (keys.empty()) return;
+  if (io == IoClass::kBackground) {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_ || background_.size() >= options_.prefetch_queue) {
+        background_dropped_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      if (bytes.size() != keys.size()) bytes.clear();
+      background_.push_back({tiers, std::move(keys), std::move(bytes)});
+    }
+    background_batches_.fetch_add(1, std::memory_order_relaxed);
+    work_cv_.Signal();
+    return;
+  }
   {
     MutexLock lock(&mu_);
     if (stopping_ || prefetches_.size() >= options_.prefetch_queue) {
@@ -105,16 +120,58 @@ void TierMover::Persist(const NamespaceTiers* tiers,
       keys.size(), Status::Busy("too many Flush batches waiting; retry")));
 }
 
+std::deque<TierMover::BackgroundJob>::iterator TierMover::ReadyBackgroundLocked(
+    Clock::TimePoint now, std::optional<Clock::TimePoint>* wake) {
+  // One worker stays for KV prefetches, flushes and demotion.
+  const uint32_t share =
+      std::max<uint32_t>(1, options_.workers) - (options_.workers > 1 ? 1 : 0);
+  if (background_running_ >= share) return background_.end();
+  for (auto it = background_.begin(); it != background_.end(); ++it) {
+    auto bucket = buckets_.find(it->tiers);
+    if (bucket == buckets_.end()) return it;
+    const Clock::TimePoint ready = bucket->second.ReadyAt(now);
+    if (ready <= now) return it;
+    if (wake != nullptr && (!*wake || ready < **wake)) *wake = ready;
+  }
+  return background_.end();
+}
+
+bool TierMover::TakeBackgroundSliceLocked(PrefetchJob* slice) {
+  const Clock::TimePoint now = clock_->Now();
+  auto it = ReadyBackgroundLocked(now);
+  if (it == background_.end()) return false;
+  BackgroundJob& job = *it;
+  const size_t end = std::min(
+      job.keys.size(),
+      job.next + std::max<uint32_t>(1, options_.background_slice_segments));
+  slice->tiers = job.tiers;
+  slice->keys.assign(job.keys.begin() + job.next, job.keys.begin() + end);
+  if (const uint64_t rate = job.tiers->prefetch_bytes_per_second;
+      rate > 0 && !job.bytes.empty()) {
+    uint64_t bytes = 0;
+    for (size_t i = job.next; i < end; ++i) bytes += job.bytes[i];
+    auto bucket = buckets_.try_emplace(job.tiers, rate, rate, now).first;
+    bucket->second.Take(bytes, now);
+  }
+  job.next = end;
+  if (job.next == job.keys.size()) background_.erase(it);
+  background_running_++;
+  return true;
+}
+
 void TierMover::WorkerLoop() {
   MutexLock lock(&mu_);
   while (true) {
     while (!stopping_ && !HasQueuedWorkLocked()) {
-      if (!unsynced_since_) {
+      // Wake for a group sync that comes due, or for a capped background
+      // prefetch whose bucket refills.
+      std::optional<Clock::TimePoint> wake;
+      if (unsynced_since_) wake = *unsynced_since_ + options_.sync_interval;
+      (void)ReadyBackgroundLocked(clock_->Now(), &wake);
+      if (!wake) {
         work_cv_.Wait(&mu_);
-      } else if (!clock_->WaitUntil(
-                     work_cv_, &mu_,
-                     *unsynced_since_ + options_.sync_interval)) {
-        break;  // a group sync is due
+      } else if (!clock_->WaitUntil(work_cv_, &mu_, *wake)) {
+        break;  // a sync is due or a bucket refilled: look again
       }
     }
     if (stopping_ && persists_.empty()) return;  // a Flush is answered
@@ -137,8 +194,22 @@ void TierMover::WorkerLoop() {
       PrefetchJob job = std::move(prefetches_.front());
       prefetches_.pop_front();
       lock.Unlock();
+      IoClass io = IoClass::kKv;
+      TIERKV_SYNC_POINT_CALLBACK(kBeforePrefetch, &io);
       PromoteBatch(*job.tiers, job.keys).clear();
       lock.Lock();
+    } else if (PrefetchJob slice;
+               !kicked_ && TakeBackgroundSliceLocked(&slice)) {
+      // Last: nothing more urgent waits (demotion included), one slice.
+      lock.Unlock();
+      IoClass io = IoClass::kBackground;
+      TIERKV_SYNC_POINT_CALLBACK(kBeforePrefetch, &io);
+      PromoteBatch(*slice.tiers, slice.keys).clear();
+      background_slices_.fetch_add(1, std::memory_order_relaxed);
+      lock.Lock();
+      background_running_--;
+    } else if (!kicked_) {
+      // A background job counted as ready was taken by another worker.
     } else {
       kicked_ = false;
       lock.Unlock();
@@ -399,6 +470,9 @@ TierMoverStats TierMover::Stats() const {
   s.written_bytes = written_bytes_.load(std::memory_order_relaxed);
   s.prefetch_batches = prefetch_batches_.load(std::memory_order_relaxed);
   s.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
+  s.background_slices = background_slices_.load(std::memory_order_relaxed);
+  s.background_batches = background_batches_.load(std::memory_order_relaxed);
+  s.background_dropped = background_dropped_.load(std::memory_order_relaxed);
   MutexLock lock(&mu_);
   s.prefetch_queue_depth = prefetches_.size();
   s.syncs = syncs_.load(std::memory_order_relaxed);

@@ -17,6 +17,13 @@
 //             demand, and Prefetch() queues a batch for the workers (a
 //             bounded queue of hints: a full queue drops the batch and
 //             counts it; the Get that follows promotes on demand).
+//             Background prefetches (IoClass::kBackground: weights) wait
+//             in a queue of their own, go in slices of
+//             background_slice_segments after every flush, KV prefetch and
+//             demotion waiting, never on more than workers - 1 workers at
+//             once (one, with a single worker), and within their
+//             namespace's prefetch_bytes_per_second (a TokenBucket on the
+//             mover's clock).
 //   persist   PersistBatch() writes host segments to the demotion target
 //             now: one durable Write for the batch. Persist() queues one
 //             for the workers (a client's Flush), ahead of everything else.
@@ -34,6 +41,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/mutex.h"
@@ -41,6 +49,7 @@
 #include "storage/engine/write_policy.h"
 #include "storage/tier/leased_tier.h"
 #include "storage/tier/tier_chain.h"
+#include "storage/tier/token_bucket.h"
 
 namespace tierkv::storage {
 
@@ -58,6 +67,10 @@ struct TierMoverOptions {
   // Persist batches (Flush) waiting for a worker; more are answered Busy.
   // Default: 1024.
   uint32_t persist_queue = 1024;
+  // Background prefetches are promoted this many segments at a time, so a
+  // KV prefetch queued behind a large one waits at most for a slice.
+  // Default: 4 (256 MiB of the largest weights chunks).
+  uint32_t background_slice_segments = 4;
   // Largest promotion round: bytes reserved in DRAM and read with one chain
   // read (never more than a quarter of the host tier, so a round cannot
   // evict itself). Default: 16 MiB.
@@ -92,7 +105,17 @@ struct TierMoverStats {
   uint64_t prefetch_batches = 0;  // queued
   uint64_t prefetch_dropped = 0;  // batches dropped: queue full
   uint64_t prefetch_queue_depth = 0;
+  // Background prefetches (weights): slices promoted, and batches queued
+  // or dropped (their queue holds prefetch_queue batches too).
+  uint64_t background_slices = 0;
+  uint64_t background_batches = 0;
+  uint64_t background_dropped = 0;
 };
+
+// A prefetch's IO class. kKv: an engine reads it next (Match, Load): first
+// after flushes. kBackground: ahead of a later use (weights hints and
+// kWeightsPrefetch): after everything else, rate-capped per namespace.
+enum class IoClass : uint8_t { kKv = 0, kBackground = 1 };
 
 // One namespace, as the mover sees it. The pointers are borrowed: the
 // owner keeps them alive until the mover is destroyed.
@@ -107,6 +130,9 @@ struct NamespaceTiers {
   // The namespace's layout fingerprint (0 before a layout is registered),
   // stored with its data below DRAM.
   const std::atomic<uint64_t>* fingerprint = nullptr;
+  // Most bytes per second its background prefetches may promote (a burst
+  // of one second's worth); 0: uncapped.
+  uint64_t prefetch_bytes_per_second = 0;
 
   uint64_t Fingerprint() const {
     return fingerprint->load(std::memory_order_acquire);
@@ -136,8 +162,10 @@ class TierMover {
   void Kick();
 
   // Queues promotion of `keys` (segments below DRAM only) into the host
-  // tier.
-  void Prefetch(const NamespaceTiers* tiers, std::vector<SegmentKey> keys);
+  // tier, in their order. kBackground: `bytes` holds each key's size below
+  // DRAM (what the namespace's cap is charged; empty: nothing).
+  void Prefetch(const NamespaceTiers* tiers, std::vector<SegmentKey> keys,
+                IoClass io = IoClass::kKv, std::vector<uint64_t> bytes = {});
 
   // Reads `keys` from the chain into the host tier, one chain read per
   // round of promotion_batch_bytes. A key whose reservation is Busy (another
@@ -207,6 +235,9 @@ class TierMover {
 
   TierMoverStats Stats() const;
 
+  // Sync point a worker passes before promoting a prefetch, with a
+  // `const IoClass*` argument (tests: the order of KV and background work).
+  static constexpr char kBeforePrefetch[] = "TierMover::BeforePrefetch";
   // Sync point (common/sync_point.h) a worker passes after a group sync of
   // demotions came due on the clock and ran (tests: advance a manual clock,
   // then wait for it).
@@ -272,9 +303,31 @@ class TierMover {
     std::function<void(std::vector<Status>)> done;
   };
   std::deque<PersistJob> persists_ GUARDED_BY(mu_);
-  // Whether a worker has anything queued to do now.
-  bool HasQueuedWorkLocked() const REQUIRES(mu_) {
-    return kicked_ || !prefetches_.empty() || !persists_.empty();
+  struct BackgroundJob {
+    const NamespaceTiers* tiers;
+    std::vector<SegmentKey> keys;
+    std::vector<uint64_t> bytes;  // per key, or empty
+    size_t next = 0;              // keys before it were taken
+  };
+  std::deque<BackgroundJob> background_ GUARDED_BY(mu_);
+  uint32_t background_running_ GUARDED_BY(mu_) = 0;
+  // Per capped namespace: its prefetch_bytes_per_second bucket.
+  std::unordered_map<const NamespaceTiers*, TokenBucket> buckets_
+      GUARDED_BY(mu_);
+  // The first background job that may run at `now` (a worker free for it
+  // and its namespace's bucket ready), or background_.end(); with `wake`,
+  // the earliest time a bucket holds one back until.
+  std::deque<BackgroundJob>::iterator ReadyBackgroundLocked(
+      Clock::TimePoint now, std::optional<Clock::TimePoint>* wake = nullptr)
+      REQUIRES(mu_);
+  // Takes the next slice of a ready background job (charging its
+  // namespace's bucket); false when none is ready.
+  bool TakeBackgroundSliceLocked(PrefetchJob* slice) REQUIRES(mu_);
+  // Whether a worker has anything queued to do now (a background job held
+  // back by its cap or by the workers' share is not).
+  bool HasQueuedWorkLocked() REQUIRES(mu_) {
+    return kicked_ || !prefetches_.empty() || !persists_.empty() ||
+           ReadyBackgroundLocked(clock_->Now()) != background_.end();
   }
   bool kicked_ GUARDED_BY(mu_) = false;
   uint32_t running_ GUARDED_BY(mu_) = 0;
@@ -289,6 +342,8 @@ class TierMover {
       demotions_failed_{0}, demotion_batches_{0};
   std::atomic<uint64_t> promotions_done_{0}, promotions_failed_{0},
       prefetch_batches_{0}, prefetch_dropped_{0};
+  std::atomic<uint64_t> background_slices_{0}, background_batches_{0},
+      background_dropped_{0};
   // clock_ ms of the last write-back failure logged.
   std::atomic<int64_t> last_failure_log_ms_{INT64_MIN / 2};
   std::atomic<uint64_t> promoted_bytes_{0}, written_segments_{0},

@@ -36,7 +36,9 @@ WeightsCatalog::WeightsCatalog(const WeightsCatalogOptions& options,
       engine_(engine),
       ns_(ns),
       persist_(persist),
-      ns_id_(ns_id) {}
+      ns_id_(ns_id),
+      clock_(options.clock != nullptr ? options.clock
+                                      : SteadyClock::Default()) {}
 
 Result<std::unique_ptr<WeightsCatalog>> WeightsCatalog::Open(
     const WeightsCatalogOptions& options, CacheEngine* engine,
@@ -382,6 +384,7 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
   Dropped dropped;
   Status persist_error;
   std::vector<SegmentKey> freed;
+  bool scheduled = false;  // a dropped shard was hinted or pinned
   for (const ShardKey& key : matched) {
     if (persist_ != nullptr) {
       // Deleted on disk first: a crash then leaves unreferenced chunks
@@ -402,9 +405,11 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     }
     referenced_bytes_ -= shard.chunk_bytes;
     manifest_bytes_ -= shard.encoded.size();
+    scheduled |= shard.next_use.has_value() || shard.pinned_until.has_value();
     shards_.erase(it);
     dropped.shards++;
   }
+  if (scheduled) PushScheduleLocked();
   if (!freed.empty()) engine_->Erase(*ns_, freed);
   if (!persist_error.ok()) {
     if (dropped.shards == 0) return persist_error;
@@ -449,6 +454,164 @@ Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
     }
   }
   return engine_->PromoteInOrder(*ns_, keys);
+}
+
+std::vector<Status> WeightsCatalog::Hint(std::span<const ShardHint> hints) {
+  std::vector<Status> out(hints.size());
+  std::vector<SegmentKey> due;
+  {
+    MutexLock lock(&mu_);
+    const Clock::TimePoint now = clock_->Now();
+    for (size_t i = 0; i < hints.size(); ++i) {
+      Shard* shard = FindLocked(hints[i].id);
+      if (shard == nullptr) {
+        out[i] = Status::NotFound(
+            fmt::format("no sealed weights shard '{}' '{}' to hint",
+                        hints[i].id.model, hints[i].id.layout));
+        continue;
+      }
+      if (hints[i].next_use.count() < 0) {
+        shard->next_use.reset();
+      } else {
+        shard->next_use = now + hints[i].next_use;
+      }
+      shard->hint_prefetched = false;
+    }
+    ExpirePinsLocked(now);
+    PushScheduleLocked();
+    due = DueForPrefetchLocked(now);
+  }
+  if (!due.empty()) (void)engine_->PromoteInOrder(*ns_, due);
+  return out;
+}
+
+Status WeightsCatalog::Pin(const WeightsId& id, std::chrono::milliseconds ttl) {
+  std::vector<SegmentKey> promote;
+  {
+    MutexLock lock(&mu_);
+    const Clock::TimePoint now = clock_->Now();
+    ExpirePinsLocked(now);
+    Shard* shard = FindLocked(id);
+    if (shard == nullptr) {
+      return Status::NotFound(fmt::format(
+          "no sealed weights shard '{}' '{}' to pin", id.model, id.layout));
+    }
+    if (ttl.count() <= 0) {
+      if (!shard->pinned_until) return Status::OK();
+      shard->pinned_until.reset();
+      PushScheduleLocked();
+      return Status::OK();
+    }
+    const uint64_t limit = engine_->HostCapacity(*ns_) / 2;
+    if (!shard->pinned_until) {
+      if (const uint64_t bytes = PinnedBytesLocked(shard); bytes > limit) {
+        return Status::ResourceExhausted(fmt::format(
+            "pinning '{}' '{}' would pin {} B of weights, past half the "
+            "namespace's DRAM ({} B); unpin another shard first",
+            id.model, id.layout, bytes, limit));
+      }
+    }
+    shard->pinned_until = now + ttl;
+    PushScheduleLocked();
+    promote = DistinctChunks(shard->manifest);
+  }
+  // Those in DRAM are held from now on; the rest are held once promoted.
+  (void)engine_->PromoteInOrder(*ns_, promote);
+  return Status::OK();
+}
+
+void WeightsCatalog::Tick() {
+  std::vector<SegmentKey> due;
+  {
+    MutexLock lock(&mu_);
+    const Clock::TimePoint now = clock_->Now();
+    if (ExpirePinsLocked(now)) PushScheduleLocked();
+    due = DueForPrefetchLocked(now);
+  }
+  if (!due.empty()) (void)engine_->PromoteInOrder(*ns_, due);
+}
+
+bool WeightsCatalog::ExpirePinsLocked(Clock::TimePoint now) {
+  bool ended = false;
+  for (auto& [key, shard] : shards_) {
+    if (shard.pinned_until && *shard.pinned_until <= now) {
+      shard.pinned_until.reset();
+      ended = true;
+    }
+  }
+  return ended;
+}
+
+std::vector<SegmentKey> WeightsCatalog::DueForPrefetchLocked(
+    Clock::TimePoint now) {
+  if (options_.prefetch_horizon.count() <= 0) return {};
+  std::vector<Shard*> due;
+  for (auto& [key, shard] : shards_) {
+    if (shard.next_use && !shard.hint_prefetched &&
+        *shard.next_use - now <= options_.prefetch_horizon) {
+      due.push_back(&shard);
+    }
+  }
+  std::sort(due.begin(), due.end(), [](const Shard* a, const Shard* b) {
+    return *a->next_use < *b->next_use;
+  });
+  std::vector<SegmentKey> keys;
+  std::unordered_set<PageHash, ChunkKeyHash> seen;
+  for (Shard* shard : due) {
+    shard->hint_prefetched = true;
+    for (const SegmentKey& k : DistinctChunks(shard->manifest)) {
+      if (seen.insert(k.page).second) keys.push_back(k);
+    }
+  }
+  return keys;
+}
+
+void WeightsCatalog::PushScheduleLocked() {
+  ScheduleTable table;
+  for (const auto& [key, shard] : shards_) {
+    if (!shard.next_use && !shard.pinned_until) continue;
+    const std::optional<int64_t> next_ms =
+        shard.next_use
+            ? std::optional<int64_t>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      shard.next_use->time_since_epoch())
+                      .count())
+            : std::nullopt;
+    for (const SegmentKey& k : DistinctChunks(shard.manifest)) {
+      ScheduleStanding& st = table[k];
+      st.pinned |= shard.pinned_until.has_value();
+      if (next_ms && (!st.next_use_ms || *next_ms < *st.next_use_ms)) {
+        st.next_use_ms = next_ms;
+      }
+    }
+  }
+  engine_->SetSchedule(*ns_, std::move(table));
+}
+
+uint64_t WeightsCatalog::PinnedBytesLocked(const Shard* extra) const {
+  std::unordered_set<PageHash, ChunkKeyHash> seen;
+  uint64_t bytes = 0;
+  auto add = [&](const Shard& shard) {
+    for (const WeightsChunk& c : shard.manifest.chunks) {
+      if (seen.insert(c.key).second) bytes += c.bytes;
+    }
+  };
+  for (const auto& [key, shard] : shards_) {
+    if (shard.pinned_until) add(shard);
+  }
+  if (extra != nullptr && !extra->pinned_until) add(*extra);
+  return bytes;
+}
+
+WeightsCatalog::ScheduleTotals WeightsCatalog::schedule_totals() const {
+  MutexLock lock(&mu_);
+  ScheduleTotals t;
+  for (const auto& [key, shard] : shards_) {
+    t.hinted_shards += shard.next_use ? 1 : 0;
+    t.pinned_shards += shard.pinned_until ? 1 : 0;
+  }
+  t.pinned_bytes = PinnedBytesLocked(nullptr);
+  return t;
 }
 
 WeightsCatalog::Totals WeightsCatalog::totals() const {

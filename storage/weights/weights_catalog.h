@@ -26,6 +26,7 @@
 // a Seal's presence check and a Drop's erase never interleave.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -36,10 +37,12 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
+#include "storage/clock.h"
 #include "storage/engine/cache_engine.h"
 #include "storage/nvme/nvme_catalog.h"
 #include "tierkv/status.h"
@@ -61,6 +64,14 @@ struct WeightsCatalogOptions {
   uint64_t max_total_manifest_bytes = uint64_t{256} << 20;
   // Source of sealed_unix_ms. Default: the system clock.
   uint64_t (*now_unix_ms)() = nullptr;
+  // Source of hint deadlines and pin expiry (borrowed; must outlive the
+  // catalog). Default: the steady clock.
+  const Clock* clock = nullptr;
+  // A hinted shard whose next use is at most this far ahead has its chunks
+  // below DRAM queued for promotion, in layer order, once per hint (at the
+  // Hint, or at the Tick that finds it that close). 0: hints never
+  // prefetch. Default: 60 s.
+  std::chrono::milliseconds prefetch_horizon{60000};
 };
 
 class WeightsCatalog {
@@ -129,6 +140,43 @@ class WeightsCatalog {
   Result<size_t> Prefetch(const WeightsId& id, LayerRange layers) const
       EXCLUDES(mu_);
 
+  // When sealed shards are next used (kWeightsHint): one Status per item,
+  // OK or NotFound (no such shard; a zero version names the newest of
+  // (model, layout) now, and the hint stays with that version).
+  struct ShardHint {
+    WeightsId id;
+    // From now; negative: no known next use (the hint is cleared).
+    std::chrono::milliseconds next_use{-1};
+  };
+  // The namespace's DRAM eviction order follows at once (the `weights`
+  // policy, weights_policy.cc): unhinted chunks first, least recently used
+  // first, then the farthest next use first; a next use that has passed
+  // ranks as the nearest until the shard is hinted again or cleared.
+  // Shards within prefetch_horizon are prefetched (see the option).
+  std::vector<Status> Hint(std::span<const ShardHint> hints) EXCLUDES(mu_);
+
+  // Pins one sealed shard (zero version: the newest) in DRAM for `ttl`
+  // (0: unpins it; a later Pin of a pinned shard sets a new ttl): its
+  // chunks are queued for promotion in layer order and, once in DRAM,
+  // never evicted from it while the pin lasts, shared chunks included
+  // (another shard naming them may be dropped or evicted; they stay).
+  // NotFound: no such shard; ResourceExhausted: the distinct chunk bytes
+  // of the pinned shards would pass half the namespace's DRAM; OK for an
+  // unpin of a shard that was not pinned. Pins end at their ttl (checked
+  // by Tick) and are not persisted: a restart ends them.
+  Status Pin(const WeightsId& id, std::chrono::milliseconds ttl) EXCLUDES(mu_);
+
+  // Ends pins past their ttl and prefetches the hinted shards that came
+  // within prefetch_horizon; the daemon calls it every sweep interval.
+  void Tick() EXCLUDES(mu_);
+
+  struct ScheduleTotals {
+    uint32_t hinted_shards = 0;
+    uint32_t pinned_shards = 0;
+    uint64_t pinned_bytes = 0;  // distinct chunk bytes of pinned shards
+  };
+  ScheduleTotals schedule_totals() const EXCLUDES(mu_);
+
   struct Totals {
     uint64_t shards = 0;
     // Chunk bytes the sealed shards name, a chunk counted once per shard.
@@ -146,6 +194,12 @@ class WeightsCatalog {
     uint64_t sealed_unix_ms = 0;
     uint64_t sequence = 0;  // seal (or load) order: breaks time ties
     uint64_t chunk_bytes = 0;
+    // kWeightsHint: when it is next used; whether the hint has prefetched
+    // it yet (once per hint).
+    std::optional<Clock::TimePoint> next_use;
+    bool hint_prefetched = false;
+    // kWeightsPin: until when it is pinned.
+    std::optional<Clock::TimePoint> pinned_until;
   };
   struct Chunk {
     uint32_t shards = 0;  // sealed shards naming it
@@ -171,6 +225,22 @@ class WeightsCatalog {
   void EndPendingSeal() EXCLUDES(mu_);
   // The shard `id` names (newest for a zero version), or null.
   const Shard* FindLocked(const WeightsId& id) const REQUIRES(mu_);
+  // The same, mutable. The analysis cannot see that std::as_const(*this)
+  // names this object's mu_, which REQUIRES holds: exempt.
+  Shard* FindLocked(const WeightsId& id)
+      REQUIRES(mu_) NO_THREAD_SAFETY_ANALYSIS {
+    return const_cast<Shard*>(std::as_const(*this).FindLocked(id));
+  }
+  // Folds the hinted and pinned shards into one standing per chunk and
+  // hands the table to the namespace's DRAM policy.
+  void PushScheduleLocked() REQUIRES(mu_);
+  // Ends pins past `now` (true when one ended) and returns the chunks of
+  // hinted shards that came within the horizon, nearest next use first.
+  bool ExpirePinsLocked(Clock::TimePoint now) REQUIRES(mu_);
+  std::vector<SegmentKey> DueForPrefetchLocked(Clock::TimePoint now)
+      REQUIRES(mu_);
+  // Distinct chunk bytes of the pinned shards (plus `extra`, if not null).
+  uint64_t PinnedBytesLocked(const Shard* extra) const REQUIRES(mu_);
   // The distinct chunk keys of `m`, in chunk order.
   static std::vector<SegmentKey> DistinctChunks(const WeightsManifest& m);
 
@@ -179,6 +249,7 @@ class WeightsCatalog {
   EngineNamespace* const ns_;   // borrowed, owned by the engine
   NvmeCatalog* const persist_;  // borrowed; null: in memory only
   const uint32_t ns_id_;        // the namespace's id in persist_
+  const Clock* const clock_;    // borrowed
 
   mutable Mutex mu_;
   std::map<ShardKey, Shard> shards_ GUARDED_BY(mu_);

@@ -89,6 +89,15 @@ class RawConnection {
         Opcode::kWeightsDrop,
         transport::WeightsSelectRequest{model, layout, version, {}});
   }
+  Result<transport::ItemStatusResponse> Hint(
+      std::vector<transport::WeightsHintItem> items) {
+    return Call<transport::ItemStatusResponse>(
+        Opcode::kWeightsHint, transport::WeightsHintRequest{std::move(items)});
+  }
+  Result<transport::StatusResponse> Pin(const WeightsId& id, uint64_t ttl_ms) {
+    return Call<transport::StatusResponse>(
+        Opcode::kWeightsPin, transport::WeightsPinRequest{id, ttl_ms});
+  }
   Result<transport::StatusResponse> Prefetch(const std::string& model,
                                              const std::string& layout,
                                              LayerRange layers) {
@@ -537,6 +546,90 @@ TEST_F(WeightsDaemonTest, ChunksOnNvmeAreDeduplicatedWithoutPromotion) {
   for (size_t i = 0; i < b.manifest.chunks.size(); ++i) {
     EXPECT_TRUE(ReadsBack(*c, b, i)) << i;
   }
+}
+
+// Round 2 on a real daemon: a hint within the (default 60 s) horizon
+// promotes an NVMe-only shard; pins are counted and end on unpin; unknown
+// shards are per-item NotFound.
+TEST_F(WeightsDaemonTest, HintsPrefetchSoonNeededShardsAndPinsAreCounted) {
+  const TestShard a = ShardA();
+  {
+    auto c = Connect();
+    RawConnection raw = Raw();
+    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
+    ASSERT_OK(raw.Seal(a.encoded));
+  }
+  ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
+  ASSERT_OK(Start());
+  auto c = Connect();
+  RawConnection raw = Raw();
+  const WeightsId id{a.manifest.model, a.manifest.layout, {}};
+  auto hinted = raw.Hint({{id, 1000}, {{"nope", "x", {}}, 5}});
+  ASSERT_OK(hinted);
+  ASSERT_OK(hinted->status);
+  ASSERT_EQ(hinted->items.size(), 2u);
+  EXPECT_OK(hinted->items[0]);
+  EXPECT_EQ(hinted->items[1].code(), StatusCode::kNotFound);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        auto l = raw.List(a.manifest.model);
+        return l.ok() && !l->shards.empty() &&
+               l->shards[0].chunks_in_dram == 3u;
+      },
+      std::chrono::milliseconds(10000)));
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 1);
+  auto pinned = raw.Pin(id, 60000);
+  ASSERT_OK(pinned);
+  ASSERT_OK(pinned->status);
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 1);
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_bytes"], DistinctChunkBytes({&a}));
+  auto missing = raw.Pin({"nope", "", {}}, 1000);
+  ASSERT_OK(missing);
+  EXPECT_EQ(missing->status.code(), StatusCode::kNotFound);
+  auto unpinned = raw.Pin(id, 0);
+  ASSERT_OK(unpinned);
+  ASSERT_OK(unpinned->status);
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 0);
+  auto cleared = raw.Hint({{id, -1}});
+  ASSERT_OK(cleared);
+  EXPECT_OK(cleared->items[0]);
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 0);
+  // KV namespaces refuse both.
+  RawConnection kv = Raw("kv");
+  auto kv_hint = kv.Hint({{id, 5}});
+  ASSERT_OK(kv_hint);
+  EXPECT_EQ(kv_hint->status.code(), StatusCode::kInvalidArgument);
+  auto kv_pin = kv.Pin(id, 5);
+  ASSERT_OK(kv_pin);
+  EXPECT_EQ(kv_pin->status.code(), StatusCode::kInvalidArgument);
+}
+
+// The client calls for the same requests (client/weights_policy.cc).
+TEST_F(WeightsDaemonTest, ClientHintsAndPinsShards) {
+  const TestShard a = ShardA();
+  auto c = Connect();
+  RawConnection raw = Raw();
+  for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
+  ASSERT_OK(raw.Seal(a.encoded));
+  const WeightsId id{a.manifest.model, a.manifest.layout, {}};
+  const WeightsHint hints[] = {{id, std::chrono::seconds(30)}};
+  ASSERT_OK(c->HintWeights(hints));
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 1);
+  const WeightsHint unknown[] = {{id, std::chrono::seconds(1)},
+                                 {{"nope", "x", {}}, std::chrono::seconds(1)}};
+  const Status partly = c->HintWeights(unknown);
+  EXPECT_EQ(partly.code(), StatusCode::kNotFound);
+  EXPECT_NE(partly.message().find("hint 1 ('nope' 'x')"), std::string::npos)
+      << partly.ToString();
+  const WeightsHint clear[] = {{id, std::chrono::milliseconds(-1)}};
+  ASSERT_OK(c->HintWeights(clear));
+  EXPECT_EQ(Stats(*c)["weights"]["hinted_shards"], 0);
+  ASSERT_OK(c->PinWeights(id, std::chrono::minutes(1)));
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 1);
+  ASSERT_OK(c->PinWeights(id, std::chrono::milliseconds(0)));
+  EXPECT_EQ(Stats(*c)["weights"]["pinned_shards"], 0);
+  EXPECT_EQ(c->PinWeights({"nope", "", {}}, std::chrono::seconds(1)).code(),
+            StatusCode::kNotFound);
 }
 
 TEST_F(WeightsDaemonTest, KvNamespacesRefuseWeightsRequestsAndKeepWorking) {

@@ -730,6 +730,32 @@ weights = true
   ASSERT_OK(c->Validate());
   EXPECT_FALSE(c->namespaces[0].weights);
   EXPECT_TRUE(c->namespaces[1].weights);
+  // A weights namespace is ordered by its schedule unless told otherwise.
+  EXPECT_EQ(c->namespaces[0].eviction_policy,
+            storage::EvictionPolicyKind::kLru);
+  EXPECT_EQ(c->namespaces[1].eviction_policy,
+            storage::EvictionPolicyKind::kWeights);
+  EXPECT_EQ(c->namespaces[1].prefetch_horizon_ms, 60000u);
+  EXPECT_EQ(c->namespaces[1].prefetch_bytes_per_second, 0u);
+}
+
+TEST(ConfigTest, WeightsPrefetchKeysParse) {
+  testing::TempDir dir;
+  auto c = Load(dir, R"(
+[[namespace]]
+name = "weights"
+token = "another-long-token"
+weights = true
+eviction_policy = "lru"
+prefetch_horizon_ms = 5000
+prefetch_bytes_per_second = "2GiB"
+)");
+  ASSERT_OK(c);
+  ASSERT_OK(c->Validate());
+  EXPECT_EQ(c->namespaces[0].eviction_policy,
+            storage::EvictionPolicyKind::kLru);
+  EXPECT_EQ(c->namespaces[0].prefetch_horizon_ms, 5000u);
+  EXPECT_EQ(c->namespaces[0].prefetch_bytes_per_second, uint64_t{2} << 30);
 }
 
 TEST(ConfigTest, WeightsMistakesNameTheirKey) {
@@ -749,6 +775,16 @@ TEST(ConfigTest, WeightsMistakesNameTheirKey) {
            {"[[namespace]]\nname = \"w\"\ntoken = \"t-123456789\"\n"
             "weights = 1\n",
             "namespace.weights"},
+           // Weights-only keys and policy on a KV namespace.
+           {"[[namespace]]\nname = \"k\"\ntoken = \"t-123456789\"\n"
+            "eviction_policy = \"weights\"\n",
+            "namespace.eviction_policy"},
+           {"[[namespace]]\nname = \"k\"\ntoken = \"t-123456789\"\n"
+            "prefetch_horizon_ms = 10\n",
+            "namespace.prefetch_horizon_ms"},
+           {"[[namespace]]\nname = \"k\"\ntoken = \"t-123456789\"\n"
+            "prefetch_bytes_per_second = \"1GiB\"\n",
+            "namespace.prefetch_bytes_per_second"},
        }) {
     auto c = Load(dir, bad.text);
     const Status s = c.ok() ? c->Validate() : c.status();

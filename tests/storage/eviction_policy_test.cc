@@ -41,6 +41,14 @@ class Segments {
     return v->key.page.lo;
   }
   uint64_t clock() { return ++clock_; }
+  // The newest stored segment of page number n.
+  PolicyState& Find(uint64_t n) {
+    for (auto it = all_.rbegin(); it != all_.rend(); ++it) {
+      if (it->key.page.lo == n) return *it;
+    }
+    ADD_FAILURE() << "no segment " << n;
+    return all_.front();
+  }
 
  private:
   EvictionPolicy& policy_;
@@ -50,7 +58,8 @@ class Segments {
 
 TEST(EvictionPolicyTest, NamesParseBothWays) {
   for (auto kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kTwoQueue,
-                    EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kTopk}) {
+                    EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kTopk,
+                    EvictionPolicyKind::kWeights}) {
     auto parsed = ParseEvictionPolicy(EvictionPolicyName(kind));
     ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, kind);
@@ -58,7 +67,7 @@ TEST(EvictionPolicyTest, NamesParseBothWays) {
   }
   auto bad = ParseEvictionPolicy("mru");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("lru, 2q, s3fifo, topk"),
+  EXPECT_NE(bad.status().message().find("lru, 2q, s3fifo, topk, weights"),
             std::string::npos);
 }
 
@@ -256,6 +265,82 @@ TEST(TopkPolicyTest, ReportsWhileReferencedCountWhenLinkedAgain) {
   policy->Unlink(read);  // being read
   policy->Report(read, 20, segs.clock());
   policy->Link(read, segs.clock(), LinkAt::kNow);
+  EXPECT_EQ(segs.Evict(), 2u);
+  EXPECT_EQ(segs.Evict(), 1u);
+}
+
+SegmentKey KeyOf(uint64_t n) { return SegmentKey{PageHash{n, n}, 0, 0}; }
+
+// Unhinted chunks first (least recently used first), then the farthest
+// next use first: segments 1..6, where 3 and 4 belong to a version needed
+// in 500 ms, 5 and 6 to one needed in 100 ms.
+TEST(WeightsPolicyTest, UnhintedGoFirstThenTheFarthestNextUse) {
+  auto policy = NewWeightsPolicy();
+  Segments segs(*policy);
+  ScheduleTable table;
+  table[KeyOf(3)] = {.next_use_ms = 500};
+  table[KeyOf(4)] = {.next_use_ms = 500};
+  table[KeyOf(5)] = {.next_use_ms = 100};
+  table[KeyOf(6)] = {.next_use_ms = 100};
+  (void)policy->SetSchedule(table);
+  PolicyState& nearest = segs.Store(5);  // the oldest
+  segs.Store(3);
+  PolicyState& one = segs.Store(1);
+  segs.Store(2);
+  segs.Store(6);
+  segs.Store(4);
+  segs.Use(nearest);  // a use does not move a hinted chunk
+  EXPECT_EQ(policy->Victim(), &one);
+  segs.Use(one);  // now 2 is the least recent unhinted
+  for (uint64_t want : {2, 1, 3, 4, 5, 6}) EXPECT_EQ(segs.Evict(), want);
+}
+
+// A new table re-ranks linked segments at once (Rerank, as HostTier does
+// for the keys SetSchedule names), and a pinned one is never a victim
+// until its pin ends.
+TEST(WeightsPolicyTest, RerankFollowsANewScheduleAndPinsHoldBack) {
+  auto policy = NewWeightsPolicy();
+  Segments segs(*policy);
+  PolicyState& a = segs.Store(1);
+  PolicyState& b = segs.Store(2);
+  EXPECT_EQ(policy->Victim(), &a);
+  ScheduleTable table;
+  table[KeyOf(1)] = {.pinned = true};
+  table[KeyOf(2)] = {.next_use_ms = 10};
+  auto changed = policy->SetSchedule(table);
+  EXPECT_EQ(changed.size(), 2u);
+  for (PolicyState* s : {&a, &b}) policy->Rerank(*s);
+  EXPECT_EQ(policy->Victim(), &b);
+  EXPECT_EQ(policy->linked_bytes(), 100u);  // a is held back
+  PolicyState& c = segs.Store(3);
+  EXPECT_EQ(policy->Victim(), &c);  // unhinted before hinted
+  EXPECT_EQ(segs.Evict(), 3u);
+  EXPECT_EQ(segs.Evict(), 2u);
+  EXPECT_EQ(policy->Victim(), nullptr);  // only the pinned one is left
+  // Unlinked while pinned (a reader took it), linked again: still held.
+  policy->Unlink(a);
+  policy->Link(a, segs.clock(), LinkAt::kNow);
+  EXPECT_EQ(policy->Victim(), nullptr);
+  // The pin ends: the old table's keys are named, and a is evictable.
+  changed = policy->SetSchedule({});
+  EXPECT_EQ(changed.size(), 2u);
+  policy->Rerank(a);
+  EXPECT_EQ(policy->Victim(), &a);
+  EXPECT_EQ(segs.Evict(), 1u);
+}
+
+// A chunk evicted and promoted again keeps its standing: the table is the
+// catalog's, not the resident segments'.
+TEST(WeightsPolicyTest, AChunkStoredAgainKeepsItsStanding) {
+  auto policy = NewWeightsPolicy();
+  Segments segs(*policy);
+  ScheduleTable table;
+  table[KeyOf(1)] = {.next_use_ms = 5};
+  (void)policy->SetSchedule(table);
+  segs.Store(1);
+  EXPECT_EQ(segs.Evict(), 1u);
+  segs.Store(1);
+  segs.Store(2);
   EXPECT_EQ(segs.Evict(), 2u);
   EXPECT_EQ(segs.Evict(), 1u);
 }

@@ -340,6 +340,44 @@ TEST_F(NvmeStoreTest, TheEvictionOrderSurvivesRestartsAndQuotaMoves) {
   EXPECT_EQ(store->Stats().evictions, 7u);
 }
 
+// A weights namespace's share (kWeights) evicts by its catalog's
+// schedule: unhinted first, then the farthest next use; pinned never.
+TEST_F(NvmeStoreTest, AWeightsShareEvictsByItsSchedule) {
+  const uint64_t extent = 76 * 1024;
+  auto memory = std::make_shared<MemoryDevice>(16 * extent);
+  auto store = OpenOrDie(DeviceOptions(memory, 16 * extent));
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK(
+      store->SetNamespaceQuota(kNs, 6 * extent, EvictionPolicyKind::kWeights));
+  for (int i = 0; i < 6; ++i) ASSERT_OK(Put(*store, i));
+  ScheduleTable table;
+  table[Key(0)] = {.pinned = true};
+  table[Key(1)] = {.pinned = true};
+  table[Key(2)] = {.next_use_ms = 100};
+  table[Key(3)] = {.next_use_ms = 100};
+  table[Key(4)] = {.next_use_ms = 1000};
+  table[Key(5)] = {.next_use_ms = 1000};
+  store->SetNamespaceSchedule(kNs, table);
+  auto held = [&](std::initializer_list<int> keys) {
+    int n = 0;
+    for (int i : keys) n += store->Contains(kNs, Key(i), kLayout) ? 1 : 0;
+    return n;
+  };
+  ASSERT_OK(Put(*store, 6));  // one of the farthest (4, 5) goes
+  EXPECT_EQ(held({0, 1, 2, 3}), 4);
+  EXPECT_EQ(held({4, 5}), 1);
+  ASSERT_OK(Put(*store, 7));  // the unhinted 6 before any hinted one
+  EXPECT_EQ(held({6}), 0);
+  ASSERT_OK(Put(*store, 8));
+  ASSERT_OK(Put(*store, 9));  // 7, then 8: unhinted; 4 or 5 stays
+  EXPECT_EQ(held({0, 1, 2, 3, 9}), 5);
+  EXPECT_EQ(held({4, 5, 6, 7, 8}), 1);
+  // Without the schedule it is least recently written first: the pins end.
+  store->SetNamespaceSchedule(kNs, {});
+  ASSERT_OK(Put(*store, 10));
+  EXPECT_EQ(held({0}), 0);
+}
+
 TEST_F(NvmeStoreTest, SegmentLargerThanTheTierIsRejected) {
   auto memory = std::make_shared<MemoryDevice>(64 * 1024);
   auto store = OpenOrDie(DeviceOptions(memory, 64 * 1024));

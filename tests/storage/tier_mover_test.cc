@@ -8,10 +8,12 @@
 #include <cstring>
 #include <thread>
 
+#include "common/sync_point.h"
 #include "storage/device/hbm_tier.h"
 #include "storage/host/host_tier.h"
 #include "storage/nvme/nvme_tier.h"
 #include "tests/testing/fault_injection_device.h"
+#include "tests/testing/manual_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -439,6 +441,102 @@ TEST_F(TierMoverTest,
   reader.join();
   mover.TEST_Drain();
   EXPECT_EQ(bad.load(), 0);
+}
+
+#ifdef TIERKV_SYNC_POINTS
+// Issue 28: a KV promotion queued behind a large weights prefetch runs
+// after the background job's current slice, not after the whole job.
+TEST_F(TierMoverTest, AKvPrefetchOvertakesAQueuedBackgroundPrefetch) {
+  const NamespaceTiers* tiers = Tiers();
+  for (uint64_t n = 0; n < 13; ++n) {
+    PutHost(n);
+    {
+      TierMover persist({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                        {tiers});
+      ASSERT_OK(PersistOne(persist, n));
+    }
+    ASSERT_TRUE(host_->Drop(Key(n)));
+  }
+  Mutex mu;
+  CondVar cv;
+  std::vector<IoClass> order;
+  bool first_slice_reached = false;
+  bool go = false;
+  SyncPoint& sp = SyncPoint::Get();
+  sp.SetCallback(TierMover::kBeforePrefetch, [&](void* arg) {
+    MutexLock lock(&mu);
+    order.push_back(*static_cast<const IoClass*>(arg));
+    if (order.size() == 1) {
+      first_slice_reached = true;
+      cv.SignalAll();
+      while (!go) cv.Wait(&mu);
+    }
+  });
+  sp.EnableProcessing();
+  {
+    TierMover mover({.workers = 1, .background_slice_segments = 4},
+                    SteadyClock::Default(), chain_.get(), {tiers});
+    std::vector<SegmentKey> weights;
+    for (uint64_t n = 0; n < 12; ++n) weights.push_back(Key(n));
+    mover.Prefetch(tiers, weights, IoClass::kBackground);
+    {
+      MutexLock lock(&mu);
+      while (!first_slice_reached) cv.Wait(&mu);
+    }
+    mover.Prefetch(tiers, {Key(12)});  // KV, queued behind 8 more keys
+    {
+      MutexLock lock(&mu);
+      go = true;
+      cv.SignalAll();
+    }
+    mover.TEST_Drain();
+    EXPECT_EQ(mover.Stats().background_slices, 3u);
+  }
+  sp.DisableProcessing();
+  sp.ClearAllCallbacks();
+  EXPECT_EQ(order,
+            (std::vector<IoClass>{IoClass::kBackground, IoClass::kKv,
+                                  IoClass::kBackground, IoClass::kBackground}));
+  for (uint64_t n = 0; n < 13; ++n) EXPECT_TRUE(HostHolds(n)) << n;
+}
+#endif  // TIERKV_SYNC_POINTS
+
+// prefetch_bytes_per_second is a token bucket on the mover's clock: a
+// second's worth at once, then as much as the clock lets through.
+TEST_F(TierMoverTest, BackgroundPrefetchesKeepToTheirNamespaceCap) {
+  NamespaceTiers capped = *Tiers();
+  capped.prefetch_bytes_per_second = 4 * kSeg;
+  for (uint64_t n = 0; n < 12; ++n) {
+    PutHost(n);
+    {
+      TierMover persist({.workers = 0}, SteadyClock::Default(), chain_.get(),
+                        {&capped});
+      ASSERT_OK(PersistOne(persist, n));
+    }
+    ASSERT_TRUE(host_->Drop(Key(n)));
+  }
+  testing::ManualClock clock;
+  TierMover mover({.workers = 2, .background_slice_segments = 1}, &clock,
+                  chain_.get(), {&capped});
+  std::vector<SegmentKey> keys;
+  for (uint64_t n = 0; n < 12; ++n) keys.push_back(Key(n));
+  mover.Prefetch(&capped, keys, IoClass::kBackground,
+                 std::vector<uint64_t>(keys.size(), kSeg));
+  auto in_dram = [&] {
+    size_t held = 0;
+    for (uint64_t n = 0; n < 12; ++n) held += host_->Contains(Key(n)) ? 1 : 0;
+    return held;
+  };
+  mover.TEST_Drain();  // returns once the rest waits for its tokens
+  EXPECT_EQ(in_dram(), 4u);
+  clock.Advance(std::chrono::seconds(1));
+  mover.TEST_Drain();
+  EXPECT_EQ(in_dram(), 8u);
+  clock.Advance(std::chrono::milliseconds(500));
+  mover.TEST_Drain();
+  EXPECT_EQ(in_dram(), 10u);
+  // In layer order: the first keys came first.
+  for (uint64_t n = 0; n < 10; ++n) EXPECT_TRUE(host_->Contains(Key(n))) << n;
 }
 
 }  // namespace

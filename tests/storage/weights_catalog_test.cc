@@ -9,6 +9,7 @@
 #include <future>
 #include <random>
 
+#include "tests/testing/manual_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -89,7 +90,8 @@ class WeightsCatalogTest : public ::testing::Test {
 
   // (Re)opens the NVMe store on the same device and catalog, the engine
   // and the weights catalog, as a daemon restart does.
-  void Open(WritePolicy policy = WritePolicy::kNone) {
+  void Open(WritePolicy policy = WritePolicy::kNone,
+            WeightsCatalogOptions catalog_options = {}) {
     catalog_.reset();
     engine_.reset();
     nvme_.reset();
@@ -105,7 +107,8 @@ class WeightsCatalogTest : public ::testing::Test {
                                .capacity_bytes = 8 << 20,
                                .shards = 1,
                                .try_hugepages = false,
-                               .prefault = false},
+                               .prefault = false,
+                               .eviction_policy = EvictionPolicyKind::kWeights},
                       .write_policy = policy,
                       .weights = true});
     spaces.push_back({.host = {.name = "kv",
@@ -113,13 +116,17 @@ class WeightsCatalogTest : public ::testing::Test {
                                .shards = 1,
                                .try_hugepages = false,
                                .prefault = false}});
-    auto engine = CacheEngine::Open(CacheEngineOptions{.workers = 2},
-                                    std::move(spaces), nvme_.get());
+    CacheEngineOptions engine_options{.workers = 2};
+    // One Put may reserve all of DRAM (the schedule tests fill it at once).
+    engine_options.lease_limits.max_bytes_percent_per_owner = 100;
+    engine_options.lease_limits.max_bytes_percent_per_tier = 100;
+    auto engine =
+        CacheEngine::Open(engine_options, std::move(spaces), nvme_.get());
     ASSERT_OK(engine);
     engine_ = std::move(engine).value();
     ns_ = engine_->Find("w");
-    auto catalog =
-        WeightsCatalog::Open({}, engine_.get(), ns_, &nvme_->catalog());
+    auto catalog = WeightsCatalog::Open(catalog_options, engine_.get(), ns_,
+                                        &nvme_->catalog());
     ASSERT_OK(catalog);
     catalog_ = std::move(catalog).value();
   }
@@ -426,6 +433,163 @@ TEST_F(WeightsCatalogTest, ZeroVersionNamesTheNewestSealed) {
   EXPECT_EQ(catalog_->List("model-a", 10).size(), 2u);
   EXPECT_EQ(catalog_->List("model-a", 1).size(), 1u);
   EXPECT_EQ(catalog_->List("model", 10).size(), 0u);
+}
+
+}  // namespace
+}  // namespace tierkv::storage
+
+namespace tierkv::storage {
+namespace {
+
+// Shards of two 1 MiB tensors (layers 0 and 1): one chunk each.
+Shard TwoChunkShard(const std::string& model, uint64_t seed) {
+  return MakeShard(
+      model, {{"l0.w", seed, 0, 1 << 20}, {"l1.w", seed + 1, 1, 1 << 20}});
+}
+
+class WeightsScheduleTest : public WeightsCatalogTest {
+ protected:
+  void SetUp() override {}
+  void OpenWith(std::chrono::milliseconds horizon) {
+    Open(WritePolicy::kNone, {.clock = &clock_, .prefetch_horizon = horizon});
+  }
+  // Puts `n` fresh unhinted 1 MiB chunks in one call (all reserved before
+  // any commits, so none of them is evictable meanwhile).
+  std::vector<Status> PutFresh(size_t n) {
+    std::vector<std::vector<std::byte>> chunks;
+    for (size_t i = 0; i < n; ++i)
+      chunks.push_back(Bytes(next_seed_++, 1 << 20));
+    std::vector<std::pair<SegmentKey, std::span<const std::byte>>> items;
+    for (const auto& c : chunks) {
+      items.push_back({SegmentKey{WeightsChunkKey(c), 0, 0}, c});
+    }
+    return Put(items);
+  }
+  size_t InDram(const Shard& s) {
+    const std::vector<tierkv::Tier> tiers = TiersOf(s);
+    return std::count(tiers.begin(), tiers.end(), tierkv::Tier::kHost);
+  }
+  WeightsId Id(const Shard& s) {
+    return {s.manifest.model, s.manifest.layout, {}};
+  }
+
+  testing::ManualClock clock_;
+  uint64_t next_seed_ = 1000;
+};
+
+using Tiers = std::vector<tierkv::Tier>;
+constexpr tierkv::Tier kHost = tierkv::Tier::kHost;
+constexpr tierkv::Tier kNvme = tierkv::Tier::kNvme;
+
+TEST_F(WeightsScheduleTest, DramEvictsTheFarthestNextUseFirstWholeVersions) {
+  OpenWith(std::chrono::milliseconds(0));  // no prefetch
+  const Shard x = TwoChunkShard("x", 10), y = TwoChunkShard("y", 20),
+              z = TwoChunkShard("z", 30);
+  for (const Shard* s : {&x, &y, &z}) {
+    PutShard(*s);
+    ASSERT_OK(catalog_->Seal(s->encoded));  // on NVMe too, and clean
+  }
+  const WeightsCatalog::ShardHint hints[] = {
+      {Id(x), std::chrono::seconds(10)},
+      {Id(y), std::chrono::seconds(1000)},
+      {Id(z), std::chrono::seconds(100)}};
+  for (const Status& st : catalog_->Hint(hints)) ASSERT_OK(st);
+  // 8 MiB of DRAM holds the three shards and two more chunks; five more
+  // evict three: y's two (farthest), then z's first.
+  for (const Status& st : PutFresh(5)) ASSERT_OK(st);
+  EXPECT_EQ(TiersOf(y), (Tiers{kNvme, kNvme}));
+  EXPECT_EQ(InDram(z), 1u);  // chunks of one next use: either goes first
+  EXPECT_EQ(TiersOf(x), (Tiers{kHost, kHost}));
+  // Unhinted chunks go before any hinted one: the five fresh ones first.
+  for (const Status& st : PutFresh(5)) ASSERT_OK(st);
+  EXPECT_EQ(InDram(z), 1u);
+  EXPECT_EQ(TiersOf(x), (Tiers{kHost, kHost}));
+  // Cleared hints make x and z unhinted (least recently used first).
+  const WeightsCatalog::ShardHint clear[] = {
+      {Id(x), std::chrono::milliseconds(-1)},
+      {Id(z), std::chrono::milliseconds(-1)}};
+  for (const Status& st : catalog_->Hint(clear)) ASSERT_OK(st);
+  EXPECT_EQ(catalog_->schedule_totals().hinted_shards, 1u);  // y
+  for (const Status& st : PutFresh(6)) ASSERT_OK(st);
+  EXPECT_EQ(TiersOf(x), (Tiers{kNvme, kNvme}));
+  EXPECT_EQ(TiersOf(z), (Tiers{kNvme, kNvme}));
+}
+
+TEST_F(WeightsScheduleTest, AHintWithinTheHorizonPrefetchesTheShard) {
+  OpenWith(std::chrono::seconds(60));
+  const Shard a = ShardA(), b = ShardB();
+  PutShard(a);
+  PutShard(b);
+  ASSERT_OK(catalog_->Seal(a.encoded));
+  ASSERT_OK(catalog_->Seal(b.encoded));
+  OpenWith(std::chrono::seconds(60));  // a restart: DRAM starts empty
+  ASSERT_EQ(TiersOf(a), (Tiers(3, kNvme)));
+  const WeightsCatalog::ShardHint hints[] = {
+      {Id(a), std::chrono::seconds(120)},
+      {{"nope", a.manifest.layout, {}}, std::chrono::seconds(1)}};
+  const std::vector<Status> hinted = catalog_->Hint(hints);
+  EXPECT_OK(hinted[0]);
+  EXPECT_EQ(hinted[1].code(), StatusCode::kNotFound);
+  catalog_->Tick();
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(TiersOf(a), (Tiers(3, kNvme)));  // 120 s away: not yet
+  clock_.Advance(std::chrono::seconds(61));
+  catalog_->Tick();
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(TiersOf(a), (Tiers(3, kHost)));
+  // A hint already within the horizon prefetches at once.
+  const WeightsCatalog::ShardHint soon[] = {{Id(b), std::chrono::seconds(5)}};
+  ASSERT_OK(catalog_->Hint(soon)[0]);
+  engine_->TEST_DrainBackground();
+  EXPECT_EQ(TiersOf(b), (Tiers(b.manifest.chunks.size(), kHost)));
+}
+
+TEST_F(WeightsScheduleTest, PinnedShardsStayInDramUntilTheirTtl) {
+  OpenWith(std::chrono::milliseconds(0));
+  const Shard a = ShardA(), b = ShardB(), x = TwoChunkShard("x", 10);
+  for (const Shard* s : {&a, &b, &x}) {
+    PutShard(*s);
+    ASSERT_OK(catalog_->Seal(s->encoded));
+  }
+  OpenWith(std::chrono::milliseconds(0));  // DRAM starts empty
+  ASSERT_OK(catalog_->Pin(Id(a), std::chrono::seconds(10)));
+  engine_->TEST_DrainBackground();
+  ASSERT_EQ(TiersOf(a), (Tiers(3, kHost)));
+  // Half of the 8 MiB DRAM at most: a's 2 MiB and x's 2 MiB are more.
+  EXPECT_EQ(catalog_->Pin(Id(x), std::chrono::seconds(10)).code(),
+            StatusCode::kResourceExhausted);
+  const auto totals = catalog_->schedule_totals();
+  EXPECT_EQ(totals.pinned_shards, 1u);
+  EXPECT_GT(totals.pinned_bytes, uint64_t{2} << 20);
+  // b shares a's embedding; dropping b leaves it in DRAM with a.
+  ASSERT_OK(catalog_->Drop("model-b", "", {}));
+  EXPECT_EQ(TiersOf(a), (Tiers(3, kHost)));
+  // Six fresh chunks need all of DRAM: the pinned ones are never victims.
+  const std::vector<Status> full = PutFresh(6);
+  EXPECT_EQ(full.back().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(TiersOf(a), (Tiers(3, kHost)));
+  // The pin ends at its ttl: a's chunks are evictable again.
+  clock_.Advance(std::chrono::seconds(11));
+  catalog_->Tick();
+  EXPECT_EQ(catalog_->schedule_totals().pinned_shards, 0u);
+  for (const Status& st : PutFresh(6)) EXPECT_OK(st);
+  EXPECT_EQ(TiersOf(a)[0], kNvme);
+  // Unpinning what is not pinned is OK; pinning nothing is NotFound.
+  EXPECT_OK(catalog_->Pin(Id(a), std::chrono::milliseconds(0)));
+  EXPECT_EQ(catalog_->Pin({"nope", "", {}}, std::chrono::seconds(1)).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(WeightsScheduleTest, UnpinReleasesAtOnce) {
+  OpenWith(std::chrono::milliseconds(0));
+  const Shard x = TwoChunkShard("x", 10);
+  PutShard(x);
+  ASSERT_OK(catalog_->Seal(x.encoded));
+  ASSERT_OK(catalog_->Pin(Id(x), std::chrono::hours(1)));
+  EXPECT_EQ(PutFresh(7).back().code(), StatusCode::kResourceExhausted);
+  ASSERT_OK(catalog_->Pin(Id(x), std::chrono::milliseconds(0)));
+  for (const Status& st : PutFresh(7)) EXPECT_OK(st);
+  EXPECT_EQ(TiersOf(x), (Tiers{kNvme, kNvme}));
 }
 
 }  // namespace

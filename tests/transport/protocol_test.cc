@@ -289,6 +289,52 @@ TEST(ProtocolTest, WeightsMessagesRoundTrip) {
   EXPECT_EQ(drop2.freed_bytes, 1u << 20);
 }
 
+TEST(ProtocolTest, WeightsHintAndPinRoundTrip) {
+  WeightsHintRequest hint{
+      {{{"glm-5", "a/b", PageHash{1, 2}}, 20000}, {{"teacher", "", {}}, -1}}};
+  WeightsHintRequest hint2;
+  ASSERT_OK(Decode(Encode(hint), hint2));
+  ASSERT_EQ(hint2.items.size(), 2u);
+  EXPECT_EQ(hint2.items[0].id, (WeightsId{"glm-5", "a/b", PageHash{1, 2}}));
+  EXPECT_EQ(hint2.items[0].next_use_ms, 20000);
+  EXPECT_EQ(hint2.items[1].id.model, "teacher");
+  EXPECT_EQ(hint2.items[1].next_use_ms, -1);
+
+  WeightsPinRequest pin{{"glm-5", "a/b", PageHash{3, 4}}, 60000};
+  WeightsPinRequest pin2;
+  ASSERT_OK(Decode(Encode(pin), pin2));
+  EXPECT_EQ(pin2.id, pin.id);
+  EXPECT_EQ(pin2.ttl_ms, 60000u);
+}
+
+TEST(ProtocolTest, MalformedHintAndPinMessagesAreRejected) {
+  const auto hint =
+      Encode(WeightsHintRequest{{{{"m", "l", PageHash{1, 2}}, 5}}});
+  WeightsHintRequest hint_out;
+  for (size_t cut = 0; cut < hint.size(); ++cut) {
+    EXPECT_EQ(Decode(std::span(hint).first(cut), hint_out).code(),
+              StatusCode::kProtocolError)
+        << cut;
+  }
+  auto longer = hint;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(Decode(longer, hint_out).code(), StatusCode::kProtocolError);
+  // An item count past the bytes sent.
+  auto hostile = hint;
+  hostile[3] = std::byte{0x7F};
+  EXPECT_EQ(Decode(hostile, hint_out).code(), StatusCode::kProtocolError);
+  // A model name longer than weights.h allows.
+  WeightsPinRequest pin_out;
+  EXPECT_EQ(
+      Decode(Encode(WeightsPinRequest{{std::string(129, 'm'), "l", {}}, 1}),
+             pin_out)
+          .code(),
+      StatusCode::kProtocolError);
+  const auto pin = Encode(WeightsPinRequest{{"m", "l", {}}, 1});
+  EXPECT_EQ(Decode(std::span(pin).first(pin.size() - 1), pin_out).code(),
+            StatusCode::kProtocolError);
+}
+
 TEST(ProtocolTest, MalformedWeightsMessagesAreRejected) {
   // already_sealed is strict and never comes with an error.
   auto sealed = Encode(WeightsSealResponse{Status::OK(), {}, true});

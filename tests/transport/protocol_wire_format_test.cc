@@ -247,6 +247,13 @@ TEST(ProtocolWireFormatTest, WeightsMessagesKeepTheirBytes) {
       "0000000f000000100000001100000000000000");
   ExpectWireBytes(WeightsDropResponse{Status::OK(), 2, 4096},
                   "0000000000020000000010000000000000");
+  // Round 2: kWeightsHint and kWeightsPin.
+  ExpectWireBytes(WeightsHintRequest{{{{"m", "l", PageHash{1, 2}}, -1}}},
+                  "01000000010000006d010000006c010000000000000002000000000000"
+                  "00ffffffffffffffff");
+  ExpectWireBytes(WeightsPinRequest{{"m", "", {}}, 1000},
+                  "010000006d0000000000000000000000000000000000000000e8030000"
+                  "00000000");
 }
 
 TEST(ProtocolWireFormatTest, ErrorPayloadIsAStatus) {
