@@ -22,6 +22,15 @@ using transport::Opcode;
 
 namespace {
 
+// The daemon's selector of shard `id` (and, for a prefetch, of its layers).
+transport::WeightsSelectRequest SelectOf(const WeightsId& id,
+                                         LayerRange layers = {}) {
+  return {.model = id.model,
+          .layout = id.layout,
+          .version = id.version,
+          .layers = layers};
+}
+
 uint64_t BatchBytes(uint64_t configured) {
   return std::max<uint64_t>(configured, 1);
 }
@@ -221,11 +230,8 @@ Result<WeightsManifest> Client::PutWeights(
 
 Result<WeightsManifest> Client::GetWeightsManifest(const WeightsId& id) {
   transport::WeightsManifestResponse resp;
-  TIERKV_RETURN_IF_ERROR(impl_->Call(
-      Opcode::kWeightsManifest,
-      transport::Encode(transport::WeightsSelectRequest{
-          .model = id.model, .layout = id.layout, .version = id.version}),
-      resp));
+  TIERKV_RETURN_IF_ERROR(impl_->Call(Opcode::kWeightsManifest,
+                                     transport::Encode(SelectOf(id)), resp));
   auto manifest = DecodeWeightsManifest(resp.manifest);
   if (!manifest.ok()) return manifest.status();
   // Never trust that the daemon answered the question asked: an engine
@@ -243,13 +249,8 @@ Result<WeightsManifest> Client::GetWeightsManifest(const WeightsId& id) {
 
 Status Client::PrefetchWeights(const WeightsId& id, LayerRange layers) {
   transport::StatusResponse resp;
-  return impl_->Call(
-      Opcode::kWeightsPrefetch,
-      transport::Encode(transport::WeightsSelectRequest{.model = id.model,
-                                                        .layout = id.layout,
-                                                        .version = id.version,
-                                                        .layers = layers}),
-      resp);
+  return impl_->Call(Opcode::kWeightsPrefetch,
+                     transport::Encode(SelectOf(id, layers)), resp);
 }
 
 Result<std::vector<WeightsInfo>> Client::ListWeights(const std::string& model) {
@@ -266,11 +267,8 @@ Result<WeightsDropped> Client::DropWeights(const WeightsId& id) {
     return Status::InvalidArgument("DropWeights needs a model");
   }
   transport::WeightsDropResponse resp;
-  TIERKV_RETURN_IF_ERROR(impl_->Call(
-      Opcode::kWeightsDrop,
-      transport::Encode(transport::WeightsSelectRequest{
-          .model = id.model, .layout = id.layout, .version = id.version}),
-      resp));
+  TIERKV_RETURN_IF_ERROR(
+      impl_->Call(Opcode::kWeightsDrop, transport::Encode(SelectOf(id)), resp));
   return WeightsDropped{.shards = resp.dropped,
                         .freed_bytes = resp.freed_bytes};
 }
