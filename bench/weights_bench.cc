@@ -14,7 +14,9 @@
 //   switch - a teacher-switching loop A, B, A, ... with a paced per-layer
 //            "forward" that reads each layer once it is in place: the stall a
 //            switch adds with no hints (load, then run), with hints
-//            (PrefetchWeights of the next model while the current one runs)
+//            (HintWeights: the next model's next use is when this forward
+//            ends, the running one's after that, so the daemon promotes the
+//            next one while the current one runs)
 //            and with hints in layer order (the forward starts each layer
 //            when its WaitLayer returns), against the warm load time; and
 //            when layer 0 of the next model was usable.
@@ -32,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -432,6 +435,21 @@ int Run(const WeightsBenchOptions& o) {
   out["switch"] = nlohmann::json::array();
   fmt::print("switch loop A, B, ... ({} switches, forward {:.2f} s):\n",
              o.switches, forward);
+  // The schedule a distillation loop knows: `after` runs once this
+  // forward ends, `running` again after that (kWeightsHint; the daemon
+  // promotes what is due within its horizon and evicts the farthest first).
+  const auto forward_ms = std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(forward * 1000)));
+  auto hint = [&](const WeightsManifest& running,
+                  const WeightsManifest& after) {
+    const WeightsHint hints[] = {
+        {{after.model, after.layout, WeightsVersionOf(after)}, forward_ms},
+        {{running.model, running.layout, WeightsVersionOf(running)},
+         2 * forward_ms}};
+    if (Status s = (*client)->HintWeights(hints); !s.ok()) {
+      fmt::print(stderr, "hint: {}\n", s.ToString());
+    }
+  };
   for (const char* mode : {"no hints", "hints", "hints + layer order"}) {
     const bool hints = std::string(mode) != "no hints";
     const bool ordered = std::string(mode) == "hints + layer order";
@@ -455,17 +473,13 @@ int Run(const WeightsBenchOptions& o) {
         if (Status s = load->Wait(); !s.ok()) return fail(s);
         stall = Seconds(t0, Clock::now());
         layer0.push_back(stall);
-        if (hints) {
-          (void)(*client)->PrefetchWeights(
-              {after.model, after.layout, WeightsVersionOf(after)});
-        }
+        if (hints) hint(next, after);
         PacedForward(
             next, pool, forward, [](uint32_t) {}, &sink);
       }
       if (ordered) {
         if (Status s = load->Wait(); !s.ok()) return fail(s);
-        (void)(*client)->PrefetchWeights(
-            {after.model, after.layout, WeightsVersionOf(after)});
+        hint(next, after);
       }
       if (sw > 0) stalls.push_back(stall);  // the first switch warms up
     }

@@ -5,6 +5,8 @@
 #include "tierkv/c_api.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -690,6 +692,46 @@ tierkv_status tierkv_weights_prefetch(tierkv_client* client, const char* model,
     }
     return Report(client->client->PrefetchWeights(
         WeightsIdOf(model, layout, version), {first_layer, layer_count}));
+  });
+}
+
+tierkv_status tierkv_weights_hint(tierkv_client* client,
+                                  const tierkv_weights_hint_item* hints,
+                                  size_t n) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (hints == nullptr && n > 0) {
+      return InvalidArgument("hints must not be NULL");
+    }
+    std::vector<tierkv::WeightsHint> items;
+    items.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (hints[i].model == nullptr || hints[i].layout == nullptr) {
+        return InvalidArgument(kNullModel);
+      }
+      items.push_back(
+          {WeightsIdOf(hints[i].model, hints[i].layout, hints[i].version),
+           std::chrono::milliseconds(hints[i].next_use_ms)});
+    }
+    return Report(client->client->HintWeights(items));
+  });
+}
+
+tierkv_status tierkv_weights_pin(tierkv_client* client, const char* model,
+                                 const char* layout,
+                                 const tierkv_page_hash* version,
+                                 uint64_t ttl_ms) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr) {
+      return InvalidArgument(kNullModel);
+    }
+    // Past INT64_MAX ms is forever in practice: clamp, never wrap negative
+    // (which would unpin).
+    const auto ttl = std::chrono::milliseconds(
+        static_cast<int64_t>(std::min<uint64_t>(ttl_ms, uint64_t{INT64_MAX})));
+    return Report(
+        client->client->PinWeights(WeightsIdOf(model, layout, version), ttl));
   });
 }
 

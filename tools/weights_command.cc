@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "client/weights_json.h"
 #include "tools/human_bytes.h"
@@ -13,7 +15,9 @@ namespace tierkv::tools {
 
 CLI::App* AddWeightsCommand(CLI::App& app, WeightsCommand& cmd) {
   auto* weights = app.add_subcommand(
-      "weights", "Model weights in a weights namespace (-n): import, ls, drop");
+      "weights",
+      "Model weights in a weights namespace (-n): import, ls, drop, hint, "
+      "pin");
   weights->require_subcommand(1);
   cmd.import = weights->add_subcommand(
       "import",
@@ -39,6 +43,29 @@ CLI::App* AddWeightsCommand(CLI::App& app, WeightsCommand& cmd) {
   cmd.drop->add_option("--version", cmd.version,
                        "only this version, 32 hex digits (default: every "
                        "version)");
+  cmd.hint = weights->add_subcommand(
+      "hint",
+      "Say when a shard is next used: the daemon evicts the farthest next "
+      "use first and brings what is due from NVMe into DRAM ahead of it");
+  cmd.pin = weights->add_subcommand(
+      "pin", "Keep a shard in DRAM for a while (at most half its DRAM)");
+  for (CLI::App* sub : {cmd.hint, cmd.pin}) {
+    sub->add_option("--model", cmd.model, "model name")->required();
+    sub->add_option("--layout", cmd.layout, "shard layout")->required();
+    sub->add_option("--version", cmd.version,
+                    "32 hex digits (default: the newest sealed)");
+  }
+  auto* in =
+      cmd.hint->add_option("--in", cmd.seconds, "next use, in seconds from now")
+          ->check(CLI::NonNegativeNumber);
+  auto* clear = cmd.hint->add_flag("--clear", cmd.clear,
+                                   "no known next use: clear the hint");
+  in->excludes(clear);
+  auto* ttl =
+      cmd.pin->add_option("--ttl", cmd.seconds, "seconds to keep it in DRAM")
+          ->check(CLI::PositiveNumber);
+  auto* unpin = cmd.pin->add_flag("--unpin", cmd.clear, "end the pin");
+  ttl->excludes(unpin);
   return weights;
 }
 
@@ -79,7 +106,8 @@ Status List(Client& client, const WeightsCommand& cmd) {
   return Status::OK();
 }
 
-Status Drop(Client& client, const WeightsCommand& cmd) {
+// The shard (or, for drop, the shards) the command names.
+Result<WeightsId> IdOf(const WeightsCommand& cmd) {
   WeightsId id{.model = cmd.model, .layout = cmd.layout};
   if (!cmd.version.empty()) {
     auto version = PageHash::FromHex(cmd.version);
@@ -88,7 +116,53 @@ Status Drop(Client& client, const WeightsCommand& cmd) {
     }
     id.version = *version;
   }
-  auto dropped = client.DropWeights(id);
+  return id;
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  // Past ~31 years is forever in practice; llround must not overflow.
+  return std::chrono::milliseconds(std::llround(std::min(seconds, 1e9) * 1000));
+}
+
+Status Hint(Client& client, const WeightsCommand& cmd) {
+  if (!cmd.clear && cmd.hint->count("--in") == 0) {
+    return Status::InvalidArgument("weights hint: --in SECONDS or --clear");
+  }
+  auto id = IdOf(cmd);
+  if (!id.ok()) return id.status();
+  const WeightsHint hint{
+      *id, cmd.clear ? std::chrono::milliseconds(-1) : Millis(cmd.seconds)};
+  TIERKV_RETURN_IF_ERROR(client.HintWeights({&hint, 1}));
+  if (cmd.clear) {
+    fmt::print("cleared the hint of {} / {}\n", id->model, id->layout);
+  } else {
+    fmt::print("{} / {} is next used in {} s\n", id->model, id->layout,
+               cmd.seconds);
+  }
+  return Status::OK();
+}
+
+Status Pin(Client& client, const WeightsCommand& cmd) {
+  if (!cmd.clear && cmd.pin->count("--ttl") == 0) {
+    return Status::InvalidArgument("weights pin: --ttl SECONDS or --unpin");
+  }
+  auto id = IdOf(cmd);
+  if (!id.ok()) return id.status();
+  TIERKV_RETURN_IF_ERROR(client.PinWeights(
+      *id, cmd.clear ? std::chrono::milliseconds(0) : Millis(cmd.seconds)));
+  if (cmd.clear) {
+    fmt::print("unpinned {} / {}\n", id->model, id->layout);
+  } else {
+    fmt::print("pinned {} / {} in DRAM for {} s\n", id->model, id->layout,
+               cmd.seconds);
+  }
+  return Status::OK();
+}
+
+Status Drop(Client& client, const WeightsCommand& cmd) {
+  auto id = IdOf(cmd);
+  if (!id.ok()) return id.status();
+  auto dropped = client.DropWeights(*id);
   if (!dropped.ok()) return dropped.status();
   fmt::print("dropped {} shard{}, freed {}\n", dropped->shards,
              dropped->shards == 1 ? "" : "s", HumanBytes(dropped->freed_bytes));
@@ -101,7 +175,9 @@ Status RunWeightsCommand(Client& client, const WeightsCommand& cmd) {
   if (cmd.import->parsed()) return Import(client, cmd);
   if (cmd.ls->parsed()) return List(client, cmd);
   if (cmd.drop->parsed()) return Drop(client, cmd);
-  return Status::InvalidArgument("weights: import, ls or drop");
+  if (cmd.hint->parsed()) return Hint(client, cmd);
+  if (cmd.pin->parsed()) return Pin(client, cmd);
+  return Status::InvalidArgument("weights: import, ls, drop, hint or pin");
 }
 
 }  // namespace tierkv::tools

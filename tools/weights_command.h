@@ -1,6 +1,7 @@
 // `tierkv weights`: model weights in a daemon's weights namespace
 // (include/tierkv/weights.h): import a safetensors checkpoint, list the
-// sealed shards, drop them. The connection options (--socket, -n, --token)
+// sealed shards, drop them, say when one is next used (hint) or keep one in
+// DRAM (pin). The connection options (--socket, -n, --token)
 // are tierkv's own; -n names the weights namespace.
 #pragma once
 
@@ -19,15 +20,21 @@ struct WeightsCommand {
   std::string path;  // import: a .safetensors file or a directory
   std::string model;
   std::string layout;
-  std::string version;  // drop: 32 hex digits; empty: every version
-  bool json = false;    // ls
+  // drop, hint, pin: 32 hex digits; empty: every version (drop), the
+  // newest (hint, pin).
+  std::string version;
+  bool json = false;   // ls
+  double seconds = 0;  // hint: next use in; pin: for how long
+  bool clear = false;  // hint --clear, pin --unpin
   CLI::App* import = nullptr;
   CLI::App* ls = nullptr;
   CLI::App* drop = nullptr;
+  CLI::App* hint = nullptr;
+  CLI::App* pin = nullptr;
 };
 
-// Adds `weights` (with import, ls, drop) to `app`; returns it. `cmd` is
-// filled when the command line is parsed, and must outlive `app`.
+// Adds `weights` (with import, ls, drop, hint, pin) to `app`; returns it. `cmd`
+// is filled when the command line is parsed, and must outlive `app`.
 CLI::App* AddWeightsCommand(CLI::App& app, WeightsCommand& cmd);
 
 // Runs the parsed subcommand on `client` (bound to the weights namespace),

@@ -294,6 +294,25 @@ TIERKV_C_EXPORT tierkv_status
 tierkv_weights_prefetch(tierkv_client* client, const char* model,
                         const char* layout, const tierkv_page_hash* version,
                         uint16_t first_layer, uint16_t layer_count);
+/* One item of tierkv_weights_hint (WeightsHint): version NULL or zero =
+ * the newest sealed now; next_use_ms from now, negative = no known next use
+ * (clears the shard's hint). */
+typedef struct tierkv_weights_hint_item {
+  const char* model;
+  const char* layout;
+  const tierkv_page_hash* version;
+  int64_t next_use_ms;
+} tierkv_weights_hint_item;
+/* Client::HintWeights: when the shards are next used (the daemon's DRAM
+ * eviction order and prefetch). OK when every hint applied, else the first
+ * failure, naming its item. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_hint(
+    tierkv_client* client, const tierkv_weights_hint_item* hints, size_t n);
+/* Client::PinWeights: keeps the shard in DRAM for ttl_ms; 0 unpins it.
+ * version NULL or zero = the newest. */
+TIERKV_C_EXPORT tierkv_status
+tierkv_weights_pin(tierkv_client* client, const char* model, const char* layout,
+                   const tierkv_page_hash* version, uint64_t ttl_ms);
 /* Client::ListWeights as JSON: [{"model","layout","version","image_bytes",
  * "tensors","chunks","num_layers","sealed_unix_ms","chunks_in_dram",
  * "chunks_on_nvme","chunks_missing","unique_bytes"}]; model NULL or "":

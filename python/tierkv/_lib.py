@@ -16,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_int, c_int32,
-                    c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
+                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p)
 from pathlib import Path
 
 from . import errors
@@ -44,6 +45,11 @@ class WeightsStoredStruct(Structure):
                 ("chunks", c_uint32), ("chunks_stored", c_uint32),
                 ("chunks_deduplicated", c_uint32),
                 ("bytes_stored", c_uint64), ("bytes_deduplicated", c_uint64)]
+
+
+class WeightsHintStruct(Structure):
+    _fields_ = [("model", c_char_p), ("layout", c_char_p),
+                ("version", c_void_p), ("next_use_ms", c_int64)]
 
 
 ABI_VERSION = 1
@@ -138,6 +144,10 @@ def _load() -> ctypes.CDLL:
         "tierkv_weights_load_free": (None, [c_void_p]),
         "tierkv_weights_prefetch": (_status, [
             c_void_p, c_char_p, c_char_p, c_void_p, c_uint16, c_uint16]),
+        "tierkv_weights_hint": (_status, [
+            c_void_p, POINTER(WeightsHintStruct), c_size_t]),
+        "tierkv_weights_pin": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_uint64]),
         "tierkv_weights_list_json": (_status, [
             c_void_p, c_char_p, POINTER(c_char), c_size_t,
             POINTER(c_size_t)]),

@@ -11,6 +11,8 @@ layer (include/tierkv/weights.h, Client::PutWeights / LoadWeights):
     w.import_safetensors(c, "glm-5", "hf/bf16/rank0-of-1", "/ckpt/glm-5")
     with w.load(c, "glm-5", "hf/bf16/rank0-of-1") as ld:
         ld.wait_layer(0)                     # layer 0 is in ld.image
+    w.hint(c, [w.Hint("glm-5", "hf/bf16/rank0-of-1", next_use_s=30)])
+    w.pin(c, "glm-5", "hf/bf16/rank0-of-1", ttl_s=600)
     w.list_weights(c); w.drop(c, "glm-5")
 
 TensorBackuper is a drop-in for slime's `_TensorBackuperNormal`
@@ -290,6 +292,49 @@ def prefetch(client: Client, model: str, layout: str, *,
                                           int(layer_count)))
 
 
+@dataclass(frozen=True)
+class Hint:
+    """When shard (model, layout, version) is next used, in seconds from
+    now (None: no known next use; clears its hint). version None: the
+    newest sealed now."""
+    model: str
+    layout: str
+    next_use_s: Optional[float]
+    version: Optional[str] = None
+
+
+def hint(client: Client, hints: Sequence[Hint]) -> None:
+    """Tells the daemon when shards are next used: it evicts the farthest
+    next use first and brings the shards due within its horizon from NVMe
+    into DRAM ahead of their loads (Client::HintWeights)."""
+    versions = [_version_arg(h.version) for h in hints]  # kept alive
+    items = (_lib.WeightsHintStruct * max(len(hints), 1))()
+    for i, h in enumerate(hints):
+        next_ms = -1 if h.next_use_s is None else max(
+            0, int(round(h.next_use_s * 1000)))
+        items[i] = _lib.WeightsHintStruct(h.model.encode(), h.layout.encode(),
+                                          _ptr_of(versions[i]), next_ms)
+    with client._use() as h:
+        check(lib.tierkv_weights_hint(h, items, len(hints)))
+
+
+def pin(client: Client, model: str, layout: str, ttl_s: float, *,
+        version: Optional[str] = None) -> None:
+    """Keeps the shard in DRAM for `ttl_s` seconds (0: unpins it)."""
+    if ttl_s < 0:
+        raise InvalidArgumentError("ttl_s must be >= 0")
+    v = _version_arg(version)
+    with client._use() as h:
+        check(lib.tierkv_weights_pin(h, model.encode(), layout.encode(),
+                                     _ptr_of(v), int(round(ttl_s * 1000))))
+
+
+def unpin(client: Client, model: str, layout: str, *,
+          version: Optional[str] = None) -> None:
+    """Ends the shard's pin (a no-op when it was not pinned)."""
+    pin(client, model, layout, 0, version=version)
+
+
 def list_weights(client: Client, model: str = "") -> List[dict]:
     """The sealed shards (of `model`, or all): model, layout, version,
     image_bytes, tensors, chunks, num_layers, sealed_unix_ms,
@@ -351,6 +396,8 @@ class TensorBackuper:
                     backed up; slime's defaultdict would also list it).
       copy(src_tag=, dst_tag=): dst's tensors take src's values.
       backup_tags:  tags backed up, in order.
+      hint(tag, next_use_s): (tierkv only) when tag is restored next, so
+                    the daemon brings it from NVMe into DRAM in time.
 
     Not thread-safe (nor is slime's). The client must stay open.
     """
@@ -429,6 +476,13 @@ class TensorBackuper:
                 # layers keep loading while this one is copied.
                 ld.wait_layer(t["layer"])
                 _copy_into(param, _view(self._image, t, _is_torch(param)))
+
+    def hint(self, tag: str, next_use_s: Optional[float]) -> None:
+        """Not in slime's interface: when `tag` is restored next, in seconds
+        from now (None: unknown), so the daemon has it in DRAM by then."""
+        assert tag in self._versions, f"tag {tag!r} was never backed up"
+        hint(self._client, [Hint(self._model(tag), self._layout, next_use_s,
+                                 self._versions[tag])])
 
     def copy(self, *, src_tag: str, dst_tag: str) -> None:
         if dst_tag not in self._versions:

@@ -102,6 +102,27 @@ int main(int argc, char** argv) {
   CHECK(tierkv_weights_list_json(client, "c-model", list, sizeof list, &len));
   EXPECT(strstr(list, "\"c/u8/rank0-of-1\"") != NULL);
 
+  /* Schedule: a hint (then cleared) and a pin (then ended) reach the
+   * daemon's catalog (its stats count them). */
+  char stats[8192];
+  tierkv_weights_hint_item hint = {"c-model", "c/u8/rank0-of-1", NULL, 30000};
+  CHECK(tierkv_weights_hint(client, &hint, 1));
+  CHECK(tierkv_stats_json(client, stats, sizeof stats, &len));
+  EXPECT(strstr(stats, "\"hinted_shards\":1") != NULL);
+  hint.next_use_ms = -1;
+  CHECK(tierkv_weights_hint(client, &hint, 1));
+  CHECK(tierkv_stats_json(client, stats, sizeof stats, &len));
+  EXPECT(strstr(stats, "\"hinted_shards\":0") != NULL);
+  tierkv_weights_hint_item unknown = {"no-model", "c/u8/rank0-of-1", NULL, 1};
+  EXPECT(tierkv_weights_hint(client, &unknown, 1) == TIERKV_NOT_FOUND);
+  EXPECT(tierkv_weights_hint(client, NULL, 1) == TIERKV_INVALID_ARGUMENT);
+  CHECK(tierkv_weights_pin(client, "c-model", "c/u8/rank0-of-1", NULL, 60000));
+  CHECK(tierkv_stats_json(client, stats, sizeof stats, &len));
+  EXPECT(strstr(stats, "\"pinned_shards\":1") != NULL);
+  CHECK(tierkv_weights_pin(client, "c-model", "c/u8/rank0-of-1", &loaded, 0));
+  CHECK(tierkv_stats_json(client, stats, sizeof stats, &len));
+  EXPECT(strstr(stats, "\"pinned_shards\":0") != NULL);
+
   uint32_t dropped = 0;
   uint64_t freed = 0;
   CHECK(tierkv_weights_drop(client, "c-model", NULL, NULL, &dropped, &freed));

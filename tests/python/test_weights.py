@@ -116,6 +116,45 @@ def test_list_and_drop(weights_daemon):
             w.load(c, "m", "rank0")
 
 
+def test_hint_and_pin_reach_the_daemons_schedule(weights_daemon):
+    with connect(weights_daemon) as c:
+        a = w.put(c, "h", "rank0", megatron_like(4).items())
+        w.put(c, "h", "rank1", megatron_like(5).items())
+
+        def schedule():
+            return c.stats()["weights"]
+
+        w.hint(c, [w.Hint("h", "rank0", next_use_s=30, version=a.version),
+                   w.Hint("h", "rank1", next_use_s=0.5)])
+        assert schedule()["hinted_shards"] == 2
+        w.hint(c, [w.Hint("h", "rank1", next_use_s=None)])
+        assert schedule()["hinted_shards"] == 1
+        with pytest.raises(tierkv.NotFoundError, match="hint 0"):
+            w.hint(c, [w.Hint("nope", "rank0", next_use_s=1)])
+        w.hint(c, [])  # nothing to say: fine
+
+        w.pin(c, "h", "rank0", ttl_s=600)
+        pinned = schedule()
+        assert pinned["pinned_shards"] == 1
+        assert pinned["pinned_bytes"] >= a.image_bytes // 2
+        w.unpin(c, "h", "rank0")
+        assert schedule()["pinned_shards"] == 0
+        with pytest.raises(tierkv.InvalidArgumentError):
+            w.pin(c, "h", "rank0", ttl_s=-1)
+        with pytest.raises(tierkv.NotFoundError):
+            w.pin(c, "h", "rank9", ttl_s=1)
+
+        # TensorBackuper's hint names the tag's current version.
+        params = megatron_like(6)
+        backuper = w.TensorBackuper.create(lambda: params.items(), client=c,
+                                           layout="tp0", model_prefix="t-")
+        backuper.backup("teacher")
+        backuper.hint("teacher", 10)
+        assert schedule()["hinted_shards"] == 2
+        with pytest.raises(AssertionError):
+            backuper.hint("never", 1)
+
+
 def write_safetensors(path, tensors):
     """A minimal safetensors writer (the format's spec), independent of the
     C++ one, so the import is checked against a file tierkv did not

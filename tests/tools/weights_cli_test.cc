@@ -1,5 +1,5 @@
-// `tierkv weights import / ls / drop` (tools/weights_command.cc) run as the
-// real binary against a real tierkvd with a weights namespace.
+// `tierkv weights import / ls / drop / hint / pin` (tools/weights_command.cc)
+// run as the real binary against a real tierkvd with a weights namespace.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -12,6 +12,7 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tierkv/client.h"
 
 namespace tierkv {
 namespace {
@@ -117,6 +118,57 @@ TEST_F(WeightsCliTest, ImportListDrop) {
   ran = Tierkv("ls --json");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   EXPECT_EQ(nlohmann::json::parse(ran.output).size(), 0u);
+}
+
+TEST_F(WeightsCliTest, HintAndPinReachTheCatalog) {
+  const std::string file = WriteCheckpoint();
+  ASSERT_EQ(Tierkv("import " + file + " --model tiny --layout hf/u8/rank0-of-1")
+                .exit_code,
+            0);
+  auto client = Client::Connect(
+      {.socket_path = daemon_.socket_path(), .prefault_arena = false});
+  ASSERT_OK(client.status());
+  ASSERT_OK((*client)->OpenNamespace("weights", "cli-token"));
+  auto schedule = [&] {
+    auto stats = (*client)->StatsJson();
+    EXPECT_OK(stats.status());
+    return nlohmann::json::parse(stats.ok() ? *stats : "{}")["weights"];
+  };
+
+  Ran ran = Tierkv("hint --model tiny --layout hf/u8/rank0-of-1 --in 30");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_NE(ran.output.find("next used in 30 s"), std::string::npos)
+      << ran.output;
+  EXPECT_EQ(schedule()["hinted_shards"], 1);
+  ran = Tierkv("hint --model tiny --layout hf/u8/rank0-of-1 --clear");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_EQ(schedule()["hinted_shards"], 0);
+  // Neither or both of --in / --clear; an unknown shard; a bad version.
+  ran = Tierkv("hint --model tiny --layout hf/u8/rank0-of-1");
+  EXPECT_EQ(ran.exit_code, 1);
+  EXPECT_NE(ran.output.find("--in SECONDS or --clear"), std::string::npos)
+      << ran.output;
+  ran = Tierkv("hint --model tiny --layout hf/u8/rank0-of-1 --in 1 --clear");
+  EXPECT_NE(ran.exit_code, 0);
+  ran = Tierkv("hint --model other --layout hf/u8/rank0-of-1 --in 1");
+  EXPECT_EQ(ran.exit_code, 1);
+  EXPECT_NE(ran.output.find("not_found"), std::string::npos) << ran.output;
+  ran = Tierkv("pin --model tiny --layout l --version xyz --ttl 1");
+  EXPECT_EQ(ran.exit_code, 1);
+  EXPECT_NE(ran.output.find("32 hex digits"), std::string::npos) << ran.output;
+
+  ran = Tierkv("pin --model tiny --layout hf/u8/rank0-of-1 --ttl 600");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_NE(ran.output.find("pinned tiny / hf/u8/rank0-of-1"),
+            std::string::npos)
+      << ran.output;
+  EXPECT_EQ(schedule()["pinned_shards"], 1);
+  EXPECT_GT(schedule()["pinned_bytes"], 3 * 4096);
+  ran = Tierkv("pin --model tiny --layout hf/u8/rank0-of-1 --unpin");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_EQ(schedule()["pinned_shards"], 0);
+  ran = Tierkv("pin --model tiny --layout hf/u8/rank0-of-1 --ttl 0");
+  EXPECT_NE(ran.exit_code, 0) << ran.output;  // a pin needs a positive ttl
 }
 
 TEST_F(WeightsCliTest, ImportOfACorruptFileSaysWhy) {
