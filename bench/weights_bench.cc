@@ -365,7 +365,7 @@ int Run(const WeightsBenchOptions& o) {
   };
 
   // 2. Cold: after a restart every chunk is on NVMe only.
-  std::vector<double> cold_gbps, cold_ratio, cold_cpu;
+  std::vector<double> cold_gbps, cold_ratio, cold_cpu, fio_gbps;
   for (int it = 0; it < o.iterations; ++it) {
     daemon.Stop();
     client = start();
@@ -380,19 +380,21 @@ int Run(const WeightsBenchOptions& o) {
     if (!fio_read.ok()) return fail(fio_read.status());
     cold_gbps.push_back(image / *s / 1e9);
     cold_ratio.push_back(cold_gbps.back() / fio_read->gbps);
+    fio_gbps.push_back(fio_read->gbps);
     cold_cpu.push_back(cpu / (image / 1e9));
   }
   fmt::print(
-      "cold load NVMe -> pool: {:.2f} GB/s, {:.2f}x fio read "
-      "(per round {}), {:.2f} CPU-s/GB\n",
-      Median(cold_gbps), Median(cold_ratio), fmt::join(cold_ratio, " "),
-      Median(cold_cpu));
+      "cold load NVMe -> pool: {:.2f} GB/s, {:.2f}x fio read ({:.2f} GB/s; "
+      "per round {:.2f}), {:.2f} CPU-s/GB\n",
+      Median(cold_gbps), Median(cold_ratio), Median(fio_gbps),
+      fmt::join(cold_ratio, " "), Median(cold_cpu));
   out["cold"] = {{"gbps", Median(cold_gbps)},
+                 {"fio_read_gbps", Median(fio_gbps)},
                  {"ratio_fio", Median(cold_ratio)},
                  {"cpu_s_per_gb", Median(cold_cpu)}};
 
   // 3. Warm: A is in DRAM now.
-  std::vector<double> warm_s, warm_ratio, naive_ratio, warm_cpu;
+  std::vector<double> warm_s, warm_ratio, naive_ratio, warm_cpu, memcpy_gbps;
   std::string naive = "safetensors.numpy.load_file";
   for (int it = 0; it < o.iterations; ++it) {
     double cpu = 0;
@@ -409,16 +411,18 @@ int Run(const WeightsBenchOptions& o) {
     }
     warm_s.push_back(*s);
     warm_ratio.push_back(m / *s);
+    memcpy_gbps.push_back(image / m / 1e9);
     naive_ratio.push_back(n / *s);
     warm_cpu.push_back(cpu / (image / 1e9));
   }
   const double warm = Median(warm_s);
   fmt::print(
-      "warm load DRAM -> pool: {:.2f} GB/s, {:.2f}x memcpy (per round {}), "
-      "{:.1f}x {} (cold page cache), {:.2f} CPU-s/GB\n",
-      image / warm / 1e9, Median(warm_ratio), fmt::join(warm_ratio, " "),
-      Median(naive_ratio), naive, Median(warm_cpu));
+      "warm load DRAM -> pool: {:.2f} GB/s, {:.2f}x memcpy ({:.2f} GB/s; per "
+      "round {:.2f}), {:.1f}x {} (cold page cache), {:.2f} CPU-s/GB\n",
+      image / warm / 1e9, Median(warm_ratio), Median(memcpy_gbps),
+      fmt::join(warm_ratio, " "), Median(naive_ratio), naive, Median(warm_cpu));
   out["warm"] = {{"gbps", image / warm / 1e9},
+                 {"memcpy_gbps", Median(memcpy_gbps)},
                  {"ratio_memcpy", Median(warm_ratio)},
                  {"ratio_naive", Median(naive_ratio)},
                  {"naive", naive},
