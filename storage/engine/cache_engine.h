@@ -256,6 +256,10 @@ class CacheEngine {
   };
   std::vector<SegmentWhere> Where(EngineNamespace& ns,
                                   std::span<const SegmentKey> keys) const;
+  // Per key: its size on a persistent local tier (NVMe), or 0 when none
+  // holds it (DRAM does not count).
+  std::vector<uint64_t> PersistedBytes(EngineNamespace& ns,
+                                       std::span<const SegmentKey> keys) const;
   // Queues promotion into DRAM of those of `keys` only below it, in the
   // given order (a loader's layer order), up to half the namespace's DRAM
   // (more would evict what was just promoted before it is read). Returns

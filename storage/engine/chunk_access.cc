@@ -112,6 +112,19 @@ std::vector<CacheEngine::SegmentWhere> CacheEngine::Where(
   return out;
 }
 
+std::vector<uint64_t> CacheEngine::PersistedBytes(
+    EngineNamespace& ns, std::span<const SegmentKey> keys) const {
+  std::vector<uint64_t> out(keys.size(), 0);
+  if (chain_->empty() || keys.empty()) return out;
+  const auto where =
+      chain_->Locate(ns.tiers_.ns, ns.fingerprint(), keys, TierScope::kLocal);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (where[i].tier == TierChain::kNowhere) continue;
+    if (chain_->at(where[i].tier).persistent()) out[i] = where[i].bytes;
+  }
+  return out;
+}
+
 size_t CacheEngine::PromoteInOrder(EngineNamespace& ns,
                                    std::span<const SegmentKey> keys) {
   if (!mover_) return 0;

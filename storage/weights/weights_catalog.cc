@@ -11,6 +11,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "common/sync_point.h"
 #include "storage/storage_log.h"
 
 namespace tierkv::storage {
@@ -132,6 +133,7 @@ void WeightsCatalog::InsertLocked(Shard shard) {
   }
   referenced_bytes_ += shard.chunk_bytes;
   manifest_bytes_ += shard.encoded.size();
+  last_sealed_unix_ms_ = std::max(last_sealed_unix_ms_, shard.sealed_unix_ms);
   shard.sequence = next_sequence_++;
   ShardKey key{shard.manifest.model, shard.manifest.layout, shard.version};
   shards_.emplace(std::move(key), std::move(shard));
@@ -168,33 +170,59 @@ void WeightsCatalog::EndPendingSeal() {
   if (--pending_seals_ == 0) pending_seals_done_.SignalAll();
 }
 
+void WeightsCatalog::AddPendingLocked(const Shard& shard) {
+  ++pending_seals_;
+  pending_manifest_bytes_ += shard.encoded.size();
+  for (const SegmentKey& key : DistinctChunks(shard.manifest)) {
+    ++pending_chunks_[key.page];
+  }
+}
+
+void WeightsCatalog::RemovePendingLocked(const Shard& shard) {
+  pending_manifest_bytes_ -= shard.encoded.size();
+  for (const SegmentKey& key : DistinctChunks(shard.manifest)) {
+    auto it = pending_chunks_.find(key.page);
+    if (it != pending_chunks_.end() && --it->second == 0) {
+      pending_chunks_.erase(it);
+    }
+  }
+}
+
 Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
-    const Shard& shard) const {
+    const Shard& shard, bool durable) const {
   const WeightsManifest& m = shard.manifest;
   if (shards_.count(ShardKey{m.model, m.layout, shard.version})) {
     return std::optional<Sealed>(Sealed{shard.version, true});
   }
-  if (manifest_bytes_ + shard.encoded.size() >
+  if (manifest_bytes_ + pending_manifest_bytes_ + shard.encoded.size() >
       options_.max_total_manifest_bytes) {
     return Status::ResourceExhausted(fmt::format(
-        "namespace '{}' holds {} bytes of sealed manifests; sealing {} more "
-        "passes its limit of {}: drop shards first",
-        ns_->name(), manifest_bytes_, shard.encoded.size(),
-        options_.max_total_manifest_bytes));
+        "namespace '{}' holds {} bytes of sealed manifests ({} more being "
+        "sealed); sealing {} more passes its limit of {}: drop shards first",
+        ns_->name(), manifest_bytes_, pending_manifest_bytes_,
+        shard.encoded.size(), options_.max_total_manifest_bytes));
   }
   std::vector<SegmentKey> keys;
   keys.reserve(m.chunks.size());
   for (const WeightsChunk& c : m.chunks)
     keys.push_back(WeightsChunkSegment(c.key));
-  const auto where = engine_->Where(*ns_, keys);
+  std::vector<CacheEngine::SegmentWhere> where;
+  if (durable) {
+    for (const uint64_t bytes : engine_->PersistedBytes(*ns_, keys)) {
+      where.push_back(
+          {bytes > 0 ? tierkv::Tier::kNvme : tierkv::Tier::kMiss, bytes});
+    }
+  } else {
+    where = engine_->Where(*ns_, keys);
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     const WeightsChunk& c = m.chunks[i];
     if (where[i].tier == tierkv::Tier::kMiss) {
       return Status::NotFound(fmt::format(
           "chunk {} of {} (key {}, layer {}, {} bytes at image offset {}) is "
-          "not stored in namespace '{}'",
+          "not stored {}in namespace '{}'",
           i, keys.size(), c.key.ToHex(), c.layer, c.bytes, c.offset,
-          ns_->name()));
+          durable ? "on NVMe " : "", ns_->name()));
     }
     if (where[i].bytes != c.bytes) {
       return Status::NotFound(fmt::format(
@@ -208,7 +236,8 @@ Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
 
 Result<WeightsCatalog::Sealed> WeightsCatalog::FinishSealLocked(Shard shard) {
   shard.sealed_unix_ms =
-      options_.now_unix_ms ? options_.now_unix_ms() : SystemUnixMs();
+      std::max(options_.now_unix_ms ? options_.now_unix_ms() : SystemUnixMs(),
+               last_sealed_unix_ms_ + 1);
   if (persist_ != nullptr) {
     NvmeCatalog::WeightsRecord record{
         .ns_id = ns_id_,
@@ -248,7 +277,7 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
   shard->version = WeightsChunkKey(encoded);
   {
     MutexLock lock(&mu_);
-    auto checked = CheckSealLocked(*shard);
+    auto checked = CheckSealLocked(*shard, /*durable=*/false);
     if (checked.ok() && !checked->has_value() &&
         (persist_ == nullptr || !engine_->can_persist())) {
       // In memory only: nothing to make durable first.
@@ -263,7 +292,7 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
                         : Result<Sealed>(checked.status()));
       return;
     }
-    ++pending_seals_;
+    AddPendingLocked(*shard);
   }
   // Chunks durable first, then the manifest: a crash in between leaves
   // stored chunks and no shard, never a shard without its chunks.
@@ -274,16 +303,18 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
         const std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
         size_t failed = 0;
         while (failed < flushed.size() && flushed[failed].ok()) ++failed;
+        TIERKV_SYNC_POINT(kSealFlushed);
+        MutexLock lock(&mu_);
+        RemovePendingLocked(*shard);
         if (failed < flushed.size()) {
           result = Status(flushed[failed].code(),
                           fmt::format("chunk {} is not durable on NVMe: {}",
                                       keys[failed].page.ToHex(),
                                       flushed[failed].message()));
         } else {
-          MutexLock lock(&mu_);
-          // Checked again: a Drop may have erased a chunk meanwhile, or
-          // another Seal sealed the same version.
-          auto checked = CheckSealLocked(*shard);
+          // Checked again, on NVMe now: NVMe may have evicted a chunk since
+          // its flush, or another Seal sealed the same version.
+          auto checked = CheckSealLocked(*shard, /*durable=*/true);
           if (!checked.ok()) {
             result = checked.status();
           } else if (checked->has_value()) {
@@ -292,6 +323,7 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
             result = FinishSealLocked(std::move(*shard));
           }
         }
+        lock.Unlock();
         done(std::move(result));
         EndPendingSeal();  // the last use of `this`
       });
@@ -400,7 +432,8 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
       if (c == chunks_.end() || --c->second.shards > 0) continue;
       dropped.freed_bytes += c->second.bytes;
       unique_bytes_ -= c->second.bytes;
-      freed.push_back(chunk_key);
+      // A Seal being made durable names it: it stays stored for that seal.
+      if (!pending_chunks_.contains(chunk_key.page)) freed.push_back(chunk_key);
       chunks_.erase(c);
     }
     referenced_bytes_ -= shard.chunk_bytes;

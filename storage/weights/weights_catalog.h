@@ -16,10 +16,14 @@
 // shards live in memory only and are gone after a restart (so are the
 // chunks: DRAM is not persistent).
 //
-// Races it leaves to the caller: a chunk deduplicated by a Put (already
-// stored) may be erased by a concurrent Drop of the last shard naming it
-// before the new shard is sealed; Seal then answers NotFound for it and the
-// client stores it again.
+// Races with Drop: a chunk named by a Seal that is making its chunks
+// durable is never erased by a Drop of the last sealed shard naming it (it
+// stays stored, unreferenced, until the Seal ends it or eviction does), and
+// a Seal answers only once every chunk is on NVMe (DRAM alone does not
+// count) when it has one. What it leaves to the caller: a chunk
+// deduplicated by a Put (already stored) may be erased by a Drop before
+// the Seal that names it arrives; Seal then answers NotFound for it and
+// the client stores it again.
 //
 // Thread safety: thread-safe. Calls into the engine (where chunks are,
 // erasing them) and the NVMe catalog are made under the catalog's lock, so
@@ -166,6 +170,10 @@ class WeightsCatalog {
   // by Tick) and are not persisted: a restart ends them.
   Status Pin(const WeightsId& id, std::chrono::milliseconds ttl) EXCLUDES(mu_);
 
+  // Sync point (common/sync_point.h): a Seal's chunks are durable, before
+  // it takes the catalog's lock to check them again and seal.
+  static constexpr char kSealFlushed[] = "WeightsCatalog::Seal:Flushed";
+
   // Ends pins past their ttl and prefetches the hinted shards that came
   // within prefetch_horizon; the daemon calls it every sweep interval.
   void Tick() EXCLUDES(mu_);
@@ -217,8 +225,16 @@ class WeightsCatalog {
   void InsertLocked(Shard shard) REQUIRES(mu_);
   // Seal's checks on `shard`: already sealed (an answer), past the
   // manifest limit or a chunk not stored (an error), or nullopt: go on.
-  Result<std::optional<Sealed>> CheckSealLocked(const Shard& shard) const
+  // `durable`: every chunk must be on NVMe (after the flush), not only
+  // somewhere.
+  Result<std::optional<Sealed>> CheckSealLocked(const Shard& shard,
+                                                bool durable) const
       REQUIRES(mu_);
+  // A Seal waiting for its flush: its manifest bytes count against the
+  // limit and its chunks are not erased by Drop meanwhile (Add), until it
+  // ends either way (Remove).
+  void AddPendingLocked(const Shard& shard) REQUIRES(mu_);
+  void RemovePendingLocked(const Shard& shard) REQUIRES(mu_);
   // Persists `shard`'s manifest (with NVMe) and inserts it.
   Result<Sealed> FinishSealLocked(Shard shard) REQUIRES(mu_);
   // Ends a Seal that waited for a flush (the destructor waits for them).
@@ -257,8 +273,16 @@ class WeightsCatalog {
   uint64_t next_sequence_ GUARDED_BY(mu_) = 0;
   uint64_t referenced_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t unique_bytes_ GUARDED_BY(mu_) = 0;
-  uint64_t manifest_bytes_ GUARDED_BY(mu_) = 0;  // encoded, all shards
-  uint32_t pending_seals_ GUARDED_BY(mu_) = 0;   // waiting for a flush
+  uint64_t manifest_bytes_ GUARDED_BY(mu_) = 0;          // encoded, all shards
+  uint32_t pending_seals_ GUARDED_BY(mu_) = 0;           // waiting for a flush
+  uint64_t pending_manifest_bytes_ GUARDED_BY(mu_) = 0;  // of those seals
+  // Chunks those seals name, and how many of them name each.
+  std::unordered_map<PageHash, uint32_t, ChunkKeyHash> pending_chunks_
+      GUARDED_BY(mu_);
+  // The newest sealed_unix_ms: the next seal's is at least one more, so
+  // sealed order (which a zero version's "newest" follows, across
+  // restarts too) holds even if the system clock steps back.
+  uint64_t last_sealed_unix_ms_ GUARDED_BY(mu_) = 0;
   CondVar pending_seals_done_;
 };
 

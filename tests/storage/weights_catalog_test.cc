@@ -9,6 +9,8 @@
 #include <future>
 #include <random>
 
+#include "common/mutex.h"
+#include "common/sync_point.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/status_matchers.h"
@@ -433,6 +435,133 @@ TEST_F(WeightsCatalogTest, ZeroVersionNamesTheNewestSealed) {
   EXPECT_EQ(catalog_->List("model-a", 10).size(), 2u);
   EXPECT_EQ(catalog_->List("model-a", 1).size(), 1u);
   EXPECT_EQ(catalog_->List("model", 10).size(), 0u);
+
+  // The clock steps back: a later seal is still the newest, sealed one
+  // millisecond after the previous one.
+  Shard v3 = MakeShard("model-a", {{"embed", 1, 0, 1 << 20},
+                                   {"l1.w", 11, 1, 1 << 20},
+                                   {"l1.norm", 3, 1, 100},
+                                   {"l1.bias", 4, 1, 60}});
+  PutShard(v3);
+  now = 500;
+  ASSERT_OK(catalog_->Seal(v3.encoded));
+  newest = catalog_->Manifest({"model-a", v1.manifest.layout, {}});
+  ASSERT_OK(newest);
+  EXPECT_EQ(*newest, v3.encoded);
+  for (const WeightsInfo& info : catalog_->List("model-a", 10)) {
+    if (info.id.version == WeightsVersionOf(v3.manifest)) {
+      EXPECT_EQ(info.sealed_unix_ms, 2001u);
+    }
+  }
+}
+
+#ifdef TIERKV_SYNC_POINTS
+// A Drop of the last sealed shard naming a chunk, while a Seal naming it
+// too makes its chunks durable, leaves the chunk stored for that Seal,
+// which then seals over it (it did not: the Drop erased it, the seal
+// failed NotFound, and with a read lease keeping the DRAM copy a while the
+// shard could be sealed over a chunk NVMe no longer had).
+TEST_F(WeightsCatalogTest, ADropDuringASealsFlushKeepsTheChunksItNames) {
+  Open(WritePolicy::kWriteThrough);
+  const Shard a = ShardA();
+  const Shard b = ShardB();  // shares chunk 0 (embed) with A
+  PutShard(a);
+  ASSERT_OK(catalog_->Seal(a.encoded));
+  PutShard(b);  // embed: already stored
+
+  Mutex mu;
+  CondVar cv;
+  bool flushed = false, dropped = false;
+  SyncPoint& sync = SyncPoint::Get();
+  sync.SetCallback(WeightsCatalog::kSealFlushed, [&](void*) {
+    MutexLock lock(&mu);
+    flushed = true;
+    cv.SignalAll();
+    while (!dropped) cv.Wait(&mu);
+  });
+  sync.EnableProcessing();
+  auto sealing =
+      std::async(std::launch::async, [&] { return catalog_->Seal(b.encoded); });
+  {
+    MutexLock lock(&mu);
+    while (!flushed) cv.Wait(&mu);
+  }
+  auto drop = catalog_->Drop("model-a", "", {});
+  {
+    MutexLock lock(&mu);
+    dropped = true;
+    cv.SignalAll();
+  }
+  auto sealed = sealing.get();
+  sync.DisableProcessing();
+  sync.ClearAllCallbacks();
+  ASSERT_OK(drop);
+  EXPECT_EQ(drop->shards, 1u);
+  // Without the fix: NotFound, the drop erased a chunk the seal named.
+  ASSERT_OK(sealed);
+  // B's chunks, the shared one included, are all stored (and on NVMe).
+  std::vector<SegmentKey> keys;
+  for (size_t i = 0; i < b.manifest.chunks.size(); ++i)
+    keys.push_back(b.Key(i));
+  for (const uint64_t bytes : engine_->PersistedBytes(*ns_, keys)) {
+    EXPECT_GT(bytes, 0u);
+  }
+  // A's own chunks are gone.
+  const auto a_own = engine_->Where(*ns_, std::vector<SegmentKey>{a.Key(1)});
+  EXPECT_EQ(a_own[0].tier, tierkv::Tier::kMiss);
+}
+#endif
+
+// Seals waiting for their flush count against the manifest-bytes limit: two
+// seals at once cannot pass it together.
+TEST_F(WeightsCatalogTest, PendingSealsCountAgainstTheManifestLimit) {
+  const Shard a = ShardA();
+  const Shard b = ShardB();
+  WeightsCatalogOptions o;
+  o.max_total_manifest_bytes = a.encoded.size() + b.encoded.size() - 1;
+  Open(WritePolicy::kWriteThrough, o);
+  PutShard(a);
+  PutShard(b);
+#ifdef TIERKV_SYNC_POINTS
+  Mutex mu;
+  CondVar cv;
+  bool flushed = false, go = false;
+  SyncPoint& sync = SyncPoint::Get();
+  sync.SetCallback(WeightsCatalog::kSealFlushed, [&](void*) {
+    MutexLock lock(&mu);
+    flushed = true;
+    cv.SignalAll();
+    while (!go) cv.Wait(&mu);
+  });
+  sync.EnableProcessing();
+  auto sealing =
+      std::async(std::launch::async, [&] { return catalog_->Seal(a.encoded); });
+  {
+    MutexLock lock(&mu);
+    while (!flushed) cv.Wait(&mu);
+  }
+  // A is waiting for its flush: B does not fit beside it.
+  auto refused = catalog_->Seal(b.encoded);
+  {
+    MutexLock lock(&mu);
+    go = true;
+    cv.SignalAll();
+  }
+  ASSERT_OK(sealing.get());
+  sync.DisableProcessing();
+  sync.ClearAllCallbacks();
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted)
+      << refused.status().ToString();
+#else
+  ASSERT_OK(catalog_->Seal(a.encoded));
+  EXPECT_EQ(catalog_->Seal(b.encoded).status().code(),
+            StatusCode::kResourceExhausted);
+#endif
+  // Dropping A makes room (and erases the chunk A shared with B: stored
+  // again).
+  ASSERT_OK(catalog_->Drop("model-a", "", {}));
+  PutShard(b);
+  EXPECT_OK(catalog_->Seal(b.encoded));
 }
 
 }  // namespace
