@@ -432,8 +432,9 @@ Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
       const std::string key = manifest_.chunks[begin + i].key.ToHex();
       if (got[i].IsNotFound()) {
         return Status::NotFound(fmt::format(
-            "chunk {} of layer {} is in no tier (the shard must be stored "
-            "again)",
+            "chunk {} of layer {} is in no tier: evicted, or dropped when "
+            "it failed its checksum on NVMe (tierkvd's log says which); the "
+            "shard must be stored again",
             key, layer));
       }
       return Status(got[i].code(), fmt::format("chunk {} of layer {}: {}", key,

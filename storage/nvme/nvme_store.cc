@@ -632,6 +632,7 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
   };
   std::vector<PendingRead> round;
   std::vector<IoRequest> requests;
+  bool dropped_corrupt = false;
   size_t next = 0;
   while (next < items.size()) {
     // 1. Look up and pin as many items as the bounce budget allows.
@@ -770,7 +771,10 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
       if (corrupt[r]) {
         ++counters_.checksum_failures;
         ++counters_.read_misses;
-        if (p.segment->live) UnlinkLocked(p.segment, /*delete_entry=*/true);
+        if (p.segment->live) {
+          UnlinkLocked(p.segment, /*delete_entry=*/true);
+          dropped_corrupt = true;
+        }
         StorageLog().warn(
             "tierkv nvme store: checksum mismatch for {} at offset {} ({})",
             items[p.item].key.ToString(), p.entry.offset, diagnosis[r]);
@@ -780,6 +784,14 @@ std::vector<Result<uint64_t>> NvmeStore::ReadBatch(
         ++counters_.read_errors;
       }
     }
+  }
+  if (dropped_corrupt) {
+    // Deletes are otherwise deferred until their space is reused: a crash
+    // before that would bring back the entry of bytes known to be wrong,
+    // and a Put of the same content after the restart would find it
+    // "stored" (dedup below DRAM) and skip the write that repairs it.
+    // Rare (a failed checksum), so one synced catalog write is cheap.
+    FlushPendingDeletes(UINT64_MAX).PermitUncheckedError();
   }
   return results;
 }
