@@ -257,6 +257,15 @@ weights = true
     EXPECT_TRUE(s.ok());
     return nlohmann::json::parse(s.ok() ? *s : "{}");
   }
+  // Stores every chunk of `shard` and seals it (a connection of its own).
+  void StoreSealed(const TestShard& shard) {
+    auto c = Connect();
+    ASSERT_NE(c, nullptr);
+    for (const PutResult& r : PutChunks(*c, shard)) ASSERT_OK(r);
+    auto sealed = Raw().Seal(shard.encoded);
+    ASSERT_OK(sealed);
+    ASSERT_OK(sealed->status);
+  }
   // Whether chunk i of `shard` reads back exactly.
   ::testing::AssertionResult ReadsBack(Client& c, const TestShard& shard,
                                        size_t i) {
@@ -456,14 +465,7 @@ TEST_F(WeightsDaemonTest, DropFreesExactlyTheChunksNoOtherShardNames) {
 
 TEST_F(WeightsDaemonTest, SealedShardsComeBackAfterARestartFromNvme) {
   const TestShard a = ShardA();
-  {
-    auto c = Connect();
-    RawConnection raw = Raw();
-    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
-    auto sealed = raw.Seal(a.encoded);
-    ASSERT_OK(sealed);
-    ASSERT_OK(sealed->status);
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
   ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_OK(Start());
   auto c = Connect();
@@ -513,14 +515,7 @@ TEST_F(WeightsDaemonTest, SealedShardsComeBackAfterARestartFromNvme) {
 // shard's chunks are stored again before the next one is corrupted.
 TEST_F(WeightsDaemonTest, ACorruptChunkOnNvmeFailsItsLayerEveryTime) {
   const TestShard a = ShardA();
-  {
-    auto c = Connect();
-    RawConnection raw = Raw();
-    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
-    auto sealed = raw.Seal(a.encoded);
-    ASSERT_OK(sealed);
-    ASSERT_OK(sealed->status);
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
   ASSERT_EQ(daemon_->Stop(SIGKILL), SIGKILL);
   const std::string data_path = dir_.path().string() + "/nvme.data";
 
@@ -599,14 +594,7 @@ TEST_F(WeightsDaemonTest, ACorruptChunkOnNvmeFailsItsLayerEveryTime) {
 // deduplicated"). A chunk held below DRAM is already stored.
 TEST_F(WeightsDaemonTest, ChunksOnNvmeAreDeduplicatedWithoutPromotion) {
   const TestShard a = ShardA();
-  {
-    auto c = Connect();
-    RawConnection raw = Raw();
-    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
-    auto sealed = raw.Seal(a.encoded);
-    ASSERT_OK(sealed);
-    ASSERT_OK(sealed->status);
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
   ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_OK(Start());
   auto c = Connect();
@@ -645,12 +633,7 @@ TEST_F(WeightsDaemonTest, ChunksOnNvmeAreDeduplicatedWithoutPromotion) {
 // shards are per-item NotFound.
 TEST_F(WeightsDaemonTest, HintsPrefetchSoonNeededShardsAndPinsAreCounted) {
   const TestShard a = ShardA();
-  {
-    auto c = Connect();
-    RawConnection raw = Raw();
-    for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
-    ASSERT_OK(raw.Seal(a.encoded));
-  }
+  ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
   ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_OK(Start());
   auto c = Connect();
@@ -699,10 +682,9 @@ TEST_F(WeightsDaemonTest, HintsPrefetchSoonNeededShardsAndPinsAreCounted) {
 // The client calls for the same requests (client/weights_policy.cc).
 TEST_F(WeightsDaemonTest, ClientHintsAndPinsShards) {
   const TestShard a = ShardA();
+  ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
   auto c = Connect();
   RawConnection raw = Raw();
-  for (const PutResult& r : PutChunks(*c, a)) ASSERT_OK(r);
-  ASSERT_OK(raw.Seal(a.encoded));
   const WeightsId id{a.manifest.model, a.manifest.layout, {}};
   const WeightsHint hints[] = {{id, std::chrono::seconds(30)}};
   ASSERT_OK(c->HintWeights(hints));
