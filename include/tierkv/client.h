@@ -559,7 +559,8 @@ class Client {
   Status PrefetchWeights(const WeightsId& id, LayerRange layers = {});
 
   // Every sealed shard of `model` (empty: of every model), with where its
-  // chunks are now (WeightsInfo).
+  // chunks are now (WeightsInfo), in (model, layout, sealed) order: at most
+  // 8192 per call, what one reply carries (ask per model past that).
   Result<std::vector<WeightsInfo>> ListWeights(const std::string& model = "");
 
   // Unseals shards of id.model: of id.layout only (empty: every layout),
