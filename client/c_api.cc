@@ -704,7 +704,6 @@ tierkv_status tierkv_weights_hint(tierkv_client* client,
       return InvalidArgument("hints must not be NULL");
     }
     std::vector<tierkv::WeightsHint> items;
-    items.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       if (hints[i].model == nullptr || hints[i].layout == nullptr) {
         return InvalidArgument(kNullModel);

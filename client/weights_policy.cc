@@ -32,6 +32,11 @@ Status Client::HintWeights(std::span<const WeightsHint> hints) {
   transport::ItemStatusResponse resp;
   TIERKV_RETURN_IF_ERROR(
       impl_->Call(Opcode::kWeightsHint, transport::Encode(req), resp));
+  if (resp.items.size() != hints.size()) {
+    return Status::ProtocolError(
+        fmt::format("the daemon answered {} hint statuses for {} hints",
+                    resp.items.size(), hints.size()));
+  }
   for (size_t i = 0; i < resp.items.size(); ++i) {
     if (resp.items[i].ok()) continue;
     return Status(resp.items[i].code(),

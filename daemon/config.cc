@@ -766,6 +766,11 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
       }
       TIERKV_RETURN_IF_ERROR(ReadInt(*t, "namespace", "prefetch_horizon_ms",
                                      ns.prefetch_horizon_ms, entry));
+      if (ns.prefetch_horizon_ms > kMaxPrefetchHorizonMs) {
+        return Bad(
+            KeyName("namespace", "prefetch_horizon_ms", entry),
+            fmt::format("must be in [0, {}] (7 days)", kMaxPrefetchHorizonMs));
+      }
       TIERKV_RETURN_IF_ERROR(ReadBytes(*t, "namespace",
                                        "prefetch_bytes_per_second",
                                        ns.prefetch_bytes_per_second, entry));

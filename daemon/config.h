@@ -159,7 +159,8 @@ struct NamespaceConfig {
   // Weights namespaces only. A schedule hint (kWeightsHint) whose next use
   // is at most this far ahead queues the shard's chunks that are below
   // DRAM for promotion, in layer order, so the next model is in DRAM when
-  // it is loaded (ms; 0: hints never prefetch). Default: 60000.
+  // it is loaded (ms, at most kMaxPrefetchHorizonMs; 0: hints never
+  // prefetch). Default: 60000.
   uint64_t prefetch_horizon_ms = 60000;
   // Weights namespaces only. Most bytes per second its weights promotions
   // (kWeightsPrefetch and hints) may read from NVMe; accepts sizes
@@ -169,6 +170,10 @@ struct NamespaceConfig {
 
 // The least host_bytes of a weights namespace: four of the largest chunks.
 inline constexpr uint64_t kMinWeightsHostBytes = uint64_t{256} << 20;
+// The farthest prefetch_horizon_ms: a week (a distillation run's schedule
+// is minutes to hours ahead).
+inline constexpr uint64_t kMaxPrefetchHorizonMs =
+    uint64_t{7} * 24 * 3600 * 1000;
 
 // Scale-out (shared/reference/scaleout.md §8(g)): the daemons of a cluster
 // share pages of their `shared` namespaces over UCX, finding each other's

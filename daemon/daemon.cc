@@ -189,11 +189,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 #endif
   for (const NamespaceConfig& nc : config.namespaces) {
     if (nc.nvme_bytes == 0 || !d->nvme_) continue;
-    // A weights namespace's share evicts by its schedule, as its DRAM does.
+    // A weights namespace's share evicts by its schedule when its DRAM
+    // does (the `weights` policy), else as every share does.
     Status s = d->nvme_->SetNamespaceQuota(
         nc.name, nc.nvme_bytes,
-        nc.weights ? storage::EvictionPolicyKind::kWeights
-                   : storage::NvmeStore::kPolicy);
+        nc.eviction_policy == storage::EvictionPolicyKind::kWeights
+            ? storage::EvictionPolicyKind::kWeights
+            : storage::NvmeStore::kPolicy);
     if (s.code() == StatusCode::kInvalidArgument) return s;
     if (!s.ok()) {
       // A read-only catalog cannot register a new namespace; it shares the
@@ -220,7 +222,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
           {.max_manifest_bytes = std::min<uint64_t>(
                config.max_frame_bytes - 4096, kWeightsMaxManifestBytes),
            .prefetch_horizon =
-               std::chrono::milliseconds(nc.prefetch_horizon_ms)},
+               std::chrono::milliseconds(nc.prefetch_horizon_ms),
+           // Pinned chunks are held back on the NVMe share too: they must
+           // not fill it either.
+           .max_pinned_bytes = nc.nvme_bytes > 0 && d->nvme_
+                                   ? std::min(nc.host_bytes, nc.nvme_bytes) / 2
+                                   : 0},
           d->engine_.get(), ns->engine,
           d->nvme_ ? &d->nvme_->catalog() : nullptr);
       if (!weights.ok()) {

@@ -119,9 +119,12 @@ Result<WeightsId> IdOf(const WeightsCommand& cmd) {
   return id;
 }
 
+// Whole milliseconds, at least 1 for a positive time (a pin of 0.1 ms is a
+// pin, not an unpin); past ~31 years is forever in practice (and llround
+// must not overflow).
 std::chrono::milliseconds Millis(double seconds) {
-  // Past ~31 years is forever in practice; llround must not overflow.
-  return std::chrono::milliseconds(std::llround(std::min(seconds, 1e9) * 1000));
+  const long long ms = std::llround(std::min(seconds, 1e9) * 1000);
+  return std::chrono::milliseconds(seconds > 0 ? std::max(ms, 1LL) : ms);
 }
 
 Status Hint(Client& client, const WeightsCommand& cmd) {

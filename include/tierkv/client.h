@@ -579,7 +579,7 @@ class Client {
   Status HintWeights(std::span<const WeightsHint> hints);
   // Keeps shard `id` (zero version: the newest) in DRAM for `ttl`: its
   // chunks are promoted and not evicted until the ttl passes or a
-  // PinWeights with ttl 0 unpins it. NotFound for an unknown shard;
+  // PinWeights with ttl 0 (or less) unpins it. NotFound for an unknown shard;
   // ResourceExhausted when the pinned shards' chunks would pass half the
   // namespace's DRAM. A later pin of a pinned shard sets its new ttl.
   Status PinWeights(const WeightsId& id, std::chrono::milliseconds ttl);

@@ -292,6 +292,17 @@ def prefetch(client: Client, model: str, layout: str, *,
                                           int(layer_count)))
 
 
+# Past ~31 years is forever in practice; it keeps milliseconds in int64.
+_MAX_SECONDS = 1e9
+
+
+def _millis(seconds: float) -> int:
+    """Whole milliseconds, at least 1 for a positive time (a pin of 0.1 ms
+    is a pin, not an unpin)."""
+    ms = int(round(seconds * 1000))
+    return max(ms, 1) if seconds > 0 else ms
+
+
 @dataclass(frozen=True)
 class Hint:
     """When shard (model, layout, version) is next used, in seconds from
@@ -310,8 +321,11 @@ def hint(client: Client, hints: Sequence[Hint]) -> None:
     versions = [_version_arg(h.version) for h in hints]  # kept alive
     items = (_lib.WeightsHintStruct * max(len(hints), 1))()
     for i, h in enumerate(hints):
-        next_ms = -1 if h.next_use_s is None else max(
-            0, int(round(h.next_use_s * 1000)))
+        if h.next_use_s is not None and not 0 <= h.next_use_s <= _MAX_SECONDS:
+            raise InvalidArgumentError(
+                f"hint {i}: next_use_s must be None or in [0, {_MAX_SECONDS}]"
+                f", not {h.next_use_s}")
+        next_ms = -1 if h.next_use_s is None else _millis(h.next_use_s)
         items[i] = _lib.WeightsHintStruct(h.model.encode(), h.layout.encode(),
                                           _ptr_of(versions[i]), next_ms)
     with client._use() as h:
@@ -321,12 +335,13 @@ def hint(client: Client, hints: Sequence[Hint]) -> None:
 def pin(client: Client, model: str, layout: str, ttl_s: float, *,
         version: Optional[str] = None) -> None:
     """Keeps the shard in DRAM for `ttl_s` seconds (0: unpins it)."""
-    if ttl_s < 0:
-        raise InvalidArgumentError("ttl_s must be >= 0")
+    if not 0 <= ttl_s <= _MAX_SECONDS:
+        raise InvalidArgumentError(
+            f"ttl_s must be in [0, {_MAX_SECONDS}], not {ttl_s}")
     v = _version_arg(version)
     with client._use() as h:
         check(lib.tierkv_weights_pin(h, model.encode(), layout.encode(),
-                                     _ptr_of(v), int(round(ttl_s * 1000))))
+                                     _ptr_of(v), _millis(ttl_s)))
 
 
 def unpin(client: Client, model: str, layout: str, *,
@@ -480,7 +495,8 @@ class TensorBackuper:
     def hint(self, tag: str, next_use_s: Optional[float]) -> None:
         """Not in slime's interface: when `tag` is restored next, in seconds
         from now (None: unknown), so the daemon has it in DRAM by then."""
-        assert tag in self._versions, f"tag {tag!r} was never backed up"
+        if tag not in self._versions:
+            raise KeyError(f"tag {tag!r} was never backed up")
         hint(self._client, [Hint(self._model(tag), self._layout, next_use_s,
                                  self._versions[tag])])
 

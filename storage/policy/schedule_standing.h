@@ -19,6 +19,8 @@ struct ScheduleStanding {
   // The nearest next use (ms on the catalog's clock, any epoch) over the
   // hinted shards naming it; none: no such shard.
   std::optional<int64_t> next_use_ms;
+
+  bool operator==(const ScheduleStanding&) const = default;
 };
 // Hinted or pinned chunks only; a key absent has no hint and no pin.
 using ScheduleTable = std::unordered_map<SegmentKey, ScheduleStanding>;

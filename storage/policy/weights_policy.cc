@@ -69,10 +69,16 @@ class WeightsPolicy final : public EvictionPolicy {
     return set_.empty() ? nullptr : &*set_.begin();
   }
 
+  // Only the keys whose standing changed are re-ranked: a hint of one
+  // shard moves that shard's chunks, not every hinted chunk's.
   std::vector<SegmentKey> SetSchedule(ScheduleTable table) override {
     std::vector<SegmentKey> changed;
-    changed.reserve(table_.size() + table.size());
-    for (const auto& [key, standing] : table_) changed.push_back(key);
+    for (const auto& [key, standing] : table_) {
+      const auto it = table.find(key);
+      if (it == table.end() || !(it->second == standing)) {
+        changed.push_back(key);
+      }
+    }
     for (const auto& [key, standing] : table) {
       if (!table_.contains(key)) changed.push_back(key);
     }

@@ -178,14 +178,19 @@ void WeightsCatalog::AddPendingLocked(const Shard& shard) {
   }
 }
 
-void WeightsCatalog::RemovePendingLocked(const Shard& shard) {
-  pending_manifest_bytes_ -= shard.encoded.size();
-  for (const SegmentKey& key : DistinctChunks(shard.manifest)) {
+std::vector<SegmentKey> WeightsCatalog::RemovePendingLocked(
+    uint64_t encoded_bytes, std::span<const SegmentKey> chunks) {
+  pending_manifest_bytes_ -= encoded_bytes;
+  std::vector<SegmentKey> erase;
+  for (const SegmentKey& key : chunks) {
     auto it = pending_chunks_.find(key.page);
-    if (it != pending_chunks_.end() && --it->second == 0) {
-      pending_chunks_.erase(it);
+    if (it == pending_chunks_.end() || --it->second > 0) continue;
+    pending_chunks_.erase(it);
+    if (drop_deferred_.erase(key.page) > 0 && !chunks_.contains(key.page)) {
+      erase.push_back(key);
     }
   }
+  return erase;
 }
 
 Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
@@ -194,13 +199,16 @@ Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
   if (shards_.count(ShardKey{m.model, m.layout, shard.version})) {
     return std::optional<Sealed>(Sealed{shard.version, true});
   }
-  if (manifest_bytes_ + pending_manifest_bytes_ + shard.encoded.size() >
+  // After its flush the shard is one of the pending seals: not twice.
+  const uint64_t pending =
+      pending_manifest_bytes_ - (durable ? shard.encoded.size() : 0);
+  if (manifest_bytes_ + pending + shard.encoded.size() >
       options_.max_total_manifest_bytes) {
     return Status::ResourceExhausted(fmt::format(
         "namespace '{}' holds {} bytes of sealed manifests ({} more being "
         "sealed); sealing {} more passes its limit of {}: drop shards first",
-        ns_->name(), manifest_bytes_, pending_manifest_bytes_,
-        shard.encoded.size(), options_.max_total_manifest_bytes));
+        ns_->name(), manifest_bytes_, pending, shard.encoded.size(),
+        options_.max_total_manifest_bytes));
   }
   std::vector<SegmentKey> keys;
   keys.reserve(m.chunks.size());
@@ -301,11 +309,11 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
       [this, shard, done = std::move(done)](std::vector<Status> flushed) {
         Result<Sealed> result = Status::Internal("unset");
         const std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
+        const uint64_t encoded_bytes = shard->encoded.size();
         size_t failed = 0;
         while (failed < flushed.size() && flushed[failed].ok()) ++failed;
         TIERKV_SYNC_POINT(kSealFlushed);
         MutexLock lock(&mu_);
-        RemovePendingLocked(*shard);
         if (failed < flushed.size()) {
           result = Status(flushed[failed].code(),
                           fmt::format("chunk {} is not durable on NVMe: {}",
@@ -323,6 +331,11 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
             result = FinishSealLocked(std::move(*shard));
           }
         }
+        // After the seal (if it sealed): chunks a Drop deferred for it are
+        // erased only when nothing names them now.
+        const std::vector<SegmentKey> erase =
+            RemovePendingLocked(encoded_bytes, keys);
+        if (!erase.empty()) engine_->Erase(*ns_, erase);
         lock.Unlock();
         done(std::move(result));
         EndPendingSeal();  // the last use of `this`
@@ -432,8 +445,13 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
       if (c == chunks_.end() || --c->second.shards > 0) continue;
       dropped.freed_bytes += c->second.bytes;
       unique_bytes_ -= c->second.bytes;
-      // A Seal being made durable names it: it stays stored for that seal.
-      if (!pending_chunks_.contains(chunk_key.page)) freed.push_back(chunk_key);
+      // A Seal being made durable names it: it stays stored for that seal
+      // (erased when the seal ends, unless sealed).
+      if (pending_chunks_.contains(chunk_key.page)) {
+        drop_deferred_.insert(chunk_key.page);
+      } else {
+        freed.push_back(chunk_key);
+      }
       chunks_.erase(c);
     }
     referenced_bytes_ -= shard.chunk_bytes;
@@ -506,7 +524,7 @@ std::vector<Status> WeightsCatalog::Hint(std::span<const ShardHint> hints) {
       if (hints[i].next_use.count() < 0) {
         shard->next_use.reset();
       } else {
-        shard->next_use = now + hints[i].next_use;
+        shard->next_use = Later(now, hints[i].next_use);
       }
       shard->hint_prefetched = false;
     }
@@ -523,7 +541,9 @@ Status WeightsCatalog::Pin(const WeightsId& id, std::chrono::milliseconds ttl) {
   {
     MutexLock lock(&mu_);
     const Clock::TimePoint now = clock_->Now();
-    ExpirePinsLocked(now);
+    // A pin that ended here must leave the policies' tables too, whatever
+    // this call answers.
+    if (ExpirePinsLocked(now)) PushScheduleLocked();
     Shard* shard = FindLocked(id);
     if (shard == nullptr) {
       return Status::NotFound(fmt::format(
@@ -535,16 +555,19 @@ Status WeightsCatalog::Pin(const WeightsId& id, std::chrono::milliseconds ttl) {
       PushScheduleLocked();
       return Status::OK();
     }
-    const uint64_t limit = engine_->HostCapacity(*ns_) / 2;
+    const uint64_t limit = options_.max_pinned_bytes > 0
+                               ? options_.max_pinned_bytes
+                               : engine_->HostCapacity(*ns_) / 2;
     if (!shard->pinned_until) {
       if (const uint64_t bytes = PinnedBytesLocked(shard); bytes > limit) {
         return Status::ResourceExhausted(fmt::format(
-            "pinning '{}' '{}' would pin {} B of weights, past half the "
-            "namespace's DRAM ({} B); unpin another shard first",
+            "pinning '{}' '{}' would pin {} B of weights, past the {} B "
+            "pins may hold (half the namespace's DRAM, or of its NVMe "
+            "share); unpin another shard first",
             id.model, id.layout, bytes, limit));
       }
     }
-    shard->pinned_until = now + ttl;
+    shard->pinned_until = Later(now, ttl);
     PushScheduleLocked();
     promote = DistinctChunks(shard->manifest);
   }
@@ -562,6 +585,15 @@ void WeightsCatalog::Tick() {
     due = DueForPrefetchLocked(now);
   }
   if (!due.empty()) (void)engine_->PromoteInOrder(*ns_, due);
+}
+
+Clock::TimePoint WeightsCatalog::Later(Clock::TimePoint now,
+                                       std::chrono::milliseconds ahead) {
+  using std::chrono::duration_cast;
+  const auto room =
+      duration_cast<std::chrono::milliseconds>(Clock::TimePoint::max() - now);
+  if (ahead >= room) return Clock::TimePoint::max();
+  return now + duration_cast<Clock::TimePoint::duration>(ahead);
 }
 
 bool WeightsCatalog::ExpirePinsLocked(Clock::TimePoint now) {

@@ -18,7 +18,7 @@
 //
 // Races with Drop: a chunk named by a Seal that is making its chunks
 // durable is never erased by a Drop of the last sealed shard naming it (it
-// stays stored, unreferenced, until the Seal ends it or eviction does), and
+// stays stored until that Seal ends, and is erased then unless sealed), and
 // a Seal answers only once every chunk is on NVMe (DRAM alone does not
 // count) when it has one. What it leaves to the caller: a chunk
 // deduplicated by a Put (already stored) may be erased by a Drop before
@@ -41,6 +41,7 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,9 @@ struct WeightsCatalogOptions {
   // Hint, or at the Tick that finds it that close). 0: hints never
   // prefetch. Default: 60 s.
   std::chrono::milliseconds prefetch_horizon{60000};
+  // The most distinct chunk bytes all pinned shards together may hold.
+  // 0: half the namespace's DRAM. Default: 0.
+  uint64_t max_pinned_bytes = 0;
 };
 
 class WeightsCatalog {
@@ -165,7 +169,8 @@ class WeightsCatalog {
   // never evicted from it while the pin lasts, shared chunks included
   // (another shard naming them may be dropped or evicted; they stay).
   // NotFound: no such shard; ResourceExhausted: the distinct chunk bytes
-  // of the pinned shards would pass half the namespace's DRAM; OK for an
+  // of the pinned shards would pass max_pinned_bytes (half the namespace's
+  // DRAM unless set); OK for an
   // unpin of a shard that was not pinned. Pins end at their ttl (checked
   // by Tick) and are not persisted: a restart ends them.
   Status Pin(const WeightsId& id, std::chrono::milliseconds ttl) EXCLUDES(mu_);
@@ -225,8 +230,8 @@ class WeightsCatalog {
   void InsertLocked(Shard shard) REQUIRES(mu_);
   // Seal's checks on `shard`: already sealed (an answer), past the
   // manifest limit or a chunk not stored (an error), or nullopt: go on.
-  // `durable`: every chunk must be on NVMe (after the flush), not only
-  // somewhere.
+  // `durable`: the re-check after the flush: every chunk must be on NVMe,
+  // not only somewhere, and `shard` is among the pending seals.
   Result<std::optional<Sealed>> CheckSealLocked(const Shard& shard,
                                                 bool durable) const
       REQUIRES(mu_);
@@ -234,7 +239,12 @@ class WeightsCatalog {
   // limit and its chunks are not erased by Drop meanwhile (Add), until it
   // ends either way (Remove).
   void AddPendingLocked(const Shard& shard) REQUIRES(mu_);
-  void RemovePendingLocked(const Shard& shard) REQUIRES(mu_);
+  // Ends a pending seal (of `encoded_bytes`, naming `chunks`) and returns
+  // the chunks to erase now: deferred by a Drop, named by no other pending
+  // seal and by no sealed shard (called once the seal is inserted, or
+  // failed).
+  std::vector<SegmentKey> RemovePendingLocked(
+      uint64_t encoded_bytes, std::span<const SegmentKey> chunks) REQUIRES(mu_);
   // Persists `shard`'s manifest (with NVMe) and inserts it.
   Result<Sealed> FinishSealLocked(Shard shard) REQUIRES(mu_);
   // Ends a Seal that waited for a flush (the destructor waits for them).
@@ -250,9 +260,15 @@ class WeightsCatalog {
   // Folds the hinted and pinned shards into one standing per chunk and
   // hands the table to the namespace's DRAM policy.
   void PushScheduleLocked() REQUIRES(mu_);
-  // Ends pins past `now` (true when one ended) and returns the chunks of
-  // hinted shards that came within the horizon, nearest next use first.
+  // Ends pins past `now`; true when one ended (the schedule must be
+  // pushed again).
   bool ExpirePinsLocked(Clock::TimePoint now) REQUIRES(mu_);
+  // `now` + `ahead`, saturating at the clock's end (a ttl or next use of
+  // "forever" must not wrap into the past).
+  static Clock::TimePoint Later(Clock::TimePoint now,
+                                std::chrono::milliseconds ahead);
+  // The chunks of hinted shards that came within the horizon, nearest
+  // next use first, each shard once per hint.
   std::vector<SegmentKey> DueForPrefetchLocked(Clock::TimePoint now)
       REQUIRES(mu_);
   // Distinct chunk bytes of the pinned shards (plus `extra`, if not null).
@@ -279,6 +295,9 @@ class WeightsCatalog {
   // Chunks those seals name, and how many of them name each.
   std::unordered_map<PageHash, uint32_t, ChunkKeyHash> pending_chunks_
       GUARDED_BY(mu_);
+  // Chunks a Drop left stored because a pending seal named them: erased
+  // when the last such seal ends without sealing them.
+  std::unordered_set<PageHash, ChunkKeyHash> drop_deferred_ GUARDED_BY(mu_);
   // The newest sealed_unix_ms: the next seal's is at least one more, so
   // sealed order (which a zero version's "newest" follows, across
   // restarts too) holds even if the system clock steps back.

@@ -785,6 +785,10 @@ TEST(ConfigTest, WeightsMistakesNameTheirKey) {
            {"[[namespace]]\nname = \"k\"\ntoken = \"t-123456789\"\n"
             "prefetch_bytes_per_second = \"1GiB\"\n",
             "namespace.prefetch_bytes_per_second"},
+           // Past a week: a next use that far is no schedule (and the
+           // deadline arithmetic must stay in range).
+           {ns + "prefetch_horizon_ms = 604800001\n",
+            "namespace.prefetch_horizon_ms"},
        }) {
     auto c = Load(dir, bad.text);
     const Status s = c.ok() ? c->Validate() : c.status();

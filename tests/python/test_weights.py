@@ -136,7 +136,9 @@ def test_hint_and_pin_reach_the_daemons_schedule(weights_daemon):
         w.pin(c, "h", "rank0", ttl_s=600)
         pinned = schedule()
         assert pinned["pinned_shards"] == 1
-        assert pinned["pinned_bytes"] >= a.image_bytes // 2
+        # Its distinct chunks: every one was stored by this put.
+        assert a.chunks_deduplicated == 0
+        assert pinned["pinned_bytes"] == a.bytes_stored
         w.unpin(c, "h", "rank0")
         assert schedule()["pinned_shards"] == 0
         with pytest.raises(tierkv.InvalidArgumentError):
@@ -151,8 +153,15 @@ def test_hint_and_pin_reach_the_daemons_schedule(weights_daemon):
         backuper.backup("teacher")
         backuper.hint("teacher", 10)
         assert schedule()["hinted_shards"] == 2
-        with pytest.raises(AssertionError):
+        with pytest.raises(KeyError):
             backuper.hint("never", 1)
+        # Out of range: refused before the daemon sees it.
+        with pytest.raises(tierkv.InvalidArgumentError):
+            w.hint(c, [w.Hint("h", "rank0", next_use_s=-1)])
+        with pytest.raises(tierkv.InvalidArgumentError):
+            w.pin(c, "h", "rank0", ttl_s=1e300)
+        # A tiny ttl is a pin (at least 1 ms), not an unpin.
+        assert w._millis(0.0001) == 1 and w._millis(0) == 0
 
 
 def write_safetensors(path, tensors):

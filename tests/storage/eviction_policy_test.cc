@@ -41,14 +41,6 @@ class Segments {
     return v->key.page.lo;
   }
   uint64_t clock() { return ++clock_; }
-  // The newest stored segment of page number n.
-  PolicyState& Find(uint64_t n) {
-    for (auto it = all_.rbegin(); it != all_.rend(); ++it) {
-      if (it->key.page.lo == n) return *it;
-    }
-    ADD_FAILURE() << "no segment " << n;
-    return all_.front();
-  }
 
  private:
   EvictionPolicy& policy_;
