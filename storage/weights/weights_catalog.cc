@@ -170,12 +170,11 @@ void WeightsCatalog::EndPendingSeal() {
   if (--pending_seals_ == 0) pending_seals_done_.SignalAll();
 }
 
-void WeightsCatalog::AddPendingLocked(const Shard& shard) {
+void WeightsCatalog::AddPendingLocked(uint64_t encoded_bytes,
+                                      std::span<const SegmentKey> chunks) {
   ++pending_seals_;
-  pending_manifest_bytes_ += shard.encoded.size();
-  for (const SegmentKey& key : DistinctChunks(shard.manifest)) {
-    ++pending_chunks_[key.page];
-  }
+  pending_manifest_bytes_ += encoded_bytes;
+  for (const SegmentKey& key : chunks) ++pending_chunks_[key.page];
 }
 
 std::vector<SegmentKey> WeightsCatalog::RemovePendingLocked(
@@ -283,6 +282,8 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
   // The encoding is canonical (a decoded manifest encodes to the same
   // bytes), so its hash is WeightsVersionOf without encoding it again.
   shard->version = WeightsChunkKey(encoded);
+  std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
+  const uint64_t encoded_bytes = shard->encoded.size();
   {
     MutexLock lock(&mu_);
     auto checked = CheckSealLocked(*shard, /*durable=*/false);
@@ -300,46 +301,48 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
                         : Result<Sealed>(checked.status()));
       return;
     }
-    AddPendingLocked(*shard);
+    AddPendingLocked(encoded_bytes, keys);
   }
   // Chunks durable first, then the manifest: a crash in between leaves
   // stored chunks and no shard, never a shard without its chunks.
-  engine_->Flush(
-      *ns_, DistinctChunks(shard->manifest),
-      [this, shard, done = std::move(done)](std::vector<Status> flushed) {
-        Result<Sealed> result = Status::Internal("unset");
-        const std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
-        const uint64_t encoded_bytes = shard->encoded.size();
-        size_t failed = 0;
-        while (failed < flushed.size() && flushed[failed].ok()) ++failed;
-        TIERKV_SYNC_POINT(kSealFlushed);
-        MutexLock lock(&mu_);
-        if (failed < flushed.size()) {
-          result = Status(flushed[failed].code(),
-                          fmt::format("chunk {} is not durable on NVMe: {}",
-                                      keys[failed].page.ToHex(),
-                                      flushed[failed].message()));
-        } else {
-          // Checked again, on NVMe now: NVMe may have evicted a chunk since
-          // its flush, or another Seal sealed the same version.
-          auto checked = CheckSealLocked(*shard, /*durable=*/true);
-          if (!checked.ok()) {
-            result = checked.status();
-          } else if (checked->has_value()) {
-            result = **checked;
-          } else {
-            result = FinishSealLocked(std::move(*shard));
-          }
-        }
-        // After the seal (if it sealed): chunks a Drop deferred for it are
-        // erased only when nothing names them now.
-        const std::vector<SegmentKey> erase =
-            RemovePendingLocked(encoded_bytes, keys);
-        if (!erase.empty()) engine_->Erase(*ns_, erase);
-        lock.Unlock();
-        done(std::move(result));
-        EndPendingSeal();  // the last use of `this`
-      });
+  std::vector<SegmentKey> flush = keys;
+  engine_->Flush(*ns_, std::move(flush),
+                 [this, shard, keys = std::move(keys), encoded_bytes,
+                  done = std::move(done)](std::vector<Status> flushed) {
+                   Result<Sealed> result = Status::Internal("unset");
+                   size_t failed = 0;
+                   while (failed < flushed.size() && flushed[failed].ok())
+                     ++failed;
+                   TIERKV_SYNC_POINT(kSealFlushed);
+                   MutexLock lock(&mu_);
+                   if (failed < flushed.size()) {
+                     result = Status(
+                         flushed[failed].code(),
+                         fmt::format("chunk {} is not durable on NVMe: {}",
+                                     keys[failed].page.ToHex(),
+                                     flushed[failed].message()));
+                   } else {
+                     // Checked again, on NVMe now: NVMe may have evicted a
+                     // chunk since its flush, or another Seal sealed the same
+                     // version.
+                     auto checked = CheckSealLocked(*shard, /*durable=*/true);
+                     if (!checked.ok()) {
+                       result = checked.status();
+                     } else if (checked->has_value()) {
+                       result = **checked;
+                     } else {
+                       result = FinishSealLocked(std::move(*shard));
+                     }
+                   }
+                   // After the seal (if it sealed): chunks a Drop deferred for
+                   // it are erased only when nothing names them now.
+                   const std::vector<SegmentKey> erase =
+                       RemovePendingLocked(encoded_bytes, keys);
+                   if (!erase.empty()) engine_->Erase(*ns_, erase);
+                   lock.Unlock();
+                   done(std::move(result));
+                   EndPendingSeal();  // the last use of `this`
+                 });
 }
 
 Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(

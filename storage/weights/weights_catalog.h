@@ -238,7 +238,8 @@ class WeightsCatalog {
   // A Seal waiting for its flush: its manifest bytes count against the
   // limit and its chunks are not erased by Drop meanwhile (Add), until it
   // ends either way (Remove).
-  void AddPendingLocked(const Shard& shard) REQUIRES(mu_);
+  void AddPendingLocked(uint64_t encoded_bytes,
+                        std::span<const SegmentKey> chunks) REQUIRES(mu_);
   // Ends a pending seal (of `encoded_bytes`, naming `chunks`) and returns
   // the chunks to erase now: deferred by a Drop, named by no other pending
   // seal and by no sealed shard (called once the seal is inserted, or
