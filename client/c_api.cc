@@ -648,6 +648,28 @@ tierkv_status tierkv_weights_load_start(
   });
 }
 
+tierkv_status tierkv_weights_load_to_pool_start(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, uint16_t first_layer, uint16_t layer_count,
+    tierkv_weights_load** out) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    if (model == nullptr || layout == nullptr || out == nullptr) {
+      return InvalidArgument("model, layout and out must not be NULL");
+    }
+    *out = nullptr;
+    auto m =
+        client->client->GetWeightsManifest(WeightsIdOf(model, layout, version));
+    if (!m.ok()) return Report(m.status());
+    auto load =
+        client->client->LoadWeightsToPool(*m, {first_layer, layer_count});
+    if (!load.ok()) return Report(load.status());
+    *out = new tierkv_weights_load{client->client, std::move(*load),
+                                   tierkv::WeightsVersionOf(*m)};
+    return TIERKV_OK;
+  });
+}
+
 tierkv_status tierkv_weights_load_version(const tierkv_weights_load* load,
                                           tierkv_page_hash* out) {
   return Guarded([&] {

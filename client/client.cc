@@ -594,6 +594,23 @@ Result<TransferHandle> Client::Transfer(bool load,
   const uint16_t count =
       layers.count ? layers.count
                    : static_cast<uint16_t>(layout->num_layers() - layers.first);
+  return SubmitTransfer(
+      static_cast<uint16_t>(load ? Opcode::kLoad : Opcode::kStore),
+      [&](uint32_t ticket) {
+        return Encode(TransferRequest{ticket,
+                                      layers.first,
+                                      count,
+                                      {pages.begin(), pages.end()},
+                                      {slots.begin(), slots.end()},
+                                      impl_->TakeWaits()});
+      },
+      layers.first, count, static_cast<uint32_t>(pages.size()), after);
+}
+
+Result<TransferHandle> Client::SubmitTransfer(
+    uint16_t opcode,
+    const std::function<std::vector<std::byte>(uint32_t ticket)>& encode,
+    uint16_t first, uint16_t count, uint32_t pages, const EngineStream* after) {
   auto ticket = impl_->TakeTicket();
   if (!ticket.ok()) return ticket.status();
   // Set before the request goes out (LoadTicket::gate, device_layers): the
@@ -615,15 +632,8 @@ Result<TransferHandle> Client::Transfer(bool load,
     }
     words.gate_target.store(target, std::memory_order_release);
   }
-  TransferRequest req{*ticket,
-                      layers.first,
-                      count,
-                      {pages.begin(), pages.end()},
-                      {slots.begin(), slots.end()},
-                      impl_->TakeWaits()};
   StatusResponse resp;
-  Status s =
-      impl_->Call(load ? Opcode::kLoad : Opcode::kStore, Encode(req), resp);
+  Status s = impl_->Call(static_cast<Opcode>(opcode), encode(*ticket), resp);
   if (!s.ok()) {
     // Refused: the daemon never touched it (a queued gate write is of an
     // old target by the ticket's next use, see LoadTicket::gate_target).
@@ -634,9 +644,9 @@ Result<TransferHandle> Client::Transfer(bool load,
   h.client_ = this;
   h.ticket_ = *ticket;
   h.device_base_ = device_base;
-  h.first_ = layers.first;
+  h.first_ = first;
   h.count_ = count;
-  h.pages_ = static_cast<uint32_t>(pages.size());
+  h.pages_ = pages;
   return h;
 }
 

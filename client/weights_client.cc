@@ -80,6 +80,40 @@ std::vector<PutResult> PutRetryingBusy(Client& client,
   }
 }
 
+// Why chunk `chunk` of layer `layer` is not in place, from the daemon's
+// answer for it.
+Status ChunkFailure(const WeightsChunk& chunk, uint32_t layer,
+                    const Status& got) {
+  const std::string key = chunk.key.ToHex();
+  if (got.IsNotFound()) {
+    return Status::NotFound(fmt::format(
+        "chunk {} of layer {} is in no tier: evicted, or dropped when it "
+        "failed its checksum on NVMe (tierkvd's log says which); the shard "
+        "must be stored again",
+        key, layer));
+  }
+  return Status(got.code(),
+                fmt::format("chunk {} of layer {}: {}", key, layer,
+                            got.code() == StatusCode::kBusy
+                                ? "the engine's stream did not reach the load "
+                                  "in time; nothing was moved"
+                                : got.message()));
+}
+
+// How many layers `layers` of `manifest` covers, or why it is refused.
+Result<uint32_t> LayersOfLoad(const WeightsManifest& manifest,
+                              LayerRange layers) {
+  TIERKV_RETURN_IF_ERROR(manifest.Validate());
+  if (layers.first >= manifest.num_layers ||
+      (layers.count != 0 &&
+       uint32_t{layers.first} + layers.count > manifest.num_layers)) {
+    return Status::InvalidArgument(
+        fmt::format("layers [{}, +{}) are outside the shard's {} layers",
+                    layers.first, layers.count, manifest.num_layers));
+  }
+  return layers.count ? layers.count : manifest.num_layers - layers.first;
+}
+
 }  // namespace
 
 Result<WeightsManifest> Client::PutWeights(
@@ -279,7 +313,39 @@ Result<WeightsDropped> Client::DropWeights(const WeightsId& id) {
 // in layer order. `statuses_` grows under mu_ (waiters block on done_cv_);
 // `done_` mirrors its size for the lock-free LayersDone (release: the
 // layer's bytes in the image and its Status are written before it).
+// What a WeightsLoad does; the handle forwards to it.
 class WeightsLoad::Loader {
+ public:
+  Loader(uint32_t first, uint32_t count) : first_(first), count_(count) {}
+  virtual ~Loader() = default;
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  virtual Status WaitLayer(uint32_t layer) = 0;
+  virtual Status Wait() = 0;
+  virtual uint32_t LayersDone() const = 0;
+  virtual Status StreamWaitLayer(uint32_t layer,
+                                 const EngineStream& stream) = 0;
+  uint32_t first() const { return first_; }
+  uint32_t count() const { return count_; }
+
+ protected:
+  Status CheckLayer(uint32_t layer) const {
+    if (layer < first_ || layer - first_ >= count_) {
+      return Status::InvalidArgument(
+          fmt::format("layer {} is outside this load (layers [{}, {}))", layer,
+                      first_, first_ + count_));
+    }
+    return Status::OK();
+  }
+
+  const uint32_t first_;
+  const uint32_t count_;
+};
+
+// LoadWeights: a thread of this process Gets each layer's chunks and copies
+// them into the caller's buffer.
+class WeightsLoad::ImageLoader final : public WeightsLoad::Loader {
  public:
   // How far ahead of the copies the daemon reads from NVMe: enough to
   // keep its reads streaming while a layer is copied (a 256 MiB window is
@@ -287,36 +353,29 @@ class WeightsLoad::Loader {
   // must hold the window beside what is being read.
   static constexpr uint64_t kReadAheadBytes = uint64_t{256} << 20;
 
-  Loader(Client* client, uint64_t batch_bytes, bool verify,
-         WeightsManifest manifest, std::span<std::byte> image, uint32_t first,
-         uint32_t count)
-      : client_(client),
+  ImageLoader(Client* client, uint64_t batch_bytes, bool verify,
+              WeightsManifest manifest, std::span<std::byte> image,
+              uint32_t first, uint32_t count)
+      : Loader(first, count),
+        client_(client),
         batch_bytes_(batch_bytes),
         manifest_(std::move(manifest)),
         image_(image),
-        first_(first),
-        count_(count),
         verify_(verify) {
     thread_ = std::thread([this] { Run(); });
   }
-  ~Loader() {
+  ~ImageLoader() override {
     stop_.store(true, std::memory_order_relaxed);
     thread_.join();
   }
-  Loader(const Loader&) = delete;
-  Loader& operator=(const Loader&) = delete;
 
-  Status WaitLayer(uint32_t layer) EXCLUDES(mu_) {
-    if (layer < first_ || layer - first_ >= count_) {
-      return Status::InvalidArgument(
-          fmt::format("layer {} is outside this load (layers [{}, {}))", layer,
-                      first_, first_ + count_));
-    }
+  Status WaitLayer(uint32_t layer) override EXCLUDES(mu_) {
+    TIERKV_RETURN_IF_ERROR(CheckLayer(layer));
     MutexLock lock(&mu_);
     while (statuses_.size() <= layer - first_) done_cv_.Wait(&mu_);
     return statuses_[layer - first_];
   }
-  Status Wait() EXCLUDES(mu_) {
+  Status Wait() override EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     while (statuses_.size() < count_) done_cv_.Wait(&mu_);
     for (const Status& s : statuses_) {
@@ -324,9 +383,14 @@ class WeightsLoad::Loader {
     }
     return Status::OK();
   }
-  uint32_t LayersDone() const { return done_.load(std::memory_order_acquire); }
-  uint32_t first() const { return first_; }
-  uint32_t count() const { return count_; }
+  uint32_t LayersDone() const override {
+    return done_.load(std::memory_order_acquire);
+  }
+  Status StreamWaitLayer(uint32_t, const EngineStream&) override {
+    return Status::InvalidArgument(
+        "StreamWaitLayer needs a load into a registered pool "
+        "(LoadWeightsToPool); this one fills a host buffer");
+  }
 
  private:
   void Run();
@@ -353,8 +417,6 @@ class WeightsLoad::Loader {
   const uint64_t batch_bytes_;
   const WeightsManifest manifest_;
   const std::span<std::byte> image_;  // the caller's
-  const uint32_t first_;
-  const uint32_t count_;
   const PageHash version_ = WeightsVersionOf(manifest_);
   const bool verify_;              // ClientOptions::weights_verify_loads
   uint32_t asked_until_ = first_;  // layers [first_, asked_until_) asked for
@@ -366,7 +428,7 @@ class WeightsLoad::Loader {
   std::thread thread_;  // last: starts once the rest is set
 };
 
-void WeightsLoad::Loader::Run() {
+void WeightsLoad::ImageLoader::Run() {
   Status broken;  // a connection failure: every later layer fails with it
   for (uint32_t layer = first_; layer < first_ + count_; ++layer) {
     TIERKV_SYNC_POINT_CALLBACK("WeightsLoad::BeforeLayer", &layer);
@@ -380,7 +442,7 @@ void WeightsLoad::Loader::Run() {
   }
 }
 
-void WeightsLoad::Loader::ReadAhead(uint32_t layer) {
+void WeightsLoad::ImageLoader::ReadAhead(uint32_t layer) {
   const uint32_t end = first_ + count_;
   uint64_t ahead = 0;  // bytes in [layer, asked_until_)
   for (uint32_t l = layer; l < asked_until_; ++l) ahead += LayerBytes(l);
@@ -398,14 +460,14 @@ void WeightsLoad::Loader::ReadAhead(uint32_t layer) {
                  static_cast<uint16_t>(until - from)});
 }
 
-uint64_t WeightsLoad::Loader::LayerBytes(uint32_t layer) const {
+uint64_t WeightsLoad::ImageLoader::LayerBytes(uint32_t layer) const {
   const auto [first, last] = manifest_.ChunksOfLayer(layer);
   uint64_t bytes = 0;
   for (size_t c = first; c < last; ++c) bytes += manifest_.chunks[c].bytes;
   return bytes;
 }
 
-Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
+Status WeightsLoad::ImageLoader::LoadLayer(uint32_t layer) {
   const auto [first, last] = manifest_.ChunksOfLayer(layer);
   for (size_t begin = first; begin < last;) {
     // Abandoned: stop after the Get in flight, as the handle promises (a
@@ -428,17 +490,9 @@ Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
     }
     const std::vector<Status> got = client_->Get(reads);
     for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i].ok()) continue;
-      const std::string key = manifest_.chunks[begin + i].key.ToHex();
-      if (got[i].IsNotFound()) {
-        return Status::NotFound(fmt::format(
-            "chunk {} of layer {} is in no tier: evicted, or dropped when "
-            "it failed its checksum on NVMe (tierkvd's log says which); the "
-            "shard must be stored again",
-            key, layer));
+      if (!got[i].ok()) {
+        return ChunkFailure(manifest_.chunks[begin + i], layer, got[i]);
       }
-      return Status(got[i].code(), fmt::format("chunk {} of layer {}: {}", key,
-                                               layer, got[i].message()));
     }
     if (verify_) {
       for (size_t i = 0; i < reads.size(); ++i) {
@@ -454,6 +508,51 @@ Status WeightsLoad::Loader::LoadLayer(uint32_t layer) {
   }
   return Status::OK();
 }
+
+// LoadWeightsToPool: the daemon moves the bytes into the registered image
+// pool; this reads the transfer's ticket and names the chunks that failed.
+class WeightsLoad::PoolLoader final : public WeightsLoad::Loader {
+ public:
+  PoolLoader(TransferHandle handle, WeightsManifest manifest, uint32_t first,
+             uint32_t count)
+      : Loader(first, count),
+        handle_(std::move(handle)),
+        manifest_(std::move(manifest)) {}
+
+  Status WaitLayer(uint32_t layer) override {
+    TIERKV_RETURN_IF_ERROR(CheckLayer(layer));
+    // One Status per chunk of the shard (the ticket's "page" is the
+    // chunk's index); only this layer's chunks can have failed in it.
+    auto chunks = handle_.WaitLayer(static_cast<uint16_t>(layer));
+    if (!chunks.ok()) return chunks.status();
+    const auto [first, last] = manifest_.ChunksOfLayer(layer);
+    for (size_t c = first; c < last; ++c) {
+      if (!(*chunks)[c].ok()) {
+        return ChunkFailure(manifest_.chunks[c], layer, (*chunks)[c]);
+      }
+    }
+    return Status::OK();
+  }
+  Status Wait() override {
+    Status first_failure;
+    for (uint32_t layer = first_; layer < first_ + count_; ++layer) {
+      Status s = WaitLayer(layer);
+      if (first_failure.ok()) first_failure = std::move(s);
+    }
+    return first_failure;
+  }
+  uint32_t LayersDone() const override { return handle_.LayersDone(); }
+  Status StreamWaitLayer(uint32_t layer, const EngineStream& stream) override {
+    TIERKV_RETURN_IF_ERROR(CheckLayer(layer));
+    return handle_.StreamWaitLayer(static_cast<uint16_t>(layer), stream);
+  }
+
+ private:
+  // Its destructor waits until the daemon is done with the transfer, so
+  // nothing writes the pool once the handle is gone.
+  TransferHandle handle_;
+  const WeightsManifest manifest_;
+};
 
 WeightsLoad::WeightsLoad() = default;
 WeightsLoad::WeightsLoad(WeightsLoad&&) noexcept = default;
@@ -473,6 +572,12 @@ Status WeightsLoad::Wait() {
 uint32_t WeightsLoad::LayersDone() const {
   return loader_ ? loader_->LayersDone() : 0;
 }
+Status WeightsLoad::StreamWaitLayer(uint32_t layer,
+                                    const EngineStream& stream) {
+  if (!loader_) return Status::InvalidArgument("empty weights load handle");
+  return loader_->StreamWaitLayer(layer, stream);
+}
+
 uint32_t WeightsLoad::first_layer() const {
   return loader_ ? loader_->first() : 0;
 }
@@ -483,25 +588,44 @@ uint32_t WeightsLoad::layer_count() const {
 Result<WeightsLoad> Client::LoadWeights(const WeightsManifest& manifest,
                                         std::span<std::byte> image,
                                         LayerRange layers) {
-  TIERKV_RETURN_IF_ERROR(manifest.Validate());
+  auto count = LayersOfLoad(manifest, layers);
+  if (!count.ok()) return count.status();
   if (image.size() < manifest.image_bytes) {
     return Status::InvalidArgument(
         fmt::format("the image buffer has {} bytes, the shard needs {}",
                     image.size(), manifest.image_bytes));
   }
-  if (layers.first >= manifest.num_layers ||
-      (layers.count != 0 &&
-       uint32_t{layers.first} + layers.count > manifest.num_layers)) {
-    return Status::InvalidArgument(
-        fmt::format("layers [{}, +{}) are outside the shard's {} layers",
-                    layers.first, layers.count, manifest.num_layers));
-  }
-  const uint32_t count =
-      layers.count ? layers.count : manifest.num_layers - layers.first;
   WeightsLoad load;
-  load.loader_ = std::make_unique<WeightsLoad::Loader>(
+  load.loader_ = std::make_unique<WeightsLoad::ImageLoader>(
       this, BatchBytes(impl_->weights_batch_bytes_),
-      impl_->weights_verify_loads_, manifest, image, layers.first, count);
+      impl_->weights_verify_loads_, manifest, image, layers.first, *count);
+  return load;
+}
+
+Result<WeightsLoad> Client::LoadWeightsToPool(const WeightsManifest& manifest,
+                                              LayerRange layers,
+                                              const EngineStream* after) {
+  auto count = LayersOfLoad(manifest, layers);
+  if (!count.ok()) return count.status();
+  if (*count > UINT16_MAX) {
+    return Status::InvalidArgument(fmt::format(
+        "one load covers at most {} layers, not {}", UINT16_MAX, *count));
+  }
+  const auto layer_count = static_cast<uint16_t>(*count);
+  const WeightsId id{manifest.model, manifest.layout,
+                     WeightsVersionOf(manifest)};
+  auto handle = SubmitTransfer(
+      static_cast<uint16_t>(Opcode::kWeightsLoad),
+      [&](uint32_t ticket) {
+        return transport::Encode(transport::WeightsLoadRequest{
+            ticket, id, layers.first, layer_count, impl_->TakeWaits()});
+      },
+      layers.first, layer_count, static_cast<uint32_t>(manifest.chunks.size()),
+      after);
+  if (!handle.ok()) return handle.status();
+  WeightsLoad load;
+  load.loader_ = std::make_unique<WeightsLoad::PoolLoader>(
+      std::move(handle).value(), manifest, layers.first, layer_count);
   return load;
 }
 

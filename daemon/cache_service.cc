@@ -152,6 +152,8 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
       return responder.Send(WeightsHint(*ns, in));
     case Opcode::kWeightsPin:
       return responder.Send(WeightsPin(*ns, in));
+    case Opcode::kWeightsLoad:
+      return responder.Send(WeightsLoadToPool(conn, *ns, in));
     default:
       break;
   }

@@ -100,6 +100,9 @@ class CacheService final : public transport::FrameHandler {
   Reply WeightsPrefetch(Namespace& ns, In in);
   Reply WeightsHint(Namespace& ns, In in);
   Reply WeightsPin(Namespace& ns, In in);
+  // kWeightsLoad: the sealed shard's layers into the connection's image
+  // pool (CacheEngine::LoadWeights).
+  Reply WeightsLoadToPool(uint64_t conn, Namespace& ns, In in);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

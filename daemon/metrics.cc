@@ -90,6 +90,8 @@ const char* OpName(uint16_t opcode) {
       return "weights_hint";
     case Opcode::kWeightsPin:
       return "weights_pin";
+    case Opcode::kWeightsLoad:
+      return "weights_load";
   }
   return nullptr;
 }

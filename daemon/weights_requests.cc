@@ -137,4 +137,20 @@ HandlerReply CacheService::WeightsPin(Namespace& ns, In in) {
   return Ok(StatusResponse{ns.weights->Pin(req.id, ttl)});
 }
 
+HandlerReply CacheService::WeightsLoadToPool(uint64_t conn, Namespace& ns,
+                                             In in) {
+  WeightsLoadRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return Error(s);
+  RecordWaits(ns, req.waits);
+  if (ns.weights == nullptr) return Ok(StatusResponse{NotWeights(ns)});
+  auto manifest = ns.weights->Decoded(req.id);
+  if (!manifest.ok()) return Ok(StatusResponse{manifest.status()});
+  return Ok(StatusResponse{engine_->LoadWeights(
+      conn, *ns.engine,
+      storage::WeightsTransfer{.manifest = std::move(manifest).value(),
+                               .first_layer = req.first_layer,
+                               .num_layers = req.num_layers,
+                               .ticket = req.ticket})});
+}
+
 }  // namespace tierkv::daemon

@@ -422,6 +422,14 @@ void Fields(auto& io, Is<WeightsPinRequest> auto& m) {
   io.Field(m.ttl_ms);
 }
 
+void Fields(auto& io, Is<WeightsLoadRequest> auto& m) {
+  io.Field(m.ticket);
+  io.Field(m.id);
+  io.Field(m.first_layer);
+  io.Field(m.num_layers);
+  io.Trailer(m.waits);  // absent when nothing was waited for
+}
+
 template <typename M>
 std::vector<std::byte> EncodeFields(const M& m) {
   FieldEncoder encoder;
@@ -475,6 +483,7 @@ TIERKV_ENCODE_DECODE(WeightsListResponse)
 TIERKV_ENCODE_DECODE(WeightsDropResponse)
 TIERKV_ENCODE_DECODE(WeightsHintRequest)
 TIERKV_ENCODE_DECODE(WeightsPinRequest)
+TIERKV_ENCODE_DECODE(WeightsLoadRequest)
 
 #undef TIERKV_ENCODE_DECODE
 

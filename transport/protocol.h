@@ -49,7 +49,8 @@ enum class Opcode : uint16_t {
   kWeightsPrefetch = 24,  // (model, layout, version, layers) -> queued
   kWeightsHint = 25,      // (shard, next use in ms)s -> per-item status
   kWeightsPin = 26,       // (shard, ttl in ms; 0 unpins) -> status
-  kLastOpcode = kWeightsPin,
+  kWeightsLoad = 27,      // (shard, layers, ticket) -> status (queued)
+  kLastOpcode = kWeightsLoad,
 };
 
 // Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
@@ -288,6 +289,18 @@ struct WeightsPinRequest {
   WeightsId id;
   uint64_t ttl_ms = 0;
 };
+// kWeightsLoad: loads layers [first_layer, first_layer + num_layers) of one
+// sealed shard (the newest version of (model, layout) for a zero version)
+// into the connection's registered image pool, publishing each layer on
+// ticket `ticket` as kLoad does. Replied with StatusResponse once queued.
+struct WeightsLoadRequest {
+  uint32_t ticket = 0;
+  WeightsId id;
+  uint16_t first_layer = 0;
+  uint16_t num_layers = 0;
+  // Optional trailer: encoded only when set and non-empty (as kLoad's).
+  std::optional<WaitReport> waits;
+};
 struct ListedSegment {
   SegmentKey key;
   uint64_t size = 0;
@@ -327,6 +340,7 @@ std::vector<std::byte> Encode(const WeightsListResponse& m);
 std::vector<std::byte> Encode(const WeightsDropResponse& m);
 std::vector<std::byte> Encode(const WeightsHintRequest& m);
 std::vector<std::byte> Encode(const WeightsPinRequest& m);
+std::vector<std::byte> Encode(const WeightsLoadRequest& m);
 
 // Decoders: `out` is valid only when OK is returned.
 Status Decode(std::span<const std::byte> in, JsonResponse& out);
@@ -358,6 +372,7 @@ Status Decode(std::span<const std::byte> in, WeightsListResponse& out);
 Status Decode(std::span<const std::byte> in, WeightsDropResponse& out);
 Status Decode(std::span<const std::byte> in, WeightsHintRequest& out);
 Status Decode(std::span<const std::byte> in, WeightsPinRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsLoadRequest& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);

@@ -274,6 +274,17 @@ TIERKV_C_EXPORT tierkv_status tierkv_weights_load_start(
     tierkv_client* client, const char* model, const char* layout,
     const tierkv_page_hash* version, void* image, uint64_t image_bytes,
     uint16_t first_layer, uint16_t layer_count, tierkv_weights_load** out);
+/* The same into the connection's registered image pool
+ * (Client::LoadWeightsToPool): register the engine's weights buffer first
+ * with tierkv_register_pool(client, fd, offset, bytes >= the manifest's
+ * image_bytes, 1, 0, 0); the daemon moves the bytes (its Load machinery),
+ * this process copies nothing. The wait, version and free calls below
+ * apply as for tierkv_weights_load_start; freeing waits until the daemon
+ * is done with the pool. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_load_to_pool_start(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_page_hash* version, uint16_t first_layer, uint16_t layer_count,
+    tierkv_weights_load** out);
 /* WeightsLoad::WaitLayer / Wait: TIERKV_OK once the layer (every layer) is
  * in place, else its first failure. */
 TIERKV_C_EXPORT tierkv_status

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -373,10 +374,18 @@ class WeightsLoad {
   // The layers this load covers: [first, first + count).
   uint32_t first_layer() const;
   uint32_t layer_count() const;
+  // A load into a registered image pool (Client::LoadWeightsToPool) only:
+  // queues on the engine's `stream` a device-side wait for layer `layer`,
+  // as TransferHandle::StreamWaitLayer does (the layer's status still comes
+  // from WaitLayer, off the hot path). InvalidArgument for a load into a
+  // caller's buffer (Client::LoadWeights) or a layer outside the load.
+  Status StreamWaitLayer(uint32_t layer, const EngineStream& stream);
 
  private:
   friend class Client;
-  class Loader;
+  class Loader;       // what a load does: one of the two below
+  class ImageLoader;  // LoadWeights: Gets into the caller's buffer
+  class PoolLoader;   // LoadWeightsToPool: the daemon's Load machinery
   std::unique_ptr<Loader> loader_;
 };
 
@@ -553,6 +562,32 @@ class Client {
                                   std::span<std::byte> image,
                                   LayerRange layers = {});
 
+  // Starts loading layers `layers` of shard `manifest` into this
+  // connection's registered image pool, with the daemon's per-layer Load
+  // machinery (the KV Load's lanes, tickets and waits): the engine's
+  // weights buffer, registered once with RegisterPool({.kind = kMemfd,
+  // kDeviceIpc or kDeviceFd, .layer = 0, .part = 0, .offset = where the
+  // image starts, .slot_bytes = the buffer's bytes (>= image_bytes),
+  // .slot_count = 1}) on a weights namespace. Tensor i lands at
+  // pool[offset + manifest.tensors[i].offset]; the daemon moves the bytes
+  // (DRAM: copies; NVMe: O_DIRECT reads verified by their checksums,
+  // straight into a memfd image, through pinned staging into a device
+  // one, double-buffered; device pools by device copies), so this process
+  // spends no CPU on them. A chunk that fails its checksum fails its layer
+  // and its bytes are not left in the pool. With `after`, the daemon
+  // starts once the engine's stream reaches this point (as Load's).
+  // Returns at once; see WeightsLoad (WaitLayer, StreamWaitLayer). The
+  // daemon loads exactly WeightsVersionOf(manifest). Errors (nothing
+  // started): InvalidArgument (a manifest failing Validate(), layers
+  // outside it, no image pool or one smaller than manifest.image_bytes,
+  // not a weights namespace); NotFound when the daemon has no such sealed
+  // shard; Busy when its workers are saturated.
+  // REQUIRES: this Client outlives the returned handle; the pool stays
+  // registered (and its memory alive) until the handle is gone.
+  Result<WeightsLoad> LoadWeightsToPool(const WeightsManifest& manifest,
+                                        LayerRange layers = {},
+                                        const EngineStream* after = nullptr);
+
   // Asks the daemon to promote the chunks of layers `layers` of shard `id`
   // (zero version: the newest) from NVMe into DRAM, in layer order, ahead
   // of a LoadWeights; returns once queued. NotFound for an unknown shard.
@@ -591,6 +626,14 @@ class Client {
   Result<TransferHandle> Transfer(bool load, std::span<const PageHash> pages,
                                   std::span<const uint32_t> slots,
                                   LayerRange layers, const EngineStream* after);
+  // Takes a ticket, arms its stream gate (`after`), sends request `opcode`
+  // encoded by `encode(ticket)`, and hands back the transfer of layers
+  // [first, first + count) over `pages` pages (the ticket's error index).
+  Result<TransferHandle> SubmitTransfer(
+      uint16_t opcode,
+      const std::function<std::vector<std::byte>(uint32_t ticket)>& encode,
+      uint16_t first, uint16_t count, uint32_t pages,
+      const EngineStream* after);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   Status ReleaseLease(uint64_t lease_id);

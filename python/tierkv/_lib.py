@@ -137,6 +137,9 @@ def _load() -> ctypes.CDLL:
         "tierkv_weights_load_start": (_status, [
             c_void_p, c_char_p, c_char_p, c_void_p, c_void_p, c_uint64,
             c_uint16, c_uint16, POINTER(c_void_p)]),
+        "tierkv_weights_load_to_pool_start": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_uint16, c_uint16,
+            POINTER(c_void_p)]),
         "tierkv_weights_load_wait_layer": (_status, [c_void_p, c_uint32]),
         "tierkv_weights_load_wait": (_status, [c_void_p]),
         "tierkv_weights_load_layers_done": (c_uint32, [c_void_p]),

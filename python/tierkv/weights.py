@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _lib
 from ._lib import check, lib
-from .client import Client
+from .client import Client, Pool
 from .errors import InvalidArgumentError
 
 # numpy dtypes <-> safetensors dtype strings.
@@ -209,8 +209,9 @@ def manifest(client: Client, model: str, layout: str,
 
 
 class Load:
-    """A shard loading into `image` (numpy uint8) on a loader thread, layer
-    by layer (tierkv::WeightsLoad). wait_layer(l) returns once layer l's
+    """A shard loading into `image` (numpy uint8) layer by layer
+    (tierkv::WeightsLoad): on a loader thread of this process (load), or by
+    the daemon into a registered image pool (load_to_pool). wait_layer(l) returns once layer l's
     bytes are in place and raises the layer's error otherwise (NotFoundError
     "chunk ... of layer l is in no tier"). close() (or leaving the `with`)
     stops the loader and waits for it: nothing writes `image` afterwards."""
@@ -279,6 +280,41 @@ def load(client: Client, model: str, layout: str,
             image.__array_interface__["data"][0], image.nbytes,
             int(first_layer), int(layer_count), byref(handle)))
     return Load(handle.value, image, client, first_layer, layer_count, m)
+
+
+def image_pool(client: Client, nbytes: int) -> Pool:
+    """A sealable memfd of `nbytes` registered as this connection's image
+    pool (one per connection) for load_to_pool: the engine's weights buffer.
+    Close it only after every load into it ended."""
+    pool = Pool(nbytes, 1, name="tierkv-weights-image")
+    try:
+        client.register_pool(pool, layer=0, part=0)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def load_to_pool(client: Client, model: str, layout: str, pool: Pool, *,
+                 version: Optional[str] = None, first_layer: int = 0,
+                 layer_count: int = 0) -> Load:
+    """Starts loading a sealed shard into the connection's registered image
+    pool `pool` (image_pool) with the daemon's per-layer Load machinery:
+    the daemon moves the bytes, this process copies none. Returns at once;
+    Load.image is the pool's bytes, Load.manifest the version's offsets."""
+    m = manifest(client, model, layout, version)
+    if m["image_bytes"] > pool.slot_bytes * pool.slot_count:
+        raise InvalidArgumentError(
+            f"invalid_argument: the pool holds {pool.slot_bytes} bytes, the "
+            f"shard's image needs {m['image_bytes']}")
+    v = _version_arg(m["version"])
+    handle = c_void_p()
+    with client._use() as h:
+        check(lib.tierkv_weights_load_to_pool_start(
+            h, model.encode(), layout.encode(), _ptr_of(v),
+            int(first_layer), int(layer_count), byref(handle)))
+    return Load(handle.value, pool.array.reshape(-1), client, first_layer,
+                layer_count, m)
 
 
 def prefetch(client: Client, model: str, layout: str, *,

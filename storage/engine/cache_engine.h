@@ -66,6 +66,10 @@
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
+namespace tierkv {
+struct WeightsManifest;
+}  // namespace tierkv
+
 namespace tierkv::storage {
 
 // One namespace inside the engine. Handed out by the engine, valid for its
@@ -157,6 +161,19 @@ struct PoolLayout {
 struct PoolTransfer {
   std::vector<PageHash> pages;
   std::vector<uint32_t> slots;
+  uint16_t first_layer = 0;
+  uint16_t num_layers = 0;
+  uint32_t ticket = 0;
+};
+
+// A per-layer load of a sealed weights shard into the owner's image pool
+// (a weights namespace's one pool: layer 0, part 0, one slot holding the
+// whole image): the chunks of layers [first_layer, first_layer +
+// num_layers) of `manifest` land at their image offsets; progress goes to
+// ticket `ticket` as for a PoolTransfer, each failed chunk recorded with
+// its index in manifest->chunks as the page and its layer.
+struct WeightsTransfer {
+  std::shared_ptr<const WeightsManifest> manifest;
   uint16_t first_layer = 0;
   uint16_t num_layers = 0;
   uint32_t ticket = 0;
@@ -367,6 +384,22 @@ class CacheEngine {
   // segment copies nothing), layer by layer, then the write policy applies
   // as for Put. Errors as for Load.
   Status Store(uint64_t owner, EngineNamespace& ns, PoolTransfer t);
+  // Starts loading a weights shard's layers into the owner's image pool
+  // (see WeightsTransfer) with the Load machinery: lanes over layers, DRAM
+  // chunks copied (memfd: non-temporal stores; device: batched copies),
+  // chunks only below DRAM read from there (memfd: straight into the image;
+  // device: through pinned staging, then copied), every NVMe read verified
+  // by its checksum; a layer is published once all its chunks are in
+  // place. Chunks read from below are queued for promotion into DRAM
+  // afterwards at the background IO class (PromoteInOrder). Returns once
+  // queued; InvalidArgument (not a weights namespace, no image pool, an
+  // image pool smaller than the manifest's image, layers outside it, bad
+  // ticket), Busy (workers saturated). A chunk in no tier, or failing its
+  // checksum, is recorded in the ticket's errors: its bytes in the image
+  // are not written (a chunk read into a memfd image in place may have
+  // been partly written before its checksum failed: the layer's error
+  // says the image's bytes of that chunk are not to be used).
+  Status LoadWeights(uint64_t owner, EngineNamespace& ns, WeightsTransfer t);
   // Queues promotion NVMe -> DRAM of every NVMe-only segment of `pages`.
   Status Prefetch(EngineNamespace& ns, std::span<const PageHash> pages);
   // Selection counts from an engine's sparse attention (Client::ReportTopk)
@@ -575,6 +608,10 @@ class CacheEngine {
     uint32_t published GUARDED_BY(mu) = 0;
     // Segments a Load read from NVMe: promoted into DRAM once it is done.
     std::vector<SegmentKey> from_nvme GUARDED_BY(mu);
+    // A weights load (LoadWeights): its shard; t.pages and t.slots are
+    // empty, every layer is one unit (splits 1), and pools[k] is the image
+    // pool for every k.
+    std::shared_ptr<const WeightsManifest> weights;
   };
   struct OwnerPools {
     std::unordered_map<uint32_t, Pool> pools;  // by layer << 8 | part
@@ -584,6 +621,12 @@ class CacheEngine {
   Result<std::shared_ptr<TransferJob>> PrepareTransfer(uint64_t owner,
                                                        EngineNamespace& ns,
                                                        PoolTransfer t);
+  // LoadWeights' checks and job: the owner's image pool for every layer.
+  Result<std::shared_ptr<TransferJob>> PrepareWeightsTransfer(
+      uint64_t owner, EngineNamespace& ns, WeightsTransfer t);
+  // Resets ticket `index` for the job and reads what the client set in it
+  // before the request (gate target, device layers).
+  void ArmTicket(TransferJob& job, uint32_t index);
   // Accepts a prepared Load or Store: queues its first lane (Busy when the
   // queue is full).
   Status StartTransfer(Result<std::shared_ptr<TransferJob>> job, bool load,
@@ -620,7 +663,17 @@ class CacheEngine {
     SegmentKey key;
     uint32_t page;
     uint64_t bytes;
+    uint16_t layer;  // of the transfer (a weights chunk's key has layer 0)
+    // Zeroed when the read fails (weights images: a failed chunk's bytes
+    // never stay in the pool); empty for KV slots.
+    std::span<std::byte> scrub = {};
   };
+  // Starts one read of `reads` from the tiers below DRAM for unit k, which
+  // that read's completion finishes (FinishLoadReads, FinishUnit), on a
+  // tier's thread.
+  void ReadBelow(const std::shared_ptr<TransferJob>& job, uint32_t k,
+                 std::vector<TierReadItem> reads,
+                 std::vector<LoadRead> read_of);
   // Counts a LoadLayer read's results, recording each failed segment.
   void FinishLoadReads(TransferJob& job, std::span<const LoadRead> reads,
                        std::span<const Result<uint64_t>> got);
@@ -629,6 +682,14 @@ class CacheEngine {
   void BeginTierRead() EXCLUDES(tier_reads_mu_);
   void EndTierRead() EXCLUDES(tier_reads_mu_);
   void StoreLayer(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
+  // A weights load's layer k (see LoadWeights): LoadLayer's contract, over
+  // the layer's chunks into the image pool (weights_transfer.cc).
+  bool LoadWeightsLayer(const std::shared_ptr<TransferJob>& job, uint32_t k);
+  void LoadWeightsToDevice(TransferJob& job, const Pool& pool, uint32_t k,
+                           StreamId stream);
+  // A unit the stream gate kept closed: every chunk or page of it fails
+  // with Busy.
+  void FailUnit(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);
   // LoadLayer / StoreLayer for one device pool: copies on `stream` (the
   // unit's alone), then waits for their event.
   void LoadUnitToDevice(TransferJob& job, const Pool& pool, uint32_t k,

@@ -17,6 +17,7 @@
 #include "common/stream_copy.h"
 #include "common/sync_point.h"
 #include "storage/engine/cache_engine.h"
+#include "tierkv/weights.h"
 
 namespace tierkv::storage {
 
@@ -62,6 +63,21 @@ void PublishFinished(LoadTicket& ticket) {
 
 Status CacheEngine::CheckPoolLayout(EngineNamespace& ns,
                                     const PoolLayout& pool) const {
+  if (ns.weights()) {
+    // A weights namespace has no KV layout: an engine registers the one
+    // buffer its shards' images load into (LoadWeights).
+    if (pool.layer != 0 || pool.part != 0 || pool.slot_count != 1) {
+      return Status::InvalidArgument(
+          "a weights namespace takes one image pool per connection: layer "
+          "0, part 0, one slot of the image's bytes");
+    }
+    if (pool.slot_bytes == 0 || pool.slot_bytes > kWeightsMaxImageBytes) {
+      return Status::InvalidArgument(
+          fmt::format("an image pool holds 1..{} bytes, not {}",
+                      kWeightsMaxImageBytes, pool.slot_bytes));
+    }
+    return Status::OK();
+  }
   const auto layout = ns.layout();
   if (!layout) return Status::InvalidArgument("register a layout first");
   const uint64_t segment = layout->SegmentBytes(pool.layer, pool.part);
@@ -216,16 +232,7 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
       }
     }
   }
-  LoadTicket& ticket = TicketAt(*job->tickets, t.ticket);
-  ticket.error_count.store(0, std::memory_order_relaxed);
-  ticket.finished.store(0, std::memory_order_relaxed);
-  ticket.first_layer_ns.store(0, std::memory_order_relaxed);
-  ticket.last_layer_ns.store(0, std::memory_order_relaxed);
-  ticket.layers_done.store(0, std::memory_order_release);
-  // The client set both before it sent the request; read once, so a
-  // client rewriting them later changes nothing here.
-  job->gate_target = ticket.gate_target.load(std::memory_order_acquire);
-  job->device_base = ticket.device_layers.load(std::memory_order_acquire);
+  ArmTicket(*job, t.ticket);
   job->layout = std::move(layout);
   job->t = std::move(t);
   job->splits = std::clamp<uint32_t>(
@@ -237,6 +244,81 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
     job->layer_done.assign(job->t.num_layers, false);
   }
   return job;
+}
+
+void CacheEngine::ArmTicket(TransferJob& job, uint32_t index) {
+  LoadTicket& ticket = TicketAt(*job.tickets, index);
+  ticket.error_count.store(0, std::memory_order_relaxed);
+  ticket.finished.store(0, std::memory_order_relaxed);
+  ticket.first_layer_ns.store(0, std::memory_order_relaxed);
+  ticket.last_layer_ns.store(0, std::memory_order_relaxed);
+  ticket.layers_done.store(0, std::memory_order_release);
+  // The client set both before it sent the request; read once, so a
+  // client rewriting them later changes nothing here.
+  job.gate_target = ticket.gate_target.load(std::memory_order_acquire);
+  job.device_base = ticket.device_layers.load(std::memory_order_acquire);
+}
+
+Result<std::shared_ptr<CacheEngine::TransferJob>>
+CacheEngine::PrepareWeightsTransfer(uint64_t owner, EngineNamespace& ns,
+                                    WeightsTransfer t) {
+  if (!ns.weights()) {
+    return Status::InvalidArgument(
+        "LoadWeights needs a weights namespace (weights = true)");
+  }
+  if (t.manifest == nullptr) return Status::InvalidArgument("no manifest");
+  const WeightsManifest& m = *t.manifest;
+  if (t.num_layers == 0 ||
+      uint32_t{t.first_layer} + t.num_layers > m.num_layers) {
+    return Status::InvalidArgument(
+        fmt::format("layers [{}, {}) outside the shard's {}", t.first_layer,
+                    t.first_layer + t.num_layers, m.num_layers));
+  }
+  auto job = std::make_shared<TransferJob>();
+  job->ns = &ns;
+  {
+    MutexLock lock(&owners_mu_);
+    auto it = owners_.find(owner);
+    if (it == owners_.end() || !it->second.tickets) {
+      return Status::InvalidArgument("register tickets before LoadWeights");
+    }
+    const OwnerPools& o = it->second;
+    if (t.ticket >= o.ticket_count) {
+      return Status::InvalidArgument("ticket index out of range");
+    }
+    auto pool = o.pools.find(PoolKey(0, 0));
+    if (pool == o.pools.end()) {
+      return Status::InvalidArgument(
+          "register an image pool (layer 0, part 0, one slot) on this "
+          "connection before LoadWeights");
+    }
+    if (pool->second.layout.slot_bytes < m.image_bytes) {
+      return Status::InvalidArgument(fmt::format(
+          "the image pool holds {} bytes; the shard's image needs {}",
+          pool->second.layout.slot_bytes, m.image_bytes));
+    }
+    job->tickets = o.tickets;
+    job->pools.assign(t.num_layers, std::vector<Pool>{pool->second});
+  }
+  ArmTicket(*job, t.ticket);
+  job->t = PoolTransfer{.first_layer = t.first_layer,
+                        .num_layers = t.num_layers,
+                        .ticket = t.ticket};
+  job->weights = std::move(t.manifest);
+  job->splits = 1;  // a layer's chunks are one unit; lanes share layers
+  {
+    MutexLock lock(&job->mu);
+    job->units_left.assign(job->t.num_layers, 1);
+    job->layer_done.assign(job->t.num_layers, false);
+  }
+  return job;
+}
+
+Status CacheEngine::LoadWeights(uint64_t owner, EngineNamespace& ns,
+                                WeightsTransfer t) {
+  const auto accepted = std::chrono::steady_clock::now();
+  return StartTransfer(PrepareWeightsTransfer(owner, ns, std::move(t)), true,
+                       accepted);
 }
 
 Status CacheEngine::Load(uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
@@ -296,14 +378,9 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     const uint32_t end =
         static_cast<uint32_t>(uint64_t{pages} * (s + 1) / job->splits);
     if (!gate_open) {
-      // The engine's stream never reached the transfer: its slots may still
-      // be in use, so nothing is moved and every segment says why.
-      const uint16_t l = job->t.first_layer + k;
-      for (uint32_t i = begin; i < end; ++i) {
-        for (uint8_t p = 0; p < job->pools[k].size(); ++p) {
-          RecordError(*job, i, l, p, StatusCode::kBusy);
-        }
-      }
+      FailUnit(*job, k, begin, end);
+    } else if (job->weights) {
+      if (LoadWeightsLayer(job, k)) continue;  // its read finishes it
     } else if (job->load) {
       if (LoadLayer(job, k, begin, end)) continue;  // its read finishes it
     } else {
@@ -312,6 +389,25 @@ void CacheEngine::RunLane(const std::shared_ptr<TransferJob>& job, bool first) {
     FinishUnit(*job, k);
   }
   LeaveJob(job);
+}
+
+void CacheEngine::FailUnit(TransferJob& job, uint32_t k, uint32_t begin,
+                           uint32_t end) {
+  // The engine's stream never reached the transfer: its slots may still be
+  // in use, so nothing is moved and every segment says why.
+  const uint16_t l = job.t.first_layer + k;
+  if (job.weights) {
+    const auto [first, last] = job.weights->ChunksOfLayer(l);
+    for (size_t c = first; c < last; ++c) {
+      RecordError(job, static_cast<uint32_t>(c), l, 0, StatusCode::kBusy);
+    }
+    return;
+  }
+  for (uint32_t i = begin; i < end; ++i) {
+    for (uint8_t p = 0; p < job.pools[k].size(); ++p) {
+      RecordError(job, i, l, p, StatusCode::kBusy);
+    }
+  }
 }
 
 void CacheEngine::LeaveJob(const std::shared_ptr<TransferJob>& job) {
@@ -382,6 +478,12 @@ void CacheEngine::PromoteLoaded(TransferJob& job) {
     keys.swap(job.from_nvme);
   }
   if (!mover_ || keys.empty()) return;
+  if (job.weights) {
+    // Chunks in layer order already; at the background IO class, within
+    // the namespace's prefetch cap, as every weights promotion.
+    PromoteInOrder(*job.ns, keys);
+    return;
+  }
   // As Match's prefetch: more than half the host tier would evict what it
   // brings in. Leading layers first, so a partial promotion still saves a
   // layer-ordered Load its first waits.
@@ -470,7 +572,7 @@ bool CacheEngine::LoadLayer(const std::shared_ptr<TransferJob>& shared,
       if (loc.ok()) ns.host_->Release(key);
       if (!chain_->empty()) {
         reads.push_back({key, {slot, pool.layout.slot_bytes}});
-        read_of.push_back({key, i, pool.layout.slot_bytes});
+        read_of.push_back({key, i, pool.layout.slot_bytes, l});
       } else {
         RecordError(job, i, l, p, StatusCode::kNotFound);
         load_misses_.fetch_add(1, std::memory_order_relaxed);
@@ -478,6 +580,14 @@ bool CacheEngine::LoadLayer(const std::shared_ptr<TransferJob>& shared,
     }
   }
   if (reads.empty()) return false;
+  ReadBelow(shared, k, std::move(reads), std::move(read_of));
+  return true;
+}
+
+void CacheEngine::ReadBelow(const std::shared_ptr<TransferJob>& shared,
+                            uint32_t k, std::vector<TierReadItem> reads,
+                            std::vector<LoadRead> read_of) {
+  EngineNamespace& ns = *shared->ns;
   // Straight into the slots where aligned, else through a bounce buffer;
   // either way the checksum is verified before a hit counts. The read
   // completes on the tier's thread: this lane goes on with the next unit
@@ -493,7 +603,6 @@ bool CacheEngine::LoadLayer(const std::shared_ptr<TransferJob>& shared,
                  job.reset();  // before the engine may end (EndTierRead)
                  EndTierRead();
                });
-  return true;
 }
 
 void CacheEngine::FinishLoadReads(TransferJob& job,
@@ -507,8 +616,12 @@ void CacheEngine::FinishLoadReads(TransferJob& job,
       load_bytes_nvme_.fetch_add(*got[r], std::memory_order_relaxed);
       read_ok.push_back(read.key);
     } else {
+      // What a failed read left where it landed is not the segment's.
+      if (!read.scrub.empty()) {
+        std::memset(read.scrub.data(), 0, read.scrub.size());
+      }
       RecordError(
-          job, read.page, read.key.layer, read.key.part,
+          job, read.page, read.layer, read.key.part,
           got[r].ok() ? StatusCode::kCorruption : got[r].status().code());
       load_misses_.fetch_add(1, std::memory_order_relaxed);
     }

@@ -353,17 +353,31 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::Seal(
   return answer.get_future().get();
 }
 
+namespace {
+
+Status NoSuchShard(const WeightsId& id) {
+  return Status::NotFound(
+      fmt::format("no sealed weights shard '{}' '{}'{}", id.model, id.layout,
+                  id.version == PageHash{} ? std::string()
+                                           : " version " + id.version.ToHex()));
+}
+
+}  // namespace
+
 Result<std::vector<std::byte>> WeightsCatalog::Manifest(
     const WeightsId& id) const {
   MutexLock lock(&mu_);
   const Shard* shard = FindLocked(id);
-  if (shard == nullptr) {
-    return Status::NotFound(fmt::format(
-        "no sealed weights shard '{}' '{}'{}", id.model, id.layout,
-        id.version == PageHash{} ? std::string()
-                                 : " version " + id.version.ToHex()));
-  }
+  if (shard == nullptr) return NoSuchShard(id);
   return shard->encoded;
+}
+
+Result<std::shared_ptr<const WeightsManifest>> WeightsCatalog::Decoded(
+    const WeightsId& id) const {
+  MutexLock lock(&mu_);
+  const Shard* shard = FindLocked(id);
+  if (shard == nullptr) return NoSuchShard(id);
+  return std::make_shared<const WeightsManifest>(shard->manifest);
 }
 
 std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,

@@ -120,6 +120,10 @@ class WeightsCatalog {
   // one of (model, layout) for a zero version; NotFound when none is.
   Result<std::vector<std::byte>> Manifest(const WeightsId& id) const
       EXCLUDES(mu_);
+  // The same shard's manifest, decoded (a copy the caller may keep while
+  // the shard is dropped: a load in flight reads it).
+  Result<std::shared_ptr<const WeightsManifest>> Decoded(
+      const WeightsId& id) const EXCLUDES(mu_);
 
   // One WeightsInfo per sealed shard of `model` (empty: every model), in
   // (model, layout, sealed order), at most `limit`, with where its chunks

@@ -2,11 +2,15 @@
  * a real tierkvd with a weights namespace by tests/python/test_c_api.py:
  *   c_api_weights SOCKET TOKEN
  * Puts a three-layer shard (a 1 MiB tensor of its own and packs), loads it
- * into a caller buffer waiting layer by layer, checks the bytes, lists and
- * drops it, checks a typed error, and prints "ok" (exit 0) or what failed. */
+ * into a caller buffer waiting layer by layer, then into a registered
+ * image pool (a memfd the daemon fills), checks the bytes, lists and drops
+ * it, checks a typed error, and prints "ok" (exit 0) or what failed. */
+#define _GNU_SOURCE /* memfd_create */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "tierkv/c_api.h"
 
@@ -97,6 +101,24 @@ int main(int argc, char** argv) {
   EXPECT(memcmp(image, norm, sizeof norm) == 0);
   EXPECT(memcmp(image + 4096, big, sizeof big) == 0);
   free(image);
+
+  /* The same into the connection's image pool: the daemon moves the bytes. */
+  int fd = memfd_create("image", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT(fd >= 0);
+  EXPECT(ftruncate(fd, (off_t)stored.image_bytes) == 0);
+  unsigned char* pool = mmap(NULL, stored.image_bytes, PROT_READ | PROT_WRITE,
+                             MAP_SHARED, fd, 0);
+  EXPECT(pool != MAP_FAILED);
+  CHECK(tierkv_register_pool(client, fd, 0, stored.image_bytes, 1, 0, 0));
+  CHECK(tierkv_weights_load_to_pool_start(client, "c-model", "c/u8/rank0-of-1",
+                                          NULL, 0, 0, &load));
+  CHECK(tierkv_weights_load_wait_layer(load, 0));
+  CHECK(tierkv_weights_load_wait(load));
+  tierkv_weights_load_free(load);
+  EXPECT(memcmp(pool, norm, sizeof norm) == 0);
+  EXPECT(memcmp(pool + 4096, big, sizeof big) == 0);
+  munmap(pool, stored.image_bytes);
+  close(fd);
 
   char list[4096];
   CHECK(tierkv_weights_list_json(client, "c-model", list, sizeof list, &len));

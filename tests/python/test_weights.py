@@ -95,6 +95,42 @@ def test_put_then_load_is_bit_exact_layer_by_layer(weights_daemon):
         assert again.chunks_deduplicated == stored.chunks
 
 
+def test_load_to_pool_lets_the_daemon_fill_the_image(weights_daemon):
+    params = megatron_like(2)
+    with connect(weights_daemon) as c:
+        stored = w.put(c, "actor", "test/pool", params.items())
+        m = w.manifest(c, "actor", "test/pool")
+        pool = w.image_pool(c, m["image_bytes"] + 4096)
+        pool.array[:] = 0xEE
+        try:
+            with w.load_to_pool(c, "actor", "test/pool", pool) as ld:
+                assert ld.version == stored.version
+                for l in range(3):
+                    ld.wait_layer(l)
+                    assert ld.layers_done() >= l + 1
+                got = views(ld.manifest, ld.image)
+                for name, value in params.items():
+                    np.testing.assert_array_equal(got[name], value,
+                                                  err_msg=name)
+                # Nothing past the image was written.
+                assert (ld.image[m["image_bytes"]:] == 0xEE).all()
+            stats = c.stats()
+            assert stats["transfers"]["load_segments"]["host"] == len(
+                m["chunks"])
+            # One image pool per connection; a pool too small is refused.
+            with pytest.raises(tierkv.InvalidArgumentError):
+                w.image_pool(c, 4096)
+        finally:
+            pool.close()
+        with connect(weights_daemon) as c2:
+            small = w.image_pool(c2, 4096)
+            try:
+                with pytest.raises(tierkv.InvalidArgumentError):
+                    w.load_to_pool(c2, "actor", "test/pool", small)
+            finally:
+                small.close()
+
+
 def test_list_and_drop(weights_daemon):
     with connect(weights_daemon) as c:
         a = w.put(c, "m", "rank0", megatron_like(2).items())

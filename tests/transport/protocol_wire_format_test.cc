@@ -254,6 +254,10 @@ TEST(ProtocolWireFormatTest, WeightsMessagesKeepTheirBytes) {
   ExpectWireBytes(WeightsPinRequest{{"m", "", {}}, 1000},
                   "010000006d0000000000000000000000000000000000000000e8030000"
                   "00000000");
+  // Round 3: kWeightsLoad (no wait report: no trailer).
+  ExpectWireBytes(WeightsLoadRequest{7, {"m", "l", PageHash{1, 2}}, 3, 4, {}},
+                  "07000000010000006d010000006c0100000000000000020000000000"
+                  "000003000400");
 }
 
 TEST(ProtocolWireFormatTest, ErrorPayloadIsAStatus) {

@@ -1,0 +1,254 @@
+// CacheEngine's weights loads into an engine's image pool (LoadWeights, see
+// cache_engine.h): one unit per layer, whose chunks land at their image
+// offsets. The job, its lanes, its ticket and its promotion afterwards are
+// the KV Load's (pool_transfer.cc); what differs is where a chunk goes
+// (an offset of one pool, not a slot of a layer's pool) and its size (each
+// its own).
+#include <fmt/format.h>
+
+#include <cstring>
+#include <future>
+
+#include "common/stream_copy.h"
+#include "storage/engine/cache_engine.h"
+#include "tierkv/weights.h"
+
+namespace tierkv::storage {
+
+namespace {
+
+// How many bytes of chunks a device load reads from below DRAM per round.
+// Two rounds are in flight at once (one read into staging, one copied to
+// the device from staging), so a layer of any size needs 2 x this much
+// staging, and an NVMe read overlaps the device copy of the round before.
+constexpr uint64_t kDeviceRoundBytes = uint64_t{128} << 20;
+
+uint64_t RoundUpToBlock(uint64_t bytes) {
+  return (bytes + kTierBlockBytes - 1) / kTierBlockBytes * kTierBlockBytes;
+}
+
+}  // namespace
+
+bool CacheEngine::LoadWeightsLayer(const std::shared_ptr<TransferJob>& shared,
+                                   uint32_t k) {
+  TransferJob& job = *shared;
+  const Pool& pool = job.pools[k].front();
+  if (pool.device) {
+    DeviceBackend& device = *pool.device->backend;
+    const StreamId stream = AcquireDeviceStream(device);
+    LoadWeightsToDevice(job, pool, k, stream);
+    ReleaseDeviceStream(device, stream);
+    return false;
+  }
+  EngineNamespace& ns = *job.ns;
+  const WeightsManifest& m = *job.weights;
+  const uint16_t l = job.t.first_layer + k;
+  std::byte* const image = pool.Slot(0);
+  const auto [first, last] = m.ChunksOfLayer(l);
+  std::vector<TierReadItem> reads;
+  std::vector<LoadRead> read_of;
+  for (size_t c = first; c < last; ++c) {
+    const WeightsChunk& chunk = m.chunks[c];
+    const SegmentKey key = WeightsChunkSegment(chunk.key);
+    const auto page = static_cast<uint32_t>(c);
+    const std::span<std::byte> dst{image + chunk.offset, chunk.bytes};
+    // A reference keeps the chunk from eviction during the copy.
+    auto loc = ns.host_->Acquire(key);
+    if (loc.ok() && loc->size == chunk.bytes) {
+      StreamCopy(dst.data(), ns.host_->arena().base() + loc->offset, loc->size);
+      ns.host_->Release(key);
+      load_segments_host_.fetch_add(1, std::memory_order_relaxed);
+      load_bytes_host_.fetch_add(loc->size, std::memory_order_relaxed);
+      continue;
+    }
+    if (loc.ok()) ns.host_->Release(key);
+    if (chain_->empty()) {
+      RecordError(job, page, l, 0, StatusCode::kNotFound);
+      load_misses_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    // Straight into the image: the pool is host memory, so the O_DIRECT
+    // read is the copy (a staging buffer would only add one). A chunk
+    // whose read fails its checksum is zeroed before its layer is
+    // published (LoadRead::scrub), so no corrupt byte stays in the pool.
+    reads.push_back({key, dst});
+    read_of.push_back({key, page, chunk.bytes, l, dst});
+  }
+  if (reads.empty()) return false;
+  ReadBelow(shared, k, std::move(reads), std::move(read_of));
+  return true;
+}
+
+void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
+                                      uint32_t k, StreamId stream) {
+  EngineNamespace& ns = *job.ns;
+  const WeightsManifest& m = *job.weights;
+  DeviceBackend& device = *pool.device->backend;
+  const uint16_t l = job.t.first_layer + k;
+  const auto [first, last] = m.ChunksOfLayer(l);
+  auto region = [&](const WeightsChunk& chunk) {
+    return DeviceRegion{pool.device->pool.pool,
+                        pool.layout.offset + chunk.offset, chunk.bytes};
+  };
+  quarantine_.Reap();
+  // DRAM chunks first, as one batch straight from the arena (referenced
+  // until the copies are over). Weights namespaces have no HBM tier entry
+  // of their own: a shard's home on the device is the engine's image.
+  std::vector<SegmentKey> held;
+  std::vector<uint32_t> copied, below;
+  std::vector<DeviceRegion> dsts;
+  std::vector<std::span<const std::byte>> srcs;
+  uint64_t host_bytes = 0;
+  for (size_t c = first; c < last; ++c) {
+    const WeightsChunk& chunk = m.chunks[c];
+    const SegmentKey key = WeightsChunkSegment(chunk.key);
+    auto loc = ns.host_->Acquire(key);
+    if (loc.ok() && loc->size == chunk.bytes) {
+      held.push_back(key);
+      copied.push_back(static_cast<uint32_t>(c));
+      dsts.push_back(region(chunk));
+      srcs.push_back({ns.host_->arena().base() + loc->offset, chunk.bytes});
+      host_bytes += chunk.bytes;
+      continue;
+    }
+    if (loc.ok()) ns.host_->Release(key);
+    if (chain_->empty()) {
+      RecordError(job, static_cast<uint32_t>(c), l, 0, StatusCode::kNotFound);
+      load_misses_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    below.push_back(static_cast<uint32_t>(c));
+  }
+  Status failed;  // the first refused submission or failed wait
+  auto fail = [&](std::span<const uint32_t> chunks, const Status& s) {
+    for (uint32_t c : chunks) RecordError(job, c, l, 0, s.code());
+    if (failed.ok()) failed = s;
+  };
+  if (!copied.empty()) {
+    Status s = device.CopyToDeviceBatch(stream, dsts, srcs);
+    if (s.ok()) {
+      s = WaitDeviceCopies(device, stream,
+                           [&ns, held = std::move(held),
+                            // keeps the image imported while copies run
+                            target = pool.device](const Status&) {
+                             for (const SegmentKey& key : held) {
+                               ns.host_->Release(key);
+                             }
+                           });
+    } else {
+      for (const SegmentKey& key : held) ns.host_->Release(key);
+    }
+    if (s.ok()) {
+      load_segments_host_.fetch_add(copied.size(), std::memory_order_relaxed);
+      load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
+    } else {
+      fail(copied, s);
+    }
+  }
+  if (below.empty()) return;
+
+  // Chunks only below DRAM: read in rounds of about kDeviceRoundBytes into
+  // staging (pinned where the arena has room), each verified by the tier's
+  // checksum before it is copied, so a corrupt chunk never reaches the
+  // device. Double-buffered: round r + 1 is read while round r's copy runs.
+  struct Round {
+    std::vector<uint32_t> chunks;
+    std::vector<TierReadItem> reads;
+    PinnedStaging::Buffer staging;
+    std::future<TierChain::ReadResult> got;
+  };
+  auto start = [&](size_t at, Round* round) -> size_t {
+    uint64_t bytes = 0;
+    size_t end = at;
+    while (end < below.size() &&
+           (end == at || bytes + RoundUpToBlock(m.chunks[below[end]].bytes) <=
+                             kDeviceRoundBytes)) {
+      bytes += RoundUpToBlock(m.chunks[below[end]].bytes);
+      ++end;
+    }
+    round->chunks.assign(below.begin() + at, below.begin() + end);
+    if (staging_) {
+      round->staging = staging_->Borrow(bytes);
+    } else {
+      auto heap = std::make_shared<std::vector<std::byte>>(bytes);
+      round->staging = {*heap, false, heap};
+    }
+    round->reads.clear();
+    uint64_t offset = 0;
+    for (uint32_t c : round->chunks) {
+      const WeightsChunk& chunk = m.chunks[c];
+      const uint64_t stride = RoundUpToBlock(chunk.bytes);
+      round->reads.push_back({WeightsChunkSegment(chunk.key),
+                              round->staging.bytes.subspan(offset, stride)});
+      offset += stride;
+    }
+    auto promise = std::make_shared<std::promise<TierChain::ReadResult>>();
+    round->got = promise->get_future();
+    chain_->Read(ns.tiers_.ns, ns.fingerprint(), round->reads,
+                 [promise](TierChain::ReadResult r) {
+                   promise->set_value(std::move(r));
+                 });
+    return end;
+  };
+  Round rounds[2];
+  size_t next = start(0, &rounds[0]);
+  std::vector<SegmentKey> read_ok;
+  uint64_t nvme_bytes = 0;
+  for (int r = 0;; r ^= 1) {
+    Round& round = rounds[r];
+    // Always waited for: the read writes into this lane's staging.
+    const TierChain::ReadResult got = round.got.get();
+    // The next round's read runs while this one's copy does; its staging
+    // is the other buffer, whose copy was waited for last time around.
+    const bool more = next < below.size();
+    if (more) next = start(next, &rounds[r ^ 1]);
+    std::vector<uint32_t> ok_chunks;
+    dsts.clear();
+    srcs.clear();
+    for (size_t i = 0; i < round.chunks.size(); ++i) {
+      const uint32_t c = round.chunks[i];
+      const WeightsChunk& chunk = m.chunks[c];
+      if (!got.items[i].ok() || *got.items[i] != chunk.bytes) {
+        RecordError(job, c, l, 0,
+                    got.items[i].ok() ? StatusCode::kCorruption
+                                      : got.items[i].status().code());
+        load_misses_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      ok_chunks.push_back(c);
+      dsts.push_back(region(chunk));
+      srcs.push_back(round.reads[i].dst.first(chunk.bytes));
+    }
+    if (!ok_chunks.empty() && failed.ok()) {
+      Status s = device.CopyToDeviceBatch(stream, dsts, srcs);
+      if (s.ok()) {
+        // The staging stays lent until the copies are over, even past a
+        // timed-out wait (quarantine).
+        s = WaitDeviceCopies(device, stream,
+                             [staging = round.staging.owner,
+                              target = pool.device](const Status&) {});
+      }
+      if (s.ok()) {
+        for (uint32_t c : ok_chunks) {
+          read_ok.push_back(WeightsChunkSegment(m.chunks[c].key));
+          nvme_bytes += m.chunks[c].bytes;
+        }
+      } else {
+        fail(ok_chunks, s);
+      }
+    } else if (!ok_chunks.empty()) {
+      // The device already refused this layer: say so for these too.
+      fail(ok_chunks, failed);
+    }
+    round.staging = {};
+    if (!more) break;
+  }
+  load_segments_nvme_.fetch_add(read_ok.size(), std::memory_order_relaxed);
+  load_bytes_nvme_.fetch_add(nvme_bytes, std::memory_order_relaxed);
+  if (!read_ok.empty()) {
+    MutexLock lock(&job.mu);
+    job.from_nvme.insert(job.from_nvme.end(), read_ok.begin(), read_ok.end());
+  }
+}
+
+}  // namespace tierkv::storage
