@@ -3,10 +3,10 @@
 //   import - ImportSafetensors of checkpoint A (chunking, hashing, the Put
 //            into DRAM and the write-through to NVMe) against fio writing
 //            the same bytes (O_DIRECT, 1 MiB, QD 32);
-//   cold   - LoadWeights of A right after a daemon restart (every chunk on
-//            NVMe only) into the emulated pool (a prefaulted host buffer)
-//            against fio reading the same bytes (O_DIRECT, 1 MiB, QD 32);
-//   warm   - LoadWeights of A from DRAM against one memcpy of the same image
+//   cold   - a load of A right after a daemon restart (every chunk on NVMe
+//            only) into the engine's image (--target) against fio reading
+//            the same bytes (O_DIRECT, 1 MiB, QD 32);
+//   warm   - a load of A from DRAM against one memcpy of the same image
 //            (the physical peer) and against the naive loader:
 //            safetensors.numpy.load_file of A's files from a cold page cache
 //            (--python; skipped when it cannot import safetensors) or, as a
@@ -20,6 +20,12 @@
 //            and with hints in layer order (the forward starts each layer
 //            when its WaitLayer returns), against the warm load time; and
 //            when layer 0 of the next model was usable.
+// Where the loads land (--target): "device", an emulated device pool (the
+// [hbm] backend "emulated": device memory is this process's host memory)
+// registered as the connection's image pool and filled by the daemon
+// (LoadWeightsToPool: its Load machinery, its device copies); "memfd", the
+// same with a memfd image pool; "buffer", a host buffer this process fills
+// with Gets (LoadWeights).
 // Checkpoints are synthetic (seeded bytes stored as F16, which numpy can
 // load, unlike BF16; GLM-like names, `--layers` layers); B shares every even
 // layer's tensors with A byte for byte. The weights namespace's DRAM
@@ -29,6 +35,7 @@
 #include <fcntl.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -43,6 +50,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/fio_runner.h"
@@ -50,6 +58,7 @@
 #include "bench/sample_stats.h"
 #include "bench/size_option.h"
 #include "common/safetensors.h"
+#include "storage/device/device_backend.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/weights.h"
@@ -77,8 +86,93 @@ struct WeightsBenchOptions {
   double forward_s = 0;  // paced forward per model; default 1.5x warm load
   std::string fio = "/usr/bin/fio";
   std::string python = "/usr/bin/python3";
-  std::string dir;  // default: a temp dir
+  std::string dir;                // default: a temp dir
+  std::string target = "device";  // where loads land: device, memfd, buffer
   std::string json;
+};
+
+// The engine's weights buffer the loads fill (--target; see the top).
+class ImageTarget {
+ public:
+  static Result<std::unique_ptr<ImageTarget>> Create(const std::string& kind,
+                                                     uint64_t bytes) {
+    auto t = std::unique_ptr<ImageTarget>(new ImageTarget(kind, bytes));
+    if (kind == "buffer") {
+      t->buffer_.resize(bytes);
+      t->base_ = t->buffer_.data();
+    } else if (kind == "memfd") {
+      t->fd_ = ::memfd_create("image", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (t->fd_ < 0 || ::ftruncate(t->fd_, static_cast<off_t>(bytes)) != 0) {
+        return Status::IOError("memfd for the image");
+      }
+      void* base =
+          ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, t->fd_, 0);
+      if (base == MAP_FAILED) return Status::IOError("mmap of the image");
+      t->base_ = static_cast<std::byte*>(base);
+    } else if (kind == "device") {
+      auto backend = storage::DeviceBackend::Open(
+          {.kind = storage::DeviceBackendKind::kEmulated});
+      if (!backend.ok()) return backend.status();
+      t->device_ = std::move(backend).value();
+      auto pool = t->device_->AllocatePool(bytes);
+      if (!pool.ok()) return pool.status();
+      t->pool_ = pool->id;
+      auto base = t->device_->PoolBase(t->pool_);
+      if (!base.ok()) return base.status();
+      t->base_ = *base;
+    } else {
+      return Status::InvalidArgument(fmt::format(
+          "--target must be device, memfd or buffer, not '{}'", kind));
+    }
+    std::memset(t->base_, 1, bytes);  // prefault, as an engine's buffer is
+    return t;
+  }
+  ~ImageTarget() {
+    if (fd_ >= 0) {
+      ::munmap(base_, bytes_);
+      ::close(fd_);
+    }
+  }
+
+  // What a forward reads.
+  std::span<std::byte> bytes() const { return {base_, bytes_}; }
+  // Registers the image pool on `c` (pools are per connection: again after
+  // every restart); nothing for a buffer.
+  Status Register(Client& c) const {
+    if (kind_ == "memfd") {
+      return c.RegisterPool({.kind = PoolSpec::Kind::kMemfd,
+                             .fd = fd_,
+                             .slot_bytes = bytes_,
+                             .slot_count = 1});
+    }
+    if (kind_ == "device") {
+      auto handle = device_->ExportPool(pool_);
+      if (!handle.ok()) return handle.status();
+      return c.RegisterPool({.kind = PoolSpec::Kind::kDeviceIpc,
+                             .device_handle = handle->bytes,
+                             .device_pool_bytes = handle->pool_bytes,
+                             .device_uuid = device_->uuid(),
+                             .slot_bytes = bytes_,
+                             .slot_count = 1});
+    }
+    return Status::OK();
+  }
+  Result<WeightsLoad> Load(Client& c, const WeightsManifest& m) const {
+    if (kind_ == "buffer") return c.LoadWeights(m, bytes());
+    return c.LoadWeightsToPool(m);
+  }
+  bool device() const { return kind_ == "device"; }
+
+ private:
+  ImageTarget(std::string kind, uint64_t bytes)
+      : kind_(std::move(kind)), bytes_(bytes) {}
+  const std::string kind_;
+  const uint64_t bytes_;
+  std::byte* base_ = nullptr;
+  std::vector<std::byte> buffer_;                   // buffer
+  int fd_ = -1;                                     // memfd
+  std::unique_ptr<storage::DeviceBackend> device_;  // device
+  uint32_t pool_ = 0;
 };
 
 // One synthetic checkpoint's tensors: per layer two large matrices and
@@ -244,6 +338,28 @@ double PacedForward(const WeightsManifest& m, std::span<const std::byte> image,
   return waited;
 }
 
+// Asks for `m` in DRAM and waits (up to a minute) until every chunk is.
+Status WaitInDram(Client& c, const WeightsManifest& m) {
+  TIERKV_RETURN_IF_ERROR(
+      c.PrefetchWeights({m.model, m.layout, WeightsVersionOf(m)}));
+  const auto deadline = Clock::now() + std::chrono::minutes(1);
+  while (true) {
+    auto list = c.ListWeights(m.model);
+    if (!list.ok()) return list.status();
+    for (const WeightsInfo& info : *list) {
+      if (info.id.version == WeightsVersionOf(m) &&
+          info.chunks_in_dram == info.chunks) {
+        return Status::OK();
+      }
+    }
+    if (Clock::now() > deadline) {
+      return Status::Unavailable(
+          fmt::format("{} is not whole in DRAM after a minute", m.model));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 int Run(const WeightsBenchOptions& o) {
   auto fail = [](const Status& s) {
     fmt::print(stderr, "tierkv-bench weights: {}\n", s.ToString());
@@ -279,17 +395,29 @@ int Run(const WeightsBenchOptions& o) {
   uint64_t image_estimate = 0;
   for (const auto& t : tensors) image_estimate += t.nbytes;
 
-  const std::string config = fmt::format(
+  if (o.target != "device" && o.target != "memfd" && o.target != "buffer") {
+    return fail(Status::InvalidArgument(fmt::format(
+        "--target must be device, memfd or buffer, not '{}'", o.target)));
+  }
+  std::string config = fmt::format(
       "[[namespace]]\nname = \"weights\"\ntoken = \"bench-token\"\n"
       "weights = true\nhost_bytes = {}\nshards = 8\n"
       "[nvme]\npath = \"{}/nvme.data\"\ncapacity_bytes = {}\n",
       dram, dir.string(), 4 * *model_bytes);
+  // The daemon imports device pools with its [hbm] backend (its HBM tier
+  // holds KV only; weights go to the engine's image).
+  if (o.target == "device") {
+    config += "[hbm]\nbackend = \"emulated\"\ncapacity_bytes = \"64MiB\"\n";
+  }
+  std::unique_ptr<ImageTarget> target;
   auto start = [&]() -> Result<std::unique_ptr<Client>> {
     TIERKV_RETURN_IF_ERROR(
         daemon.Start({.config_toml = config,
                       .extra_args = {"--io-threads", "2"},
                       .ready_timeout = std::chrono::milliseconds(120000)}));
-    return daemon.Connect("weights", "bench-token");
+    auto c = daemon.Connect("weights", "bench-token");
+    if (c.ok() && target) TIERKV_RETURN_IF_ERROR(target->Register(**c));
+    return c;
   };
   auto client = start();
   if (!client.ok()) return fail(client.status());
@@ -301,8 +429,11 @@ int Run(const WeightsBenchOptions& o) {
   out["dram_bytes"] = dram;
   fmt::print(
       "tierkv-bench weights: 2 checkpoints of {} ({} layers; B shares the "
-      "even layers with A), weights DRAM {}, NVMe file in {}\n",
-      GiB(*model_bytes), o.layers, GiB(dram), dir.string());
+      "even layers with A), weights DRAM {}, NVMe file in {}; loads into {}\n",
+      GiB(*model_bytes), o.layers, GiB(dram), dir.string(),
+      o.target == "device" ? "an emulated device image pool (the daemon copies)"
+      : o.target == "memfd" ? "a memfd image pool (the daemon copies)"
+                            : "a host buffer (this process copies)");
 
   // 1. Import, against fio writing the same bytes.
   const double cpu0 = CpuSeconds(daemon.pid());
@@ -347,16 +478,20 @@ int Run(const WeightsBenchOptions& o) {
     out["dedup_unique_bytes"] = unique_bytes;
   }
 
-  std::vector<std::byte> pool(image);
+  auto made = ImageTarget::Create(o.target, image);
+  if (!made.ok()) return fail(made.status());
+  target = std::move(made).value();
+  if (Status s = target->Register(**client); !s.ok()) return fail(s);
+  out["target"] = o.target;
+  const std::span<std::byte> pool = target->bytes();
   std::vector<std::byte> pool2(image);
-  std::fill(pool.begin(), pool.end(), std::byte{1});  // prefault
-  std::fill(pool2.begin(), pool2.end(), std::byte{2});
+  std::fill(pool2.begin(), pool2.end(), std::byte{2});  // prefault
 
   auto timed_load = [&](const WeightsManifest& m,
                         double* cpu) -> Result<double> {
     const double c0 = CpuSeconds(daemon.pid());
     const auto t0 = Clock::now();
-    auto load = (*client)->LoadWeights(m, pool);
+    auto load = target->Load(**client, m);
     if (!load.ok()) return load.status();
     TIERKV_RETURN_IF_ERROR(load->Wait());
     const double s = Seconds(t0, Clock::now());
@@ -384,7 +519,7 @@ int Run(const WeightsBenchOptions& o) {
     cold_cpu.push_back(cpu / (image / 1e9));
   }
   fmt::print(
-      "cold load NVMe -> pool: {:.2f} GB/s, {:.2f}x fio read ({:.2f} GB/s; "
+      "cold load NVMe -> image: {:.2f} GB/s, {:.2f}x fio read ({:.2f} GB/s; "
       "per round {:.2f}), {:.2f} CPU-s/GB\n",
       Median(cold_gbps), Median(cold_ratio), Median(fio_gbps),
       fmt::join(cold_ratio, " "), Median(cold_cpu));
@@ -393,7 +528,10 @@ int Run(const WeightsBenchOptions& o) {
                  {"ratio_fio", Median(cold_ratio)},
                  {"cpu_s_per_gb", Median(cold_cpu)}};
 
-  // 3. Warm: A is in DRAM now.
+  // 3. Warm: A in DRAM. A load into an image pool promotes what it read
+  // from NVMe afterwards, in the background (capped): wait until A is whole
+  // in DRAM, so that every round below is a warm one.
+  if (Status s = WaitInDram(**client, *a); !s.ok()) return fail(s);
   std::vector<double> warm_s, warm_ratio, naive_ratio, warm_cpu, memcpy_gbps;
   std::string naive = "safetensors.numpy.load_file";
   for (int it = 0; it < o.iterations; ++it) {
@@ -417,7 +555,7 @@ int Run(const WeightsBenchOptions& o) {
   }
   const double warm = Median(warm_s);
   fmt::print(
-      "warm load DRAM -> pool: {:.2f} GB/s, {:.2f}x memcpy ({:.2f} GB/s; per "
+      "warm load DRAM -> image: {:.2f} GB/s, {:.2f}x memcpy ({:.2f} GB/s; per "
       "round {:.2f}), {:.1f}x {} (cold page cache), {:.2f} CPU-s/GB\n",
       image / warm / 1e9, Median(warm_ratio), Median(memcpy_gbps),
       fmt::join(warm_ratio, " "), Median(naive_ratio), naive, Median(warm_cpu));
@@ -462,7 +600,7 @@ int Run(const WeightsBenchOptions& o) {
       const WeightsManifest& next = *models[(sw + 1) % 2];
       const WeightsManifest& after = *models[sw % 2];
       const auto t0 = Clock::now();
-      auto load = (*client)->LoadWeights(next, pool);
+      auto load = target->Load(**client, next);
       if (!load.ok()) return fail(load.status());
       double stall = 0;
       if (ordered) {
@@ -529,6 +667,11 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
                   "python with safetensors + numpy (the naive baseline)")
       ->capture_default_str();
   sub->add_option("--dir", opts->dir, "where checkpoints and the NVMe file go");
+  sub->add_option("--target", opts->target,
+                  "where loads land: device (an emulated device image pool "
+                  "the daemon fills), memfd (a memfd image pool the daemon "
+                  "fills) or buffer (a host buffer this process fills)")
+      ->capture_default_str();
   sub->add_option("--json", opts->json, "also write the figures here");
   sub->callback([opts] { SetExitCode(Run(*opts)); });
 });

@@ -333,6 +333,11 @@ Status DaemonConfig::Validate() const {
                "is a fault drill of the emulated backend: set hbm.backend = "
                "\"emulated\"");
   }
+  if (hbm.staging_bytes % 4096 != 0 ||
+      hbm.staging_bytes > (uint64_t{64} << 30)) {
+    return Bad("hbm.staging_bytes",
+               "must be a multiple of 4 KiB, at most 64 GiB");
+  }
   if (hbm.capacity_bytes % 4096 != 0) {
     return Bad("hbm.capacity_bytes", "must be a multiple of 4 KiB");
   }
@@ -517,7 +522,7 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         CheckKeys(*hbm, "hbm",
                   {"backend", "device", "capacity_bytes", "streams",
-                   "emulated_fault_after_copies"}));
+                   "staging_bytes", "emulated_fault_after_copies"}));
     TIERKV_RETURN_IF_ERROR(ReadString(*hbm, "hbm", "backend", c.hbm.backend));
     if (const toml::node* device = hbm->get("device");
         device != nullptr && device->is_string()) {
@@ -530,6 +535,8 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path,
     TIERKV_RETURN_IF_ERROR(
         ReadBytes(*hbm, "hbm", "capacity_bytes", c.hbm.capacity_bytes));
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "streams", c.hbm.streams));
+    TIERKV_RETURN_IF_ERROR(
+        ReadBytes(*hbm, "hbm", "staging_bytes", c.hbm.staging_bytes));
     TIERKV_RETURN_IF_ERROR(ReadInt(*hbm, "hbm", "emulated_fault_after_copies",
                                    c.hbm.emulated_fault_after_copies));
   }

@@ -98,6 +98,12 @@ struct HbmConfig {
   std::optional<storage::DeviceUuid> device_uuid;
   uint64_t capacity_bytes = 0;  // 0 disables the tier. Default: disabled
   uint32_t streams = 2;         // copy streams, 1..64. Default: 2
+  // Host memory pinned for the device at start, lent as bounce buffers to
+  // NVMe reads on their way into engines' device pools (KV segments,
+  // weights chunks: a weights load's lanes share it, up to 4 reads each in
+  // flight); past it, reads use unpinned heap memory.
+  // A multiple of 4 KiB, at most 64 GiB; 0: none. Default: 256 MiB.
+  uint64_t staging_bytes = uint64_t{256} << 20;
   // A fault drill, emulated backend only: the device fails, as a sticky
   // CUDA error fails it, at the copy after this many (0: never), so an
   // operator can rehearse TierkvDeviceFailed and its runbook, and tests

@@ -166,6 +166,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       std::chrono::milliseconds(config.nvme.sync_interval_ms);
   eo.device = d->hbm_.get();  // null without [hbm]: device pools refused
   eo.hbm_pool = d->hbm_pool_;
+  eo.device_staging_bytes = config.hbm.staging_bytes;
   // The tiers below DRAM in read order: this node's NVMe, then its peers.
   std::vector<std::unique_ptr<storage::Tier>> below;
   if (d->nvme_) {

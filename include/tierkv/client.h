@@ -572,7 +572,7 @@ class Client {
   // pool[offset + manifest.tensors[i].offset]; the daemon moves the bytes
   // (DRAM: copies; NVMe: O_DIRECT reads verified by their checksums,
   // straight into a memfd image, through pinned staging into a device
-  // one, double-buffered; device pools by device copies), so this process
+  // one, pipelined; device pools by device copies), so this process
   // spends no CPU on them. A chunk that fails its checksum fails its layer
   // and its bytes are not left in the pool. With `after`, the daemon
   // starts once the engine's stream reaches this point (as Load's).

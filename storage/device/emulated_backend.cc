@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/stream_copy.h"
 #include "storage/device/device_backend.h"
 #include "storage/device/mapped_region.h"
 
@@ -245,7 +246,7 @@ class EmulatedBackend final : public DeviceBackend {
     std::byte* to = Address(dst);
     streams_[stream]->Submit([this, to, src] {
       TIERKV_RETURN_IF_ERROR(BeforeWork());
-      std::memcpy(to, src.data(), src.size());
+      StreamCopy(to, src.data(), src.size());
       return Status::OK();
     });
     return Status::OK();
@@ -305,7 +306,10 @@ class EmulatedBackend final : public DeviceBackend {
     return Status::OK();
   }
 
-  // A batch's copies, one after another on the stream's worker.
+  // A batch's copies, one after another on the stream's worker. Into
+  // "device" memory, which no host thread reads soon: large copies with
+  // non-temporal stores (StreamCopy), as DMA would not pass through the
+  // host's caches either.
   struct Copy {
     std::byte* to;
     std::span<const std::byte> from;
@@ -314,7 +318,7 @@ class EmulatedBackend final : public DeviceBackend {
     streams_[stream]->Submit([this, copies = std::move(copies)] {
       for (const Copy& copy : copies) {
         TIERKV_RETURN_IF_ERROR(BeforeWork());
-        std::memcpy(copy.to, copy.from.data(), copy.from.size());
+        StreamCopy(copy.to, copy.from.data(), copy.from.size());
       }
       return Status::OK();
     });
@@ -624,7 +628,9 @@ class EmulatedBackend final : public DeviceBackend {
   // Maps `bytes` of an exported pool's memfd and adds it as an imported
   // pool. MappedRegion checks the seals, so the exporter cannot shrink it.
   Result<ImportedPool> MapImported(int fd, uint64_t bytes, uint64_t nonce) {
-    auto region = MappedRegion::Map(fd, bytes);
+    // Page tables filled now: device memory is resident, and a CUDA import
+    // costs no fault per page on its first copies either.
+    auto region = MappedRegion::Map(fd, 0, bytes, /*prefault=*/true);
     if (!region.ok()) return region.status();
     MutexLock lock(&mu_);
     const uint32_t id = next_id_++;

@@ -69,7 +69,8 @@ struct CacheEngineOptions {
   std::chrono::milliseconds device_copy_timeout{30000};
   // Host memory pinned for `device` at start, lent as bounce buffers to
   // NVMe reads on their way into device pools (PinnedStaging); reads past
-  // it use heap memory. 0: none. Default: 32 MiB.
+  // it use heap memory. 0: none. Default: 32 MiB (tierkvd: [hbm]
+  // staging_bytes).
   uint64_t device_staging_bytes = uint64_t{32} << 20;
   // Source of time for lease expiry; borrowed. Default: the steady clock.
   const Clock* clock = SteadyClock::Default();

@@ -6,6 +6,7 @@
 // its own).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 
@@ -17,11 +18,14 @@ namespace tierkv::storage {
 
 namespace {
 
-// How many bytes of chunks a device load reads from below DRAM per round.
-// Two rounds are in flight at once (one read into staging, one copied to
-// the device from staging), so a layer of any size needs 2 x this much
-// staging, and an NVMe read overlaps the device copy of the round before.
-constexpr uint64_t kDeviceRoundBytes = uint64_t{128} << 20;
+// A device load reads chunks from below DRAM into staging in rounds, with
+// up to this many rounds per lane in flight: while one round is copied to
+// the device, the next ones are read (NVMe wants several reads queued).
+constexpr size_t kRoundsInFlight = 4;
+// A round's bytes (it holds one chunk at least): the lane's share of the
+// pinned staging split among its rounds, within these bounds.
+constexpr uint64_t kMinRoundBytes = uint64_t{4} << 20;
+constexpr uint64_t kMaxRoundBytes = uint64_t{128} << 20;
 
 uint64_t RoundUpToBlock(uint64_t bytes) {
   return (bytes + kTierBlockBytes - 1) / kTierBlockBytes * kTierBlockBytes;
@@ -147,10 +151,17 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
   }
   if (below.empty()) return;
 
-  // Chunks only below DRAM: read in rounds of about kDeviceRoundBytes into
+  // Chunks only below DRAM: read in rounds of about round_bytes into
   // staging (pinned where the arena has room), each verified by the tier's
   // checksum before it is copied, so a corrupt chunk never reaches the
-  // device. Double-buffered: round r + 1 is read while round r's copy runs.
+  // device. Pipelined: rounds r + 1 .. r + 3 are read while round r's copy
+  // runs.
+  const uint64_t lanes = std::max<uint32_t>(1, options_.transfer_lanes);
+  const uint64_t round_bytes =
+      staging_ ? std::clamp(staging_->Stats().capacity_bytes /
+                                (kRoundsInFlight * lanes),
+                            kMinRoundBytes, kMaxRoundBytes)
+               : kMaxRoundBytes;
   struct Round {
     std::vector<uint32_t> chunks;
     std::vector<TierReadItem> reads;
@@ -162,7 +173,7 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
     size_t end = at;
     while (end < below.size() &&
            (end == at || bytes + RoundUpToBlock(m.chunks[below[end]].bytes) <=
-                             kDeviceRoundBytes)) {
+                             round_bytes)) {
       bytes += RoundUpToBlock(m.chunks[below[end]].bytes);
       ++end;
     }
@@ -190,18 +201,18 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
                  });
     return end;
   };
-  Round rounds[2];
-  size_t next = start(0, &rounds[0]);
+  Round rounds[kRoundsInFlight];
+  size_t next = 0, started = 0;
+  while (started < kRoundsInFlight && next < below.size()) {
+    next = start(next, &rounds[started++]);
+  }
   std::vector<SegmentKey> read_ok;
   uint64_t nvme_bytes = 0;
-  for (int r = 0;; r ^= 1) {
-    Round& round = rounds[r];
-    // Always waited for: the read writes into this lane's staging.
+  for (size_t r = 0; r < started; ++r) {
+    Round& round = rounds[r % kRoundsInFlight];
+    // Always waited for: the read writes into this lane's staging. The
+    // other rounds' reads run while this one is copied.
     const TierChain::ReadResult got = round.got.get();
-    // The next round's read runs while this one's copy does; its staging
-    // is the other buffer, whose copy was waited for last time around.
-    const bool more = next < below.size();
-    if (more) next = start(next, &rounds[r ^ 1]);
     std::vector<uint32_t> ok_chunks;
     dsts.clear();
     srcs.clear();
@@ -240,8 +251,13 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
       // The device already refused this layer: say so for these too.
       fail(ok_chunks, failed);
     }
+    // Its copy is over (or quarantined with the staging): the buffer takes
+    // the next round.
     round.staging = {};
-    if (!more) break;
+    if (next < below.size()) {
+      next = start(next, &round);
+      ++started;
+    }
   }
   load_segments_nvme_.fetch_add(read_ok.size(), std::memory_order_relaxed);
   load_bytes_nvme_.fetch_add(nvme_bytes, std::memory_order_relaxed);

@@ -166,6 +166,7 @@ TEST_F(DevicePoolTest, LoadFillsTheEnginesDevicePoolsFromDramAndNvme) {
   // Block-aligned arena extents: promotions into DRAM move in place too, so
   // any bounced NVMe read below would be one of the Load's.
   namespace_extra_ = "host_alignment = 4096\n";
+  hbm_extra_ = "staging_bytes = \"32MiB\"\n";  // default 256 MiB
   Start();
   auto c = Open();
   const auto pages = Pages(4);

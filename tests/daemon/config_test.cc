@@ -157,8 +157,11 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
   auto c = Load(dir,
                 "[hbm]\nbackend = \"emulated\"\ndevice = 1\n"
                 "capacity_bytes = \"64MiB\"\nstreams = 4\n"
+                "staging_bytes = \"1GiB\"\n"
                 "emulated_fault_after_copies = 9\n");
   ASSERT_OK(c);
+  EXPECT_EQ(c->hbm.staging_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(EmbeddedDefaults().hbm.staging_bytes, uint64_t{256} << 20);
   EXPECT_EQ(c->hbm.emulated_fault_after_copies, 9u);
   EXPECT_EQ(c->hbm.backend, "emulated");
   EXPECT_EQ(c->hbm.device, 1);
@@ -178,6 +181,7 @@ TEST(ConfigTest, HbmSectionIsParsedAndChecked) {
        {"[hbm]\nbackend = \"gpu\"\n", "[hbm]\nstreams = 0\n",
         "[hbm]\ncapacity_bytes = 1000\n", "[hbm]\nsize = 1\n",
         "[hbm]\ndevice = \"GPU-5c3f1a2b\"\n", "[hbm]\ndevice = -1\n",
+        "[hbm]\nstaging_bytes = 4097\n", "[hbm]\nstaging_bytes = \"65GiB\"\n",
         // the fault drill is the emulated backend's only
         "[hbm]\nbackend = \"auto\"\nemulated_fault_after_copies = 1\n"}) {
     auto r = Load(dir, bad);
