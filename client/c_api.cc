@@ -552,6 +552,54 @@ tierkv_status tierkv_report_topk(tierkv_client* client,
   });
 }
 
+namespace {
+
+// Why `tensors` cannot be read (a NULL where a pointer is needed), or null.
+const char* BadTensor(const tierkv_weights_tensor* tensors, size_t n,
+                      bool need_data) {
+  for (size_t i = 0; i < n; ++i) {
+    const tierkv_weights_tensor& t = tensors[i];
+    if (t.name == nullptr || t.dtype == nullptr ||
+        (t.ndim > 0 && t.shape == nullptr) ||
+        (need_data && t.bytes > 0 && t.data == nullptr)) {
+      return "a tensor's name, dtype, shape or data pointer is NULL";
+    }
+  }
+  return nullptr;
+}
+
+// The description of `t` (its data pointer is not read).
+tierkv::WeightsTensor TensorOf(const tierkv_weights_tensor& t) {
+  tierkv::WeightsTensor out;
+  out.name = t.name;
+  out.dtype = t.dtype;
+  out.shape.assign(t.shape, t.shape + t.ndim);
+  out.layer = t.layer;
+  out.bytes = t.bytes;
+  return out;
+}
+
+// PlanWeightsImage of `tensors`, checked as the C calls check them.
+tierkv::Result<tierkv::WeightsManifest> PlanOf(
+    const char* model, const char* layout, const tierkv_weights_tensor* tensors,
+    size_t n) {
+  if (model == nullptr || layout == nullptr) {
+    return tierkv::Status::InvalidArgument(kNullModel);
+  }
+  if (MissingArrays(n, {tensors})) {
+    return tierkv::Status::InvalidArgument(kNullArrays);
+  }
+  if (const char* bad = BadTensor(tensors, n, /*need_data=*/false)) {
+    return tierkv::Status::InvalidArgument(bad);
+  }
+  std::vector<tierkv::WeightsTensor> described;
+  described.reserve(n);
+  for (size_t i = 0; i < n; ++i) described.push_back(TensorOf(tensors[i]));
+  return tierkv::PlanWeightsImage(model, layout, std::move(described));
+}
+
+}  // namespace
+
 tierkv_status tierkv_weights_put(tierkv_client* client, const char* model,
                                  const char* layout,
                                  const tierkv_weights_tensor* tensors, size_t n,
@@ -562,25 +610,47 @@ tierkv_status tierkv_weights_put(tierkv_client* client, const char* model,
       return InvalidArgument(kNullModel);
     }
     if (MissingArrays(n, {tensors})) return InvalidArgument(kNullArrays);
+    if (const char* bad = BadTensor(tensors, n, /*need_data=*/true)) {
+      return InvalidArgument(bad);
+    }
     std::vector<tierkv::WeightsTensorData> data(n);
     for (size_t i = 0; i < n; ++i) {
-      const tierkv_weights_tensor& t = tensors[i];
-      if (t.name == nullptr || t.dtype == nullptr ||
-          (t.ndim > 0 && t.shape == nullptr) ||
-          (t.bytes > 0 && t.data == nullptr)) {
-        return InvalidArgument(
-            "a tensor's name, dtype, shape or data pointer is NULL");
-      }
-      data[i].tensor.name = t.name;
-      data[i].tensor.dtype = t.dtype;
-      data[i].tensor.shape.assign(t.shape, t.shape + t.ndim);
-      data[i].tensor.layer = t.layer;
-      data[i].tensor.bytes = t.bytes;
-      data[i].data = {static_cast<const std::byte*>(t.data),
-                      static_cast<size_t>(t.bytes)};
+      data[i].tensor = TensorOf(tensors[i]);
+      data[i].data = {static_cast<const std::byte*>(tensors[i].data),
+                      static_cast<size_t>(tensors[i].bytes)};
     }
     tierkv::WeightsPutStats stats;
     auto m = client->client->PutWeights(model, layout, data, &stats);
+    if (!m.ok()) return Report(m.status());
+    FillStored(*m, stats, out);
+    return TIERKV_OK;
+  });
+}
+
+tierkv_status tierkv_weights_plan_json(const char* model, const char* layout,
+                                       const tierkv_weights_tensor* tensors,
+                                       size_t n, char* buf, size_t cap,
+                                       size_t* len) {
+  return Guarded([&] {
+    auto plan = PlanOf(model, layout, tensors, n);
+    if (!plan.ok()) return Report(plan.status());
+    return CopyString(tierkv::client_internal::WeightsManifestJson(*plan), buf,
+                      cap, len);
+  });
+}
+
+tierkv_status tierkv_weights_put_from_pool(tierkv_client* client,
+                                           const char* model,
+                                           const char* layout,
+                                           const tierkv_weights_tensor* tensors,
+                                           size_t n,
+                                           tierkv_weights_stored* out) {
+  return Guarded([&] {
+    if (client == nullptr) return InvalidArgument(kNullClient);
+    auto plan = PlanOf(model, layout, tensors, n);
+    if (!plan.ok()) return Report(plan.status());
+    tierkv::WeightsPutStats stats;
+    auto m = client->client->PutWeightsFromPool(*plan, &stats);
     if (!m.ok()) return Report(m.status());
     FillStored(*m, stats, out);
     return TIERKV_OK;

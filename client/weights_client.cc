@@ -80,6 +80,51 @@ std::vector<PutResult> PutRetryingBusy(Client& client,
   }
 }
 
+// InvalidArgument when the daemon could never seal `manifest`: its
+// encoding (which does not depend on the chunk keys) passes what one
+// request carries. Checked before any chunk is stored.
+Status CheckSealable(const WeightsManifest& manifest) {
+  if (const size_t encoded = EncodeWeightsManifest(manifest).size();
+      encoded > kWeightsMaxManifestBytes) {
+    return Status::InvalidArgument(fmt::format(
+        "the shard's manifest would take {} bytes, more than the {} one "
+        "request can carry: split it into shards with fewer tensors",
+        encoded, kWeightsMaxManifestBytes));
+  }
+  return Status::OK();
+}
+
+// Makes one batch's chunks `keys` durable on NVMe before the next batch:
+// Seal makes every chunk durable before it answers, and a whole shard's
+// write-back at that point would take longer than one reply may
+// (ClientOptions::timeout) for shards of tens of GiB; it also keeps the
+// dirty (unevictable) bytes in DRAM to about one batch. Stored and
+// deduplicated chunks alike: a chunk another shard stored may still wait
+// for write-back. Sets *flush_batches false once the daemon says it has no
+// NVMe tier (nothing to make durable, now or at Seal). `describe(i)` names
+// key i in an error.
+Status FlushBatch(Client& client, std::span<const SegmentKey> keys,
+                  bool* flush_batches,
+                  const std::function<std::string(size_t)>& describe) {
+  if (!*flush_batches || keys.empty()) return Status::OK();
+  const std::vector<Status> flushed = client.Flush(keys);
+  const bool no_nvme_tier = std::all_of(
+      flushed.begin(), flushed.end(),
+      [](const Status& f) { return f.code() == StatusCode::kInvalidArgument; });
+  if (no_nvme_tier) {
+    *flush_batches = false;
+    return Status::OK();
+  }
+  for (size_t i = 0; i < flushed.size(); ++i) {
+    if (!flushed[i].ok()) {
+      return Status(flushed[i].code(),
+                    fmt::format("writing {} to NVMe: {}", describe(i),
+                                flushed[i].message()));
+    }
+  }
+  return Status::OK();
+}
+
 // Why chunk `chunk` of layer `layer` is not in place, from the daemon's
 // answer for it.
 Status ChunkFailure(const WeightsChunk& chunk, uint32_t layer,
@@ -140,15 +185,7 @@ Result<WeightsManifest> Client::PutWeights(
   if (manifest.tensors.size() != data.size()) {
     return Status::Internal("PlanWeightsImage changed the tensor count");
   }
-  // Its encoding does not depend on the chunk keys: refuse a manifest the
-  // daemon could never seal before storing any chunk of it.
-  if (const size_t encoded = EncodeWeightsManifest(manifest).size();
-      encoded > kWeightsMaxManifestBytes) {
-    return Status::InvalidArgument(fmt::format(
-        "the shard's manifest would take {} bytes, more than the {} one "
-        "request can carry: split it into shards with fewer tensors",
-        encoded, kWeightsMaxManifestBytes));
-  }
+  TIERKV_RETURN_IF_ERROR(CheckSealable(manifest));
 
   client_internal::WeightsChunkSource source(manifest, data);
   WeightsPutStats counted;
@@ -220,32 +257,22 @@ Result<WeightsManifest> Client::PutWeights(
     // of GiB; it also keeps the dirty (unevictable) bytes in DRAM to about
     // one batch. Stored and deduplicated chunks alike: a chunk another
     // shard stored may still wait for write-back.
-    if (flush_batches && !writes.empty()) {
-      std::vector<SegmentKey> keys;
-      keys.reserve(writes.size());
-      for (const SegmentWrite& w : writes) keys.push_back(w.key);
-      const std::vector<Status> flushed = Flush(keys);
-      const bool no_nvme_tier =
-          std::all_of(flushed.begin(), flushed.end(), [](const Status& f) {
-            return f.code() == StatusCode::kInvalidArgument;
-          });
-      if (no_nvme_tier) {
-        flush_batches = false;  // nothing to make durable, now or at Seal
-      } else {
-        for (size_t i = 0; i < flushed.size(); ++i) {
-          if (!flushed[i].ok()) {
-            return Status(
-                flushed[i].code(),
-                fmt::format("writing {} to NVMe: {}",
-                            source.Describe(written[i]), flushed[i].message()));
-          }
-        }
-      }
-    }
+    std::vector<SegmentKey> keys;
+    keys.reserve(writes.size());
+    for (const SegmentWrite& w : writes) keys.push_back(w.key);
+    TIERKV_RETURN_IF_ERROR(
+        FlushBatch(*this, keys, &flush_batches,
+                   [&](size_t i) { return source.Describe(written[i]); }));
     begin = end;
   }
   pack_buffer = {};
 
+  TIERKV_RETURN_IF_ERROR(SealWeights(manifest));
+  if (stats) *stats = counted;
+  return manifest;
+}
+
+Status Client::SealWeights(const WeightsManifest& manifest) {
   transport::WeightsSealResponse sealed;
   TIERKV_RETURN_IF_ERROR(impl_->Call(
       Opcode::kWeightsSeal,
@@ -258,6 +285,80 @@ Result<WeightsManifest> Client::PutWeights(
         "version is {}",
         sealed.version.ToHex(), WeightsVersionOf(manifest).ToHex()));
   }
+  return Status::OK();
+}
+
+Result<WeightsManifest> Client::PutWeightsFromPool(const WeightsManifest& plan,
+                                                   WeightsPutStats* stats) {
+  TIERKV_RETURN_IF_ERROR(plan.Validate());
+  TIERKV_RETURN_IF_ERROR(CheckSealable(plan));
+  WeightsManifest manifest = plan;
+  WeightsPutStats counted;
+  const uint64_t batch_bytes = BatchBytes(impl_->weights_batch_bytes_);
+  bool flush_batches = true;  // until the daemon says it has no NVMe tier
+  auto describe = [&](size_t c) {
+    return fmt::format("chunk {} of layer {} (image offset {})", c,
+                       manifest.chunks[c].layer, manifest.chunks[c].offset);
+  };
+  for (size_t begin = 0; begin < manifest.chunks.size();) {
+    // One request: chunks [begin, end), about batch_bytes.
+    size_t end = begin;
+    uint64_t bytes = 0;
+    transport::WeightsStageRequest req;
+    while (
+        end < manifest.chunks.size() &&
+        end - begin < transport::kMaxBatchItems &&
+        (end == begin || bytes + manifest.chunks[end].bytes <= batch_bytes)) {
+      req.extents.push_back(
+          {manifest.chunks[end].offset, manifest.chunks[end].bytes});
+      bytes += manifest.chunks[end].bytes;
+      ++end;
+    }
+    // Busy: another client stores one of these chunks right now (ranks
+    // staging the same replicated tensors at once); again, until it is
+    // stored and this one finds it so, for up to the client timeout.
+    transport::WeightsStageResponse resp;
+    const auto deadline = std::chrono::steady_clock::now() + impl_->timeout_;
+    std::chrono::milliseconds backoff{1};
+    Status s;
+    while (true) {
+      s = impl_->Call(Opcode::kWeightsStage, transport::Encode(req), resp);
+      if (s.code() != StatusCode::kBusy ||
+          std::chrono::steady_clock::now() >= deadline) {
+        break;
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(64));
+    }
+    if (!s.ok()) {
+      return Status(s.code(), fmt::format("staging chunks {}..{} of the image "
+                                          "pool: {}",
+                                          begin, end - 1, s.message()));
+    }
+    if (resp.keys.size() != end - begin) {
+      return Status::ProtocolError(
+          fmt::format("the daemon staged {} chunks of the {} asked",
+                      resp.keys.size(), end - begin));
+    }
+    std::vector<SegmentKey> keys;
+    for (size_t c = begin; c < end; ++c) {
+      WeightsChunk& chunk = manifest.chunks[c];
+      chunk.key = resp.keys[c - begin];
+      keys.push_back(WeightsChunkSegment(chunk.key));
+      if (resp.already_stored[c - begin]) {
+        ++counted.chunks_deduplicated;
+        counted.bytes_deduplicated += chunk.bytes;
+      } else {
+        ++counted.chunks_stored;
+        counted.bytes_stored += chunk.bytes;
+      }
+    }
+    TIERKV_RETURN_IF_ERROR(
+        FlushBatch(*this, keys, &flush_batches,
+                   [&](size_t i) { return describe(begin + i); }));
+    begin = end;
+  }
+  TIERKV_RETURN_IF_ERROR(SealWeights(manifest));
   if (stats) *stats = counted;
   return manifest;
 }

@@ -154,6 +154,8 @@ void CacheService::OnFrame(uint64_t conn, uint16_t opcode, In in, int fd,
       return responder.Send(WeightsPin(*ns, in));
     case Opcode::kWeightsLoad:
       return responder.Send(WeightsLoadToPool(conn, *ns, in));
+    case Opcode::kWeightsStage:
+      return WeightsStage(conn, *ns, in, std::move(responder));
     default:
       break;
   }

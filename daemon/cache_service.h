@@ -103,6 +103,10 @@ class CacheService final : public transport::FrameHandler {
   // kWeightsLoad: the sealed shard's layers into the connection's image
   // pool (CacheEngine::LoadWeights).
   Reply WeightsLoadToPool(uint64_t conn, Namespace& ns, In in);
+  // kWeightsStage: chunks out of the connection's image pool
+  // (CacheEngine::StageWeights); answered from a worker.
+  void WeightsStage(uint64_t conn, Namespace& ns, In in,
+                    transport::Responder responder);
   // The requests that may wait for NVMe: answered through `responder`.
   void PutReserve(uint64_t conn, Namespace& ns, In in,
                   transport::Responder responder);

@@ -92,6 +92,8 @@ const char* OpName(uint16_t opcode) {
       return "weights_pin";
     case Opcode::kWeightsLoad:
       return "weights_load";
+    case Opcode::kWeightsStage:
+      return "weights_stage";
   }
   return nullptr;
 }

@@ -153,4 +153,36 @@ HandlerReply CacheService::WeightsLoadToPool(uint64_t conn, Namespace& ns,
                                .ticket = req.ticket})});
 }
 
+void CacheService::WeightsStage(uint64_t conn, Namespace& ns, In in,
+                                Responder responder) {
+  WeightsStageRequest req;
+  if (Status s = Decode(in, req); !s.ok()) return responder.Send(Error(s));
+  if (ns.weights == nullptr) {
+    return responder.Send(Ok(WeightsStageResponse{NotWeights(ns), {}, {}}));
+  }
+  if (req.extents.size() > transport::kMaxBatchItems) {
+    return responder.Send(Ok(WeightsStageResponse{
+        Status::InvalidArgument("too many chunks for one request"), {}, {}}));
+  }
+  std::vector<storage::WeightsExtent> extents;
+  extents.reserve(req.extents.size());
+  for (const WeightsStageExtent& e : req.extents) {
+    extents.push_back({e.offset, e.bytes});
+  }
+  engine_->StageWeights(conn, *ns.engine, std::move(extents),
+                        [r = std::make_shared<Responder>(std::move(responder))](
+                            Result<storage::WeightsStaged> staged) {
+                          WeightsStageResponse resp;
+                          if (staged.ok()) {
+                            resp.keys = std::move(staged->keys);
+                            resp.already_stored.assign(
+                                staged->already_stored.begin(),
+                                staged->already_stored.end());
+                          } else {
+                            resp.status = staged.status();
+                          }
+                          r->Send(Ok(resp));
+                        });
+}
+
 }  // namespace tierkv::daemon

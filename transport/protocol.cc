@@ -430,6 +430,20 @@ void Fields(auto& io, Is<WeightsLoadRequest> auto& m) {
   io.Trailer(m.waits);  // absent when nothing was waited for
 }
 
+void Fields(auto& io, Is<WeightsStageExtent> auto& m) {
+  io.Field(m.offset);
+  io.Field(m.bytes);
+}
+
+void Fields(auto& io, Is<WeightsStageRequest> auto& m) { io.Field(m.extents); }
+
+void Fields(auto& io, Is<WeightsStageResponse> auto& m) {
+  io.Field(m.status);
+  io.Field(m.keys);
+  io.Field(m.already_stored);
+  io.Check(m.already_stored.size() == m.keys.size());
+}
+
 template <typename M>
 std::vector<std::byte> EncodeFields(const M& m) {
   FieldEncoder encoder;
@@ -484,6 +498,8 @@ TIERKV_ENCODE_DECODE(WeightsDropResponse)
 TIERKV_ENCODE_DECODE(WeightsHintRequest)
 TIERKV_ENCODE_DECODE(WeightsPinRequest)
 TIERKV_ENCODE_DECODE(WeightsLoadRequest)
+TIERKV_ENCODE_DECODE(WeightsStageRequest)
+TIERKV_ENCODE_DECODE(WeightsStageResponse)
 
 #undef TIERKV_ENCODE_DECODE
 

@@ -50,7 +50,8 @@ enum class Opcode : uint16_t {
   kWeightsHint = 25,      // (shard, next use in ms)s -> per-item status
   kWeightsPin = 26,       // (shard, ttl in ms; 0 unpins) -> status
   kWeightsLoad = 27,      // (shard, layers, ticket) -> status (queued)
-  kLastOpcode = kWeightsLoad,
+  kWeightsStage = 28,     // image pool extents -> their chunk keys (stored)
+  kLastOpcode = kWeightsStage,
 };
 
 // Requests that carry a file descriptor (SCM_RIGHTS) on the first byte of
@@ -301,6 +302,22 @@ struct WeightsLoadRequest {
   // Optional trailer: encoded only when set and non-empty (as kLoad's).
   std::optional<WaitReport> waits;
 };
+// kWeightsStage: stores chunks from the connection's image pool: each
+// extent (image offset, bytes: one chunk of the shard's plan) is hashed
+// and stored by the daemon. Replied with WeightsStageResponse: per extent
+// its key and whether it was held already; or the first failure.
+struct WeightsStageExtent {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+struct WeightsStageRequest {
+  std::vector<WeightsStageExtent> extents;
+};
+struct WeightsStageResponse {
+  Status status;
+  std::vector<PageHash> keys;
+  std::vector<uint8_t> already_stored;  // 0 or 1 per extent
+};
 struct ListedSegment {
   SegmentKey key;
   uint64_t size = 0;
@@ -341,6 +358,8 @@ std::vector<std::byte> Encode(const WeightsDropResponse& m);
 std::vector<std::byte> Encode(const WeightsHintRequest& m);
 std::vector<std::byte> Encode(const WeightsPinRequest& m);
 std::vector<std::byte> Encode(const WeightsLoadRequest& m);
+std::vector<std::byte> Encode(const WeightsStageRequest& m);
+std::vector<std::byte> Encode(const WeightsStageResponse& m);
 
 // Decoders: `out` is valid only when OK is returned.
 Status Decode(std::span<const std::byte> in, JsonResponse& out);
@@ -373,6 +392,8 @@ Status Decode(std::span<const std::byte> in, WeightsDropResponse& out);
 Status Decode(std::span<const std::byte> in, WeightsHintRequest& out);
 Status Decode(std::span<const std::byte> in, WeightsPinRequest& out);
 Status Decode(std::span<const std::byte> in, WeightsLoadRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsStageRequest& out);
+Status Decode(std::span<const std::byte> in, WeightsStageResponse& out);
 
 // The payload of a kErrorOpcode frame: just a Status.
 std::vector<std::byte> EncodeError(const Status& s);

@@ -252,6 +252,19 @@ typedef struct tierkv_weights_stored {
 TIERKV_C_EXPORT tierkv_status tierkv_weights_put(
     tierkv_client* client, const char* model, const char* layout,
     const tierkv_weights_tensor* tensors, size_t n, tierkv_weights_stored* out);
+/* tierkv::PlanWeightsImage of `tensors` (their data pointers are not
+ * read) as the manifest JSON below (chunk keys all zero): where an engine
+ * lays each tensor out in its image pool before
+ * tierkv_weights_put_from_pool. Needs no client. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_plan_json(
+    const char* model, const char* layout, const tierkv_weights_tensor* tensors,
+    size_t n, char* buf, size_t cap, size_t* len);
+/* Client::PutWeightsFromPool: the tensors (data pointers not read) are in
+ * the connection's registered image pool at their planned offsets; the
+ * daemon hashes, stores and seals them. `out` may be NULL. */
+TIERKV_C_EXPORT tierkv_status tierkv_weights_put_from_pool(
+    tierkv_client* client, const char* model, const char* layout,
+    const tierkv_weights_tensor* tensors, size_t n, tierkv_weights_stored* out);
 /* tierkv::ImportSafetensors of a .safetensors file or directory; `out` may
  * be NULL. */
 TIERKV_C_EXPORT tierkv_status tierkv_weights_import_safetensors(

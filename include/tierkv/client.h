@@ -543,6 +543,22 @@ class Client {
                                      std::span<const WeightsTensorData> tensors,
                                      WeightsPutStats* stats = nullptr);
 
+  // Stores and seals a shard the engine laid out in this connection's
+  // registered image pool (see LoadWeightsToPool for registering it) at
+  // the offsets of `plan` (PlanWeightsImage of its tensors; chunk keys
+  // ignored): the daemon copies each chunk out of the pool (a device pool
+  // by device copies) into private memory, hashes it there and stores it,
+  // in requests of about ClientOptions::weights_batch_bytes, each made
+  // durable on NVMe (when the daemon has an NVMe tier) before the next;
+  // then the manifest is sealed. This process reads no byte of the pool.
+  // Returns the sealed manifest (keys set); `stats` as for PutWeights.
+  // Errors: InvalidArgument (a plan failing Validate() or too large to
+  // seal, no image pool, a chunk outside it, not a weights namespace),
+  // the failure of the first chunk that could not be stored (naming it),
+  // Busy past the client timeout. Chunks stored before a failure stay.
+  Result<WeightsManifest> PutWeightsFromPool(const WeightsManifest& plan,
+                                             WeightsPutStats* stats = nullptr);
+
   // The sealed manifest of `id` (a zero version: the newest sealed version
   // of (model, layout)). NotFound when no such shard is sealed; Corruption
   // when what the daemon sent is not that shard's manifest (its version,
@@ -626,6 +642,9 @@ class Client {
   Result<TransferHandle> Transfer(bool load, std::span<const PageHash> pages,
                                   std::span<const uint32_t> slots,
                                   LayerRange layers, const EngineStream* after);
+  // Seals `manifest` (every chunk stored); ProtocolError when the daemon
+  // sealed another version.
+  Status SealWeights(const WeightsManifest& manifest);
   // Takes a ticket, arms its stream gate (`after`), sends request `opcode`
   // encoded by `encode(ticket)`, and hands back the transfer of layers
   // [first, first + count) over `pages` pages (the ticket's error index).

@@ -128,6 +128,12 @@ def _load() -> ctypes.CDLL:
         "tierkv_weights_put": (_status, [
             c_void_p, c_char_p, c_char_p, c_void_p, c_size_t,
             POINTER(WeightsStoredStruct)]),
+        "tierkv_weights_plan_json": (_status, [
+            c_char_p, c_char_p, c_void_p, c_size_t, POINTER(c_char),
+            c_size_t, POINTER(c_size_t)]),
+        "tierkv_weights_put_from_pool": (_status, [
+            c_void_p, c_char_p, c_char_p, c_void_p, c_size_t,
+            POINTER(WeightsStoredStruct)]),
         "tierkv_weights_import_safetensors": (_status, [
             c_void_p, c_char_p, c_char_p, c_char_p,
             POINTER(WeightsStoredStruct)]),

@@ -157,6 +157,20 @@ def put(client: Client, model: str, layout: str,
     `layers`: the layer group of each tensor; default layer_groups(names).
     Tensors are stored ordered by (group, given order). Chunks the daemon
     holds already are not copied again (Stored.chunks_deduplicated)."""
+    structs, n, keep = _tensor_structs(tensors, layers)
+    out = _lib.WeightsStoredStruct()
+    with client._use() as h:
+        check(lib.tierkv_weights_put(h, model.encode(), layout.encode(),
+                                     ctypes.addressof(structs), n,
+                                     byref(out)))
+    del keep
+    return _stored(out)
+
+
+def _tensor_structs(tensors: Iterable[Tuple[str, Any]],
+                    layers: Optional[Sequence[int]]):
+    """(structs, count, keep) for the C calls: (name, tensor) pairs ordered
+    by (layer group, given order); `keep` owns what the structs point at."""
     items = list(tensors)
     names = [n for n, _ in items]
     groups = list(layers) if layers is not None else layer_groups(names)
@@ -174,11 +188,37 @@ def put(client: Client, model: str, layout: str,
         structs[slot] = _lib.WeightsTensorStruct(
             enc[0], enc[1], ctypes.addressof(shape_arr), len(shape),
             int(groups[i]), addr, nbytes)
+    return structs, len(items), keep
+
+
+def plan(model: str, layout: str, tensors: Iterable[Tuple[str, Any]],
+         layers: Optional[Sequence[int]] = None) -> dict:
+    """Where each of (name, tensor) pairs lives in the shard's image, as
+    put() would lay it out (tierkv::PlanWeightsImage; the tensors' bytes are
+    not read): the manifest dict (chunk keys zero). An engine writes its
+    tensors at these offsets of an image_pool before put_from_pool."""
+    structs, n, keep = _tensor_structs(tensors, layers)
+    out = json.loads(_lib.read_string(
+        lib.tierkv_weights_plan_json, model.encode(), layout.encode(),
+        ctypes.addressof(structs), n))
+    del keep
+    return out
+
+
+def put_from_pool(client: Client, model: str, layout: str,
+                  tensors: Iterable[Tuple[str, Any]],
+                  layers: Optional[Sequence[int]] = None) -> Stored:
+    """Stores and seals shard (model, layout) whose tensors (described by
+    the pairs, as for plan) the engine wrote into the connection's
+    registered image pool at plan()'s offsets: the daemon copies, hashes and
+    stores the chunks (Client::PutWeightsFromPool); this process reads none
+    of them. The same bytes give the same version as put()."""
+    structs, n, keep = _tensor_structs(tensors, layers)
     out = _lib.WeightsStoredStruct()
     with client._use() as h:
-        check(lib.tierkv_weights_put(h, model.encode(), layout.encode(),
-                                     ctypes.addressof(structs), len(items),
-                                     byref(out)))
+        check(lib.tierkv_weights_put_from_pool(
+            h, model.encode(), layout.encode(), ctypes.addressof(structs), n,
+            byref(out)))
     del keep
     return _stored(out)
 

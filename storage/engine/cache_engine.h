@@ -179,6 +179,18 @@ struct WeightsTransfer {
   uint32_t ticket = 0;
 };
 
+// A chunk's bytes in an image pool (StageWeights).
+struct WeightsExtent {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+// What StageWeights stored: per extent its chunk key (the XXH3-128 of its
+// bytes) and whether the chunk was held already (nothing copied).
+struct WeightsStaged {
+  std::vector<PageHash> keys;
+  std::vector<bool> already_stored;
+};
+
 class CacheEngine {
  public:
   // Validates everything, creates each namespace's host tier, opens every
@@ -400,6 +412,20 @@ class CacheEngine {
   // been partly written before its checksum failed: the layer's error
   // says the image's bytes of that chunk are not to be used).
   Status LoadWeights(uint64_t owner, EngineNamespace& ns, WeightsTransfer t);
+  // The reverse, for staging a shard from an engine's image pool: on a
+  // worker, each of `extents` (a chunk of the shard's plan) is copied out
+  // of the owner's image pool into private staging (a device pool by a
+  // device copy), hashed there (so a pool written meanwhile cannot store
+  // bytes under another key), and stored as a chunk: a chunk already held
+  // (DRAM or below) copies nothing. Then the write policy applies as for
+  // Put. `done` runs once, on the worker (or inline with InvalidArgument:
+  // not a weights namespace, no image pool, an extent outside it or of a
+  // chunk's size; Busy: workers saturated), with every extent's key, or
+  // the first extent that could not be stored (its error, naming it;
+  // chunks stored before it stay, as a Put's do).
+  using StageDone = std::function<void(Result<WeightsStaged>)>;
+  void StageWeights(uint64_t owner, EngineNamespace& ns,
+                    std::vector<WeightsExtent> extents, StageDone done);
   // Queues promotion NVMe -> DRAM of every NVMe-only segment of `pages`.
   Status Prefetch(EngineNamespace& ns, std::span<const PageHash> pages);
   // Selection counts from an engine's sparse attention (Client::ReportTopk)
@@ -687,6 +713,10 @@ class CacheEngine {
   bool LoadWeightsLayer(const std::shared_ptr<TransferJob>& job, uint32_t k);
   void LoadWeightsToDevice(TransferJob& job, const Pool& pool, uint32_t k,
                            StreamId stream);
+  // StageWeights' work on the worker, from `pool` (a copy: the owner may
+  // unregister meanwhile).
+  Result<WeightsStaged> StageChunks(EngineNamespace& ns, const Pool& pool,
+                                    std::span<const WeightsExtent> extents);
   // A unit the stream gate kept closed: every chunk or page of it fails
   // with Busy.
   void FailUnit(TransferJob& job, uint32_t k, uint32_t begin, uint32_t end);

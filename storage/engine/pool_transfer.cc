@@ -314,6 +314,46 @@ CacheEngine::PrepareWeightsTransfer(uint64_t owner, EngineNamespace& ns,
   return job;
 }
 
+void CacheEngine::StageWeights(uint64_t owner, EngineNamespace& ns,
+                               std::vector<WeightsExtent> extents,
+                               StageDone done) {
+  if (!ns.weights()) {
+    return done(Status::InvalidArgument(
+        "staging weights needs a weights namespace (weights = true)"));
+  }
+  Pool pool;
+  {
+    MutexLock lock(&owners_mu_);
+    auto it = owners_.find(owner);
+    const Pool* found = nullptr;
+    if (it != owners_.end()) {
+      auto p = it->second.pools.find(PoolKey(0, 0));
+      if (p != it->second.pools.end()) found = &p->second;
+    }
+    if (found == nullptr) {
+      return done(Status::InvalidArgument(
+          "register an image pool (layer 0, part 0, one slot) on this "
+          "connection before staging weights from it"));
+    }
+    pool = *found;
+  }
+  for (const WeightsExtent& e : extents) {
+    if (e.bytes == 0 || e.bytes > kWeightsMaxChunkBytes ||
+        e.offset > pool.layout.slot_bytes ||
+        e.bytes > pool.layout.slot_bytes - e.offset) {
+      return done(Status::InvalidArgument(fmt::format(
+          "a chunk of {} bytes at image offset {}: a chunk has 1..{} bytes "
+          "inside the {}-byte image pool",
+          e.bytes, e.offset, kWeightsMaxChunkBytes, pool.layout.slot_bytes)));
+    }
+  }
+  auto shared = std::make_shared<StageDone>(std::move(done));
+  if (!Submit([this, &ns, pool = std::move(pool), extents = std::move(extents),
+               shared] { (*shared)(StageChunks(ns, pool, extents)); })) {
+    (*shared)(Status::Busy("daemon workers are saturated; retry"));
+  }
+}
+
 Status CacheEngine::LoadWeights(uint64_t owner, EngineNamespace& ns,
                                 WeightsTransfer t) {
   const auto accepted = std::chrono::steady_clock::now();

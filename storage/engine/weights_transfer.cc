@@ -267,4 +267,82 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
   }
 }
 
+Result<WeightsStaged> CacheEngine::StageChunks(
+    EngineNamespace& ns, const Pool& pool,
+    std::span<const WeightsExtent> extents) {
+  WeightsStaged out;
+  out.keys.resize(extents.size());
+  out.already_stored.resize(extents.size());
+  const bool dirty = ns.tiers_.policy != WritePolicy::kNone;
+  // Private staging for one chunk at a time: the bytes are hashed where
+  // no one else writes them, then stored (an engine writing its pool
+  // meanwhile cannot make a chunk's bytes differ from its key).
+  uint64_t largest = 0;
+  for (const WeightsExtent& e : extents) largest = std::max(largest, e.bytes);
+  PinnedStaging::Buffer staging;
+  if (pool.device && staging_) staging = staging_->Borrow(largest);
+  if (staging.bytes.empty()) {
+    auto heap = std::make_shared<std::vector<std::byte>>(largest);
+    staging = {*heap, false, heap};
+  }
+  std::optional<Clock::TimePoint> deadline;
+  auto extent_error = [&](size_t i, const Status& s) {
+    return Status(
+        s.code(),
+        fmt::format("the chunk at image offset {} ({} bytes): {}",
+                    extents[i].offset, extents[i].bytes, s.message()));
+  };
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const WeightsExtent& e = extents[i];
+    const std::span<std::byte> bytes = staging.bytes.first(e.bytes);
+    if (pool.device) {
+      DeviceBackend& device = *pool.device->backend;
+      const StreamId stream = AcquireDeviceStream(device);
+      Status s = device.CopyToHost(
+          stream, bytes,
+          DeviceRegion{pool.device->pool.pool, pool.layout.offset + e.offset,
+                       e.bytes});
+      if (s.ok()) {
+        // The staging stays lent until the copy is over, even past a
+        // timed-out wait (quarantine).
+        s = WaitDeviceCopies(
+            device, stream,
+            [owner = staging.owner, source = pool.device](const Status&) {});
+      }
+      ReleaseDeviceStream(device, stream);
+      if (!s.ok()) return extent_error(i, s);
+    } else {
+      std::memcpy(bytes.data(), pool.Slot(0) + e.offset, e.bytes);
+    }
+    const PageHash key = WeightsChunkKey(bytes);
+    out.keys[i] = key;
+    const SegmentKey segment = WeightsChunkSegment(key);
+    auto r = ns.host_->Reserve(segment, e.bytes);
+    if (r.status().code() == StatusCode::kBusy && mover_) {
+      if (!deadline) {
+        deadline = options_.clock->Now() + options_.write_back_wait;
+        backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
+      }
+      r = ReserveAfterWriteBack(ns, segment, e.bytes, *deadline);
+    }
+    if (!r.ok()) return extent_error(i, r.status());
+    if (r->already_stored) {
+      out.already_stored[i] = true;
+      store_dedup_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    StreamCopy(ns.host_->arena().base() + r->location.offset, bytes.data(),
+               e.bytes);
+    if (Status s = ns.host_->Commit(segment, dirty); !s.ok()) {
+      return extent_error(i, s);
+    }
+    store_segments_.fetch_add(1, std::memory_order_relaxed);
+    store_bytes_.fetch_add(e.bytes, std::memory_order_relaxed);
+    if (dirty && mover_) {
+      mover_->Kick();
+    }
+  }
+  return out;
+}
+
 }  // namespace tierkv::storage

@@ -2,8 +2,9 @@
 // real tierkvd (Client::LoadWeightsToPool, issue 28): a memfd image and an
 // (emulated) device image, filled from DRAM and from NVMe by the daemon's
 // Load machinery, layer by layer; a chunk corrupted on NVMe fails its layer
-// and never stays in the pool; requests that cannot be served are refused
-// before anything moves.
+// and never stays in the pool; shards staged and sealed from an image pool
+// (PutWeightsFromPool); requests that cannot be served are refused before
+// anything moves.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -49,6 +50,7 @@ class MemfdImage {
   MemfdImage(const MemfdImage&) = delete;
   MemfdImage& operator=(const MemfdImage&) = delete;
 
+  std::span<std::byte> mutable_bytes() { return {base_, bytes_}; }
   PoolSpec Spec() const {
     return {.kind = PoolSpec::Kind::kMemfd,
             .fd = fd_,
@@ -87,13 +89,13 @@ class DeviceImage {
                     .slot_bytes = bytes_,
                     .slot_count = 1};
   }
-  // What the engine's kernels would read (the emulated device's memory is
-  // host memory).
-  std::span<const std::byte> bytes() const {
+  // What the engine's kernels would read and write (the emulated device's
+  // memory is host memory).
+  std::span<std::byte> bytes() const {
     auto base = backend_->PoolBase(pool_);
     EXPECT_OK(base);
-    return base.ok() ? std::span<const std::byte>(*base, bytes_)
-                     : std::span<const std::byte>();
+    return base.ok() ? std::span<std::byte>(*base, bytes_)
+                     : std::span<std::byte>();
   }
 
  private:
@@ -362,6 +364,74 @@ TEST_F(WeightsPoolTest, ACorruptChunkOnNvmeFailsItsLayerAndLeavesNoByteOfIt) {
   }
 }
 
+// The plan of `shard` as an engine holds it before staging: no keys.
+WeightsManifest PlanOf(const TestShard& shard) {
+  WeightsManifest plan = shard.manifest;
+  for (WeightsChunk& c : plan.chunks) c.key = PageHash{};
+  return plan;
+}
+
+TEST_F(WeightsPoolTest, AShardStagedFromAMemfdImageIsSealedAndLoadsBack) {
+  const TestShard a = ShardA();
+  const TestShard b = ShardB();
+  auto c = Connect();
+  MemfdImage image(a.manifest.image_bytes);
+  std::copy(a.image.begin(), a.image.end(), image.mutable_bytes().begin());
+  ASSERT_OK(c->RegisterPool(image.Spec()));
+  WeightsPutStats stats;
+  auto sealed = c->PutWeightsFromPool(PlanOf(a), &stats);
+  ASSERT_OK(sealed);
+  EXPECT_EQ(*sealed, a.manifest);  // every key is the hash of its bytes
+  EXPECT_EQ(stats.chunks_stored, a.manifest.chunks.size());
+  EXPECT_EQ(stats.bytes_stored, DistinctChunkBytes({&a}));
+  EXPECT_EQ(stats.chunks_deduplicated, 0u);
+  // Again: every chunk is held, nothing is copied, the same version.
+  sealed = c->PutWeightsFromPool(PlanOf(a), &stats);
+  ASSERT_OK(sealed);
+  EXPECT_EQ(stats.chunks_stored, 0u);
+  EXPECT_EQ(stats.chunks_deduplicated, a.manifest.chunks.size());
+  // B's plan does not fit this pool: refused, naming the chunk.
+  auto too_big = c->PutWeightsFromPool(PlanOf(b));
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("image pool"), std::string::npos)
+      << too_big.status().ToString();
+
+  // Another engine loads it into its own pool.
+  auto c2 = Connect();
+  MemfdImage other(a.manifest.image_bytes);
+  ASSERT_OK(c2->RegisterPool(other.Spec()));
+  ASSERT_NO_FATAL_FAILURE(LoadAll(*c2, a));
+  EXPECT_TRUE(HoldsShard(other.bytes(), a));
+}
+
+TEST_F(WeightsPoolTest, AShardStagedFromADeviceImageIsDurable) {
+  const TestShard b = ShardB();
+  {
+    auto c = Connect();
+    DeviceImage image(b.manifest.image_bytes);
+    std::copy(b.image.begin(), b.image.end(), image.bytes().begin());
+    auto spec = image.Spec();
+    ASSERT_OK(spec);
+    ASSERT_OK(c->RegisterPool(*spec));
+    WeightsPutStats stats;
+    auto sealed = c->PutWeightsFromPool(PlanOf(b), &stats);
+    ASSERT_OK(sealed);
+    EXPECT_EQ(WeightsVersionOf(*sealed), b.version);
+    EXPECT_EQ(stats.chunks_stored, b.manifest.chunks.size());
+  }
+  // Sealed means on NVMe: a crash right after loses nothing.
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  auto c = Connect();
+  DeviceImage image(b.manifest.image_bytes);
+  auto spec = image.Spec();
+  ASSERT_OK(spec);
+  ASSERT_OK(c->RegisterPool(*spec));
+  ASSERT_NO_FATAL_FAILURE(LoadAll(*c, b));
+  EXPECT_TRUE(HoldsShard(image.bytes(), b));
+  EXPECT_EQ(Stats(*c)["transfers"]["load_segments"]["nvme"],
+            b.manifest.chunks.size());
+}
+
 TEST_F(WeightsPoolTest, LoadsThatCannotBeServedAreRefusedUpFront) {
   const TestShard a = ShardA();
   ASSERT_NO_FATAL_FAILURE(StoreSealed(a));
@@ -371,6 +441,8 @@ TEST_F(WeightsPoolTest, LoadsThatCannotBeServedAreRefusedUpFront) {
   EXPECT_EQ(load.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(load.status().message().find("image pool"), std::string::npos)
       << load.status().ToString();
+  EXPECT_EQ(c->PutWeightsFromPool(PlanOf(a)).status().code(),
+            StatusCode::kInvalidArgument);
 
   // An image pool is one slot of layer 0, part 0.
   MemfdImage small(a.manifest.image_bytes - 1);
@@ -419,6 +491,8 @@ TEST_F(WeightsPoolTest, LoadsThatCannotBeServedAreRefusedUpFront) {
   EXPECT_EQ(kv->RegisterPool(kv_image.Spec()).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(kv->LoadWeightsToPool(a.manifest).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv->PutWeightsFromPool(PlanOf(a)).status().code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -131,6 +131,34 @@ def test_load_to_pool_lets_the_daemon_fill_the_image(weights_daemon):
                 small.close()
 
 
+def test_put_from_pool_stages_an_engines_image(weights_daemon):
+    params = megatron_like(3)
+    m = w.plan("critic", "test/pool-put", params.items())
+    assert all(c["key"] == "0" * 32 for c in m["chunks"])
+    with connect(weights_daemon) as c:
+        pool = w.image_pool(c, m["image_bytes"])
+        try:
+            # The engine lays its tensors out as planned.
+            for t in m["tensors"]:
+                raw = params[t["name"]].reshape(-1).view(np.uint8)
+                pool.array[0, t["offset"]:t["offset"] + t["bytes"]] = raw
+            staged = w.put_from_pool(c, "critic", "test/pool-put",
+                                     params.items())
+            assert staged.chunks_stored == staged.chunks
+            # The same bytes put from host memory: the same version, and
+            # nothing copied again.
+            again = w.put(c, "critic", "test/pool-put", params.items())
+            assert again.version == staged.version
+            assert again.chunks_stored == 0
+            with w.load(c, "critic", "test/pool-put") as ld:
+                ld.wait()
+                got = views(ld.manifest, ld.image)
+            for name, value in params.items():
+                np.testing.assert_array_equal(got[name], value, err_msg=name)
+        finally:
+            pool.close()
+
+
 def test_list_and_drop(weights_daemon):
     with connect(weights_daemon) as c:
         a = w.put(c, "m", "rank0", megatron_like(2).items())
