@@ -66,13 +66,15 @@ void CollectDirectory(const transport::Directory& directory,
            Value(s.lookups_without_connection));
   out.push_back(std::move(skipped));
 
-  auto pages = Family(
-      "tierkv_directory_lookup_pages_total",
-      "Pages asked for by directory lookups (requested) and those answered "
-      "with a live holder (held)",
-      MetricType::Counter);
+  auto pages =
+      Family("tierkv_directory_lookup_pages_total",
+             "Pages asked for by directory lookups (requested), those answered "
+             "with a live holder (held), and those whose directory entry was "
+             "unreadable (malformed: no holder)",
+             MetricType::Counter);
   AddValue(pages, {{"result", "requested"}}, Value(s.lookup_pages));
   AddValue(pages, {{"result", "held"}}, Value(s.lookup_hit_pages));
+  AddValue(pages, {{"result", "malformed"}}, Value(s.lookup_malformed_pages));
   out.push_back(std::move(pages));
 
   auto latency =

@@ -26,9 +26,10 @@
 //                                        after failures), no_connection
 //   tierkv_directory_lookup_pages_total{result}
 //                                        pages asked for by lookups that
-//                                        reached the server (requested), and
+//                                        reached the server (requested),
 //                                        those answered with a live holder
-//                                        (held)
+//                                        (held), and those whose entry was
+//                                        unreadable (malformed)
 //   tierkv_directory_last_lookup_seconds gauge, the latest lookup's latency
 //   tierkv_directory_queued_pages        gauge, publish/unpublish pages not
 //                                        yet written

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "tools/prefix_replayer.h"
 #include "tools/redis_launcher.h"
 #include "transport/directory/directory.h"
+#include "transport/directory/redis_directory.h"
 
 namespace tierkv::tools {
 namespace {
@@ -110,10 +112,9 @@ class HolderCheck {
  public:
   HolderCheck(const RedisLauncher& redis, uint64_t fingerprint)
       : redis_(redis),
-        key_prefix_(fmt::format(
-            "tkv:{}:{}:p:", kClusterName,
-            transport::DirectoryNamespace{kReplayNamespace, fingerprint}
-                .KeyComponent())) {}
+        key_prefix_(transport::RedisDirectory::PageKeyPrefix(
+            kClusterName,
+            transport::DirectoryNamespace{kReplayNamespace, fingerprint})) {}
 
   // Whether the directory names `node_id` a holder of every page.
   Result<bool> AllHeld(const std::string& node_id,
@@ -125,15 +126,23 @@ class HolderCheck {
       if (!c.ok()) return c.status();
       connection_ = std::move(c).value();
     }
-    commands_.clear();
+    mget_.assign(1, "MGET");
     for (const PageHash& page : pages) {
-      commands_.push_back({"SISMEMBER", key_prefix_ + page.ToHex(), node_id});
+      mget_.push_back(key_prefix_ + page.ToHex());
     }
-    auto replies = connection_->Pipeline(commands_, deadline);
-    if (!replies.ok()) return replies.status();
-    for (const transport::RedisReply& reply : *replies) {
-      if (reply.is_error()) return Status::Internal("redis: " + reply.str);
-      if (reply.integer != 1) return false;
+    auto values = connection_->Command(mget_, deadline);
+    if (!values.ok()) return values.status();
+    if (values->is_error()) return Status::Internal("redis: " + values->str);
+    if (values->elements.size() != pages.size()) {
+      return Status::Internal("redis: MGET answered another count of keys");
+    }
+    for (const transport::RedisReply& value : values->elements) {
+      // Nil (no entry) or not a holder list: no holder.
+      auto holders = transport::RedisDirectory::ParseHolderList(value.str);
+      if (!holders.ok() || std::find(holders->begin(), holders->end(),
+                                     node_id) == holders->end()) {
+        return false;
+      }
     }
     return true;
   }
@@ -142,7 +151,7 @@ class HolderCheck {
   const RedisLauncher& redis_;
   const std::string key_prefix_;
   std::unique_ptr<transport::RedisConnection> connection_;
-  std::vector<transport::RedisCommand> commands_;
+  transport::RedisCommand mget_;
 };
 
 // The start-up check: every node stores a probe page, and every other node

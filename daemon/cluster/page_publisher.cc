@@ -72,7 +72,7 @@ void PagePublisher::RunOnce(bool sweep) {
     fresh_pending_ = 0;
   }
   for (storage::EngineNamespace* ns : namespaces_) {
-    // A candidate already tracked is published again (one SADD, no new
+    // A candidate already tracked is published again (one add, no new
     // tracking; PublishHeld): Stored names pages this node just committed
     // or fetched (or a Store announces), so it mostly held none of them a
     // moment ago, and the entry may be gone although the sweep has not yet

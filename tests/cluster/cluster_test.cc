@@ -31,6 +31,7 @@
 #include "tests/testing/sync_points.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/transport/directory/redis_server.h"
+#include "transport/directory/redis_directory.h"
 #include "transport/peer/peer_transport.h"
 
 namespace tierkv::testing {
@@ -181,15 +182,28 @@ shared = {}
     });
   }
 
+  // The directory's key of a page of the test namespace.
+  static std::string PageKey(const PageHash& page) {
+    return transport::RedisDirectory::PageKeyPrefix(
+               "test",
+               transport::DirectoryNamespace{"default",
+                                             TestLayout().Fingerprint()}) +
+           page.ToHex();
+  }
+
   // Whether the directory names `node_id` a holder of every page.
   bool AllHeldBy(const std::vector<PageHash>& pages,
                  const std::string& node_id) {
-    const std::string prefix =
-        fmt::format("tkv:test:default@{:016x}:p:", TestLayout().Fingerprint());
-    for (const PageHash& page : pages) {
-      auto member =
-          redis_.Command({"SISMEMBER", prefix + page.ToHex(), node_id});
-      if (!member.ok() || member->integer != 1) return false;
+    transport::RedisCommand mget = {"MGET"};
+    for (const PageHash& page : pages) mget.push_back(PageKey(page));
+    auto values = redis_.Command(mget);
+    if (!values.ok() || values->elements.size() != pages.size()) return false;
+    for (const transport::RedisReply& value : values->elements) {
+      auto holders = transport::RedisDirectory::ParseHolderList(value.str);
+      if (!holders.ok() || std::find(holders->begin(), holders->end(),
+                                     node_id) == holders->end()) {
+        return false;
+      }
     }
     return true;
   }
@@ -562,10 +576,8 @@ TEST_F(ClusterTest, AStaleEntryIsReadAtThePagesNextHolder) {
   ASSERT_TRUE(PollUntil([&] { return AllHeldBy(pages, "node-b"); }));
   // A stale entry: the directory names A, which never held the pages (as
   // after an eviction its sweep has not unpublished yet).
-  const std::string prefix =
-      fmt::format("tkv:test:default@{:016x}:p:", TestLayout().Fingerprint());
   for (const PageHash& page : pages) {
-    ASSERT_OK(redis_.Command({"SADD", prefix + page.ToHex(), "node-a"}));
+    ASSERT_OK(redis_.Command({"APPEND", PageKey(page), "node-a,"}));
   }
   auto cc = Open(*c);
   ASSERT_TRUE(MatchReaches(*cc, pages, 4));

@@ -21,6 +21,7 @@ the daemons' [cluster] config, checked with what runs on this machine
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
 import shutil
@@ -287,18 +288,28 @@ def test_rendered_config_checks(rendered, bins, tmp_path):
 
 
 # A real call, with the arguments transport/directory sends, for every
-# command it sends (the test fails when the code sends one not listed here:
-# the ACL in redis.yaml must then allow it).
+# command it sends, its write script's calls included (the test fails when
+# the code sends one not listed here: the ACL in redis.yaml must then allow
+# it). {script} is that script's text, {sha} its SHA1; the calls run in
+# this order, so SCRIPT LOAD comes before EVALSHA.
 DIRECTORY_CALLS = {
     "PING": [["PING"]],
     "SELECT": [["SELECT", "0"]],
     "HSET": [["HSET", "{p}node:a", "addr", "10.0.0.1:7400", "epoch", "1"]],
     "HMGET": [["HMGET", "{p}node:a", "addr", "epoch"]],
     "PEXPIRE": [["PEXPIRE", "{p}node:a", "10000"]],
-    "SADD": [["SADD", "{p}nodes", "a"], ["SADD", "{p}ns@00:p:00", "a"]],
-    "SREM": [["SREM", "{p}ns@00:p:00", "a"]],
-    "SMEMBERS": [["SMEMBERS", "{p}ns@00:p:00"]],
-    "EXPIRE": [["EXPIRE", "{p}ns@00:p:00", "86400"]],
+    "SADD": [["SADD", "{p}nodes", "a"]],
+    "SREM": [["SREM", "{p}nodes", "a"]],
+    "SMEMBERS": [["SMEMBERS", "{p}nodes"]],
+    "SCRIPT": [["SCRIPT", "LOAD", "{script}"]],
+    # Publish a and b, then a again (GET, SET, EXPIRE), unpublish both (DEL).
+    "EVALSHA": [["EVALSHA", "{sha}", "2", "{p}ns@00:h:00", "{p}ns@00:h:01",
+                 "86400", "+a", "+b"],
+                ["EVALSHA", "{sha}", "1", "{p}ns@00:h:00", "86400", "+a"],
+                ["EVALSHA", "{sha}", "2", "{p}ns@00:h:00", "{p}ns@00:h:01",
+                 "86400", "-a", "-b"]],
+    "MGET": [["MGET", "{p}ns@00:h:00", "{p}ns@00:h:01"]],
+    "EXPIRE": [["EXPIRE", "{p}ns@00:h:00", "86400"]],
     "SET": [["SET", "{p}dir_epoch", "42", "NX"]],
     "GET": [["GET", "{p}dir_epoch"]],
     "DEL": [["DEL", "{p}nodes"]],
@@ -308,12 +319,21 @@ DIRECTORY_CALLS = {
 }
 
 
+def directory_script(repo: Path) -> str:
+    """The write script transport/directory loads (SCRIPT LOAD)."""
+    source = (repo / "transport/directory/redis_directory.cc").read_text()
+    (script,) = re.findall(r'R"lua\((.*?)\)lua"', source, re.S)
+    return script
+
+
 def test_redis_acl_allows_the_directory_and_nothing_else(repo, rendered,
                                                           tmp_path):
     redis_server = require_tool("redis-server")
     redis_cli = require_tool("redis-cli")
-    sent = set(re.findall(r'\{"([A-Z]+)"', "".join(
-        p.read_text() for p in (repo / "transport/directory").glob("*.cc"))))
+    source = "".join(
+        p.read_text() for p in (repo / "transport/directory").glob("*.cc"))
+    sent = set(re.findall(r'\{"([A-Z]+)"', source))
+    sent |= set(re.findall(r"redis\.p?call\('([A-Z]+)'", source))  # script
     assert sent == set(DIRECTORY_CALLS), (
         "transport/directory sends other commands than the test (and the "
         f"ACL in {CLUSTER}/redis.yaml) knows: {sorted(sent)}")
@@ -368,11 +388,18 @@ def test_redis_acl_allows_the_directory_and_nothing_else(repo, rendered,
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert not any(p.encode() in cmdline for p in passwords.values())
 
+        script = directory_script(repo)
+        sha = hashlib.sha1(script.encode()).hexdigest()
         for command, calls in DIRECTORY_CALLS.items():
             for call in calls:
-                argv = [a.replace("{p}", prefix) for a in call]
+                argv = [a.replace("{p}", prefix).replace("{sha}", sha)
+                        .replace("{script}", script) for a in call]
                 out = cli(*argv)
                 assert "NOPERM" not in out and "ERR" not in out, (argv, out)
+                if command == "SCRIPT":
+                    assert out == sha, out
+                if command == "EVALSHA":  # it ran: it returns #KEYS
+                    assert out == argv[2], (argv, out)
         # MULTI/EXEC with a directory write inside, as the publisher sends.
         out = subprocess.run(
             [redis_cli, "-h", "127.0.0.1", "-p", str(port), "--user", user],
@@ -381,10 +408,24 @@ def test_redis_acl_allows_the_directory_and_nothing_else(repo, rendered,
             env=dict(os.environ, REDISCLI_AUTH=passwords["tierkvd"])).stdout
         assert "NOPERM" not in out and "ERR" not in out, out
 
-        # Nothing outside the directory's keys, no admin or scripting.
+        # The script's calls are bound by the same ACL: a key elsewhere is
+        # refused, whether passed in KEYS or not (Redis 7.0 words the
+        # latter "can't access", later versions NOPERM).
+        assert cli("SET", "unrelated", "not-yours", as_user="default") == "OK"
+        assert "NOPERM" in cli("EVALSHA", sha, "1", "unrelated", "1", "+a")
+        reader = "return redis.call('GET', 'unrelated')"
+        other = hashlib.sha1(reader.encode()).hexdigest()
+        assert cli("SCRIPT", "LOAD", reader) == other
+        out = cli("EVALSHA", other, "0")
+        assert "not-yours" not in out, out
+        assert "NOPERM" in out or "can't access" in out, out
+        # Nothing outside the directory's keys, no admin, no scripting but
+        # loading and running scripts (EVAL, SCRIPT FLUSH/KILL, functions).
         for argv in (["SADD", "tkv:othercluster:nodes", "a"],
                      ["GET", "unrelated"], ["FLUSHALL"], ["CONFIG", "GET", "*"],
                      ["KEYS", "*"], ["EVAL", "return 1", "0"],
+                     ["SCRIPT", "FLUSH"], ["SCRIPT", "KILL"],
+                     ["FUNCTION", "LIST"], ["FCALL", "f", "0"],
                      ["ACL", "LIST"], ["CLIENT", "LIST"],
                      ["SUBSCRIBE", f"{prefix}events"]):
             assert "NOPERM" in cli(*argv), argv

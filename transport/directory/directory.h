@@ -77,9 +77,12 @@ struct DirectoryStats {
   // Answered "down" without a trip because no connection was ready (it is
   // being made in the background); not a breaker short circuit.
   uint64_t lookups_without_connection = 0;
-  uint64_t published_pages = 0;    // SADDs acknowledged by the server
-  uint64_t unpublished_pages = 0;  // SREMs acknowledged by the server
-  uint64_t forgotten_holders = 0;  // ForgetHolder SREMs acknowledged
+  // Pages whose directory entry was unreadable (not a holder list): no
+  // holder. Only written by hand or by another program, never by a node.
+  uint64_t lookup_malformed_pages = 0;
+  uint64_t published_pages = 0;    // page adds acknowledged by the server
+  uint64_t unpublished_pages = 0;  // page removals acknowledged
+  uint64_t forgotten_holders = 0;  // ForgetHolder removals acknowledged
   uint64_t dropped_pages = 0;      // Publish/Unpublish pages not queued
   uint64_t write_errors = 0;       // failed background write batches
   uint64_t heartbeats = 0;         // successful registrations/refreshes

@@ -2,29 +2,57 @@
 // through hiredis 0.14 (shared/reference/scaleout.md §6, §8(c)-(f)).
 //
 // Schema, with {c} the cluster name and {ns} DirectoryNamespace::
-// KeyComponent():
+// KeyComponent() (registration `version` 2):
 //   tkv:{c}:node:{id}      HASH {addr, epoch, version}, PEXPIRE liveness_ttl,
 //                          rewritten every heartbeat_period: liveness.
 //   tkv:{c}:nodes          SET of node ids that registered (an index, so
 //                          that listing nodes never SCANs the keyspace;
 //                          members whose HASH expired are pruned).
-//   tkv:{c}:{ns}:p:{page}  SET of node ids holding the whole page; SADD +
-//                          EXPIRE page_ttl on publish, SREM on unpublish
-//                          (no per-member TTL before Redis 7.4, so orphans
-//                          of dead nodes age out with the key). Lookup
-//                          filters members by the cached live set.
+//   tkv:{c}:{ns}:h:{page}  STRING: the ids of the nodes holding the whole
+//                          page, each followed by ',' (a byte no node id
+//                          holds), e.g. "node-a,node-b,". Written only by
+//                          the write script (kWriteScript in the .cc, run
+//                          by EVALSHA), atomically per key: a publish
+//                          appends the id when absent and sets EXPIRE
+//                          page_ttl; an unpublish or ForgetHolder removes
+//                          it, and DELs the key when no id is left (the TTL
+//                          is kept otherwise). No per-holder TTL, so
+//                          orphans of dead nodes age out with the key.
+//                          Lookup reads lookup_batch_pages of them with one
+//                          MGET and filters the ids by the cached live set;
+//                          a value that is not such a list (hand-written
+//                          garbage) is no holder, and a publish rewrites it.
 //   tkv:{c}:dir_epoch      a random value set once (SET NX). When it
 //                          disappears or changes (the server restarted
 //                          empty, or was flushed), Options::republish runs.
-// Writes per page lifetime: SADD + EXPIRE (one pipelined round trip share)
-// on publish, SREM on unpublish. A node that restarts under the same id
-// finds its old entries still naming it; those it no longer holds cost a
-// peer one stale miss (scaleout.md §8(d)) until unpublished or expired.
+// Why one string per page and not a SET (schema version 1 kept SETs under
+// :p:): a lookup is one command instead of one per page. Redis reads many
+// strings in one command (MGET) but has no command that returns many
+// sets, and a server's per-command dispatch, not the bytes, is what a
+// 128-page lookup costs: on a 2-core VM with redis-server 7.0 on loopback,
+// a pipeline of 128 SMEMBERS took p50 ~194 us, one MGET of 128 keys ~89 us
+// (a PING ~55 us). Redis has no atomic "add/remove a token in a string"
+// either, hence the script; it costs the writes 3-4 us of server time per
+// page (SADD + EXPIRE: about 2), and write_script_pages bounds how long one
+// call holds the server. The script is loaded once (SCRIPT LOAD at Open)
+// and loaded again when the server answers NOSCRIPT (it restarted, or its
+// cache was flushed). ACL: MGET, EVALSHA and SCRIPT LOAD besides the plain
+// commands (deploy/k8s-cluster/redis.yaml); Redis checks the script's own
+// calls (GET, SET, EXPIRE, DEL) against the same user's commands and keys.
+// Mixed versions: the new letter (h:, not p:) means a version-1 node's SETs
+// are never read as strings (no WRONGTYPE); nodes of the two versions do
+// not see each other's pages (misses, not errors) and version-1 entries age
+// out with their TTL.
+// Writes per page lifetime: one script call share (one pipelined round
+// trip per write_batch_pages) on publish, one on unpublish. A node that
+// restarts under the same id finds its old entries still naming it; those
+// it no longer holds cost a peer one stale miss (scaleout.md §8(d)) until
+// unpublished or expired.
 //
 // Page hashes are PageHash::ToHex() (32 hex digits) in keys rather than 16
 // raw bytes: keys stay printable for redis-cli, MONITOR and ACL key
 // patterns, and the extra 16 bytes are small next to Redis's per-key
-// overhead (dict entry, key object and a set of ~50 bytes or more).
+// overhead (dict entry, key object and the value's own allocation).
 //
 // Threads and connections: a background thread owns one connection for
 // the writes (publish queue, heartbeats, re-publish, live-set refresh);
@@ -96,7 +124,7 @@ class RedisDirectory final : public Directory {
     // How often the background thread reloads the live-node set (Lookup
     // filters holders by it). Default: 1 s.
     std::chrono::milliseconds live_refresh_period{1000};
-    // The EXPIRE of a page's holder set, refreshed by every publish of the
+    // The EXPIRE of a page's holder list, refreshed by every publish of the
     // page. Default: 24 h.
     std::chrono::seconds page_ttl{24 * 3600};
 
@@ -106,8 +134,8 @@ class RedisDirectory final : public Directory {
     // Lookup). Default: 2 ms. At most 1 h (as are all durations here but
     // page_ttl).
     std::chrono::microseconds lookup_budget{2000};
-    // Pages asked per Lookup round trip (SMEMBERS each); a lookup stops
-    // after the round trip that found the first page without a holder.
+    // Pages asked per Lookup round trip (one MGET); a lookup stops after
+    // the round trip that found the first page without a holder.
     // Default: 128.
     uint32_t lookup_batch_pages = 128;
 
@@ -118,6 +146,11 @@ class RedisDirectory final : public Directory {
     // Pages written per pipelined round trip in the background. Default:
     // 1024.
     uint32_t write_batch_pages = 1024;
+    // Pages per write script call (EVALSHA) within that round trip. A call
+    // runs atomically, holding the server (3-4 us per page on the VM of
+    // the header comment) while other nodes' lookups wait: this bounds the
+    // wait. Default: 64.
+    uint32_t write_script_pages = 64;
     // Bounds each background round trip (and connect), and is the budget
     // of RefreshLiveNodes (twice this: it waits for the background thread,
     // which may be in a round trip). Default: 1 s.
@@ -149,12 +182,14 @@ class RedisDirectory final : public Directory {
   };
 
   // Validates `options`, reads the password file, connects, registers the
-  // node, loads the live set and starts the background thread.
+  // node, loads the live set and the write script (SCRIPT LOAD) and starts
+  // the background thread.
   // Returns InvalidArgument for bad options or URL; PermissionDenied when
   // the password file is accessible to group or others, or the server
-  // refuses the credentials or the registration (ACL); NotFound / IOError
-  // when the password file cannot be read; Internal when the server
-  // refuses the registration otherwise (e.g. OOM). An unreachable or
+  // refuses the credentials, the registration or the script (ACL);
+  // NotFound / IOError when the password file cannot be read; Internal
+  // when the server refuses the registration or the script otherwise
+  // (e.g. OOM). An unreachable or
   // unresponsive server is NOT an error: the directory opens "down" (Lookup
   // answers Unavailable) and connects in the background, so that a daemon
   // starts local-only while Redis is away.
@@ -176,7 +211,9 @@ class RedisDirectory final : public Directory {
   Status ForgetHolder(const DirectoryNamespace& ns,
                       std::span<const PageHash> pages,
                       std::string_view node_id) override;
-  // Sends one round trip per lookup_batch_pages. Before each round trip
+  // Sends one round trip (one MGET) per lookup_batch_pages. A page whose
+  // entry is not a holder list has no holder (counted in
+  // lookup_malformed_pages). Before each round trip
   // after the first it stops, returning OK with the prefix found so far,
   // when less than twice the previous round trip's time is left; likewise
   // when a later round trip times out (the earlier answers stand). The
@@ -200,6 +237,16 @@ class RedisDirectory final : public Directory {
   // itself).
   Status Flush(Clock::time_point deadline) override;
 
+  // The schema, for tools and tests that read the directory themselves.
+  // The prefix of `ns`'s page keys: tkv:{cluster}:{ns}:h: (then the page's
+  // PageHash::ToHex()).
+  static std::string PageKeyPrefix(std::string_view cluster,
+                                   const DirectoryNamespace& ns);
+  // The node ids of a page entry's value, in stored order. Corruption when
+  // `value` is not a holder list (Lookup: no holder).
+  static Result<std::vector<std::string>> ParseHolderList(
+      std::string_view value);
+
   // Sync point (common/sync_point.h) the background thread passes before
   // it writes each batch of queued publishes/unpublishes; no argument.
   // Tests: hold the writer with a backlog queued.
@@ -217,10 +264,10 @@ class RedisDirectory final : public Directory {
 
  private:
   struct PendingOp {
-    bool publish = true;                            // SADD + EXPIRE; else SREM
-    std::shared_ptr<const std::string> key_prefix;  // tkv:{c}:{ns}:p:
+    bool publish = true;  // add the id, refresh the TTL; else remove it
+    std::shared_ptr<const std::string> key_prefix;  // tkv:{c}:{ns}:h:
     PageHash page;
-    // The member to SREM when not this node (ForgetHolder); else null.
+    // The id to remove when not this node's (ForgetHolder); else null.
     std::shared_ptr<const std::string> other_node;
   };
   class Republisher;
@@ -232,7 +279,9 @@ class RedisDirectory final : public Directory {
                  std::span<const PageHash> pages,
                  std::shared_ptr<const std::string> other_node)
       EXCLUDES(queue_mu_);
-  std::string PageKeyPrefix(const DirectoryNamespace& ns) const;
+  std::string PageKeyPrefix(const DirectoryNamespace& ns) const {
+    return PageKeyPrefix(options_.cluster, ns);
+  }
 
   // Runs `body` on the lookup connection, then gives the connection back
   // (or, when broken, asks the background thread for a new one) and feeds
@@ -288,9 +337,16 @@ class RedisDirectory final : public Directory {
   // Heartbeat() when next_heartbeat_ has passed; else OK.
   Status HeartbeatIfDue(Clock::time_point deadline);
   Status RunRepublish();
-  // Writes `ops` in one pipelined round trip on the writer connection.
-  // Returns Unavailable (and drops the connection) on an IO failure or
-  // timeout; refusals by the server are counted, not returned.
+  // SCRIPT LOAD of the write script into script_sha_. Returns Unavailable
+  // (and drops the connection) on an IO failure or timeout; a refusal
+  // (NOPERM) as ReplyError, with the connection kept.
+  Status LoadScript(Clock::time_point deadline);
+  // Writes `ops` in one pipelined round trip on the writer connection (one
+  // EVALSHA per write_script_pages), and once more, behind a SCRIPT LOAD,
+  // from the first call the server answered NOSCRIPT (it restarted or its
+  // script cache was flushed). Returns Unavailable (and drops the
+  // connection) on an IO failure or timeout; refusals by the server are
+  // counted, not returned.
   Status WriteOps(std::span<const PendingOp> ops, Clock::time_point deadline);
   // Drops the writer connection and backs off its reconnect; feeds the
   // lookup breaker only for an IO error (not `timed_out`).
@@ -344,6 +400,9 @@ class RedisDirectory final : public Directory {
   // the thread alone.
   std::unique_ptr<RedisConnection> writer_connection_;
   std::string dir_epoch_;  // the value last seen; empty: none yet
+  // The write script's SHA1 (from SCRIPT LOAD); empty until loaded once.
+  // The server's cache may lose it (NOSCRIPT): WriteOps loads it again.
+  std::string script_sha_;
   bool republish_pending_ = false;
   Clock::time_point next_heartbeat_{};
   Clock::duration writer_backoff_{0};
@@ -357,6 +416,7 @@ class RedisDirectory final : public Directory {
   std::atomic<uint64_t> lookups_{0};
   std::atomic<uint64_t> lookup_pages_{0};
   std::atomic<uint64_t> lookup_hit_pages_{0};
+  std::atomic<uint64_t> lookup_malformed_pages_{0};
   std::atomic<uint64_t> lookup_errors_{0};
   std::atomic<uint64_t> lookups_short_circuited_{0};
   std::atomic<uint64_t> lookups_without_connection_{0};

@@ -245,7 +245,7 @@ TEST_F(RedisDirectoryTest, UnpublishedPagesAreNoLongerFound) {
   EXPECT_EQ(a->GetStats().unpublished_pages, 1u);
   // The last holder leaving removes the page's key altogether.
   Result<RedisReply> exists = redis_.Command(
-      {"EXISTS", "tkv:test:" + kNs.KeyComponent() + ":p:" + pages[1].ToHex()});
+      {"EXISTS", "tkv:test:" + kNs.KeyComponent() + ":h:" + pages[1].ToHex()});
   ASSERT_OK(exists);
   EXPECT_EQ(exists->integer, 0);
 }
@@ -271,6 +271,222 @@ TEST_F(RedisDirectoryTest, AStaleHolderCanBeForgottenByAnotherNode) {
   EXPECT_EQ(b->GetStats().unpublished_pages, 0u);
   EXPECT_EQ(b->ForgetHolder(kNs, pages, "not an id").code(),
             StatusCode::kInvalidArgument);
+}
+
+// Two nodes publishing the same pages at the same moment: each page's
+// holder list is rewritten by both writers' scripts, which must not lose
+// either id (a GET then SET from the client would).
+TEST_F(RedisDirectoryTest, NodesPublishingTheSamePagesAtOnceAreAllHolders) {
+  TIERKV_SKIP_WITHOUT_SYNC_POINTS();
+  auto small_batches = [&](const std::string& id) {
+    auto options = NodeOptions(id);
+    options.write_batch_pages = 64;
+    options.write_script_pages = 8;
+    return options;
+  };
+  auto a = Open(small_batches("node-a"));
+  auto b = Open(small_batches("node-b"));
+  auto c = Open(NodeOptions("node-c"));
+  ASSERT_TRUE(a && b && c);
+  const auto pages = Pages(40, 1024);
+
+  // Both writers wait before their first batch until the other is there
+  // too: their batches of the same pages then go out side by side.
+  Mutex mu;
+  CondVar cv;
+  int arrived = 0;
+  bool released = false;
+  testing::ScopedSyncPoints sync;
+  sync.SetCallback(RedisDirectory::kBeforeWriteBatch, [&](void*) {
+    MutexLock lock(&mu);
+    if (released) return;
+    if (++arrived == 2) {
+      released = true;
+      cv.SignalAll();
+      return;
+    }
+    const auto deadline = Clock::now() + 20s;
+    while (!released) {
+      if (!cv.WaitUntil(&mu, deadline) && !released) return;
+    }
+  });
+  ASSERT_OK(a->Publish(kNs, pages));
+  ASSERT_OK(b->Publish(kNs, pages));
+  ASSERT_OK(a->Flush(Clock::now() + 30s));
+  ASSERT_OK(b->Flush(Clock::now() + 30s));
+  {
+    MutexLock lock(&mu);
+    EXPECT_TRUE(released) << "the writers did not meet";
+  }
+  ASSERT_OK(c->RefreshLiveNodes(Generous()));
+  EXPECT_EQ(Holders(c->Lookup(kNs, pages, Clock::now() + 30s)),
+            Ids(pages.size(), {"node-a", "node-b"}));
+  EXPECT_EQ(a->GetStats().published_pages, pages.size());
+  EXPECT_EQ(b->GetStats().published_pages, pages.size());
+  EXPECT_EQ(a->GetStats().write_errors + b->GetStats().write_errors, 0u);
+}
+
+TEST_F(RedisDirectoryTest, UnpublishLeavesOtherHoldersAndTheLastDeletesTheKey) {
+  auto a = Open(NodeOptions("node-a"));
+  auto b = Open(NodeOptions("node-b"));
+  auto c = Open(NodeOptions("node-c"));
+  ASSERT_TRUE(a && b && c);
+  const auto pages = Pages(41, 3);
+  const auto key = [&](size_t i) {
+    return "tkv:test:" + kNs.KeyComponent() + ":h:" + pages[i].ToHex();
+  };
+  ASSERT_OK(a->Publish(kNs, pages));
+  ASSERT_OK(a->Flush(Generous()));
+  ASSERT_OK(b->Publish(kNs, pages));
+  ASSERT_OK(b->Flush(Generous()));
+  ASSERT_OK(c->RefreshLiveNodes(Generous()));
+  ASSERT_EQ(Holders(c->Lookup(kNs, pages, Generous())),
+            Ids(3, {"node-a", "node-b"}));
+  Result<RedisReply> both = redis_.Command({"GET", key(0)});
+  ASSERT_OK(both);
+  EXPECT_EQ(both->str, "node-a,node-b,") << "appended in publish order";
+
+  ASSERT_OK(a->Unpublish(kNs, pages));
+  ASSERT_OK(a->Flush(Generous()));
+  EXPECT_EQ(Holders(c->Lookup(kNs, pages, Generous())), Ids(3, {"node-b"}));
+  Result<RedisReply> left = redis_.Command({"GET", key(0)});
+  ASSERT_OK(left);
+  EXPECT_EQ(left->str, "node-b,");
+  Result<RedisReply> ttl = redis_.Command({"TTL", key(0)});
+  ASSERT_OK(ttl);
+  EXPECT_GT(ttl->integer, 23 * 3600) << "a removal keeps the page's TTL";
+
+  // The last holder leaving, by its own unpublish or by another node's
+  // ForgetHolder, deletes the key.
+  ASSERT_OK(b->Unpublish(kNs, std::span(pages).subspan(0, 2)));
+  ASSERT_OK(b->Flush(Generous()));
+  ASSERT_OK(c->ForgetHolder(kNs, std::span(pages).subspan(2, 1), "node-b"));
+  ASSERT_OK(c->Flush(Generous()));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    Result<RedisReply> exists = redis_.Command({"EXISTS", key(i)});
+    ASSERT_OK(exists);
+    EXPECT_EQ(exists->integer, 0) << "page " << i;
+  }
+  Result<std::vector<PageHolders>> none = c->Lookup(kNs, pages, Generous());
+  ASSERT_OK(none);
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(c->GetStats().forgotten_holders, 1u);
+}
+
+// An entry no node wrote (garbage bytes, a broken list, a key of another
+// type) is no holder: the lookup's prefix ends there, nothing crashes, and
+// a node's publish of the page replaces it while an unpublish leaves it.
+// A well-formed list naming unknown nodes is kept and appended to.
+TEST_F(RedisDirectoryTest, GarbageEntriesAreNoHolderAndAPublishRepairsThem) {
+  auto a = Open(NodeOptions("node-a"));
+  auto b = Open(NodeOptions("node-b"));
+  ASSERT_TRUE(a && b);
+  const std::vector<std::string> garbage = {
+      std::string("\xff\x00\x01garbage\n", 11),
+      "node-a",  // no separator after the id
+      ",",
+      "node-a,,",
+      "",
+      std::string(65, 'n') + ",",  // an id longer than 64 bytes
+      "node-a,bad id,",
+      "node-a;node-b;",
+  };
+  const auto pages = Pages(42, 1 + garbage.size() + 2);
+  const auto key = [&](size_t i) {
+    return "tkv:test:" + kNs.KeyComponent() + ":h:" + pages[i].ToHex();
+  };
+  ASSERT_NO_FATAL_FAILURE(
+      PublishAndSee(*a, *b, std::span(pages).subspan(0, 1)));
+  for (size_t g = 0; g < garbage.size(); ++g) {
+    ASSERT_OK(redis_.Command({"SET", key(1 + g), garbage[g]}));
+  }
+  const size_t set_page = 1 + garbage.size();  // a SET, as version 1 wrote
+  ASSERT_OK(redis_.Command({"SADD", key(set_page), "node-a"}));
+  const size_t foreign_page = set_page + 1;
+  ASSERT_OK(redis_.Command({"SET", key(foreign_page), "ghost,"}));
+
+  for (size_t i = 1; i < pages.size(); ++i) {
+    const std::vector<PageHash> asked = {pages[0], pages[i]};
+    EXPECT_EQ(Holders(b->Lookup(kNs, asked, Generous())), Ids(1, {"node-a"}))
+        << "page " << i;
+  }
+  EXPECT_EQ(b->GetStats().lookup_malformed_pages, garbage.size())
+      << "the SET reads as nil (no entry), ghost is no live node";
+
+  const auto rest = std::span(pages).subspan(1);
+  ASSERT_OK(a->Unpublish(kNs, rest));
+  ASSERT_OK(a->Flush(Generous()));
+  for (size_t g = 0; g < garbage.size(); ++g) {
+    Result<RedisReply> value = redis_.Command({"GET", key(1 + g)});
+    ASSERT_OK(value);
+    EXPECT_EQ(value->str, garbage[g]) << "an unpublish leaves garbage alone";
+  }
+  ASSERT_OK(a->Publish(kNs, rest));
+  ASSERT_OK(a->Flush(Generous()));
+  EXPECT_EQ(a->GetStats().write_errors, 0u);
+  EXPECT_EQ(Holders(b->Lookup(kNs, pages, Generous())),
+            Ids(pages.size(), {"node-a"}));
+  for (size_t i = 1; i < pages.size(); ++i) {
+    Result<RedisReply> value = redis_.Command({"GET", key(i)});
+    ASSERT_OK(value);
+    EXPECT_EQ(value->str, i == foreign_page ? "ghost,node-a," : "node-a,")
+        << "page " << i;
+  }
+}
+
+// The server's script cache can be emptied under a node (SCRIPT FLUSH; a
+// restart): the writer loads its script again and nothing is lost.
+TEST_F(RedisDirectoryTest, WritesSurviveAnEmptiedScriptCache) {
+  auto options = NodeOptions("node-a");
+  options.write_script_pages = 4;  // several calls per round trip
+  auto a = Open(options);
+  auto b = Open(NodeOptions("node-b"));
+  ASSERT_TRUE(a && b);
+  const auto cached_scripts = [&] {
+    Result<RedisReply> info = redis_.Command({"INFO", "memory"});
+    EXPECT_OK(info);
+    const std::string field = "number_of_cached_scripts:";
+    const size_t at = info.ok() ? info->str.find(field) : std::string::npos;
+    return at == std::string::npos
+               ? -1
+               : std::atoi(info->str.c_str() + at + field.size());
+  };
+  EXPECT_EQ(cached_scripts(), 1) << "loaded by Open";
+  const auto pages = Pages(43, 40);
+  ASSERT_NO_FATAL_FAILURE(
+      PublishAndSee(*a, *b, std::span(pages).subspan(0, 20)));
+
+  ASSERT_OK(redis_.Command({"SCRIPT", "FLUSH"}));
+  ASSERT_EQ(cached_scripts(), 0);
+  // One batch: removals of written pages, then adds of new ones.
+  ASSERT_OK(a->Unpublish(kNs, std::span(pages).subspan(10, 10)));
+  ASSERT_OK(a->Publish(kNs, std::span(pages).subspan(20, 20)));
+  ASSERT_OK(a->Flush(Generous()));
+  EXPECT_EQ(cached_scripts(), 1) << "loaded again";
+  const DirectoryStats stats = a->GetStats();
+  EXPECT_EQ(stats.write_errors, 0u);
+  EXPECT_EQ(stats.published_pages, 40u);
+  EXPECT_EQ(stats.unpublished_pages, 10u);
+  EXPECT_EQ(Holders(b->Lookup(kNs, pages, Generous())), Ids(10, {"node-a"}));
+  EXPECT_EQ(Holders(b->Lookup(kNs, std::span(pages).subspan(20), Generous())),
+            Ids(20, {"node-a"}));
+}
+
+TEST(RedisDirectoryParseTest, HolderListsParseAndGarbageIsRefused) {
+  Result<std::vector<std::string>> two =
+      RedisDirectory::ParseHolderList("node-b,node_a.1,");
+  ASSERT_OK(two);
+  EXPECT_EQ(*two, (std::vector<std::string>{"node-b", "node_a.1"}));
+  for (const std::string& bad :
+       {std::string(), std::string(","), std::string("a"), std::string("a,,b,"),
+        std::string("a b,"), std::string(65, 'x') + ",", std::string("a\0,", 3),
+        std::string("\xff,")}) {
+    EXPECT_EQ(RedisDirectory::ParseHolderList(bad).status().code(),
+              StatusCode::kCorruption)
+        << bad;
+  }
+  EXPECT_EQ(RedisDirectory::PageKeyPrefix("prod", kNs),
+            "tkv:prod:llama-70b@1234abcd5678ef00:h:");
 }
 
 TEST_F(RedisDirectoryTest, NamespacesAndLayoutFingerprintsDoNotShare) {
@@ -307,16 +523,22 @@ TEST_F(RedisDirectoryTest, RegistrationFollowsTheSchema) {
       redis_.Command({"HGET", "tkv:test:node:node-a", "addr"});
   ASSERT_OK(addr);
   EXPECT_EQ(addr->str, "127.0.0.11:40123");
+  Result<RedisReply> version =
+      redis_.Command({"HGET", "tkv:test:node:node-a", "version"});
+  ASSERT_OK(version);
+  EXPECT_EQ(version->str, "2") << "page entries are holder lists under :h:";
   Result<RedisReply> ttl = redis_.Command({"PTTL", "tkv:test:node:node-a"});
   ASSERT_OK(ttl);
   EXPECT_GT(ttl->integer, 0);
   EXPECT_LE(ttl->integer, 1000);
   const std::string page_key =
-      "tkv:test:llama-70b@1234abcd5678ef00:p:" + Pages(7, 1)[0].ToHex();
-  Result<RedisReply> members = redis_.Command({"SMEMBERS", page_key});
-  ASSERT_OK(members);
-  ASSERT_EQ(members->elements.size(), 1u);
-  EXPECT_EQ(members->elements[0].str, "node-a");
+      "tkv:test:llama-70b@1234abcd5678ef00:h:" + Pages(7, 1)[0].ToHex();
+  EXPECT_EQ(page_key, RedisDirectory::PageKeyPrefix("test", kNs) +
+                          Pages(7, 1)[0].ToHex());
+  Result<RedisReply> holders = redis_.Command({"GET", page_key});
+  ASSERT_OK(holders);
+  EXPECT_EQ(holders->type, RedisReply::Type::kString);
+  EXPECT_EQ(holders->str, "node-a,") << "each id followed by ','";
   Result<RedisReply> page_ttl = redis_.Command({"TTL", page_key});
   ASSERT_OK(page_ttl);
   EXPECT_GT(page_ttl->integer, 23 * 3600) << "EXPIRE page_ttl on publish";
@@ -377,11 +599,10 @@ TEST_F(RedisDirectoryTest, ANodeWhoseLivenessExpiresIsNoLongerAHolder) {
       << "dropped before its TTL could have run out";
   // Its page entries remain (they age out with page_ttl): only liveness
   // filtered them.
-  Result<RedisReply> members =
-      redis_.Command({"SMEMBERS", "tkv:test:" + kNs.KeyComponent() +
-                                      ":p:" + pages[0].ToHex()});
-  ASSERT_OK(members);
-  EXPECT_EQ(members->elements.size(), 1u);
+  Result<RedisReply> holders = redis_.Command(
+      {"GET", "tkv:test:" + kNs.KeyComponent() + ":h:" + pages[0].ToHex()});
+  ASSERT_OK(holders);
+  EXPECT_EQ(holders->str, "node-a,");
 }
 
 TEST_F(RedisDirectoryTest, WrongPasswordIsRefusedAtOpen) {
@@ -450,6 +671,7 @@ TEST_F(RedisDirectoryTest, InvalidOptionsAreRefusedAtOpen) {
       [](auto& o) { o.lookup_budget = 0us; },
       [](auto& o) { o.max_queued_pages = 0; },
       [](auto& o) { o.write_batch_pages = 0; },
+      [](auto& o) { o.write_script_pages = 0; },
       [](auto& o) { o.max_backoff = 1ms; },
       [](auto& o) { o.address = std::string(2000, 'x'); },
       // Durations that would overflow now + duration.
@@ -786,7 +1008,7 @@ TEST_F(RedisDirectoryTest, LargeBatchesArePipelined) {
               .count()));
   Result<RedisReply> memory = redis_.Command(
       {"MEMORY", "USAGE",
-       "tkv:test:" + kNs.KeyComponent() + ":p:" + pages[0].ToHex()});
+       "tkv:test:" + kNs.KeyComponent() + ":h:" + pages[0].ToHex()});
   ASSERT_OK(memory);
   std::printf("bytes per page entry (MEMORY USAGE): %lld\n",
               static_cast<long long>(memory->integer));
