@@ -21,6 +21,9 @@ namespace {
 // A device load reads chunks from below DRAM into staging in rounds, with
 // up to this many rounds per lane in flight: while one round is copied to
 // the device, the next ones are read (NVMe wants several reads queued).
+// Fewer when the lane's share of the pinned staging holds fewer rounds of
+// the layer's largest chunk (two at least: a borrow past the arena falls
+// back to heap memory, slower, never refused).
 constexpr size_t kRoundsInFlight = 4;
 // A round's bytes (it holds one chunk at least): the lane's share of the
 // pinned staging split among its rounds, within these bounds.
@@ -154,14 +157,20 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
   // Chunks only below DRAM: read in rounds of about round_bytes into
   // staging (pinned where the arena has room), each verified by the tier's
   // checksum before it is copied, so a corrupt chunk never reaches the
-  // device. Pipelined: rounds r + 1 .. r + 3 are read while round r's copy
-  // runs.
+  // device. Pipelined: the next rounds (up to in_flight - 1) are read while
+  // round r's copy runs.
   const uint64_t lanes = std::max<uint32_t>(1, options_.transfer_lanes);
-  const uint64_t round_bytes =
-      staging_ ? std::clamp(staging_->Stats().capacity_bytes /
-                                (kRoundsInFlight * lanes),
-                            kMinRoundBytes, kMaxRoundBytes)
-               : kMaxRoundBytes;
+  const uint64_t share = staging_ ? staging_->Stats().capacity_bytes / lanes
+                                  : kRoundsInFlight * kMaxRoundBytes;
+  uint64_t largest = 0;
+  for (uint32_t c : below) {
+    largest = std::max(largest, RoundUpToBlock(m.chunks[c].bytes));
+  }
+  const uint64_t round_bytes = std::max(
+      largest,
+      std::clamp(share / kRoundsInFlight, kMinRoundBytes, kMaxRoundBytes));
+  const size_t in_flight =
+      std::clamp<size_t>(share / round_bytes, 2, kRoundsInFlight);
   struct Round {
     std::vector<uint32_t> chunks;
     std::vector<TierReadItem> reads;
@@ -203,13 +212,13 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
   };
   Round rounds[kRoundsInFlight];
   size_t next = 0, started = 0;
-  while (started < kRoundsInFlight && next < below.size()) {
+  while (started < in_flight && next < below.size()) {
     next = start(next, &rounds[started++]);
   }
   std::vector<SegmentKey> read_ok;
   uint64_t nvme_bytes = 0;
   for (size_t r = 0; r < started; ++r) {
-    Round& round = rounds[r % kRoundsInFlight];
+    Round& round = rounds[r % in_flight];
     // Always waited for: the read writes into this lane's staging. The
     // other rounds' reads run while this one is copied.
     const TierChain::ReadResult got = round.got.get();
