@@ -87,6 +87,7 @@ struct WeightsBenchOptions {
   std::string python = "/usr/bin/python3";
   std::string dir;                // default: a temp dir
   std::string target = "device";  // where loads land: device, memfd, buffer
+  std::string staging_bytes;      // the daemon's [hbm] staging_bytes
   std::string json;
 };
 
@@ -407,8 +408,10 @@ int Run(const WeightsBenchOptions& o) {
   // holds KV only; weights go to the engine's image).
   if (o.target == "device") {
     config += "[hbm]\nbackend = \"emulated\"\ncapacity_bytes = \"64MiB\"\n";
-    if (const char* staging = std::getenv("TIERKV_BENCH_STAGING")) {
-      config += fmt::format("staging_bytes = \"{}\"\n", staging);
+    if (!o.staging_bytes.empty()) {
+      auto staging = ParseSizeOption("--staging-bytes", o.staging_bytes);
+      if (!staging.ok()) return fail(staging.status());
+      config += fmt::format("staging_bytes = {}\n", *staging);
     }
   }
   std::unique_ptr<ImageTarget> target;
@@ -675,6 +678,9 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
                   "the daemon fills), memfd (a memfd image pool the daemon "
                   "fills) or buffer (a host buffer this process fills)")
       ->capture_default_str();
+  sub->add_option("--staging-bytes", opts->staging_bytes,
+                  "--target device: the daemon's pinned staging ([hbm] "
+                  "staging_bytes; default the daemon's)");
   sub->add_option("--json", opts->json, "also write the figures here");
   sub->callback([opts] { SetExitCode(Run(*opts)); });
 });
