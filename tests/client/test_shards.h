@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -123,6 +124,40 @@ inline TestShard ShardB() {
                    {{"embed", "shared-embed", 0, 2 * kMiB},
                     {"l1.w", "b-l1w", 1, 3 * kMiB / 2},
                     {"l1.norm", "b-norm", 1, 300}});
+}
+
+// Flips one byte (its middle one) of chunk `i` of `shard` where the NVMe
+// tier's data file at `data_path` holds it, found by its first 64 bytes
+// (seeded noise, found nowhere else). REQUIRES: the daemon is stopped.
+inline ::testing::AssertionResult FlipAByteOfChunk(const std::string& data_path,
+                                                   const TestShard& shard,
+                                                   size_t i) {
+  std::FILE* f = std::fopen(data_path.c_str(), "r+b");
+  if (f == nullptr)
+    return ::testing::AssertionFailure() << "open " << data_path;
+  std::vector<char> file;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+    file.insert(file.end(), buf, buf + n);
+  }
+  const auto want = shard.ChunkBytes(i);
+  const char* head = reinterpret_cast<const char*>(want.data());
+  const auto at = std::search(file.begin(), file.end(), head, head + 64);
+  if (at == file.end()) {
+    std::fclose(f);
+    return ::testing::AssertionFailure()
+           << "chunk bytes not found in the data file";
+  }
+  const long offset = static_cast<long>(at - file.begin()) +
+                      static_cast<long>(shard.manifest.chunks[i].bytes / 2);
+  const char flipped = static_cast<char>(file[offset] ^ 0x5a);
+  const bool written = std::fseek(f, offset, SEEK_SET) == 0 &&
+                       std::fwrite(&flipped, 1, 1, f) == 1;
+  if (std::fclose(f) != 0 || !written) {
+    return ::testing::AssertionFailure() << "writing " << data_path;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace tierkv::testing

@@ -433,28 +433,7 @@ TEST_F(WeightsDaemonTest, ACorruptChunkOnNvmeFailsItsLayerEveryTime) {
       ASSERT_EQ(daemon_->Stop(SIGKILL), SIGKILL);
     }
     const WeightsChunk& chunk = a.manifest.chunks[victim];
-    {
-      // Where the chunk's bytes are in the data file: its first 64 bytes
-      // are seeded noise, found nowhere else.
-      std::FILE* f = std::fopen(data_path.c_str(), "r+b");
-      ASSERT_NE(f, nullptr);
-      std::vector<char> file;
-      char buf[1 << 16];
-      size_t n = 0;
-      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
-        file.insert(file.end(), buf, buf + n);
-      }
-      const auto want = a.ChunkBytes(victim);
-      const char* head = reinterpret_cast<const char*>(want.data());
-      const auto at = std::search(file.begin(), file.end(), head, head + 64);
-      ASSERT_NE(at, file.end()) << "chunk bytes not found in the data file";
-      const long offset = static_cast<long>(at - file.begin()) +
-                          static_cast<long>(chunk.bytes / 2);
-      ASSERT_EQ(std::fseek(f, offset, SEEK_SET), 0);
-      const char flipped = static_cast<char>(file[offset] ^ 0x5a);
-      ASSERT_EQ(std::fwrite(&flipped, 1, 1, f), 1u);
-      ASSERT_EQ(std::fclose(f), 0);
-    }
+    ASSERT_TRUE(FlipAByteOfChunk(data_path, a, victim));
     ASSERT_OK(Start());
     auto c = Connect();
     {
