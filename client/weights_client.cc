@@ -294,7 +294,9 @@ Result<WeightsManifest> Client::PutWeightsFromPool(const WeightsManifest& plan,
   TIERKV_RETURN_IF_ERROR(CheckSealable(plan));
   WeightsManifest manifest = plan;
   WeightsPutStats counted;
-  const uint64_t batch_bytes = BatchBytes(impl_->weights_batch_bytes_);
+  // The daemon refuses a staging request of more than 4 GiB.
+  const uint64_t batch_bytes = std::min<uint64_t>(
+      BatchBytes(impl_->weights_batch_bytes_), uint64_t{1} << 30);
   bool flush_batches = true;  // until the daemon says it has no NVMe tier
   auto describe = [&](size_t c) {
     return fmt::format("chunk {} of layer {} (image offset {})", c,
@@ -622,22 +624,17 @@ class WeightsLoad::PoolLoader final : public WeightsLoad::Loader {
 
   Status WaitLayer(uint32_t layer) override {
     TIERKV_RETURN_IF_ERROR(CheckLayer(layer));
-    // One Status per chunk of the shard (the ticket's "page" is the
-    // chunk's index); only this layer's chunks can have failed in it.
-    auto chunks = handle_.WaitLayer(static_cast<uint16_t>(layer));
-    if (!chunks.ok()) return chunks.status();
-    const auto [first, last] = manifest_.ChunksOfLayer(layer);
-    for (size_t c = first; c < last; ++c) {
-      if (!(*chunks)[c].ok()) {
-        return ChunkFailure(manifest_.chunks[c], layer, (*chunks)[c]);
-      }
-    }
-    return Status::OK();
+    bool gave_up = false;
+    return LayerStatus(layer, &gave_up);
   }
   Status Wait() override {
     Status first_failure;
     for (uint32_t layer = first_; layer < first_ + count_; ++layer) {
-      Status s = WaitLayer(layer);
+      bool gave_up = false;
+      Status s = LayerStatus(layer, &gave_up);
+      // The daemon did not finish a layer within the client timeout: the
+      // later layers would each wait that long again.
+      if (gave_up) return s;
       if (first_failure.ok()) first_failure = std::move(s);
     }
     return first_failure;
@@ -649,8 +646,27 @@ class WeightsLoad::PoolLoader final : public WeightsLoad::Loader {
   }
 
  private:
-  // Its destructor waits until the daemon is done with the transfer, so
-  // nothing writes the pool once the handle is gone.
+  // The layer's first failed chunk, if any. *gave_up: no answer for the
+  // layer within the client timeout (IOError).
+  Status LayerStatus(uint32_t layer, bool* gave_up) {
+    // One Status per chunk of the shard (the ticket's "page" is the
+    // chunk's index); only this layer's chunks can have failed in it.
+    auto chunks = handle_.WaitLayer(static_cast<uint16_t>(layer));
+    if (!chunks.ok()) {
+      *gave_up = true;
+      return chunks.status();
+    }
+    const auto [first, last] = manifest_.ChunksOfLayer(layer);
+    for (size_t c = first; c < last; ++c) {
+      if (!(*chunks)[c].ok()) {
+        return ChunkFailure(manifest_.chunks[c], layer, (*chunks)[c]);
+      }
+    }
+    return Status::OK();
+  }
+
+  // Its destructor waits until the daemon is done with the transfer (up
+  // to the client timeout), so nothing writes the pool once it is gone.
   TransferHandle handle_;
   const WeightsManifest manifest_;
 };

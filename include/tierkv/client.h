@@ -345,7 +345,11 @@ struct WeightsHint {
 //
 // Move-only. The destructor stops the loader after the Get call in flight
 // and waits for it, since it writes into the caller's buffer: once the
-// handle is gone (or Wait returned) nothing writes the image any more.
+// handle is gone (or Wait returned) nothing writes the image any more. A
+// load into an image pool (LoadWeightsToPool) is the daemon's: its
+// destructor, and each WaitLayer, wait up to ClientOptions::timeout for
+// the daemon (as TransferHandle's do; past it, StreamWaitLayer's device
+// waits are released and Wait stops with IOError).
 // Thread-safe: WaitLayer, Wait and LayersDone may be called from any
 // threads at once (not while the handle is moved or destroyed).
 // REQUIRES: the Client and the image buffer outlive the handle.
@@ -546,7 +550,10 @@ class Client {
   // Stores and seals a shard the engine laid out in this connection's
   // registered image pool (see LoadWeightsToPool for registering it) at
   // the offsets of `plan` (PlanWeightsImage of its tensors; chunk keys
-  // ignored): the daemon copies each chunk out of the pool (a device pool
+  // ignored), with the bytes between tensors inside a pack zero (as a
+  // zeroed buffer has them; other bytes there give other chunk keys than
+  // PutWeights of the same tensors, so no dedup with its chunks and another
+  // version): the daemon copies each chunk out of the pool (a device pool
   // by device copies) into private memory, hashes it there and stores it,
   // in requests of about ClientOptions::weights_batch_bytes, each made
   // durable on NVMe (when the daemon has an NVMe tier) before the next;

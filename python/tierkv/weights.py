@@ -114,6 +114,23 @@ def _tensor_bytes(t) -> Tuple[int, int, str, Tuple[int, ...], Any, bool]:
             False)
 
 
+def _tensor_meta(t) -> Tuple[str, Tuple[int, ...], int]:
+    """(dtype string, shape, nbytes) of a numpy array or a torch tensor,
+    read from its metadata alone (a device tensor stays where it is)."""
+    if _is_torch(t):
+        dtype = _TORCH_TO_ST.get(str(t.dtype))
+        if dtype is None:
+            raise InvalidArgumentError(f"invalid_argument: torch dtype "
+                                       f"{t.dtype} has no safetensors name")
+        return dtype, tuple(t.shape), t.numel() * t.element_size()
+    a = np.asarray(t)
+    dtype = _NUMPY_TO_ST.get(a.dtype)
+    if dtype is None:
+        raise InvalidArgumentError(f"invalid_argument: numpy dtype {a.dtype} "
+                                   f"has no safetensors name")
+    return dtype, a.shape, a.nbytes
+
+
 def _version_arg(version: Optional[str]):
     """A tierkv_page_hash for `version` (32 hex digits), or None (newest)."""
     if not version:
@@ -168,9 +185,11 @@ def put(client: Client, model: str, layout: str,
 
 
 def _tensor_structs(tensors: Iterable[Tuple[str, Any]],
-                    layers: Optional[Sequence[int]]):
+                    layers: Optional[Sequence[int]], with_data: bool = True):
     """(structs, count, keep) for the C calls: (name, tensor) pairs ordered
-    by (layer group, given order); `keep` owns what the structs point at."""
+    by (layer group, given order); `keep` owns what the structs point at.
+    Without data, only the tensors' metadata is read (data pointers NULL:
+    no device tensor is copied to the host)."""
     items = list(tensors)
     names = [n for n, _ in items]
     groups = list(layers) if layers is not None else layer_groups(names)
@@ -181,7 +200,10 @@ def _tensor_structs(tensors: Iterable[Tuple[str, Any]],
     keep = []  # bytes, names and shapes referenced by `structs`
     for slot, i in enumerate(order):
         name, t = items[i]
-        addr, nbytes, dtype, shape, owner, _ = _tensor_bytes(t)
+        if with_data:
+            addr, nbytes, dtype, shape, owner, _ = _tensor_bytes(t)
+        else:
+            (dtype, shape, nbytes), addr, owner = _tensor_meta(t), None, None
         shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         enc = (name.encode(), dtype.encode())
         keep.append((owner, shape_arr, enc))
@@ -197,7 +219,7 @@ def plan(model: str, layout: str, tensors: Iterable[Tuple[str, Any]],
     put() would lay it out (tierkv::PlanWeightsImage; the tensors' bytes are
     not read): the manifest dict (chunk keys zero). An engine writes its
     tensors at these offsets of an image_pool before put_from_pool."""
-    structs, n, keep = _tensor_structs(tensors, layers)
+    structs, n, keep = _tensor_structs(tensors, layers, with_data=False)
     out = json.loads(_lib.read_string(
         lib.tierkv_weights_plan_json, model.encode(), layout.encode(),
         ctypes.addressof(structs), n))
@@ -212,8 +234,10 @@ def put_from_pool(client: Client, model: str, layout: str,
     the pairs, as for plan) the engine wrote into the connection's
     registered image pool at plan()'s offsets: the daemon copies, hashes and
     stores the chunks (Client::PutWeightsFromPool); this process reads none
-    of them. The same bytes give the same version as put()."""
-    structs, n, keep = _tensor_structs(tensors, layers)
+    of them (nor the tensors': only their metadata). The same bytes give the
+    same version as put() when the pool's bytes between tensors inside a
+    pack are zero (a zeroed pool has them)."""
+    structs, n, keep = _tensor_structs(tensors, layers, with_data=False)
     out = _lib.WeightsStoredStruct()
     with client._use() as h:
         check(lib.tierkv_weights_put_from_pool(
@@ -343,7 +367,7 @@ def load_to_pool(client: Client, model: str, layout: str, pool: Pool, *,
     the daemon moves the bytes, this process copies none. Returns at once;
     Load.image is the pool's bytes, Load.manifest the version's offsets."""
     m = manifest(client, model, layout, version)
-    if m["image_bytes"] > pool.slot_bytes * pool.slot_count:
+    if m["image_bytes"] > pool.slot_bytes:
         raise InvalidArgumentError(
             f"invalid_argument: the pool holds {pool.slot_bytes} bytes, the "
             f"shard's image needs {m['image_bytes']}")

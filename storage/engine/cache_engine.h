@@ -407,10 +407,9 @@ class CacheEngine {
   // queued; InvalidArgument (not a weights namespace, no image pool, an
   // image pool smaller than the manifest's image, layers outside it, bad
   // ticket), Busy (workers saturated). A chunk in no tier, or failing its
-  // checksum, is recorded in the ticket's errors: its bytes in the image
-  // are not written (a chunk read into a memfd image in place may have
-  // been partly written before its checksum failed: the layer's error
-  // says the image's bytes of that chunk are not to be used).
+  // checksum, is recorded in the ticket's errors: a device image's bytes of
+  // it are not written; a memfd image's are zeroed if its in-place read
+  // failed (never left holding what the read brought).
   Status LoadWeights(uint64_t owner, EngineNamespace& ns, WeightsTransfer t);
   // The reverse, for staging a shard from an engine's image pool: on a
   // worker, each of `extents` (a chunk of the shard's plan) is copied out
@@ -711,8 +710,9 @@ class CacheEngine {
   // A weights load's layer k (see LoadWeights): LoadLayer's contract, over
   // the layer's chunks into the image pool (weights_transfer.cc).
   bool LoadWeightsLayer(const std::shared_ptr<TransferJob>& job, uint32_t k);
-  void LoadWeightsToDevice(TransferJob& job, const Pool& pool, uint32_t k,
-                           StreamId stream);
+  // The device image's layer k: a stream is taken only around each batch
+  // of copies and its wait, never across NVMe reads.
+  void LoadWeightsToDevice(TransferJob& job, const Pool& pool, uint32_t k);
   // StageWeights' work on the worker, from `pool` (a copy: the owner may
   // unregister meanwhile).
   Result<WeightsStaged> StageChunks(EngineNamespace& ns, const Pool& pool,

@@ -337,7 +337,16 @@ void CacheEngine::StageWeights(uint64_t owner, EngineNamespace& ns,
     }
     pool = *found;
   }
+  // One request's copying and hashing, bounded so that a client cannot
+  // hold a worker for long (the client sends about weights_batch_bytes).
+  constexpr uint64_t kMaxStageBytes = uint64_t{4} << 30;
+  uint64_t total = 0;
   for (const WeightsExtent& e : extents) {
+    total += std::min(e.bytes, kWeightsMaxChunkBytes + 1);
+    if (total > kMaxStageBytes) {
+      return done(Status::InvalidArgument(fmt::format(
+          "one staging request moves at most {} bytes", kMaxStageBytes)));
+    }
     if (e.bytes == 0 || e.bytes > kWeightsMaxChunkBytes ||
         e.offset > pool.layout.slot_bytes ||
         e.bytes > pool.layout.slot_bytes - e.offset) {
@@ -519,8 +528,9 @@ void CacheEngine::PromoteLoaded(TransferJob& job) {
   }
   if (!mover_ || keys.empty()) return;
   if (job.weights) {
-    // Chunks in layer order already; at the background IO class, within
-    // the namespace's prefetch cap, as every weights promotion.
+    // In the order the reads completed (lanes take layers in order, so
+    // roughly layer order); at the background IO class, within the
+    // namespace's prefetch cap, as every weights promotion.
     PromoteInOrder(*job.ns, keys);
     return;
   }

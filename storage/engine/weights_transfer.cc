@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 
@@ -30,6 +31,18 @@ constexpr size_t kRoundsInFlight = 4;
 constexpr uint64_t kMinRoundBytes = uint64_t{4} << 20;
 constexpr uint64_t kMaxRoundBytes = uint64_t{128} << 20;
 
+// Staging outside the pinned arena (none configured, or no room in it):
+// block-aligned (so tiers read straight into it) and not zero-filled.
+PinnedStaging::Buffer HeapStaging(uint64_t bytes) {
+  const uint64_t rounded = std::max<uint64_t>(
+      kTierBlockBytes,
+      (bytes + kTierBlockBytes - 1) / kTierBlockBytes * kTierBlockBytes);
+  auto* heap =
+      static_cast<std::byte*>(std::aligned_alloc(kTierBlockBytes, rounded));
+  if (heap == nullptr) return {};
+  return {{heap, bytes}, false, std::shared_ptr<void>(heap, std::free)};
+}
+
 uint64_t RoundUpToBlock(uint64_t bytes) {
   return (bytes + kTierBlockBytes - 1) / kTierBlockBytes * kTierBlockBytes;
 }
@@ -41,10 +54,7 @@ bool CacheEngine::LoadWeightsLayer(const std::shared_ptr<TransferJob>& shared,
   TransferJob& job = *shared;
   const Pool& pool = job.pools[k].front();
   if (pool.device) {
-    DeviceBackend& device = *pool.device->backend;
-    const StreamId stream = AcquireDeviceStream(device);
-    LoadWeightsToDevice(job, pool, k, stream);
-    ReleaseDeviceStream(device, stream);
+    LoadWeightsToDevice(job, pool, k);
     return false;
   }
   EngineNamespace& ns = *job.ns;
@@ -87,7 +97,7 @@ bool CacheEngine::LoadWeightsLayer(const std::shared_ptr<TransferJob>& shared,
 }
 
 void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
-                                      uint32_t k, StreamId stream) {
+                                      uint32_t k) {
   EngineNamespace& ns = *job.ns;
   const WeightsManifest& m = *job.weights;
   DeviceBackend& device = *pool.device->backend;
@@ -132,6 +142,9 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
     if (failed.ok()) failed = s;
   };
   if (!copied.empty()) {
+    // A stream only around the copies and their wait: never across NVMe
+    // reads, which would keep KV transfers from the device's few streams.
+    const StreamId stream = AcquireDeviceStream(device);
     Status s = device.CopyToDeviceBatch(stream, dsts, srcs);
     if (s.ok()) {
       s = WaitDeviceCopies(device, stream,
@@ -145,6 +158,7 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
     } else {
       for (const SegmentKey& key : held) ns.host_->Release(key);
     }
+    ReleaseDeviceStream(device, stream);
     if (s.ok()) {
       load_segments_host_.fetch_add(copied.size(), std::memory_order_relaxed);
       load_bytes_host_.fetch_add(host_bytes, std::memory_order_relaxed);
@@ -187,13 +201,18 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
       ++end;
     }
     round->chunks.assign(below.begin() + at, below.begin() + end);
-    if (staging_) {
-      round->staging = staging_->Borrow(bytes);
-    } else {
-      auto heap = std::make_shared<std::vector<std::byte>>(bytes);
-      round->staging = {*heap, false, heap};
-    }
     round->reads.clear();
+    round->staging = staging_ ? staging_->Borrow(bytes) : HeapStaging(bytes);
+    if (round->staging.bytes.size() < bytes) {
+      // No memory to read into: the round's chunks fail, nothing is read.
+      std::promise<TierChain::ReadResult> none;
+      TierChain::ReadResult result;
+      result.items.assign(round->chunks.size(),
+                          Status::ResourceExhausted("no staging memory"));
+      none.set_value(std::move(result));
+      round->got = none.get_future();
+      return end;
+    }
     uint64_t offset = 0;
     for (uint32_t c : round->chunks) {
       const WeightsChunk& chunk = m.chunks[c];
@@ -240,6 +259,7 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
       srcs.push_back(round.reads[i].dst.first(chunk.bytes));
     }
     if (!ok_chunks.empty() && failed.ok()) {
+      const StreamId stream = AcquireDeviceStream(device);
       Status s = device.CopyToDeviceBatch(stream, dsts, srcs);
       if (s.ok()) {
         // The staging stays lent until the copies are over, even past a
@@ -248,6 +268,7 @@ void CacheEngine::LoadWeightsToDevice(TransferJob& job, const Pool& pool,
                              [staging = round.staging.owner,
                               target = pool.device](const Status&) {});
       }
+      ReleaseDeviceStream(device, stream);
       if (s.ok()) {
         for (uint32_t c : ok_chunks) {
           read_ok.push_back(WeightsChunkSegment(m.chunks[c].key));
@@ -290,9 +311,9 @@ Result<WeightsStaged> CacheEngine::StageChunks(
   for (const WeightsExtent& e : extents) largest = std::max(largest, e.bytes);
   PinnedStaging::Buffer staging;
   if (pool.device && staging_) staging = staging_->Borrow(largest);
-  if (staging.bytes.empty()) {
-    auto heap = std::make_shared<std::vector<std::byte>>(largest);
-    staging = {*heap, false, heap};
+  if (staging.bytes.size() < largest) staging = HeapStaging(largest);
+  if (staging.bytes.size() < largest) {
+    return Status::ResourceExhausted("no memory to stage a chunk in");
   }
   std::optional<Clock::TimePoint> deadline;
   auto extent_error = [&](size_t i, const Status& s) {
