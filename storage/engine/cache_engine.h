@@ -646,6 +646,13 @@ class CacheEngine {
   Result<std::shared_ptr<TransferJob>> PrepareTransfer(uint64_t owner,
                                                        EngineNamespace& ns,
                                                        PoolTransfer t);
+  // The owner's pools and tickets, when it registered tickets and `ticket`
+  // is one of them; else InvalidArgument ("register tickets before
+  // <call>", or the index out of range).
+  Result<const OwnerPools*> OwnerWithTicketLocked(uint64_t owner,
+                                                  uint32_t ticket,
+                                                  std::string_view call) const
+      REQUIRES(owners_mu_);
   // LoadWeights' checks and job: the owner's image pool for every layer.
   Result<std::shared_ptr<TransferJob>> PrepareWeightsTransfer(
       uint64_t owner, EngineNamespace& ns, WeightsTransfer t);

@@ -182,6 +182,19 @@ Status CacheEngine::RegisterTickets(uint64_t owner, int fd, uint32_t count) {
   return Status::OK();
 }
 
+Result<const CacheEngine::OwnerPools*> CacheEngine::OwnerWithTicketLocked(
+    uint64_t owner, uint32_t ticket, std::string_view call) const {
+  auto it = owners_.find(owner);
+  if (it == owners_.end() || !it->second.tickets) {
+    return Status::InvalidArgument(
+        fmt::format("register tickets before {}", call));
+  }
+  if (ticket >= it->second.ticket_count) {
+    return Status::InvalidArgument("ticket index out of range");
+  }
+  return &it->second;
+}
+
 Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
     uint64_t owner, EngineNamespace& ns, PoolTransfer t) {
   auto layout = ns.layout();
@@ -200,14 +213,9 @@ Result<std::shared_ptr<CacheEngine::TransferJob>> CacheEngine::PrepareTransfer(
   job->pools.resize(t.num_layers);
   {
     MutexLock lock(&owners_mu_);
-    auto it = owners_.find(owner);
-    if (it == owners_.end() || !it->second.tickets) {
-      return Status::InvalidArgument("register tickets before Load/Store");
-    }
-    const OwnerPools& o = it->second;
-    if (t.ticket >= o.ticket_count) {
-      return Status::InvalidArgument("ticket index out of range");
-    }
+    auto found = OwnerWithTicketLocked(owner, t.ticket, "Load/Store");
+    if (!found.ok()) return found.status();
+    const OwnerPools& o = **found;
     job->tickets = o.tickets;
     for (uint16_t k = 0; k < t.num_layers; ++k) {
       const uint16_t l = t.first_layer + k;
@@ -278,14 +286,9 @@ CacheEngine::PrepareWeightsTransfer(uint64_t owner, EngineNamespace& ns,
   job->ns = &ns;
   {
     MutexLock lock(&owners_mu_);
-    auto it = owners_.find(owner);
-    if (it == owners_.end() || !it->second.tickets) {
-      return Status::InvalidArgument("register tickets before LoadWeights");
-    }
-    const OwnerPools& o = it->second;
-    if (t.ticket >= o.ticket_count) {
-      return Status::InvalidArgument("ticket index out of range");
-    }
+    auto found = OwnerWithTicketLocked(owner, t.ticket, "LoadWeights");
+    if (!found.ok()) return found.status();
+    const OwnerPools& o = **found;
     auto pool = o.pools.find(PoolKey(0, 0));
     if (pool == o.pools.end()) {
       return Status::InvalidArgument(
