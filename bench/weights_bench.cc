@@ -5,7 +5,8 @@
 //            the same bytes (O_DIRECT, 1 MiB, QD 32);
 //   cold   - a load of A right after a daemon restart (every chunk on NVMe
 //            only) into the engine's image (--target) against fio reading
-//            the same bytes (O_DIRECT, 1 MiB, QD 32);
+//            the same bytes (A's extents of the daemon's NVMe file, while no
+//            daemon runs; O_DIRECT, 1 MiB, QD 32);
 //   warm   - a load of A from DRAM against one memcpy of the same image
 //            (the physical peer) and against the naive loader:
 //            safetensors.numpy.load_file of A's files from a cold page cache
@@ -58,6 +59,7 @@
 #include "bench/size_option.h"
 #include "common/safetensors.h"
 #include "storage/device/device_backend.h"
+#include "storage/nvme/nvme_catalog.h"
 #include "tests/testing/daemon_process.h"
 #include "tierkv/client.h"
 #include "tierkv/weights.h"
@@ -88,6 +90,8 @@ struct WeightsBenchOptions {
   std::string dir;                // default: a temp dir
   std::string target = "device";  // where loads land: device, memfd, buffer
   std::string staging_bytes;      // the daemon's [hbm] staging_bytes
+  // Which figures after the import (always run: it makes the checkpoints).
+  std::string cases = "cold,warm,switch";
   std::string json;
 };
 
@@ -360,6 +364,46 @@ Status WarmInDram(Client& c, const WeightsManifest& m,
   return Status::NotFound(m.model + " is not sealed");
 }
 
+// Where shard `m`'s chunks lie in the daemon's NVMe file (its catalog,
+// read while the daemon is stopped), as [offset, end) ranges in file order,
+// adjacent extents merged. The cold load's fio peer reads exactly these
+// bytes: this VM's virtual disk reads some regions of a file at twice the
+// speed of others, so fio over another file measures another disk.
+Result<std::vector<std::pair<uint64_t, uint64_t>>> ShardExtents(
+    const fs::path& nvme_file, const WeightsManifest& m) {
+  auto catalog =
+      storage::NvmeCatalog::Open({.path = nvme_file.string() + ".catalog"});
+  if (!catalog.ok()) return catalog.status();
+  auto ns = (*catalog)->FindNamespace("weights");
+  if (!ns.ok()) return ns.status();
+  std::map<SegmentKey, uint64_t> wanted;
+  for (const WeightsChunk& c : m.chunks) wanted[WeightsChunkSegment(c.key)] = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  auto scan = (*catalog)->ForEach(
+      [&](uint32_t id, const SegmentKey& key, const storage::CatalogEntry& e) {
+        if (id == *ns && wanted.contains(key)) {
+          extents.emplace_back(e.offset, e.offset + e.length);
+        }
+      });
+  if (!scan.ok()) return scan.status();
+  if (extents.size() != wanted.size()) {
+    return Status::Internal(
+        fmt::format("{} of {} distinct chunks of {} are on NVMe",
+                    extents.size(), wanted.size(), m.model));
+  }
+  std::sort(extents.begin(), extents.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& [a, b] : extents) {
+    // Block-rounded: extents start on blocks, lengths are exact.
+    if (!merged.empty() && a <= (merged.back().second + 4095) / 4096 * 4096) {
+      merged.back().second = std::max(merged.back().second, b);
+    } else {
+      merged.emplace_back(a, b);
+    }
+  }
+  return merged;
+}
+
 int Run(const WeightsBenchOptions& o) {
   auto fail = [](const Status& s) {
     fmt::print(stderr, "tierkv-bench weights: {}\n", s.ToString());
@@ -399,6 +443,25 @@ int Run(const WeightsBenchOptions& o) {
     return fail(Status::InvalidArgument(fmt::format(
         "--target must be device, memfd or buffer, not '{}'", o.target)));
   }
+  bool run_cold = false, run_warm = false, run_switch = false;
+  {
+    std::stringstream list(o.cases);
+    for (std::string c; std::getline(list, c, ',');) {
+      bool* flag = c == "cold"     ? &run_cold
+                   : c == "warm"   ? &run_warm
+                   : c == "switch" ? &run_switch
+                                   : nullptr;
+      if (flag == nullptr) {
+        return fail(Status::InvalidArgument(
+            fmt::format("--cases takes cold, warm and switch, not '{}'", c)));
+      }
+      *flag = true;
+    }
+    // A switch's stall is a ratio to the warm load.
+    if (run_switch && !run_warm) {
+      return fail(Status::InvalidArgument("--cases switch needs warm"));
+    }
+  }
   std::string config = fmt::format(
       "[[namespace]]\nname = \"weights\"\ntoken = \"bench-token\"\n"
       "weights = true\nhost_bytes = {}\nshards = 8\n"
@@ -428,6 +491,13 @@ int Run(const WeightsBenchOptions& o) {
   if (!client.ok()) return fail(client.status());
 
   nlohmann::json out;
+  auto finish = [&] {
+    if (!o.json.empty()) {
+      std::ofstream(o.json) << out.dump(2) << "\n";
+      fmt::print("wrote {}\n", o.json);
+    }
+    return 0;
+  };
   out["date"] = fmt::format("{:%F %T}", fmt::gmtime(std::time(nullptr)));
   out["model_bytes"] = *model_bytes;
   out["layers"] = o.layers;
@@ -506,32 +576,53 @@ int Run(const WeightsBenchOptions& o) {
 
   // 2. Cold: after a restart every chunk is on NVMe only.
   std::vector<double> cold_gbps, cold_ratio, cold_cpu, fio_gbps;
-  for (int it = 0; it < o.iterations; ++it) {
+  std::string fio_extents;  // fio's arguments for the bytes of A
+  for (int it = 0; run_cold && it < o.iterations; ++it) {
+    // fio first, while no daemon runs (the load below promotes what it
+    // read afterwards, reading NVMe again).
     daemon.Stop();
+    if (fio_extents.empty()) {
+      auto extents = ShardExtents(dir / "nvme.data", *a);
+      if (!extents.ok()) return fail(extents.status());
+      if (extents->size() != 1) {
+        return fail(Status::Internal(fmt::format(
+            "A's chunks lie in {} ranges of the NVMe file, not one (start "
+            "with an empty --dir)",
+            extents->size())));
+      }
+      const auto [begin, end] = extents->front();
+      fio_extents =
+          FioArgs((dir / "nvme.data").string(), end - begin, 1 << 20, 32,
+                  end - begin, 600, "read",
+                  // Into shared memory, as the daemon's staging and memfd
+                  // pools: on this VM O_DIRECT reads into it ran up to 1.8x
+                  // faster than into fio's default heap buffers.
+                  fmt::format("--offset={} --iomem=mmapshared", begin));
+    }
+    auto fio_read = RunFio(o.fio, dir.string(), fio_extents, "read");
+    if (!fio_read.ok()) return fail(fio_read.status());
     client = start();
     if (!client.ok()) return fail(client.status());
     double cpu = 0;
     auto s = timed_load(*a, &cpu);
     if (!s.ok()) return fail(s.status());
-    auto fio_read = RunFio(o.fio, dir.string(),
-                           FioArgs((dir / "fio.data").string(), image, 1 << 20,
-                                   32, image, 600, "read"),
-                           "read");
-    if (!fio_read.ok()) return fail(fio_read.status());
     cold_gbps.push_back(image / *s / 1e9);
     cold_ratio.push_back(cold_gbps.back() / fio_read->gbps);
     fio_gbps.push_back(fio_read->gbps);
     cold_cpu.push_back(cpu / (image / 1e9));
   }
-  fmt::print(
-      "cold load NVMe -> image: {:.2f} GB/s, {:.2f}x fio read ({:.2f} GB/s; "
-      "per round {:.2f}), {:.2f} CPU-s/GB\n",
-      Median(cold_gbps), Median(cold_ratio), Median(fio_gbps),
-      fmt::join(cold_ratio, " "), Median(cold_cpu));
-  out["cold"] = {{"gbps", Median(cold_gbps)},
-                 {"fio_read_gbps", Median(fio_gbps)},
-                 {"ratio_fio", Median(cold_ratio)},
-                 {"cpu_s_per_gb", Median(cold_cpu)}};
+  if (run_cold) {
+    fmt::print(
+        "cold load NVMe -> image: {:.2f} GB/s, {:.2f}x fio read ({:.2f} GB/s; "
+        "per round {:.2f}), {:.2f} CPU-s/GB\n",
+        Median(cold_gbps), Median(cold_ratio), Median(fio_gbps),
+        fmt::join(cold_ratio, " "), Median(cold_cpu));
+    out["cold"] = {{"gbps", Median(cold_gbps)},
+                   {"fio_read_gbps", Median(fio_gbps)},
+                   {"ratio_fio", Median(cold_ratio)},
+                   {"cpu_s_per_gb", Median(cold_cpu)}};
+  }
+  if (!run_warm && !run_switch) return finish();
 
   // 3. Warm: A in DRAM. A load into an image pool promotes what it read
   // from NVMe afterwards, in the background (capped, at most half of
@@ -572,12 +663,16 @@ int Run(const WeightsBenchOptions& o) {
                  {"naive", naive},
                  {"cpu_s_per_gb", Median(warm_cpu)}};
 
+  if (!run_switch) return finish();
+
   // 4. Teacher switching.
   // Long enough for a hint given when a forward starts to bring the next
   // model's bytes from NVMe before it ends (a teacher's forward in
   // distillation takes seconds; a shard's cold load here, a fraction).
-  const double forward =
-      o.forward_s > 0 ? o.forward_s : 2.0 * image / (Median(cold_gbps) * 1e9);
+  const double forward = o.forward_s > 0 ? o.forward_s
+                         : cold_gbps.empty()
+                             ? 2.0 * image / 1e9  // as if 1 GB/s
+                             : 2.0 * image / (Median(cold_gbps) * 1e9);
   uint64_t sink = 0;
   const WeightsManifest* models[2] = {&*a, &*b};
   out["switch"] = nlohmann::json::array();
@@ -643,12 +738,8 @@ int Run(const WeightsBenchOptions& o) {
                              {"layer0_p50_s", Median(layer0)}});
   }
   out["sink"] = sink;
-  if (!o.json.empty()) {
-    std::ofstream(o.json) << out.dump(2) << "\n";
-    fmt::print("wrote {}\n", o.json);
-  }
   (void)image_estimate;
-  return 0;
+  return finish();
 }
 
 const bool kRegistered = RegisterBench([](CLI::App& app) {
@@ -681,6 +772,10 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   sub->add_option("--staging-bytes", opts->staging_bytes,
                   "--target device: the daemon's pinned staging ([hbm] "
                   "staging_bytes; default the daemon's)");
+  sub->add_option("--cases", opts->cases,
+                  "figures after the import, comma-separated: cold, warm, "
+                  "switch (needs warm)")
+      ->capture_default_str();
   sub->add_option("--json", opts->json, "also write the figures here");
   sub->callback([opts] { SetExitCode(Run(*opts)); });
 });

@@ -34,8 +34,10 @@ struct PinnedStagingStats {
 class PinnedStaging {
  public:
   // A 4 KiB-aligned arena of `bytes` (rounded up to 4 KiB), registered with
-  // `device`, which must outlive the staging. The device's refusal (e.g. a
-  // pinning limit) is returned: the owner goes without.
+  // `device`, which must outlive the staging: shared memory populated now
+  // (O_DIRECT reads land in it faster than in heap memory), else the heap.
+  // The device's refusal (e.g. a pinning limit) is returned: the owner goes
+  // without.
   static Result<std::unique_ptr<PinnedStaging>> Create(DeviceBackend& device,
                                                        uint64_t bytes);
   // Unregisters and frees the arena once every buffer came back; a buffer
