@@ -298,7 +298,12 @@ class Completions {
       } else {
         free_slots_.push_back(slot);
       }
-      cv_.Signal();
+      // Only a waiter that can go on is woken: TakeSlot by a freed slot,
+      // WaitCompleted by its count (a wake-up per call would cost the
+      // 2-core VM a context switch per call).
+      if (!again || completed_ >= wake_at_ || !first_error_.ok()) {
+        cv_.Signal();
+      }
     }
     if (again) refill(slot);
   }
@@ -320,7 +325,9 @@ class Completions {
   // Waits until `calls` calls have completed in all.
   Status WaitCompleted(uint64_t calls) {
     MutexLock lock(&mu_);
+    wake_at_ = calls;
     while (completed_ < calls && first_error_.ok()) cv_.Wait(&mu_);
+    wake_at_ = UINT64_MAX;
     return first_error_;
   }
   // When the last call completed (its OnComplete ran).
@@ -342,6 +349,7 @@ class Completions {
   CondVar cv_;
   std::vector<size_t> free_slots_ GUARDED_BY(mu_);
   uint64_t completed_ GUARDED_BY(mu_) = 0;
+  uint64_t wake_at_ GUARDED_BY(mu_) = UINT64_MAX;  // WaitCompleted's count
   Clock::time_point last_done_ GUARDED_BY(mu_);
   uint64_t to_start_ GUARDED_BY(mu_) = 0;
   std::function<void(size_t)> refill_ GUARDED_BY(mu_);
