@@ -85,7 +85,8 @@ Result<std::unique_ptr<WeightsCatalog>> WeightsCatalog::Open(
           return;
         }
         Shard shard;
-        shard.manifest = std::move(m).value();
+        shard.manifest =
+            std::make_shared<const WeightsManifest>(std::move(m).value());
         shard.encoded.assign(bytes.begin(), bytes.end());
         shard.version = version;
         shard.sealed_unix_ms = r.sealed_unix_ms;
@@ -121,7 +122,7 @@ std::vector<SegmentKey> WeightsCatalog::DistinctChunks(
 
 void WeightsCatalog::InsertLocked(Shard shard) {
   std::unordered_map<PageHash, uint64_t, ChunkKeyHash> sizes;
-  for (const WeightsChunk& c : shard.manifest.chunks) sizes[c.key] = c.bytes;
+  for (const WeightsChunk& c : shard.manifest->chunks) sizes[c.key] = c.bytes;
   shard.chunk_bytes = 0;
   for (const auto& [key, bytes] : sizes) {
     Chunk& chunk = chunks_[key];
@@ -135,7 +136,7 @@ void WeightsCatalog::InsertLocked(Shard shard) {
   manifest_bytes_ += shard.encoded.size();
   last_sealed_unix_ms_ = std::max(last_sealed_unix_ms_, shard.sealed_unix_ms);
   shard.sequence = next_sequence_++;
-  ShardKey key{shard.manifest.model, shard.manifest.layout, shard.version};
+  ShardKey key{shard.manifest->model, shard.manifest->layout, shard.version};
   shards_.emplace(std::move(key), std::move(shard));
 }
 
@@ -194,7 +195,7 @@ std::vector<SegmentKey> WeightsCatalog::RemovePendingLocked(
 
 Result<std::optional<WeightsCatalog::Sealed>> WeightsCatalog::CheckSealLocked(
     const Shard& shard, bool durable) const {
-  const WeightsManifest& m = shard.manifest;
+  const WeightsManifest& m = *shard.manifest;
   if (shards_.count(ShardKey{m.model, m.layout, shard.version})) {
     return std::optional<Sealed>(Sealed{shard.version, true});
   }
@@ -248,8 +249,8 @@ Result<WeightsCatalog::Sealed> WeightsCatalog::FinishSealLocked(Shard shard) {
   if (persist_ != nullptr) {
     NvmeCatalog::WeightsRecord record{
         .ns_id = ns_id_,
-        .model = shard.manifest.model,
-        .layout = shard.manifest.layout,
+        .model = shard.manifest->model,
+        .layout = shard.manifest->layout,
         .version = shard.version,
         .sealed_unix_ms = shard.sealed_unix_ms,
         .manifest = std::string(AsChars(shard.encoded))};
@@ -277,12 +278,13 @@ void WeightsCatalog::Seal(std::span<const std::byte> encoded, SealDone done) {
     return;
   }
   auto shard = std::make_shared<Shard>();
-  shard->manifest = std::move(m).value();
+  shard->manifest =
+      std::make_shared<const WeightsManifest>(std::move(m).value());
   shard->encoded.assign(encoded.begin(), encoded.end());
   // The encoding is canonical (a decoded manifest encodes to the same
   // bytes), so its hash is WeightsVersionOf without encoding it again.
   shard->version = WeightsChunkKey(encoded);
-  std::vector<SegmentKey> keys = DistinctChunks(shard->manifest);
+  std::vector<SegmentKey> keys = DistinctChunks(*shard->manifest);
   const uint64_t encoded_bytes = shard->encoded.size();
   {
     MutexLock lock(&mu_);
@@ -377,7 +379,7 @@ Result<std::shared_ptr<const WeightsManifest>> WeightsCatalog::Decoded(
   MutexLock lock(&mu_);
   const Shard* shard = FindLocked(id);
   if (shard == nullptr) return NoSuchShard(id);
-  return std::make_shared<const WeightsManifest>(shard->manifest);
+  return shard->manifest;  // immutable: shared, not copied
 }
 
 std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,
@@ -389,17 +391,17 @@ std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,
                 : shards_.lower_bound(ShardKey{std::string(model), "", {}});
   for (; it != shards_.end() && out.size() < limit; ++it) {
     const Shard& s = it->second;
-    if (!model.empty() && s.manifest.model != model) break;
+    if (!model.empty() && s.manifest->model != model) break;
     WeightsInfo info;
-    info.id = {s.manifest.model, s.manifest.layout, s.version};
-    info.image_bytes = s.manifest.image_bytes;
-    info.tensors = static_cast<uint32_t>(s.manifest.tensors.size());
-    info.chunks = static_cast<uint32_t>(s.manifest.chunks.size());
-    info.num_layers = s.manifest.num_layers;
+    info.id = {s.manifest->model, s.manifest->layout, s.version};
+    info.image_bytes = s.manifest->image_bytes;
+    info.tensors = static_cast<uint32_t>(s.manifest->tensors.size());
+    info.chunks = static_cast<uint32_t>(s.manifest->chunks.size());
+    info.num_layers = s.manifest->num_layers;
     info.sealed_unix_ms = s.sealed_unix_ms;
     std::vector<SegmentKey> keys;
-    keys.reserve(s.manifest.chunks.size());
-    for (const WeightsChunk& c : s.manifest.chunks) {
+    keys.reserve(s.manifest->chunks.size());
+    for (const WeightsChunk& c : s.manifest->chunks) {
       keys.push_back(WeightsChunkSegment(c.key));
     }
     for (const CacheEngine::SegmentWhere& w : engine_->Where(*ns_, keys)) {
@@ -412,7 +414,7 @@ std::vector<WeightsInfo> WeightsCatalog::List(std::string_view model,
         info.chunks_on_nvme++;
       }
     }
-    for (const SegmentKey& key : DistinctChunks(s.manifest)) {
+    for (const SegmentKey& key : DistinctChunks(*s.manifest)) {
       auto c = chunks_.find(key.page);
       if (c != chunks_.end() && c->second.shards == 1) {
         info.unique_bytes += c->second.bytes;
@@ -457,7 +459,7 @@ Result<WeightsCatalog::Dropped> WeightsCatalog::Drop(std::string_view model,
     }
     auto it = shards_.find(key);
     const Shard& shard = it->second;
-    for (const SegmentKey& chunk_key : DistinctChunks(shard.manifest)) {
+    for (const SegmentKey& chunk_key : DistinctChunks(*shard.manifest)) {
       auto c = chunks_.find(chunk_key.page);
       if (c == chunks_.end() || --c->second.shards > 0) continue;
       dropped.freed_bytes += c->second.bytes;
@@ -501,7 +503,7 @@ Result<size_t> WeightsCatalog::Prefetch(const WeightsId& id,
           fmt::format("no sealed weights shard '{}' '{}' to prefetch", id.model,
                       id.layout));
     }
-    const WeightsManifest& m = shard->manifest;
+    const WeightsManifest& m = *shard->manifest;
     if (layers.first >= m.num_layers) {
       return Status::InvalidArgument(
           fmt::format("layer {} is past the shard's {} layers", layers.first,
@@ -586,7 +588,7 @@ Status WeightsCatalog::Pin(const WeightsId& id, std::chrono::milliseconds ttl) {
     }
     shard->pinned_until = Later(now, ttl);
     PushScheduleLocked();
-    promote = DistinctChunks(shard->manifest);
+    promote = DistinctChunks(*shard->manifest);
   }
   // Those in DRAM are held from now on; the rest are held once promoted.
   (void)engine_->PromoteInOrder(*ns_, promote);
@@ -641,7 +643,7 @@ std::vector<SegmentKey> WeightsCatalog::DueForPrefetchLocked(
   std::unordered_set<PageHash, ChunkKeyHash> seen;
   for (Shard* shard : due) {
     shard->hint_prefetched = true;
-    for (const SegmentKey& k : DistinctChunks(shard->manifest)) {
+    for (const SegmentKey& k : DistinctChunks(*shard->manifest)) {
       if (seen.insert(k.page).second) keys.push_back(k);
     }
   }
@@ -659,7 +661,7 @@ void WeightsCatalog::PushScheduleLocked() {
                       shard.next_use->time_since_epoch())
                       .count())
             : std::nullopt;
-    for (const SegmentKey& k : DistinctChunks(shard.manifest)) {
+    for (const SegmentKey& k : DistinctChunks(*shard.manifest)) {
       ScheduleStanding& st = table[k];
       st.pinned |= shard.pinned_until.has_value();
       if (next_ms && (!st.next_use_ms || *next_ms < *st.next_use_ms)) {
@@ -674,7 +676,7 @@ uint64_t WeightsCatalog::PinnedBytesLocked(const Shard* extra) const {
   std::unordered_set<PageHash, ChunkKeyHash> seen;
   uint64_t bytes = 0;
   auto add = [&](const Shard& shard) {
-    for (const WeightsChunk& c : shard.manifest.chunks) {
+    for (const WeightsChunk& c : shard.manifest->chunks) {
       if (seen.insert(c.key).second) bytes += c.bytes;
     }
   };

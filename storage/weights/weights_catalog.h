@@ -120,8 +120,8 @@ class WeightsCatalog {
   // one of (model, layout) for a zero version; NotFound when none is.
   Result<std::vector<std::byte>> Manifest(const WeightsId& id) const
       EXCLUDES(mu_);
-  // The same shard's manifest, decoded (a copy the caller may keep while
-  // the shard is dropped: a load in flight reads it).
+  // The same shard's manifest, decoded (shared, immutable: the caller may
+  // keep it while the shard is dropped, as a load in flight does).
   Result<std::shared_ptr<const WeightsManifest>> Decoded(
       const WeightsId& id) const EXCLUDES(mu_);
 
@@ -205,7 +205,8 @@ class WeightsCatalog {
 
  private:
   struct Shard {
-    WeightsManifest manifest;
+    // Immutable once sealed; shared with loads in flight (Decoded).
+    std::shared_ptr<const WeightsManifest> manifest;
     std::vector<std::byte> encoded;
     PageHash version;
     uint64_t sealed_unix_ms = 0;
