@@ -414,7 +414,10 @@ int Run(const WeightsBenchOptions& o) {
   if (o.layers < 2 || o.layers > 1024) {
     return fail(Status::InvalidArgument("--layers must be in [2, 1024]"));
   }
-  uint64_t dram = *model_bytes + *model_bytes / 4;
+  // 1.25x a checkpoint, and at least what a weights namespace needs to
+  // promote its largest chunks (the daemon refuses less).
+  uint64_t dram =
+      std::max(*model_bytes + *model_bytes / 4, uint64_t{256} << 20);
   if (!o.dram_bytes.empty()) {
     auto d = ParseSizeOption("--dram-bytes", o.dram_bytes);
     if (!d.ok()) return fail(d.status());
@@ -751,8 +754,10 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   sub->add_option("--model-bytes", opts->model_bytes, "bytes per checkpoint")
       ->capture_default_str();
   sub->add_option("--layers", opts->layers)->capture_default_str();
-  sub->add_option("--dram-bytes", opts->dram_bytes,
-                  "the weights namespace's DRAM (default 1.25x a checkpoint)");
+  sub->add_option(
+      "--dram-bytes", opts->dram_bytes,
+      "the weights namespace's DRAM (default 1.25x a checkpoint, at least "
+      "256 MiB)");
   sub->add_option("--iterations", opts->iterations, "rounds per figure")
       ->capture_default_str();
   sub->add_option("--switches", opts->switches, "per switching mode")
