@@ -6,7 +6,9 @@
 //               the holder), one segment per call with --in-flight calls
 //               outstanding, and batches of 64 x 64 KiB segments per call;
 //               rounds alternate with `ucx_perftest -t ucp_am_bw` of the
-//               same message (the batch as a 64-piece IOV); each round
+//               same message (the batch as a 64-piece IOV, which the
+//               holder's transport gathers into one buffer unless
+//               --gather-budget 0); each round
 //               starts after 16 untimed calls, as ucx_perftest -w 16;
 //   latency   - one 64 KiB fetch at a time, p50/p99 from Call to
 //               OnComplete as the calling thread sees it, beside
@@ -102,6 +104,9 @@ struct PeerBenchOptions {
   // PeerTransportOptions::rendezvous_threshold_bytes on both sides; empty
   // keeps the transport's default.
   std::string rendezvous_threshold;
+  // PeerTransportOptions::reply_gather_budget_bytes on both sides (the
+  // holder's is the one used); empty keeps the transport's default.
+  std::string gather_budget;
   // PeerTransportOptions::transfer_spin on both sides, in us; negative
   // keeps the transport's default.
   int transfer_spin_us = -1;
@@ -133,6 +138,11 @@ Result<PeerTransportOptions> TransportOptions(const std::string& node,
         ParseSizeOption("--rendezvous-threshold", bench.rendezvous_threshold);
     if (!bytes.ok()) return bytes.status();
     o.rendezvous_threshold_bytes = *bytes;
+  }
+  if (!bench.gather_budget.empty()) {
+    auto bytes = ParseSizeOption("--gather-budget", bench.gather_budget);
+    if (!bytes.ok()) return bytes.status();
+    o.reply_gather_budget_bytes = *bytes;
   }
   if (bench.transfer_spin_us >= 0) {
     o.transfer_spin = std::chrono::microseconds(bench.transfer_spin_us);
@@ -222,6 +232,10 @@ class HolderProcess {
     if (!o.rendezvous_threshold.empty()) {
       args.push_back("--rendezvous-threshold");
       args.push_back(o.rendezvous_threshold);
+    }
+    if (!o.gather_budget.empty()) {
+      args.push_back("--gather-budget");
+      args.push_back(o.gather_budget);
     }
     if (o.transfer_spin_us >= 0) {
       args.push_back("--transfer-spin-us");
@@ -744,6 +758,7 @@ int Run(const PeerBenchOptions& o) {
       o.transfer_spin_us >= 0
           ? o.transfer_spin_us
           : transport::peer::PeerTransportOptions{}.transfer_spin.count();
+  out["reply_gather_budget_bytes"] = options->reply_gather_budget_bytes;
   if (Wanted(o, "fetch")) {
     fmt::print(
         "peer fetch, UCX_TLS={}, holder in another process; GB/s = 1e9 B/s; "
@@ -978,6 +993,9 @@ const bool kRegistered = RegisterBench([](CLI::App& app) {
   sub->add_option("--rendezvous-threshold", opts->rendezvous_threshold,
                   "the transports' rendezvous_threshold_bytes (default: "
                   "theirs)");
+  sub->add_option("--gather-budget", opts->gather_budget,
+                  "the transports' reply_gather_budget_bytes; 0 sends "
+                  "multi-piece replies as an IOV (default: theirs)");
   sub->add_option("--transfer-spin-us", opts->transfer_spin_us,
                   "the transports' transfer_spin in us (default: theirs)");
   sub->add_option("--sections", opts->sections,

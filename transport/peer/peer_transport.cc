@@ -107,12 +107,81 @@ struct AtomicCounters {
       replies_received{0}, bytes_sent{0}, bytes_received{0},
       reply_data_bytes_served{0}, errors_timeout{0}, errors_reset{0},
       errors_auth{0}, errors_malformed{0}, abandoned_receives{0},
-      connections_opened{0}, live_connections{0};
+      connections_opened{0}, live_connections{0}, replies_gathered{0};
 };
 
 void Add(std::atomic<uint64_t>& c, uint64_t n = 1) {
   c.fetch_add(n, std::memory_order_relaxed);
 }
+
+// Joins pieces that continue one another in memory (a page's layer windows
+// read into one buffer): UCX then sees fewer pieces, often one. `Span` is a
+// std::span of const or mutable bytes.
+template <typename Span>
+std::vector<Span> Coalesce(std::vector<Span> pieces) {
+  std::vector<Span> out;
+  out.reserve(pieces.size());
+  for (const Span& p : pieces) {
+    if (p.empty()) continue;
+    if (!out.empty() && out.back().data() + out.back().size() == p.data()) {
+      out.back() = Span(out.back().data(), out.back().size() + p.size());
+    } else {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// The bytes of multi-piece replies gathered into one buffer, against
+// PeerTransportOptions::reply_gather_budget_bytes. Shared with each
+// gathered buffer, which a queued command may hold past the Core.
+class GatherBudget {
+ public:
+  explicit GatherBudget(uint64_t limit) : limit_(limit) {}
+  // Takes `n` bytes if they fit under the limit.
+  bool TryTake(uint64_t n) {
+    uint64_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (n > limit_ || used > limit_ - n) return false;
+    } while (!used_.compare_exchange_weak(used, used + n,
+                                          std::memory_order_relaxed));
+    return true;
+  }
+  void Give(uint64_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+// One reply's pieces copied into one buffer; returns its bytes to the
+// budget when freed (after UCX is done with it: see ReplyWithData).
+class GatheredData {
+ public:
+  GatheredData(std::shared_ptr<GatherBudget> budget,
+               std::span<const std::span<const std::byte>> pieces,
+               uint64_t total)
+      : budget_(std::move(budget)),
+        // Default-initialised: every byte is written below.
+        bytes_(new std::byte[total]),
+        size_(total) {
+    std::byte* at = bytes_.get();
+    for (const auto& p : pieces) {
+      std::memcpy(at, p.data(), p.size());
+      at += p.size();
+    }
+  }
+  ~GatheredData() { budget_->Give(size_); }
+  GatheredData(const GatheredData&) = delete;
+  GatheredData& operator=(const GatheredData&) = delete;
+
+  std::span<const std::byte> bytes() const { return {bytes_.get(), size_}; }
+
+ private:
+  const std::shared_ptr<GatherBudget> budget_;
+  const std::unique_ptr<std::byte[]> bytes_;
+  const uint64_t size_;
+};
 
 }  // namespace
 
@@ -166,7 +235,10 @@ Status PeerTransportOptions::Validate() const {
 class Core : public std::enable_shared_from_this<Core> {
  public:
   Core(PeerTransportOptions options, RequestHandler handler)
-      : options_(std::move(options)), handler_(std::move(handler)) {}
+      : options_(std::move(options)),
+        handler_(std::move(handler)),
+        gather_budget_(std::make_shared<GatherBudget>(
+            options_.reply_gather_budget_bytes)) {}
   ~Core() {
     if (event_fd_ >= 0) ::close(event_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
@@ -205,6 +277,15 @@ class Core : public std::enable_shared_from_this<Core> {
 
   PeerTransportCounters Snapshot() const;
   const PeerTransportOptions& options() const { return options_; }
+
+  // Any thread: `data` as PeerResponder::ReplyWithData will send it, with
+  // pieces that continue one another joined, and several pieces of a
+  // rendezvous-sized reply gathered into one buffer when the budget allows
+  // (see reply_gather_budget_bytes). `on_sent` then holds that buffer, so
+  // it lives until UCX has sent it.
+  std::vector<std::span<const std::byte>> PrepareReplyData(
+      std::vector<std::span<const std::byte>> data,
+      std::function<void(Status)>& on_sent);
 
  private:
   enum class ConnState {
@@ -358,6 +439,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   const PeerTransportOptions options_;
   const RequestHandler handler_;
+  const std::shared_ptr<GatherBudget> gather_budget_;
   AtomicCounters counters_;
 
   Mutex mu_;
@@ -1543,8 +1625,8 @@ ucs_status_t Core::OnReplyAm(void* arg, const void* header,
   auto op = std::make_unique<RecvOp>();
   op->core = core;
   op->call_id = id;
-  for (const auto& d : *dst) {
-    if (!d.empty()) op->iov.push_back(ucp_dt_iov_t{d.data(), d.size()});
+  for (const auto& d : Coalesce(std::move(*dst))) {
+    op->iov.push_back(ucp_dt_iov_t{d.data(), d.size()});
   }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -1730,7 +1812,30 @@ PeerTransportCounters Core::Snapshot() const {
   c.abandoned_receives = get(counters_.abandoned_receives);
   c.connections_opened = get(counters_.connections_opened);
   c.live_connections = get(counters_.live_connections);
+  c.replies_gathered = get(counters_.replies_gathered);
   return c;
+}
+
+std::vector<std::span<const std::byte>> Core::PrepareReplyData(
+    std::vector<std::span<const std::byte>> data,
+    std::function<void(Status)>& on_sent) {
+  data = Coalesce(std::move(data));
+  uint64_t total = 0;
+  for (const auto& d : data) total += d.size();
+  // Below the rendezvous threshold UCX copies the pieces into its eager
+  // buffer anyway; an oversized reply is refused by SendReply.
+  if (data.size() < 2 || total < options_.rendezvous_threshold_bytes ||
+      total > options_.max_reply_data_bytes ||
+      !gather_budget_->TryTake(total)) {
+    return data;
+  }
+  auto gathered =
+      std::make_shared<const GatheredData>(gather_budget_, data, total);
+  Add(counters_.replies_gathered);
+  on_sent = [gathered, on_sent = std::move(on_sent)](Status s) {
+    if (on_sent) on_sent(std::move(s));
+  };
+  return {gathered->bytes()};
 }
 
 // ------------------------------------------------------------ responder
@@ -1778,6 +1883,9 @@ void PeerResponder::ReplyWithData(std::vector<std::byte> head,
                                   std::function<void(Status)> on_sent) {
   answered_ = true;
   std::shared_ptr<Core> core = core_.lock();
+  if (core != nullptr && data.size() > 1) {
+    data = core->PrepareReplyData(std::move(data), on_sent);
+  }
   auto command = [core_ptr = core.get(), conn = connection_id_, op = opcode_,
                   req = request_id_, head = std::move(head),
                   data = std::move(data), on_sent]() mutable {

@@ -90,6 +90,15 @@ struct PeerTransportOptions {
   // fetch took p50 143-277 us by rendezvous and 69-133 us eagerly on the
   // test VM (bench/RESULTS.md, "peer"). Default: 256 KiB.
   uint64_t rendezvous_threshold_bytes = uint64_t{256} << 10;
+  // A rendezvous reply of several pieces (PeerResponder::ReplyWithData) is
+  // copied into one buffer and sent as contiguous data while the replies so
+  // gathered and not yet sent hold at most this many bytes; past it the
+  // pieces go as a UCX IOV, no copy and no memory. UCX 1.13 sends an IOV
+  // through its own bounce buffers and contiguous data zero-copy: over TCP
+  // a 64 x 64 KiB reply went at GATHER_IOV GB/s as an IOV and GATHER_ONE GB/s
+  // gathered (bench/RESULTS.md, "peer: multi-piece replies gathered"). Zero:
+  // never gather. Default: 64 MiB.
+  uint64_t reply_gather_budget_bytes = uint64_t{64} << 20;
   // While a send or a rendezvous receive is in flight, the progress thread
   // keeps polling UCX for up to this long after its last event before it
   // sleeps; idle, it never polls. Over TCP a transfer is a stream of
@@ -165,6 +174,9 @@ struct PeerTransportCounters {
   uint64_t abandoned_receives = 0;
   uint64_t connections_opened = 0;  // handshakes completed
   uint64_t live_connections = 0;    // authenticated endpoints now
+  // Replies whose pieces were gathered into one buffer to be sent
+  // (reply_gather_budget_bytes).
+  uint64_t replies_gathered = 0;
 };
 
 // One incoming request, as the handler sees it. Valid during the call only.
@@ -194,8 +206,10 @@ class PeerResponder {
   // Internal error).
   void Reply(std::vector<std::byte> head);
 
-  // A reply whose bulk data is `data`, sent straight from the caller's
-  // memory (an IOV, rendezvous when large: no copy). The spans must stay
+  // A reply whose bulk data is `data`, in order: sent straight from the
+  // caller's memory (rendezvous when large: no copy), except that several
+  // pieces of a rendezvous-sized reply are first copied into one buffer on
+  // this thread, within reply_gather_budget_bytes. The spans must stay
   // valid and unchanged until `on_sent` runs (on the progress thread) with
   // OK when the requester has the bytes, or the error that ended the send
   // (then the bytes may have been read partly or not at all); it runs

@@ -200,6 +200,7 @@ class Server {
         return r.ReplyWithData(Bytes("bulk"), std::move(pieces),
                                [this](Status s) {
                                  sent_calls++;
+                                 events.Signal(&sent_events);
                                  if (!sent_reported.exchange(true)) {
                                    sent.set_value(s);
                                  }
@@ -223,6 +224,7 @@ class Server {
   std::atomic<int> handled{0};
   Events events;
   int handled_events = 0;  // guarded by events' lock
+  int sent_events = 0;     // kBulk's on_sent runs; guarded by events' lock
   std::mutex mu;
   std::string last_peer;
   std::vector<PeerResponder> held;
@@ -427,6 +429,60 @@ TEST_P(PeerTransportTest, ManyPiecesGoFromAnIovIntoScatteredBuffers) {
   }
   EXPECT_TRUE(rx->GuardsIntact());
   ASSERT_OK(server.sent.get_future().get());
+  // 4 MiB in 64 pieces: gathered into one buffer, sent contiguously.
+  EXPECT_EQ(server.transport->counters().replies_gathered, 1u);
+}
+
+// Past reply_gather_budget_bytes the pieces go as an IOV, bit-exact too; a
+// gathered reply's bytes return to the budget once sent.
+TEST_P(PeerTransportTest, PiecesBeyondTheGatherBudgetGoAsAnIov) {
+  const uint64_t piece = 64 << 10;
+  const size_t pieces = 8;  // 512 KiB a reply: rendezvous
+  PeerTransportOptions opts = Opts("server");
+  opts.reply_gather_budget_bytes = piece * pieces;
+  Server server(opts);
+  uint64_t n = 0;
+  for (size_t p = 0; p < pieces; ++p) {
+    server.bulk_pieces.emplace_back(piece);
+    for (auto& b : server.bulk_pieces.back()) b = Pattern(n++);
+  }
+  auto client = Client();
+  auto fetch = [&] {
+    auto rx = std::make_shared<GuardedReceiver>(piece, pieces);
+    client->Call(server.address(), kBulk, {}, Clock::now() + milliseconds(5000),
+                 rx);
+    EXPECT_OK(rx->Wait());
+    for (size_t p = 0; p < pieces; ++p) {
+      EXPECT_TRUE(std::equal(server.bulk_pieces[p].begin(),
+                             server.bulk_pieces[p].end(), rx->Piece(p).begin()))
+          << "piece " << p;
+    }
+    EXPECT_TRUE(rx->GuardsIntact());
+  };
+  // The budget holds one reply: the second is gathered too once the
+  // first one's send has completed (its buffer freed).
+  fetch();
+  ASSERT_TRUE(
+      server.events.WaitFor(&server.sent_events, 1, milliseconds(5000)));
+  fetch();
+  EXPECT_EQ(server.transport->counters().replies_gathered, 2u);
+
+  PeerTransportOptions small = Opts("server-small");
+  small.reply_gather_budget_bytes = piece * pieces - 1;
+  Server iov_server(small);
+  iov_server.bulk_pieces = server.bulk_pieces;
+  auto rx = std::make_shared<GuardedReceiver>(piece, pieces);
+  client->Call(iov_server.address(), kBulk, {},
+               Clock::now() + milliseconds(5000), rx);
+  ASSERT_OK(rx->Wait());
+  for (size_t p = 0; p < pieces; ++p) {
+    ASSERT_TRUE(std::equal(iov_server.bulk_pieces[p].begin(),
+                           iov_server.bulk_pieces[p].end(),
+                           rx->Piece(p).begin()))
+        << "piece " << p;
+  }
+  EXPECT_TRUE(rx->GuardsIntact());
+  EXPECT_EQ(iov_server.transport->counters().replies_gathered, 0u);
 }
 
 TEST_P(PeerTransportTest, SmallDataGoesEagerlyIntoTheSameBuffers) {
