@@ -408,19 +408,25 @@ TEST_P(PeerTransportTest, BulkReplyLandsBitExactInRequesterChosenBuffer) {
   EXPECT_GE(client->counters().bytes_received, size);
 }
 
-TEST_P(PeerTransportTest, ManyPiecesGoFromAnIovIntoScatteredBuffers) {
-  Server server(Opts("server"));
-  const uint64_t piece = 64 << 10;
-  const size_t pieces = 64;
+// Fills `server`'s kBulk reply with `pieces` separate pieces of `piece`
+// bytes each (a pattern running across them).
+void SetPatternPieces(Server& server, uint64_t piece, size_t pieces) {
+  server.bulk_pieces.clear();
   uint64_t n = 0;
   for (size_t p = 0; p < pieces; ++p) {
     server.bulk_pieces.emplace_back(piece);
     for (auto& b : server.bulk_pieces.back()) b = Pattern(n++);
   }
-  auto client = Client();
+}
+
+// One kBulk call landing each piece in a separate, guarded buffer; expects
+// every piece bit-exact and no byte written around them.
+void ExpectPiecesArriveBitExact(PeerTransport& client, const Server& server) {
+  const uint64_t piece = server.bulk_pieces.front().size();
+  const size_t pieces = server.bulk_pieces.size();
   auto rx = std::make_shared<GuardedReceiver>(piece, pieces);
-  client->Call(server.address(), kBulk, {}, Clock::now() + milliseconds(5000),
-               rx);
+  client.Call(server.address(), kBulk, {}, Clock::now() + milliseconds(5000),
+              rx);
   ASSERT_OK(rx->Wait());
   for (size_t p = 0; p < pieces; ++p) {
     ASSERT_TRUE(std::equal(server.bulk_pieces[p].begin(),
@@ -428,6 +434,13 @@ TEST_P(PeerTransportTest, ManyPiecesGoFromAnIovIntoScatteredBuffers) {
         << "piece " << p;
   }
   EXPECT_TRUE(rx->GuardsIntact());
+}
+
+TEST_P(PeerTransportTest, ManyPiecesGoFromAnIovIntoScatteredBuffers) {
+  Server server(Opts("server"));
+  SetPatternPieces(server, 64 << 10, 64);
+  auto client = Client();
+  ExpectPiecesArriveBitExact(*client, server);
   ASSERT_OK(server.sent.get_future().get());
   // 4 MiB in 64 pieces: gathered into one buffer, sent contiguously.
   EXPECT_EQ(server.transport->counters().replies_gathered, 1u);
@@ -441,47 +454,21 @@ TEST_P(PeerTransportTest, PiecesBeyondTheGatherBudgetGoAsAnIov) {
   PeerTransportOptions opts = Opts("server");
   opts.reply_gather_budget_bytes = piece * pieces;
   Server server(opts);
-  uint64_t n = 0;
-  for (size_t p = 0; p < pieces; ++p) {
-    server.bulk_pieces.emplace_back(piece);
-    for (auto& b : server.bulk_pieces.back()) b = Pattern(n++);
-  }
+  SetPatternPieces(server, piece, pieces);
   auto client = Client();
-  auto fetch = [&] {
-    auto rx = std::make_shared<GuardedReceiver>(piece, pieces);
-    client->Call(server.address(), kBulk, {}, Clock::now() + milliseconds(5000),
-                 rx);
-    EXPECT_OK(rx->Wait());
-    for (size_t p = 0; p < pieces; ++p) {
-      EXPECT_TRUE(std::equal(server.bulk_pieces[p].begin(),
-                             server.bulk_pieces[p].end(), rx->Piece(p).begin()))
-          << "piece " << p;
-    }
-    EXPECT_TRUE(rx->GuardsIntact());
-  };
   // The budget holds one reply: the second is gathered too once the
   // first one's send has completed (its buffer freed).
-  fetch();
+  ExpectPiecesArriveBitExact(*client, server);
   ASSERT_TRUE(
       server.events.WaitFor(&server.sent_events, 1, milliseconds(5000)));
-  fetch();
+  ExpectPiecesArriveBitExact(*client, server);
   EXPECT_EQ(server.transport->counters().replies_gathered, 2u);
 
   PeerTransportOptions small = Opts("server-small");
   small.reply_gather_budget_bytes = piece * pieces - 1;
   Server iov_server(small);
-  iov_server.bulk_pieces = server.bulk_pieces;
-  auto rx = std::make_shared<GuardedReceiver>(piece, pieces);
-  client->Call(iov_server.address(), kBulk, {},
-               Clock::now() + milliseconds(5000), rx);
-  ASSERT_OK(rx->Wait());
-  for (size_t p = 0; p < pieces; ++p) {
-    ASSERT_TRUE(std::equal(iov_server.bulk_pieces[p].begin(),
-                           iov_server.bulk_pieces[p].end(),
-                           rx->Piece(p).begin()))
-        << "piece " << p;
-  }
-  EXPECT_TRUE(rx->GuardsIntact());
+  SetPatternPieces(iov_server, piece, pieces);
+  ExpectPiecesArriveBitExact(*client, iov_server);
   EXPECT_EQ(iov_server.transport->counters().replies_gathered, 0u);
 }
 
