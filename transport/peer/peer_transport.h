@@ -95,9 +95,9 @@ struct PeerTransportOptions {
   // gathered and not yet sent hold at most this many bytes; past it the
   // pieces go as a UCX IOV, no copy and no memory. UCX 1.13 sends an IOV
   // through its own bounce buffers and contiguous data zero-copy: over TCP
-  // a 64 x 64 KiB reply went at GATHER_IOV GB/s as an IOV and GATHER_ONE GB/s
-  // gathered (bench/RESULTS.md, "peer: multi-piece replies gathered"). Zero:
-  // never gather. Default: 64 MiB.
+  // 64 x 64 KiB replies went at 0.70-1.22 GB/s as an IOV and 1.38-2.59
+  // GB/s gathered on the test VM (bench/RESULTS.md, "peer: multi-piece
+  // replies gathered"). Zero: never gather. Default: 64 MiB.
   uint64_t reply_gather_budget_bytes = uint64_t{64} << 20;
   // While a send or a rendezvous receive is in flight, the progress thread
   // keeps polling UCX for up to this long after its last event before it
