@@ -599,6 +599,7 @@ HandlerReply CacheService::Stats(Namespace& ns) {
       {"calls", es.transfers},
       {"loads", es.loads},
       {"stores", es.stores},
+      {"weights_loads", es.weights_loads},
       {"prefetches", es.prefetches},
       {"topk_reports", es.topk_reports},
       // Transfers ordered after an engine's stream (Client::Load/Store with
@@ -613,6 +614,9 @@ HandlerReply CacheService::Stats(Namespace& ns) {
       {"store_seconds",
        {{"count", LatencyHistogram::SampleCount(es.store_latency)},
         {"sum", static_cast<double>(es.store_latency_nanos) * 1e-9}}},
+      {"weights_load_seconds",
+       {{"count", LatencyHistogram::SampleCount(es.weights_load_latency)},
+        {"sum", static_cast<double>(es.weights_load_latency_nanos) * 1e-9}}},
       // This namespace's engines, as their clients reported; "blocked":
       // calls that waited 1 us or more.
       {"layer_waits",

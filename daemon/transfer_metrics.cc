@@ -45,11 +45,12 @@ std::vector<MetricFamily> TransferMetrics::Collect() const {
   out.push_back(std::move(bytes));
   out.push_back(std::move(segments));
 
-  auto calls =
-      Family("tierkv_transfers_total",
-             "Load, Store and Prefetch calls accepted", MetricType::Counter);
+  auto calls = Family("tierkv_transfers_total",
+                      "Load, Store, weights Load and Prefetch calls accepted",
+                      MetricType::Counter);
   AddValue(calls, {{"op", "load"}}, d(s.loads));
   AddValue(calls, {{"op", "store"}}, d(s.stores));
+  AddValue(calls, {{"op", "weights_load"}}, d(s.weights_loads));
   AddValue(calls, {{"op", "prefetch"}}, d(s.prefetches));
   out.push_back(std::move(calls));
 
@@ -72,13 +73,16 @@ std::vector<MetricFamily> TransferMetrics::Collect() const {
   AddValue(dedup, {}, d(s.store_dedup));
   out.push_back(std::move(dedup));
 
-  auto seconds = Family("tierkv_transfer_seconds",
-                        "Load/Store time from acceptance to the last layer",
-                        MetricType::Histogram);
+  auto seconds =
+      Family("tierkv_transfer_seconds",
+             "Load/Store/weights Load time from acceptance to the last layer",
+             MetricType::Histogram);
   AddHistogram(seconds, {{"op", "load"}}, s.load_latency,
                d(s.load_latency_nanos) * 1e-9);
   AddHistogram(seconds, {{"op", "store"}}, s.store_latency,
                d(s.store_latency_nanos) * 1e-9);
+  AddHistogram(seconds, {{"op", "weights_load"}}, s.weights_load_latency,
+               d(s.weights_load_latency_nanos) * 1e-9);
   out.push_back(std::move(seconds));
 
   auto pools = Family("tierkv_registered_pools",

@@ -9,10 +9,12 @@
 //   (Store),
 //   nvme->host (promotion: Prefetch, Match, Get), host->nvme (write-back
 //   and Flush; segments already on NVMe are not counted);
-//   tierkv_transfers_total{op="load|store|prefetch"} (calls accepted);
+//   tierkv_transfers_total{op="load|store|weights_load|prefetch"} (calls
+//   accepted);
 //   tierkv_transfer_load_misses_total, tierkv_transfer_store_dedup_total;
-//   tierkv_transfer_seconds{op="load|store"} (histogram: accepted -> last
-//   layer published);
+//   tierkv_transfer_seconds{op="load|store|weights_load"} (histogram:
+//   accepted -> last layer published; weights loads apart, their gigabytes
+//   would swamp the KV loads' latencies);
 //   tierkv_registered_pools, tierkv_worker_queue_depth,
 //   tierkv_worker_rejections_total, tierkv_backpressure_waits_total,
 //   tierkv_backpressure_busy_total, tierkv_stream_gate_waiting,

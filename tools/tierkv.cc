@@ -660,6 +660,11 @@ int PrintStats(const std::string& json_text, bool raw) {
         HumanBytes(t.value("store_bytes", 0.0)),
         t.value("store_dedup", uint64_t{0}),
         mean_ms(t.value("store_seconds", nlohmann::json::object())));
+    if (const uint64_t w = t.value("weights_loads", uint64_t{0}); w > 0) {
+      fmt::print(
+          "    weights   {} shard loads; mean {:.3f} ms per load\n", w,
+          mean_ms(t.value("weights_load_seconds", nlohmann::json::object())));
+    }
     if (t.contains("promoted")) {
       fmt::print(
           "    tiers     {:.0f} segments / {} nvme -> host, {:.0f} / {} host "

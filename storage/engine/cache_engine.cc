@@ -476,13 +476,16 @@ EngineStats CacheEngine::SharedStats() const {
   s.store_dedup = get(store_dedup_);
   s.loads = get(loads_);
   s.stores = get(stores_);
-  s.transfers = s.loads + s.stores;
+  s.weights_loads = get(weights_loads_);
+  s.transfers = s.loads + s.stores + s.weights_loads;
   s.prefetches = get(prefetches_);
   s.topk_reports = get(topk_reports_);
   s.load_latency = load_latency_.Snapshot();
   s.load_latency_nanos = load_latency_.total_nanos();
   s.store_latency = store_latency_.Snapshot();
   s.store_latency_nanos = store_latency_.total_nanos();
+  s.weights_load_latency = weights_load_latency_.Snapshot();
+  s.weights_load_latency_nanos = weights_load_latency_.total_nanos();
   MutexLock lock(&owners_mu_);
   for (const auto& [owner, o] : owners_) s.registered_pools += o.pools.size();
   return s;

@@ -796,8 +796,10 @@ class CacheEngine {
   std::atomic<uint64_t> load_segments_host_{0}, load_bytes_host_{0},
       load_segments_nvme_{0}, load_bytes_nvme_{0}, load_misses_{0},
       store_segments_{0}, store_bytes_{0}, store_dedup_{0}, loads_{0},
-      stores_{0}, prefetches_{0}, topk_reports_{0};
-  LatencyHistogram load_latency_, store_latency_;
+      stores_{0}, weights_loads_{0}, prefetches_{0}, topk_reports_{0};
+  // Weights loads are timed apart: a shard of gigabytes would swamp the
+  // KV loads' latencies, which engines wait on every step.
+  LatencyHistogram load_latency_, store_latency_, weights_load_latency_;
   mutable Mutex owners_mu_;
   std::unordered_map<uint64_t, OwnerPools> owners_ GUARDED_BY(owners_mu_);
   std::atomic<uint64_t> backpressure_busy_{0};

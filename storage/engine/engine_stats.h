@@ -53,8 +53,10 @@ struct EngineStats {
   uint64_t load_segments_nvme = 0, load_bytes_nvme = 0;
   uint64_t load_misses = 0;
   uint64_t store_segments = 0, store_bytes = 0, store_dedup = 0;
-  uint64_t transfers = 0;  // Load and Store calls accepted (loads + stores)
-  uint64_t loads = 0, stores = 0;
+  // Load, Store and weights Load calls accepted (loads + stores +
+  // weights_loads).
+  uint64_t transfers = 0;
+  uint64_t loads = 0, stores = 0, weights_loads = 0;
   uint64_t prefetches = 0;  // Prefetch calls accepted
   // Transfers ordered after an engine's stream (LoadTicket::gate): waiting
   // for it now, ever waited, and given up on after device_copy_timeout.
@@ -62,11 +64,13 @@ struct EngineStats {
            stream_gate_timeouts = 0;
   uint64_t topk_reports = 0;      // SelectionReport items received
   uint64_t registered_pools = 0;  // over every connection
-  // Time from a Load / Store being accepted until its last layer was
-  // published (the client's WaitLayer for it can return), and the summed
-  // nanoseconds of those samples.
-  LatencyHistogram::Counts load_latency{}, store_latency{};
-  uint64_t load_latency_nanos = 0, store_latency_nanos = 0;
+  // Time from a Load / Store / weights Load being accepted until its last
+  // layer was published (the client's WaitLayer for it can return), and
+  // the summed nanoseconds of those samples.
+  LatencyHistogram::Counts load_latency{}, store_latency{},
+      weights_load_latency{};
+  uint64_t load_latency_nanos = 0, store_latency_nanos = 0,
+           weights_load_latency_nanos = 0;
 };
 
 }  // namespace tierkv::storage

@@ -398,7 +398,10 @@ Status CacheEngine::StartTransfer(
               [this, job = *job] { RunLane(job, /*first=*/true); })) {
     return Status::Busy("daemon workers are saturated; retry");
   }
-  (load ? loads_ : stores_).fetch_add(1, std::memory_order_relaxed);
+  (!load             ? stores_
+   : (*job)->weights ? weights_loads_
+                     : loads_)
+      .fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
 }
 
@@ -573,7 +576,10 @@ void CacheEngine::FinishUnit(TransferJob& job, uint32_t k) {
   }
   if (job.published == job.t.num_layers) {
     ticket.last_layer_ns.store(MonotonicNanos(now), std::memory_order_relaxed);
-    (job.load ? load_latency_ : store_latency_).Record(now - job.accepted);
+    (!job.load     ? store_latency_
+     : job.weights ? weights_load_latency_
+                   : load_latency_)
+        .Record(now - job.accepted);
   }
   // Under mu, so the published count only grows.
   PublishLayers(ticket, job.published, job.device_base);

@@ -212,6 +212,22 @@ TEST_F(WeightsPoolTest, AMemfdImageFillsFromDramThenFromNvme) {
     const nlohmann::json t = Stats(*c)["transfers"];
     EXPECT_EQ(t["load_segments"]["host"], a.manifest.chunks.size());
     EXPECT_EQ(t["load_segments"]["nvme"], 0);
+    // Timed apart from KV loads, in the stats and in Prometheus.
+    EXPECT_EQ(t["weights_loads"], 1);
+    EXPECT_EQ(t["loads"], 0);
+    EXPECT_EQ(t["weights_load_seconds"]["count"], 1);
+    EXPECT_EQ(t["load_seconds"]["count"], 0);
+    auto metrics = HttpGet(daemon_->metrics_port(), "/metrics");
+    ASSERT_OK(metrics);
+    EXPECT_EQ(
+        MetricValue(*metrics, "tierkv_transfers_total{op=\"weights_load\"}"),
+        1);
+    EXPECT_EQ(MetricValue(*metrics, "tierkv_transfers_total{op=\"load\"}"), 0);
+    EXPECT_EQ(MetricValue(*metrics,
+                          "tierkv_transfer_seconds_count{op=\"weights_load\"}"),
+              1);
+    EXPECT_EQ(
+        MetricValue(*metrics, "tierkv_transfer_seconds_count{op=\"load\"}"), 0);
   }
   // A restart empties DRAM: every chunk comes from NVMe, read straight into
   // the image.
