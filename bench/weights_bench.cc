@@ -47,6 +47,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -746,7 +747,7 @@ int Run(const WeightsBenchOptions& o) {
 }
 
 const bool kRegistered = RegisterBench([](CLI::App& app) {
-  auto* opts = new WeightsBenchOptions;
+  auto opts = std::make_shared<WeightsBenchOptions>();
   auto* sub = app.add_subcommand(
       "weights",
       "Weights import/cold/warm load and teacher switching vs fio, memcpy, "
