@@ -5,9 +5,7 @@
 // not checked here (performance lives in bench/RESULTS.md): that every case
 // ran against its peer, and that dedup counted exactly.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,15 +28,9 @@ TEST(WeightsBenchTest, RunsEveryCaseAgainstItsPeerAndCountsDedupExactly) {
       "/tierkv-bench weights --model-bytes 192MiB --layers 4 --iterations 1 "
       "--switches 2 --python /nonexistent/python --dir " +
       dir.File("work") + " --json " + json + " 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) {
-    output.append(buf, n);
-  }
-  const int status = ::pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  const testing::CommandRun run = testing::RunCommand(command);
+  const std::string& output = run.output;
+  ASSERT_EQ(run.exit_code, 0) << output;
 
   std::ifstream in(json);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);

@@ -4,15 +4,30 @@
 #include <arpa/inet.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 namespace tierkv::testing {
 
 std::string BinDir() { return tools::DaemonBinDir(); }
+
+CommandRun RunCommand(const std::string& command) {
+  CommandRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) {
+    run.output.append(buf, n);
+  }
+  const int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
 
 DaemonProcess::~DaemonProcess() {
   if (launcher_.running()) launcher_.Stop(SIGKILL);

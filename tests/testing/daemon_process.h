@@ -73,6 +73,15 @@ class DaemonProcess {
 // The directory holding tierkvd, tierkv, ... ($TIERKV_BIN_DIR).
 std::string BinDir();
 
+// A shell command run to its end: its exit code (-1 when it did not exit
+// normally or could not start) and what it wrote to stdout (add "2>&1" to
+// the command for stderr too).
+struct CommandRun {
+  int exit_code = -1;
+  std::string output;
+};
+CommandRun RunCommand(const std::string& command);
+
 // HTTP GET http://127.0.0.1:<port><path>; returns the body.
 Result<std::string> HttpGet(int port, const std::string& path);
 

@@ -1,7 +1,6 @@
 // `tierkv weights import / ls / drop / hint / pin` (tools/weights_command.cc)
 // run as the real binary against a real tierkvd with a weights namespace.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -25,10 +24,8 @@ host_bytes = "256MiB"
 weights = true
 )";
 
-struct Ran {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
+// A tierkv run: its exit code and its stdout and stderr.
+using Ran = testing::CommandRun;
 
 class WeightsCliTest : public ::testing::Test {
  protected:
@@ -39,17 +36,7 @@ class WeightsCliTest : public ::testing::Test {
     const std::string command =
         testing::BinDir() + "/tierkv --socket " + daemon_.socket_path() +
         " -n weights --token cli-token weights " + args + " 2>&1";
-    Ran ran;
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return ran;
-    char buf[4096];
-    size_t n = 0;
-    while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) {
-      ran.output.append(buf, n);
-    }
-    const int status = ::pclose(pipe);
-    ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return ran;
+    return testing::RunCommand(command);
   }
 
   std::string WriteCheckpoint() {
